@@ -1,0 +1,51 @@
+"""One error hierarchy for everything a user can trigger (never bare ``assert``)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class AgentRLError(Exception):
+    """Base class of every error agentrl raises on purpose."""
+
+
+class ConfigError(AgentRLError):
+    """A config key has a bad value, or two keys contradict each other."""
+
+
+class PluginError(AgentRLError):
+    """A plugin failed to load, registered a duplicate name, or raised."""
+
+
+class EnvError(AgentRLError):
+    """An environment was misused or broke its contract."""
+
+
+class RewardError(AgentRLError):
+    """A reward function raised or returned something unusable."""
+
+
+class EngineError(AgentRLError):
+    """A generation engine failed or returned inconsistent output."""
+
+
+class ModelError(AgentRLError):
+    """A model could not be found, fetched, converted or loaded."""
+
+
+class TemplateError(AgentRLError):
+    """A chat template broke the prefix property multi-turn training relies on."""
+
+
+def unknown_name_message(kind: str, name: str, known: Iterable[str], hint: str = "") -> str:
+    """Build 'unknown <kind> NAME; did you mean X? installed: a, b' for a bad component name."""
+    known = sorted(known)
+    close = difflib.get_close_matches(name, known, n=1)
+    msg = f"unknown {kind} {name!r}"
+    if close:
+        msg += f"; did you mean {close[0]!r}?"
+    msg += f" Installed: {', '.join(known) if known else '(none)'}."
+    if hint:
+        msg += f" {hint}"
+    return msg

@@ -1,0 +1,170 @@
+"""Every hook agentrl calls, with when, with what, and what it returns. Nothing else lives here.
+
+Two kinds of hooks, as in llm and pytest:
+
+* **Registration hooks** run once, when plugins load. Each receives a ``register(name, factory)``
+  callback; the registry records which plugin owns each name and refuses a duplicate, naming both.
+* **Step hooks** run inside the training step, in this order for each optimizer step:
+  ``agentrl_on_rollout_end`` -> ``agentrl_adjust_loss_mask`` -> (per micro-batch)
+  ``agentrl_importance_weights`` -> ``agentrl_per_token_loss_factors`` -> ``agentrl_on_step_end``.
+  ``agentrl_on_train_start`` and ``agentrl_on_train_end`` bracket the run.
+
+Call convention: agentrl calls every hook with keyword arguments only. Implementations may take
+any subset of the arguments, and must not give their parameters default values (pluggy would
+silently never pass them). A step hook must do nothing (return ``None``) unless its plugin is
+enabled in the config it receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    import torch
+
+    from agentrl.config import TrainConfig
+    from agentrl.trajectory import TrainBatch, Trajectory
+
+PROJECT = "agentrl"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+Register = Callable[..., None]
+"""``register(name, factory, **meta)``: adds one named component to a registry."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration hooks: called once per plugin when plugins load.
+
+
+@hookspec
+def agentrl_register_envs(register: Register) -> None:
+    """Register environments: ``register("math", MathEnv)``.
+
+    Called once at load time. ``factory(**env_args)`` must return an :class:`agentrl.Env`.
+    The name is what ``--env NAME`` selects. Built-ins: ``agentrl_math`` (math),
+    ``agentrl_tool_envs`` (calculator, python), ``agentrl_guess`` (guess).
+    """
+
+
+@hookspec
+def agentrl_register_rewards(register: Register) -> None:
+    """Register reward functions: ``register("format", format_reward)``.
+
+    Called once at load time. A reward function is called as
+    ``fn(trajectories=list[Trajectory])`` and returns one ``float | None`` per trajectory
+    (``None``: not scored, kept out of means as NaN). ``--reward NAME[:WEIGHT]`` selects it.
+    Built-in: ``agentrl_rewards`` (format, accuracy).
+    """
+
+
+@hookspec
+def agentrl_register_rollouts(register: Register) -> None:
+    """Register rollout functions: ``register("multi_turn", MultiTurnRollout)``.
+
+    Called once at load time. ``factory(engine=, tokenizer=, config=)`` returns an object whose
+    ``run(envs, tasks, groups, sampling)`` drives the envs to the end and returns
+    ``list[Trajectory]``. Built-in: ``agentrl_rollouts`` (multi_turn; single-turn is one turn).
+    """
+
+
+@hookspec
+def agentrl_register_algorithms(register: Register) -> None:
+    """Register algorithms: ``register("grpo", GRPO)``.
+
+    Called once at load time. The factory is an :class:`agentrl.Algorithm` subclass; its
+    ``config_class`` dataclass validates the ``algorithm:`` section of the config.
+    ``--algo NAME`` selects it. Built-in: ``agentrl_grpo`` (grpo).
+    """
+
+
+@hookspec
+def agentrl_register_engines(register: Register) -> None:
+    """Register generation engines: ``register("hf", HFEngine)``.
+
+    Called once at load time. ``factory(model=, tokenizer=, config=)`` returns an
+    :class:`agentrl.Engine`. ``--engine NAME`` selects it. Built-in: ``agentrl_hf_engine`` (hf).
+    """
+
+
+@hookspec
+def agentrl_register_tool_parsers(register: Register) -> None:
+    """Register tool-call parsers: ``register("xml_json", parse_xml_json)``.
+
+    Called once at load time. A parser is called as ``parser(text)`` on an assistant message
+    and returns ``list[agentrl.tools.ToolCall]`` (each carrying either parsed arguments or a
+    parse error). Tool-using envs select one by name (``tool_parser`` env argument).
+    Built-in: ``agentrl_tool_envs`` (xml_json: ``<tool_call>{json}</tool_call>``).
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Step hooks: called inside the training loop.
+
+
+@hookspec
+def agentrl_on_train_start(config: TrainConfig, run_dir: str) -> None:
+    """Called once before the first rollout, after models and plugins are set up."""
+
+
+@hookspec
+def agentrl_on_rollout_end(trajectories: list[Trajectory], step: int, metrics: dict[str, float]) -> None:
+    """Called after each rollout is scored, before advantages are computed.
+
+    ``metrics`` is the step's metric dict: add namespaced keys (``plugin/name``) to log them.
+    Loggers and curriculum plugins use this. Return value ignored.
+    """
+
+
+@hookspec
+def agentrl_adjust_loss_mask(batch: TrainBatch, config: TrainConfig, metrics: dict[str, float]) -> torch.Tensor | None:
+    """Called once per rollout batch, before loss normalisers are counted.
+
+    Return an ``(N, T)`` tensor of 0/1 multiplied into ``batch.loss_mask`` (drop tokens or whole
+    sequences from the loss, e.g. DAPO overlong filtering, masked importance correction), or
+    ``None`` to leave it. Every non-None result is multiplied in; the denominators of the loss
+    are then taken from the final mask.
+    """
+
+
+@hookspec(firstresult=True)
+def agentrl_importance_weights(
+    log_ratio: torch.Tensor, loss_mask: torch.Tensor, config: TrainConfig, metrics: dict[str, float]
+) -> torch.Tensor | None:
+    """Return the log importance weights of the clipped surrogate; stops at the first non-None.
+
+    Called per micro-batch with ``log_ratio = logprobs - old_logprobs`` ``(N, T)`` (current
+    policy vs the policy that produced the data) and ``loss_mask`` ``(N, T)``. Return a tensor
+    broadcastable to ``(N, T)``: token-level (the built-in default, ``trylast``) returns
+    ``log_ratio``; sequence-level IS returns a length-normalised ``(N, 1)`` mean.
+    """
+
+
+@hookspec
+def agentrl_per_token_loss_factors(
+    batch: TrainBatch,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    config: TrainConfig,
+    metrics: dict[str, float],
+) -> torch.Tensor | None:
+    """Return an ``(N, T)`` factor (no gradient) multiplied into the per-token policy loss.
+
+    Called per micro-batch after the clipped surrogate. ``old_logprobs`` are the trainer's
+    logprobs of the policy that sampled the data; ``batch.sampler_logprobs`` the engine's.
+    Every non-None result is multiplied in (e.g. the truncated vLLM importance correction).
+    """
+
+
+@hookspec
+def agentrl_on_step_end(step: int, metrics: dict[str, float]) -> None:
+    """Called after each optimizer step with that step's metrics (loggers write them here)."""
+
+
+@hookspec
+def agentrl_on_train_end(run_dir: str, metrics: dict[str, float]) -> None:
+    """Called once after the last step and the final evaluation, with the final metrics."""
+

@@ -1,0 +1,188 @@
+"""The plugin manager: loads plugins from entry points and collects what they register.
+
+Built-in and third-party plugins load the same way, through the ``agentrl`` entry-point group.
+We walk the entry points ourselves: pluggy's own loader silently skips a second plugin whose
+name is taken, and we want a failing or duplicate plugin named in the error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from agentrl import hookspecs
+from agentrl.errors import PluginError, unknown_name_message
+
+ENTRY_POINT_GROUP = "agentrl"
+KINDS = ("env", "reward", "rollout", "algorithm", "engine", "tool_parser")
+_REGISTRATION_HOOKS = {
+    "env": "agentrl_register_envs",
+    "reward": "agentrl_register_rewards",
+    "rollout": "agentrl_register_rollouts",
+    "algorithm": "agentrl_register_algorithms",
+    "engine": "agentrl_register_engines",
+    "tool_parser": "agentrl_register_tool_parsers",
+}
+_MISSING_BUILTINS = (
+    "agentrl's built-in plugins were not found: is agentrl installed (`pip install -e .`)?"
+)
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registered component: its name, the factory and the plugin that owns it."""
+
+    kind: str
+    name: str
+    factory: Any
+    plugin: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PluginInfo:
+    """One loaded plugin: entry-point name, distribution and version, and what it registered."""
+
+    name: str
+    module: str
+    distribution: str | None
+    version: str | None
+    registered: dict[str, list[str]] = field(default_factory=dict)
+
+
+class Registry:
+    """All components by kind and name; refuses a name registered twice, naming both owners."""
+
+    def __init__(self) -> None:
+        self._components: dict[str, dict[str, Component]] = {kind: {} for kind in KINDS}
+
+    def add(self, kind: str, name: str, factory: Any, plugin: str, **meta: Any) -> None:
+        """Record ``name`` of ``kind``; raise PluginError if another plugin already owns it."""
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"plugin {plugin!r} registered a {kind} with an invalid name {name!r}")
+        taken = self._components[kind].get(name)
+        if taken is not None:
+            raise PluginError(
+                f"{kind} {name!r} is registered by two plugins: {taken.plugin!r} and {plugin!r}. "
+                f"Uninstall or disable one of them (--disable-plugin NAME)."
+            )
+        self._components[kind][name] = Component(kind, name, factory, plugin, meta)
+
+    def get(self, kind: str, name: str) -> Component:
+        """The component ``name`` of ``kind``, or a PluginError suggesting the closest name."""
+        try:
+            return self._components[kind][name]
+        except KeyError:
+            raise PluginError(unknown_name_message(kind, name, self._components[kind])) from None
+
+    def names(self, kind: str) -> list[str]:
+        """Sorted names registered for ``kind``."""
+        return sorted(self._components[kind])
+
+    def components(self) -> Iterable[Component]:
+        """Every component of every kind."""
+        for by_name in self._components.values():
+            yield from by_name.values()
+
+
+class PluginManager:
+    """A pluggy manager plus the registry its registration hooks filled.
+
+    Create one per run (tests create one per test); nothing is global.
+    """
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.registry = Registry()
+        self.plugins: dict[str, PluginInfo] = {}
+
+    @property
+    def hook(self) -> Any:
+        """The pluggy hook relay: ``manager.hook.agentrl_on_step_end(step=..., metrics=...)``."""
+        return self.pm.hook
+
+    def register_plugin(self, plugin: ModuleType | object, name: str, distribution: str | None = None,
+                        version: str | None = None) -> None:
+        """Register one plugin object/module under ``name`` and collect its registrations."""
+        if name in self.plugins:
+            raise PluginError(
+                f"two plugins are named {name!r}: {self.plugins[name].module!r} and "
+                f"{getattr(plugin, '__name__', type(plugin).__name__)!r}"
+            )
+        try:
+            self.pm.register(plugin, name=name)
+        except Exception as exc:  # pluggy validates hookimpl signatures here
+            raise PluginError(f"plugin {name!r} has an invalid hook implementation: {exc}") from exc
+        module = getattr(plugin, "__name__", type(plugin).__name__)
+        info = PluginInfo(name=name, module=module, distribution=distribution, version=version)
+        self.plugins[name] = info
+        for kind, hook_name in _REGISTRATION_HOOKS.items():
+            impls = [i for i in getattr(self.pm.hook, hook_name).get_hookimpls() if i.plugin is plugin]
+            for impl in impls:
+                try:
+                    impl.function(register=self._register_callback(kind, name, info))
+                except PluginError:
+                    raise
+                except Exception as exc:
+                    raise PluginError(f"plugin {name!r} raised in {hook_name}: {exc!r}") from exc
+
+    def _register_callback(self, kind: str, plugin_name: str, info: PluginInfo) -> Callable[..., None]:
+        def register(name: str, factory: Any, **meta: Any) -> None:
+            self.registry.add(kind, name, factory, plugin_name, **meta)
+            info.registered.setdefault(kind, []).append(name)
+
+        return register
+
+    def load_entry_points(self, disabled: Iterable[str] = (), require_builtins: bool = True) -> None:
+        """Import and register every ``agentrl`` entry point except the ``disabled`` names."""
+        disabled = set(disabled)
+        entry_points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+        if require_builtins and not any(_distribution_name(ep) == "agentrl" for ep in entry_points):
+            raise PluginError(_MISSING_BUILTINS)
+        for ep in sorted(entry_points, key=lambda e: (_distribution_name(e) != "agentrl", e.name)):
+            if ep.name in disabled:
+                continue
+            dist = _distribution_name(ep)
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                raise PluginError(
+                    f"plugin {ep.name!r} (entry point {ep.value!r} of {dist or 'unknown package'}) "
+                    f"failed to import: {exc!r}. Fix or uninstall it, or disable it with "
+                    f"--disable-plugin {ep.name}."
+                ) from exc
+            version = ep.dist.version if ep.dist is not None else None
+            self.register_plugin(plugin, name=ep.name, distribution=dist, version=version)
+        self.pm.check_pending()
+
+    def load_module(self, import_path: str) -> None:
+        """Register a plugin given by import path (``--plugin my_pkg.my_plugin``)."""
+        try:
+            module = importlib.import_module(import_path)
+        except Exception as exc:
+            raise PluginError(f"plugin module {import_path!r} failed to import: {exc!r}") from exc
+        self.register_plugin(module, name=import_path)
+        self.pm.check_pending()
+
+
+def _distribution_name(ep: importlib.metadata.EntryPoint) -> str | None:
+    return ep.dist.name if ep.dist is not None else None
+
+
+def load_plugins(disabled: Iterable[str] = (), modules: Iterable[str] = ()) -> PluginManager:
+    """A fresh PluginManager with the core defaults, every installed plugin and ``modules``."""
+    from agentrl import defaults
+
+    manager = PluginManager()
+    manager.register_plugin(defaults, name="agentrl.defaults", distribution="agentrl")
+    manager.load_entry_points(disabled=disabled)
+    for module in modules:
+        manager.load_module(module)
+    return manager

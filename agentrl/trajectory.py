@@ -1,0 +1,185 @@
+"""Trajectories: the token-exact record of one episode, multi-turn from the start.
+
+A trajectory is one flat token sequence: the first prompt, then alternating spans of tokens the
+model sampled (loss mask 1) and tokens the environment added (loss mask 0: tool results, user
+feedback, the chat template's turn separators). Single-turn is the case with one sampled span.
+
+Alignment convention, used everywhere: every per-token list has one entry per entry of
+``token_ids``. ``sampler_logprobs[t]`` is the sampler's log-probability of ``token_ids[t]`` given
+``token_ids[:t]`` (0.0 where ``loss_mask[t] == 0``). A trainer computing logprobs takes the logits
+at position ``t - 1`` for token ``t``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentrl.errors import EnvError
+
+
+@dataclass
+class Turn:
+    """One model turn inside a trajectory: where its sampled tokens are and what the env paid."""
+
+    start: int
+    """Index in ``token_ids`` of the first token the model sampled in this turn."""
+    end: int
+    """One past the last sampled token (the stop token, when the model emitted one)."""
+    reward: float = 0.0
+    """Reward the environment gave for this turn (``step``'s reward)."""
+    finish_reason: str = "stop"
+    """``stop`` when the model ended the turn itself, ``length`` when the per-turn cap cut it."""
+    tool_calls: int = 0
+    """Tool calls the environment parsed from this turn."""
+    tool_errors: int = 0
+    """Of those, how many failed (malformed call, unknown tool, the tool raised or timed out)."""
+
+
+@dataclass
+class Trajectory:
+    """One episode, token-exact; produced by a rollout, consumed by rewards and algorithms."""
+
+    token_ids: list[int]
+    """Whole conversation as the policy saw it: first prompt, sampled spans, env deltas."""
+    loss_mask: list[int]
+    """1 on tokens the model sampled (including its stop token), 0 on prompt and env tokens."""
+    sampler_logprobs: list[float]
+    """Sampler's logprob of each sampled token, aligned with ``token_ids``; 0.0 elsewhere."""
+    turns: list[Turn]
+    """The model's turns in order; their spans are exactly where ``loss_mask`` is 1."""
+    messages: list[dict[str, Any]]
+    """The conversation as chat messages (what the env saw and said)."""
+    task: dict[str, Any]
+    """The task this episode solved (question, answer and any other dataset columns)."""
+    group: int = 0
+    """Index of the task group; trajectories of one task share it (GRPO groups)."""
+    terminated: bool = False
+    """The environment ended the episode (success, failure, answer given)."""
+    truncated: bool = False
+    """A limit ended the episode (turns, tokens, per-turn cap on the last turn)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Free-form extras from the env or rollout (the last ``info`` dict, errors, etc.)."""
+
+    @property
+    def prompt_length(self) -> int:
+        """Number of tokens before the first sampled token."""
+        return self.turns[0].start if self.turns else len(self.token_ids)
+
+    @property
+    def env_return(self) -> float:
+        """Sum of the environment's per-turn rewards (the episode return, undiscounted)."""
+        return float(sum(turn.reward for turn in self.turns))
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        """Number of tokens the model sampled over the whole episode."""
+        return int(sum(self.loss_mask))
+
+    @property
+    def completion_text(self) -> str:
+        """Text of the last assistant message ('' if the model never spoke)."""
+        for message in reversed(self.messages):
+            if message.get("role") == "assistant":
+                return str(message.get("content") or "")
+        return ""
+
+    def validate(self) -> None:
+        """Raise EnvError if the per-token lists or the turn spans disagree with each other."""
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.sampler_logprobs) != n:
+            raise EnvError(
+                f"trajectory lists disagree: {n} token_ids, {len(self.loss_mask)} loss_mask, "
+                f"{len(self.sampler_logprobs)} sampler_logprobs"
+            )
+        expected = [0] * n
+        for turn in self.turns:
+            if not 0 < turn.start <= turn.end <= n:
+                raise EnvError(f"turn span [{turn.start}, {turn.end}) outside 1..{n}")
+            for t in range(turn.start, turn.end):
+                expected[t] = 1
+        if expected != list(self.loss_mask):
+            raise EnvError("loss_mask is not exactly the union of the turns' sampled spans")
+
+
+@dataclass
+class TrainBatch:
+    """Trajectories padded into tensors for the trainer; right padding, shape letters below.
+
+    N = number of trajectories, T = longest trajectory in tokens.
+    Per-token tensors follow the alignment convention of this module (index t is token t).
+    """
+
+    input_ids: torch.Tensor  # (N, T) long, pad positions hold pad_token_id
+    attention_mask: torch.Tensor  # (N, T) long, 1 on real tokens (never derived from token ids)
+    loss_mask: torch.Tensor  # (N, T) float, 1 on sampled tokens
+    sampler_logprobs: torch.Tensor  # (N, T) float32, 0 off the loss mask
+    rewards: torch.Tensor  # (N,) float32, total scalar reward per trajectory (NaN = not scored)
+    groups: torch.Tensor  # (N,) long, group index per trajectory
+    token_rewards: torch.Tensor  # (N, T) float32, each turn's env reward on its last sampled token
+    truncated: torch.Tensor  # (N,) bool
+    lengths: torch.Tensor  # (N,) long, real tokens per row
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Per-token tensors added by algorithms/plugins (old/ref logprobs, advantages, values)."""
+
+    @property
+    def num_rows(self) -> int:
+        """N, the number of trajectories."""
+        return int(self.input_ids.shape[0])
+
+    def select(self, rows: torch.Tensor | list[int]) -> TrainBatch:
+        """Rows ``rows`` of every tensor, trimmed to the longest selected row (a micro-batch)."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        width = int(self.lengths[index].max().item()) if len(index) else 0
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            out = t[index]
+            return out[:, :width] if out.dim() == 2 else out
+
+        return TrainBatch(
+            input_ids=take(self.input_ids),
+            attention_mask=take(self.attention_mask),
+            loss_mask=take(self.loss_mask),
+            sampler_logprobs=take(self.sampler_logprobs),
+            rewards=take(self.rewards),
+            groups=take(self.groups),
+            token_rewards=take(self.token_rewards),
+            truncated=take(self.truncated),
+            lengths=take(self.lengths),
+            extras={k: take(v) for k, v in self.extras.items()},
+        )
+
+
+def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: int) -> TrainBatch:
+    """Pad trajectories (right padding) into a TrainBatch; ``rewards`` is one total per trajectory."""
+    if len(rewards) != len(trajectories):
+        raise ValueError(f"{len(rewards)} rewards for {len(trajectories)} trajectories")
+    n = len(trajectories)
+    width = max((len(t.token_ids) for t in trajectories), default=0)
+    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width), dtype=torch.long)
+    loss_mask = torch.zeros((n, width), dtype=torch.float32)
+    sampler_logprobs = torch.zeros((n, width), dtype=torch.float32)
+    token_rewards = torch.zeros((n, width), dtype=torch.float32)
+    for i, traj in enumerate(trajectories):
+        length = len(traj.token_ids)
+        input_ids[i, :length] = torch.tensor(traj.token_ids, dtype=torch.long)
+        attention_mask[i, :length] = 1
+        loss_mask[i, :length] = torch.tensor(traj.loss_mask, dtype=torch.float32)
+        sampler_logprobs[i, :length] = torch.tensor(traj.sampler_logprobs, dtype=torch.float32)
+        for turn in traj.turns:
+            if turn.end > turn.start:
+                token_rewards[i, turn.end - 1] += turn.reward
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        sampler_logprobs=sampler_logprobs,
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        groups=torch.tensor([t.group for t in trajectories], dtype=torch.long),
+        token_rewards=token_rewards,
+        truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
+        lengths=attention_mask.sum(dim=1),
+    )

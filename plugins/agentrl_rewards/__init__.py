@@ -1,0 +1,1 @@
+"""agentrl built-in plugin (being written)."""
