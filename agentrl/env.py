@@ -180,3 +180,10 @@ def register_gymnasium_envs() -> None:
 def seeded_rng(seed: int) -> np.random.Generator:
     """A numpy Generator for task sources (one place, so seeding is uniform)."""
     return np.random.default_rng(seed)
+
+
+# gymnasium 1.x no longer loads the ``gymnasium.envs`` entry-point group, so the ids are
+# registered on import, as ale_py and minigrid do: after ``import agentrl``,
+# ``gymnasium.make("agentrl/Math-v0")`` works; ``gymnasium.make("agentrl:agentrl/Math-v0")`` also
+# works without the import. Registration only records entry-point strings; nothing is imported.
+register_gymnasium_envs()

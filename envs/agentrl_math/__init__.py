@@ -1,1 +1,286 @@
-"""agentrl built-in plugin (being written)."""
+"""``math``: single-turn arithmetic, the default task (gymnasium id ``agentrl/Math-v0``).
+
+The model sees one question ("What is 7 + 5? Put the final answer in \\boxed{}.") and answers
+once. The env's reward is lenient correctness: the answer in the last ``\\boxed{}`` if there is
+one, else the last number in the reply, checked against the gold answer with math-verify. The
+tiny default model almost never writes ``\\boxed{}`` (DESIGN.md, measured facts), so the
+``\\boxed{}`` habit is taught by the separate ``format`` reward in ``default_rewards``.
+
+Tasks come from a procedural generator (``difficulty``) or a JSONL file (``data_file``). The
+held-out eval split is fixed by :data:`SPLIT_SEED`, not by ``seed``: a model trained with any
+seed or any ``num_eval`` is never evaluated on a problem it trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, overload
+
+import numpy as np
+from math_verify import parse, verify
+
+from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
+
+INSTRUCTION = "Put the final answer in \\boxed{}."
+"""Appended to every question that does not already ask for ``\\boxed{}``."""
+SPLIT_SEED = 20261122
+"""Seed of the train/eval split; independent of ``seed`` so the split never moves."""
+MAX_HELD_OUT = 1024
+"""At most this many generated problems are held out (fewer for small levels: a third)."""
+NUM_TRAIN_TASKS = 100_000
+"""Length of the generated training sequence (problems repeat; order is seeded)."""
+DATA_EVAL_FRACTION = 0.1
+"""Share of a data file's distinct questions held out for eval (at least one)."""
+
+_BOXED = "\\boxed{"
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_LAST_NUMBER = re.compile(r"(?:(?<![\w)\]])-)?\d+(?:\.\d+)?")
+
+
+# -- answer parsing (shared with the ``accuracy`` and ``format`` rewards) ------------------------
+def extract_boxed(text: str) -> str | None:
+    """Content of the last non-empty ``\\boxed{...}`` in ``text`` (braces balanced), else None."""
+    found = None
+    start = text.find(_BOXED)
+    while start != -1:
+        depth, i = 1, start + len(_BOXED)
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        content = text[start + len(_BOXED):i - 1].strip() if depth == 0 else ""
+        if content:
+            found = content
+        start = text.find(_BOXED, start + 1)
+    return found
+
+
+def extract_answer(text: str) -> str | None:
+    """The lenient answer: the last ``\\boxed{}`` content, else the last number (minus allowed).
+
+    A minus counts as a sign only when it does not follow a word character or a closing
+    bracket, so "9-3=6" gives "6" and "is -3" gives "-3". Returns None if there is neither.
+    """
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed
+    numbers = _LAST_NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def is_number(text: str) -> bool:
+    """True if ``text`` (stripped) is a plain integer or decimal, with an optional minus."""
+    return _NUMBER.fullmatch(text.strip()) is not None
+
+
+def answers_match(predicted: str | None, gold: str) -> bool:
+    """True if ``predicted`` equals ``gold`` mathematically ("12.0" matches "12").
+
+    Plain numbers compare exactly as decimals; anything else goes to math-verify (with its
+    signal-based timeout on the main thread only, where signals work).
+    """
+    if predicted is None:
+        return False
+    gold = str(gold).strip()
+    if is_number(predicted) and is_number(gold):
+        try:
+            return Decimal(predicted.strip()) == Decimal(gold)
+        except InvalidOperation:
+            return False
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold_parsed = parse(gold, parsing_timeout=timeout)
+    pred_parsed = parse(predicted, parsing_timeout=timeout)
+    return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
+
+
+def is_correct(text: str, answer: str) -> bool:
+    """Lenient correctness of a reply ``text`` against the gold ``answer`` (see extract_answer)."""
+    return answers_match(extract_answer(text), answer)
+
+
+# -- task sources --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Level:
+    """A procedural difficulty level: operand ranges and operators."""
+
+    a: range
+    b: range
+    ops: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        """Number of distinct problems."""
+        return len(self.ops) * len(self.a) * len(self.b)
+
+    def problem(self, index: int) -> Task:
+        """Problem number ``index`` in 0..size-1 as a task dict."""
+        op_i, rest = divmod(index, len(self.a) * len(self.b))
+        a_i, b_i = divmod(rest, len(self.b))
+        a, b, op = self.a[a_i], self.b[b_i], self.ops[op_i]
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        return {"question": f"What is {a} {op} {b}? {INSTRUCTION}", "answer": str(value),
+                "a": a, "op": op, "b": b}
+
+
+LEVELS: dict[str, Level] = {
+    "single_digit": Level(range(10), range(10), ("+", "-")),
+    "two_digit": Level(range(10, 100), range(10), ("+", "-")),
+    "mixed": Level(range(10, 100), range(10, 100), ("+", "-", "*")),
+}
+
+
+class GeneratedTasks(Sequence[Task]):
+    """``length`` training problems, item ``i`` drawn deterministically from ``(seed, i)``."""
+
+    def __init__(self, level: Level, problem_ids: np.ndarray, seed: int, length: int) -> None:
+        self.level, self.problem_ids, self.seed, self.length = level, problem_ids, seed, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    @overload
+    def __getitem__(self, index: int) -> Task: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Task]: ...
+    def __getitem__(self, index: int | slice) -> Task | list[Task]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.length))]
+        i = int(index) + self.length if index < 0 else int(index)
+        if not 0 <= i < self.length:
+            raise IndexError(f"task index {index} out of range for {self.length} tasks")
+        pick = np.random.default_rng([self.seed, i]).integers(len(self.problem_ids))
+        return self.level.problem(int(self.problem_ids[pick]))
+
+
+def load_jsonl(path: str | Path) -> list[Task]:
+    """Tasks from a JSONL file: one object per line with ``question`` and ``answer`` fields."""
+    path = Path(path)
+    if not path.is_file():
+        raise EnvError(f"math data_file {str(path)!r} does not exist or is not a file")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EnvError(f"math data_file {str(path)!r} could not be read as UTF-8 text: {exc}") from None
+    tasks = []
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {line_no}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EnvError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise EnvError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        question, answer = row.get("question"), row.get("answer")
+        if not isinstance(question, str) or not question.strip():
+            raise EnvError(f"{where}: 'question' must be a non-empty string, got {question!r}")
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or not str(answer).strip():
+            raise EnvError(f"{where}: 'answer' must be a non-empty string or number, got {answer!r}")
+        tasks.append({**row, "answer": str(answer).strip()})
+    distinct = len({t["question"] for t in tasks})
+    if distinct < 2:
+        raise EnvError(f"{path}: needs at least 2 distinct questions (one to train on, one to "
+                       f"hold out), found {distinct}")
+    return tasks
+
+
+def split_tasks(tasks: list[Task], fraction: float = DATA_EVAL_FRACTION) -> tuple[list[Task], list[Task]]:
+    """(train, eval): a fixed seeded ``fraction`` of distinct questions (at least 1) held out."""
+    questions = sorted({t["question"] for t in tasks})
+    n_eval = max(1, int(len(questions) * fraction))
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(questions))
+    held_out = {questions[i] for i in order[:n_eval]}
+    return ([t for t in tasks if t["question"] not in held_out],
+            [t for t in tasks if t["question"] in held_out])
+
+
+# -- the environment -----------------------------------------------------------------------------
+class MathEnv(Env):
+    """Single-turn arithmetic: reward 1.0 for a correct final answer (lenient parse), else 0.0.
+
+    Args:
+        difficulty: generated problems, one of ``LEVELS``: "single_digit" (a + b, a - b with
+            a, b in 0..9; 200 problems), "two_digit" (two-digit +/- one-digit; 1,800),
+            "mixed" (two-digit +, -, * two-digit; 24,300). Ignored when ``data_file`` is set.
+        data_file: a JSONL file with ``question`` and ``answer`` fields (other columns are kept
+            in the task); a seeded 10% of its distinct questions (at least one) is held out.
+        seed: seeds the order of the generated training problems.
+        num_eval: at most this many held-out problems for eval. Generated levels hold out a
+            third of their problems, at most 1,024 (single_digit: 66); asking for more gives
+            all of them. Training never sees any held-out problem, whatever ``num_eval``.
+        system_prompt: if set, a system message opens each episode.
+
+    Raises ConfigError for a bad argument and EnvError for a bad data file (naming file and line).
+    """
+
+    max_turns = 1
+    default_rewards = {"format": 0.2}
+
+    def __init__(self, difficulty: str = "single_digit", data_file: str | None = None, seed: int = 0,
+                 num_eval: int = 128, system_prompt: str | None = None) -> None:
+        super().__init__()
+        if difficulty not in LEVELS:
+            raise ConfigError(f"math env: difficulty {difficulty!r} is not one of {', '.join(LEVELS)}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"math env: seed must be an int, got {seed!r}")
+        if isinstance(num_eval, bool) or not isinstance(num_eval, int) or num_eval < 1:
+            raise ConfigError(f"math env: num_eval must be an int >= 1, got {num_eval!r}")
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ConfigError(f"math env: system_prompt must be a string or None, got {system_prompt!r}")
+        if data_file is not None and not isinstance(data_file, (str, Path)):
+            raise ConfigError(f"math env: data_file must be a path string or None, got {data_file!r}")
+        self.difficulty, self.data_file, self.seed = difficulty, data_file, seed
+        self.num_eval, self.system_prompt = num_eval, system_prompt
+        self._train: Sequence[Task]
+        self._eval: Sequence[Task]
+        if data_file is not None:
+            train, held_out = split_tasks(load_jsonl(data_file))
+            order = np.random.default_rng(seed).permutation(len(train))
+            self._train, self._eval = [train[i] for i in order], held_out[:num_eval]
+        else:
+            level = LEVELS[difficulty]
+            ids = np.random.default_rng(SPLIT_SEED).permutation(level.size)
+            n_held = min(level.size // 3, MAX_HELD_OUT)
+            self._eval = [level.problem(int(i)) for i in ids[:min(num_eval, n_held)]]
+            self._train = GeneratedTasks(level, ids[n_held:], seed, NUM_TRAIN_TASKS)
+
+    def train_tasks(self) -> Sequence[Task]:
+        """Training problems (generated lazily, or the data file's training split, seeded order)."""
+        return self._train
+
+    def eval_tasks(self) -> Sequence[Task]:
+        """Held-out problems, disjoint from ``train_tasks`` by question."""
+        return self._eval
+
+    def start(self, task: Task) -> list[Message]:
+        """The question as a user message (asking for ``\\boxed{}``), after the system prompt if any."""
+        question, answer = task.get("question"), task.get("answer")
+        if not isinstance(question, str) or answer is None:
+            raise EnvError(f"math env: a task needs a string 'question' and an 'answer', got keys "
+                           f"{sorted(task)}")
+        content = question if "\\boxed" in question else f"{question} {INSTRUCTION}"
+        messages = [{"role": "user", "content": content}]
+        if self.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """Score the one reply: 1.0 if correct (lenient parse), else 0.0; the episode ends."""
+        if self.task is None:
+            raise EnvError("math env: respond() called before reset()")
+        parsed = extract_answer(text)
+        correct = answers_match(parsed, str(self.task["answer"]))
+        info = {"correct": correct, "parsed": parsed, "boxed": extract_boxed(text) is not None}
+        return [], 1.0 if correct else 0.0, True, info
+
+
+@hookimpl
+def agentrl_register_envs(register: Callable[..., None]) -> None:
+    """Register ``math``."""
+    register("math", MathEnv)

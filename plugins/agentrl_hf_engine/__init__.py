@@ -1,1 +1,269 @@
-"""agentrl built-in plugin (being written)."""
+"""The ``hf`` engine: batched, KV-cached sampling from a Hugging Face causal LM, token-exact.
+
+Which policy samples (``engine_args.dtype``):
+
+* ``bfloat16`` (default): a bf16 copy of the trainer's weights (about 1.7x faster decoding on a
+  CPU with AMX). ``sync_weights(model)`` copies the trainer's parameters into it in place after
+  every optimizer step; a tied LM head is the same tensor as the embedding, so it follows.
+* ``float32``: the trainer's own model object, put in eval mode for the call and restored after.
+
+Logprob semantics. ``Generation.logprobs[t]`` is the log-probability of the sampled token under the
+distribution it was actually drawn from: ``log_softmax(warp(logits / T))`` in float32 (logits
+upcast first, TRAPS 12), where ``warp`` keeps the ``top_k`` largest scores and then the smallest
+set reaching mass ``top_p`` (the order and tie rules of transformers' warpers and vLLM) and sets
+the rest to -inf. So with top-k/top-p the logprob is renormalised over the kept support and
+differs from the trainer's full-vocabulary ``log_softmax(logits / T)`` by ``-log(kept mass)``
+(TRAPS 28). Greedy decoding (``temperature=0``) reports ``log_softmax(logits)`` at T=1. With
+``float32`` these match a separate fp32 forward of prompt + completion to ~1e-5; with ``bfloat16``
+they are the bf16 sampler's own numbers (the behaviour policy), not the trainer's.
+
+The decode loop is written out rather than calling ``model.generate``: it owns its
+``torch.Generator`` (a seed never touches the global RNG), never inherits sampling defaults from
+the model's ``generation_config`` (transformers fills an unset ``top_k`` with 50), computes each
+step's logprobs on the fly instead of keeping every step's (B, V) scores, prefills each distinct
+prompt once (a GRPO group shares its prompt) and drops finished rows from the batch.
+Left padding, the attention mask and ``position_ids = cumsum(mask) - 1`` are built here from the
+unpadded id lists, never from token ids (SmolLM2's pad id is its eos id, TRAPS 10 and 11).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from agentrl import ConfigError, Engine, EngineError, Generation, SamplingParams, hookimpl
+from agentrl.config import build_plugin_config
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class HFEngineConfig:
+    """Options of the ``hf`` engine (``engine_args`` in the run config)."""
+
+    dtype: str = "bfloat16"
+    """``bfloat16``: sample from a bf16 copy of the weights, synced after each step (faster);
+    ``float32``: sample from the trainer's own model object (exact logprob parity)."""
+    batch_size: int = 64
+    """Most prompts decoded together; larger requests are split."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"engine_args.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"engine_args.batch_size must be an integer >= 1, got {self.batch_size!r}")
+
+
+def warp_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """The scores sampled from: float32 ``logits / T`` with top-k then top-p applied (-inf = dropped).
+
+    ``logits`` is ``(B, V)``; greedy (``temperature == 0``) returns the upcast logits unchanged.
+    """
+    scores = logits.float()  # (B, V)
+    if sampling.temperature == 0:
+        return scores
+    if sampling.temperature != 1.0:
+        scores = scores / sampling.temperature
+    if 0 < sampling.top_k < scores.shape[-1]:
+        kth = scores.topk(sampling.top_k, dim=-1).values[:, -1:]  # (B, 1)
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        ascending, order = scores.sort(dim=-1)  # (B, V)
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
+        drop = cumulative <= 1.0 - sampling.top_p
+        drop[:, -1] = False  # always keep the most likely token
+        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return scores
+
+
+class HFEngine(Engine):
+    """Sample completions from a HF causal LM; see the module docstring for the logprob semantics."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
+        args = dict(getattr(config, "engine_args", None) or {})
+        self.options: HFEngineConfig = build_plugin_config(HFEngineConfig, args, "engine_args")
+        self.stop_ids = _stop_ids(model, tokenizer)
+        self.pad_id = _pad_id(model, tokenizer, self.stop_ids)
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(int(getattr(config, "seed", 0)))
+        if self.options.dtype == "float32":
+            self.model = model
+        else:
+            self.model = _low_precision_copy(model, DTYPES[self.options.dtype])
+        self._keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Copy ``model``'s parameters and buffers into the sampling copy, in place (no reallocation).
+
+        Parameters tied in the copy (SmolLM2's LM head and embedding) must be tied in ``model`` too.
+        """
+        if self.options.dtype == "float32":
+            self.model = model  # sampling uses the trainer's object itself
+            return
+        for kind in ("parameters", "buffers"):
+            source = dict(getattr(model, f"named_{kind}")(remove_duplicate=False))
+            target = dict(getattr(self.model, f"named_{kind}")(remove_duplicate=False))
+            if source.keys() != target.keys():
+                missing = sorted(source.keys() ^ target.keys())[:5]
+                raise EngineError(f"sync_weights: model {kind} differ from the engine's copy: {missing}")
+            copied: dict[int, torch.Tensor] = {}
+            with torch.no_grad():
+                for name, tensor in target.items():
+                    if id(tensor) in copied:  # tied: one tensor under two names
+                        if copied[id(tensor)] is not source[name]:
+                            raise EngineError(
+                                f"sync_weights: {name!r} is tied in the engine's copy but not in the "
+                                "trainer's model; build the engine from the model as it is trained"
+                            )
+                        continue
+                    tensor.copy_(source[name])
+                    copied[id(tensor)] = source[name]
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
+        """Sample one completion per prompt, ``batch_size`` prompts at a time (shortest first)."""
+        _check_sampling(sampling)
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise EngineError(f"prompt {i} is empty: every prompt needs at least one token id")
+            if min(prompt) < 0 or max(prompt) >= vocab:
+                raise EngineError(f"prompt {i} has token ids outside [0, {vocab}): min {min(prompt)}, max {max(prompt)}")
+        generator = self.generator
+        if sampling.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(sampling.seed)
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding per chunk
+        results: list[Generation | None] = [None] * len(prompts)
+        modes = [(module, module.training) for module in self.model.modules()]
+        self.model.eval()  # dropout off (TRAPS 14)
+        try:
+            with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
+                for start in range(0, len(order), self.options.batch_size):
+                    chunk = order[start:start + self.options.batch_size]
+                    for i, generation in zip(chunk, self._decode([prompts[i] for i in chunk], sampling, generator)):
+                        results[i] = generation
+        finally:
+            for module, training in modes:
+                module.training = training
+        return [r for r in results if r is not None]
+
+    def _decode(self, prompts: list[list[int]], sampling: SamplingParams,
+                generator: torch.Generator) -> list[Generation]:
+        """One KV-cached decode of ``prompts`` (B of them, U distinct)."""
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        width = max(len(p) for p in distinct)
+        ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)  # (U, P)
+        mask = torch.zeros((len(distinct), width), dtype=torch.long)  # (U, P)
+        for row, prompt in enumerate(distinct):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (U, P)
+        cache = DynamicCache(config=self.model.config)
+        extra = {"logits_to_keep": 1} if self._keep_logits else {}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True, **extra)
+        expand = torch.tensor(rows, device=self.device)  # (B,) prompt row of each sequence
+        logits = out.logits[expand, -1]  # (B, V)
+        if len(distinct) < len(prompts):
+            cache.batch_select_indices(expand)
+        mask, position = mask[expand], positions[expand, -1]  # (B, P), (B,)
+        stop = torch.tensor(sorted(self.stop_ids), device=self.device)
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        reasons = ["length"] * len(prompts)
+        active = list(range(len(prompts)))  # sequence index of each live row
+        for step in range(sampling.max_new_tokens):
+            scores = warp_logits(logits, sampling)  # (A, V)
+            log_probs = scores.log_softmax(dim=-1)  # (A, V)
+            if sampling.temperature == 0:
+                sampled = scores.argmax(dim=-1)  # (A,)
+            else:
+                sampled = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)  # (A,)
+            picked = log_probs.gather(-1, sampled[:, None]).squeeze(-1)  # (A,)
+            stopped = torch.isin(sampled, stop)  # (A,)
+            for seq, token, logprob, done in zip(active, sampled.tolist(), picked.tolist(), stopped.tolist()):
+                tokens[seq].append(token)
+                logprobs[seq].append(logprob)
+                if done:
+                    reasons[seq] = "stop"
+            if step == sampling.max_new_tokens - 1 or bool(stopped.all()):
+                break
+            if bool(stopped.any()):  # drop finished rows from the batch and the cache
+                keep = (~stopped).nonzero().squeeze(-1)  # (A',)
+                cache.batch_select_indices(keep)
+                mask, position, sampled = mask[keep], position[keep], sampled[keep]
+                active = [active[j] for j in keep.tolist()]
+            position = position + 1
+            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)  # (A, P + step + 1)
+            out = self.model(input_ids=sampled[:, None], attention_mask=mask, position_ids=position[:, None],
+                             past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1]  # (A, V)
+        return [Generation(token_ids=t, logprobs=lp, finish_reason=r) for t, lp, r in zip(tokens, logprobs, reasons)]
+
+
+def _check_sampling(sampling: SamplingParams) -> None:
+    if sampling.max_new_tokens < 1:
+        raise EngineError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens!r}")
+    if sampling.temperature < 0:
+        raise EngineError(f"temperature must be >= 0 (0 = greedy), got {sampling.temperature!r}")
+    if not 0 < sampling.top_p <= 1:
+        raise EngineError(f"top_p must be in (0, 1], got {sampling.top_p!r}")
+    if sampling.top_k < 0:
+        raise EngineError(f"top_k must be >= 0 (0 = off), got {sampling.top_k!r}")
+
+
+def _as_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _stop_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
+    """The eos ids of the model's generation config and of the tokenizer."""
+    generation_config = getattr(model, "generation_config", None)
+    ids = set(_as_ids(getattr(generation_config, "eos_token_id", None)))
+    ids |= set(_as_ids(getattr(tokenizer, "eos_token_id", None)))
+    if not ids:
+        raise EngineError("no stop token: neither the model's generation_config nor the tokenizer "
+                          "sets eos_token_id; set model.generation_config.eos_token_id")
+    return ids
+
+
+def _pad_id(model: torch.nn.Module, tokenizer: Any, stop_ids: set[int]) -> int:
+    """A filler id for left padding (masked out, so any valid id works)."""
+    for value in (getattr(getattr(model, "generation_config", None), "pad_token_id", None),
+                  getattr(tokenizer, "pad_token_id", None)):
+        if _as_ids(value):
+            return _as_ids(value)[0]
+    return min(stop_ids)
+
+
+def _low_precision_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """An eval-mode copy of ``model`` with parameters in ``dtype`` (ties kept, buffers untouched:
+    RoPE's ``inv_freq`` stays float32) and no gradients."""
+    original_grads = {name: p.grad for name, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = None  # not worth copying
+    try:
+        clone = copy.deepcopy(model)
+    finally:
+        for name, p in model.named_parameters():
+            p.grad = original_grads[name]
+    for p in clone.parameters():  # each tied parameter once
+        p.data = p.data.to(dtype)
+        p.requires_grad_(False)
+    return clone.eval()
+
+
+@hookimpl
+def agentrl_register_engines(register: Any) -> None:
+    """Register the ``hf`` engine."""
+    register("hf", HFEngine)

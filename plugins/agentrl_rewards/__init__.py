@@ -1,1 +1,54 @@
-"""agentrl built-in plugin (being written)."""
+"""Built-in reward functions: ``format`` and ``accuracy``.
+
+A reward function is called as ``fn(trajectories=list[Trajectory])`` and returns one
+``float | None`` per trajectory (``None``: not scored). Both read only the final assistant
+message (``Trajectory.completion_text``) and share their answer parsing with the ``math`` env,
+so "the answer" means the same thing to the env and to its rewards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from agentrl_math import answers_match, extract_boxed, is_number
+
+from agentrl import Trajectory, hookimpl
+
+
+def format_reward(trajectories: list[Trajectory]) -> list[float | None]:
+    """1.0 if the final reply's last ``\\boxed{...}`` holds a plain number, else 0.0.
+
+    A plain number is an integer or decimal with an optional minus ("12", "-3", "0.5"). The
+    answer need not be right: this rewards the habit of boxing the final answer, which the
+    default model lacks. Never None.
+    """
+    scores: list[float | None] = []
+    for trajectory in trajectories:
+        boxed = extract_boxed(trajectory.completion_text)
+        scores.append(1.0 if boxed is not None and is_number(boxed) else 0.0)
+    return scores
+
+
+def accuracy_reward(trajectories: list[Trajectory]) -> list[float | None]:
+    """Strict correctness: 1.0 if the last ``\\boxed{}`` answer verifies against ``task["answer"]``.
+
+    Equivalence is mathematical (math-verify; "12.0" matches "12", "1/2" matches "0.5"). A
+    reply with no ``\\boxed{}`` scores 0.0, unlike the math env's lenient reward. None when the
+    task has no "answer" (nothing to check against).
+    """
+    scores: list[float | None] = []
+    for trajectory in trajectories:
+        answer = trajectory.task.get("answer")
+        if answer is None:
+            scores.append(None)
+            continue
+        boxed = extract_boxed(trajectory.completion_text)
+        scores.append(1.0 if answers_match(boxed, str(answer)) else 0.0)
+    return scores
+
+
+@hookimpl
+def agentrl_register_rewards(register: Callable[..., None]) -> None:
+    """Register ``format`` and ``accuracy``."""
+    register("format", format_reward)
+    register("accuracy", accuracy_reward)

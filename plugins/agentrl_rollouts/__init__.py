@@ -1,1 +1,127 @@
-"""agentrl built-in plugin (being written)."""
+"""The ``multi_turn`` rollout: drives many env episodes together, one batched generation per turn.
+
+Every live episode contributes its whole token sequence as a prompt; the engine samples one turn
+for all of them at once; each env answers; its messages are appended as chat-template delta ids
+(loss mask 0). Single-turn envs are the case where the env terminates after the first turn.
+
+Limits, kept apart (TRAPS 27): ``max_new_tokens`` per turn, ``max_sampled_tokens`` per episode
+(model tokens), ``max_total_tokens`` per episode (everything), and the env's ``max_turns``
+(the env truncates itself). Whichever ends an episode, ``Trajectory.truncated`` records it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl import Engine, Env, EnvError, SamplingParams, Trajectory, Turn, hookimpl
+from agentrl.chat import ChatTokenizer
+
+
+@dataclass
+class _Episode:
+    env: Env
+    task: dict[str, Any]
+    group: int
+    messages: list[dict[str, Any]]
+    token_ids: list[int]
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    done: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sampled(self) -> int:
+        return sum(self.loss_mask)
+
+
+class MultiTurnRollout:
+    """Runs episodes to the end; see the module docstring."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, config: Any) -> None:
+        self.engine = engine
+        self.chat = ChatTokenizer(tokenizer)
+        self.config = config
+
+    def run(self, envs: list[Env], tasks: list[dict[str, Any]], groups: list[int],
+            sampling: SamplingParams, seeds: list[int] | None = None) -> list[Trajectory]:
+        """One episode per env on the matching task; returns them as trajectories, in order."""
+        if not len(envs) == len(tasks) == len(groups):
+            raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
+        episodes = []
+        for i, (env, task, group) in enumerate(zip(envs, tasks, groups)):
+            messages, info = env.reset(seed=None if seeds is None else seeds[i], options={"task": task})
+            ids = self.chat.prompt_ids(messages)
+            episodes.append(_Episode(env, task, group, list(messages), ids, [0] * len(ids),
+                                     [0.0] * len(ids), info=dict(info)))
+        max_sampled = self.config.max_sampled_tokens or self.config.max_new_tokens * max(
+            env.max_turns for env in envs)
+        while live := [e for e in episodes if not e.done]:
+            budget = [min(sampling.max_new_tokens, max_sampled - e.sampled,
+                          self.config.max_total_tokens - len(e.token_ids)) for e in live]
+            for episode, cap in zip(live, budget):
+                if cap <= 0:  # the prompt alone fills the episode's token budget
+                    episode.done = episode.truncated = True
+            live, budget = [e for e in live if not e.done], [b for b in budget if b > 0]
+            if not live:
+                break
+            turn_sampling = SamplingParams(
+                max_new_tokens=max(budget), temperature=sampling.temperature, top_p=sampling.top_p,
+                top_k=sampling.top_k, seed=sampling.seed)
+            generations = self.engine.generate([e.token_ids for e in live], turn_sampling)
+            for episode, generation, cap in zip(live, generations, budget):
+                ids, logprobs, reason = generation.token_ids, generation.logprobs, generation.finish_reason
+                if len(ids) > cap:  # this episode had less budget than the batch's largest
+                    ids, logprobs, reason = ids[:cap], logprobs[:cap], "length"
+                self._advance(episode, list(ids), list(logprobs), reason, max_sampled)
+        return [self._trajectory(e) for e in episodes]
+
+    def _advance(self, episode: _Episode, ids: list[int], logprobs: list[float], reason: str,
+                 max_sampled: int) -> None:
+        """Append one model turn and the env's answer to ``episode``."""
+        start = len(episode.token_ids)
+        episode.token_ids += ids
+        episode.loss_mask += [1] * len(ids)
+        episode.logprobs += logprobs
+        stopped = reason == "stop"
+        history = list(episode.messages)
+        assistant = {"role": "assistant", "content": self.chat.assistant_text(ids, stopped)}
+        new_messages, reward, terminated, truncated, info = episode.env.step(assistant["content"])
+        episode.messages += [assistant] + list(new_messages)
+        episode.info = dict(info)
+        episode.turns.append(Turn(start=start, end=len(episode.token_ids), reward=float(reward),
+                                  finish_reason=reason, tool_calls=int(info.get("tool_calls", 0)),
+                                  tool_errors=int(info.get("tool_errors", 0))))
+        if terminated or truncated:
+            episode.done, episode.terminated = True, bool(terminated)
+            episode.truncated = bool(truncated) or (not stopped)
+            return
+        if episode.sampled >= max_sampled:
+            episode.done = episode.truncated = True
+            return
+        delta = self.chat.delta_ids(history, ids, assistant, list(new_messages))
+        if len(episode.token_ids) + len(delta) >= self.config.max_total_tokens:
+            episode.done = episode.truncated = True
+            return
+        episode.token_ids += delta
+        episode.loss_mask += [0] * len(delta)
+        episode.logprobs += [0.0] * len(delta)
+
+    @staticmethod
+    def _trajectory(episode: _Episode) -> Trajectory:
+        trajectory = Trajectory(
+            token_ids=episode.token_ids, loss_mask=episode.loss_mask,
+            sampler_logprobs=episode.logprobs, turns=episode.turns, messages=episode.messages,
+            task=episode.task, group=episode.group, terminated=episode.terminated,
+            truncated=episode.truncated, info=episode.info)
+        trajectory.validate()
+        return trajectory
+
+
+@hookimpl
+def agentrl_register_rollouts(register: Any) -> None:
+    """Register the built-in ``multi_turn`` rollout."""
+    register("multi_turn", MultiTurnRollout)

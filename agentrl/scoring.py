@@ -1,0 +1,54 @@
+"""Score trajectories: the env's own return plus weighted reward functions, NaN-aware."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from agentrl.errors import RewardError
+from agentrl.trajectory import Trajectory
+
+RewardFn = Callable[..., list[float | None]]
+
+
+def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, float]],
+          env_weight: float) -> tuple[list[float], dict[str, np.ndarray]]:
+    """Total reward per trajectory and each component's raw values (NaN = not scored).
+
+    total = env_weight * env_return + sum(weight * reward) over the scored components; a
+    trajectory no component scored gets NaN (its advantage is then 0, TRAPS 17).
+    """
+    components: dict[str, np.ndarray] = {"env": np.array([t.env_return for t in trajectories], dtype=np.float64)}
+    weights = {"env": env_weight}
+    for name, (fn, weight) in reward_fns.items():
+        components[name] = _call(name, fn, trajectories)
+        weights[name] = weight
+    stacked = np.stack([components[n] * weights[n] for n in components])  # (C, N)
+    scored = ~np.isnan(stacked)
+    totals = np.where(scored.any(axis=0), np.nansum(stacked, axis=0), np.nan)
+    return [float(x) for x in totals], components
+
+
+def _call(name: str, fn: RewardFn, trajectories: list[Trajectory]) -> np.ndarray:
+    try:
+        values: Any = fn(trajectories=trajectories)
+    except Exception as exc:
+        raise RewardError(f"reward function {name!r} raised: {exc!r}") from exc
+    if not isinstance(values, (list, tuple)) or len(values) != len(trajectories):
+        got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+        raise RewardError(
+            f"reward function {name!r} must return one float or None per trajectory "
+            f"({len(trajectories)}), got {got}"
+        )
+    out = np.empty(len(values), dtype=np.float64)
+    for i, value in enumerate(values):
+        if value is None:
+            out[i] = math.nan
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[i] = float(value)
+        else:
+            raise RewardError(f"reward function {name!r} returned {value!r} for sample {i}: expected float or None")
+    return out

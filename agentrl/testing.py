@@ -1,0 +1,226 @@
+"""Contract checks for environments and reward functions, for agentrl's tests and yours.
+
+    from agentrl.testing import check_env, check_reward
+    check_env(MyEnv)                       # a class, a zero-argument factory, or an instance
+    check_reward(my_reward, trajectories)  # make_trajectory() builds them without a model
+
+Each rule is a small public ``check_*`` function (as in gymnasium's env checker); every failure
+raises :class:`agentrl.EnvError` or :class:`agentrl.RewardError` saying what broke, never a bare
+``assert`` (which would vanish under ``python -O``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium
+from gymnasium.utils.env_checker import check_env as gymnasium_check_env
+
+from agentrl.env import Env, MessagesSpace, Task
+from agentrl.errors import EnvError, RewardError
+from agentrl.trajectory import Trajectory, Turn
+
+RewardFn = Callable[..., list[float | None]]
+
+
+def gold_text(task: Task) -> str:
+    """The reply a perfect model gives to ``task``: ``\\boxed{answer}``."""
+    return f"\\boxed{{{task['answer']}}}"
+
+
+def make_trajectory(messages: list[dict[str, Any]], task: Task, **fields: Any) -> Trajectory:
+    """A self-consistent Trajectory for ``messages`` with dummy tokens (no model needed).
+
+    Every non-assistant message becomes one token with loss mask 0 and every assistant message
+    one sampled token (a Turn). ``fields`` set the remaining Trajectory fields (group, info...).
+    """
+    token_ids, loss_mask, turns = [0], [0], []
+    for message in messages:
+        if message.get("role") == "assistant":
+            turns.append(Turn(start=len(token_ids), end=len(token_ids) + 1))
+            token_ids.append(1)
+            loss_mask.append(1)
+        elif loss_mask[-1] == 1:  # env tokens between two turns
+            token_ids.append(0)
+            loss_mask.append(0)
+    trajectory = Trajectory(token_ids=token_ids, loss_mask=loss_mask,
+                            sampler_logprobs=[0.0] * len(token_ids), turns=turns,
+                            messages=[dict(m) for m in messages], task=dict(task), **fields)
+    trajectory.validate()
+    return trajectory
+
+
+def with_completion(trajectory: Trajectory, text: str) -> Trajectory:
+    """A copy of ``trajectory`` whose final assistant message is ``text`` (appended if none)."""
+    messages = [dict(m) for m in trajectory.messages]
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+    if last is None:
+        messages.append({"role": "assistant", "content": text})
+    else:
+        messages[last]["content"] = text
+    return make_trajectory(messages, trajectory.task, group=trajectory.group)
+
+
+# -- environments --------------------------------------------------------------------------------
+def _agentrl_env(env: gymnasium.Env) -> Env:
+    inner = env.unwrapped
+    if not isinstance(inner, Env):
+        raise EnvError(f"{type(inner).__name__} is not an agentrl.Env subclass")
+    return inner
+
+
+def _first(tasks: Sequence[Task], n: int) -> list[Task]:
+    return [tasks[i] for i in range(min(n, len(tasks)))]
+
+
+def _task_key(task: Task) -> str:
+    if isinstance(task.get("question"), str):
+        return task["question"]
+    return json.dumps(task, sort_keys=True, default=repr)
+
+
+def check_gymnasium_api(env: Env) -> None:
+    """gymnasium's own ``check_env`` (spaces, seeding, determinism, fresh data per call)."""
+    try:
+        gymnasium_check_env(env, skip_render_check=env.spec is None)
+    except (AssertionError, AttributeError, TypeError) as exc:
+        raise EnvError(f"{type(env).__name__} fails gymnasium's check_env: {exc}") from exc
+
+
+def check_reset_messages(env: Env) -> None:
+    """``reset()`` returns ``(messages, info)``: messages a valid non-empty MessagesSpace list."""
+    result = env.reset(seed=0)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise EnvError(f"{type(env).__name__}.reset must return (messages, info), got {result!r}")
+    messages, info = result
+    if not MessagesSpace().contains(messages) or not messages:
+        raise EnvError(f"{type(env).__name__}.reset returned messages outside MessagesSpace (a "
+                       f"non-empty list of {{'role', 'content': str}} dicts): {messages!r}")
+    if not isinstance(info, dict):
+        raise EnvError(f"{type(env).__name__}.reset info must be a dict, got {type(info).__name__}")
+
+
+def check_reset_uses_task(env: Env) -> None:
+    """``reset(options={"task": t})`` runs the episode on ``t`` (a train and an eval task)."""
+    tasks = _first(env.train_tasks(), 1) + _first(env.eval_tasks(), 1)
+    for task in tasks:
+        _, info = env.reset(options={"task": dict(task)})
+        if env.task != task or info.get("task") != task:
+            raise EnvError(f"{type(env).__name__}.reset(options={{'task': t}}) did not use t: "
+                           f"t={task!r}, env.task={env.task!r}, info['task']={info.get('task')!r}")
+
+
+def check_tasks_disjoint(env: Env, sample: int = 256) -> None:
+    """``train_tasks`` and ``eval_tasks`` are indexable, and share no question (on a sample)."""
+    train, held_out = env.train_tasks(), env.eval_tasks()
+    for name, tasks in (("train_tasks", train), ("eval_tasks", held_out)):
+        if not isinstance(tasks, Sequence):
+            raise EnvError(f"{type(env).__name__}.{name}() must return a Sequence, got "
+                           f"{type(tasks).__name__}")
+    if len(train) == 0:
+        raise EnvError(f"{type(env).__name__}.train_tasks() is empty")
+    step = max(1, len(train) // sample)
+    train_keys = {_task_key(train[i]) for i in range(0, len(train), step)}
+    eval_keys = {_task_key(held_out[i]) for i in range(min(len(held_out), sample))}
+    shared = sorted(train_keys & eval_keys)
+    if shared:
+        raise EnvError(f"{type(env).__name__}: {len(shared)} eval task(s) also appear in "
+                       f"train_tasks, e.g. {shared[0]!r}; hold them out of training")
+
+
+def check_gold_answer(env: Env, max_reward: float = 1.0) -> None:
+    """Replying ``\\boxed{answer}`` to a task with an ``answer`` earns ``max_reward``."""
+    tasks = [t for t in _first(env.train_tasks(), 2) + _first(env.eval_tasks(), 2) if "answer" in t]
+    for task in tasks:
+        env.reset(options={"task": dict(task)})
+        _, reward, _, _, _ = env.step(gold_text(task))
+        if not math.isclose(float(reward), max_reward, abs_tol=1e-6):
+            raise EnvError(f"{type(env).__name__}: the gold reply {gold_text(task)!r} earned "
+                           f"{reward!r}, expected the max reward {max_reward!r} (task {task!r})")
+
+
+def check_step_types(env: Env) -> None:
+    """``step`` returns gymnasium's 5-tuple: (messages, float, bool, bool, dict)."""
+    env.reset(seed=0)
+    result = env.step("I am not sure.")
+    if not (isinstance(result, tuple) and len(result) == 5):
+        raise EnvError(f"{type(env).__name__}.step must return a 5-tuple, got {result!r}")
+    messages, reward, terminated, truncated, info = result
+    problems = []
+    if not MessagesSpace().contains(messages):
+        problems.append(f"messages {messages!r} outside MessagesSpace")
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        problems.append(f"reward {reward!r} is not a finite float")
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, bool):
+            problems.append(f"{name} {flag!r} is not a bool")
+    if not isinstance(info, dict):
+        problems.append(f"info is {type(info).__name__}, not dict")
+    if problems:
+        raise EnvError(f"{type(env).__name__}.step: " + "; ".join(problems))
+
+
+def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.Env],
+              max_reward: float = 1.0) -> None:
+    """Run every environment check; raise EnvError naming the first broken rule.
+
+    Accepts an env instance (wrapped by ``gymnasium.make`` or not), an Env class, or a
+    zero-argument factory. ``max_reward`` is what a gold ``\\boxed{answer}`` reply must earn.
+    """
+    if isinstance(env_factory_or_env, gymnasium.Env):
+        env = env_factory_or_env
+    elif callable(env_factory_or_env):
+        env = env_factory_or_env()
+    else:
+        raise EnvError(f"check_env needs an env, an Env class or a factory, got {env_factory_or_env!r}")
+    if not isinstance(env, gymnasium.Env):
+        raise EnvError(f"check_env: the factory returned {type(env).__name__}, not a gymnasium.Env")
+    inner = _agentrl_env(env)
+    check_gymnasium_api(inner)
+    check_reset_messages(inner)
+    check_reset_uses_task(inner)
+    check_tasks_disjoint(inner)
+    check_step_types(inner)
+    check_gold_answer(inner, max_reward=max_reward)
+
+
+# -- rewards ---------------------------------------------------------------------------------------
+def check_reward_output(fn: RewardFn, trajectories: list[Trajectory]) -> list[float | None]:
+    """Call ``fn(trajectories=...)``; it must return one finite float or None per trajectory."""
+    name = getattr(fn, "__name__", repr(fn))
+    try:
+        scores = fn(trajectories=trajectories)
+    except Exception as exc:
+        raise RewardError(f"reward {name!r} raised on {len(trajectories)} trajectories: {exc!r}") from exc
+    if not isinstance(scores, list) or len(scores) != len(trajectories):
+        got = f"{len(scores)} items" if isinstance(scores, Sequence) else type(scores).__name__
+        raise RewardError(f"reward {name!r} must return a list of {len(trajectories)} scores, got {got}")
+    for i, score in enumerate(scores):
+        if score is None:
+            continue
+        if isinstance(score, bool) or not isinstance(score, numbers.Real) or not math.isfinite(score):
+            raise RewardError(f"reward {name!r}: score {i} is {score!r}; expected a finite float or None")
+    return scores
+
+
+def check_reward_gold(fn: RewardFn, trajectories: list[Trajectory], full_marks: float = 1.0) -> None:
+    """Each trajectory, its reply replaced by ``\\boxed{answer}``, scores ``full_marks``."""
+    name = getattr(fn, "__name__", repr(fn))
+    gold = [with_completion(t, gold_text(t.task)) for t in trajectories if "answer" in t.task]
+    for trajectory, score in zip(gold, check_reward_output(fn, gold)):
+        if score is None or not math.isclose(float(score), full_marks, abs_tol=1e-6):
+            raise RewardError(f"reward {name!r} gave the gold reply {trajectory.completion_text!r} "
+                              f"{score!r}, expected full marks {full_marks!r}")
+
+
+def check_reward(fn: RewardFn, trajectories: list[Trajectory], full_marks: float | None = 1.0) -> None:
+    """Run every reward check on ``trajectories``; ``full_marks=None`` skips the gold-answer check."""
+    if not trajectories:
+        raise RewardError("check_reward needs at least one trajectory")
+    check_reward_output(fn, trajectories)
+    if full_marks is not None:
+        check_reward_gold(fn, trajectories, full_marks)

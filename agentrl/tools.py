@@ -1,0 +1,343 @@
+"""Tools for tool-using envs: typed Python functions, their JSON schemas, call parsing, ``ToolEnv``.
+
+A tool is a plain function with type hints and a Google-style docstring::
+
+    @tool
+    def calculator(expression: str) -> str:
+        '''Evaluate an arithmetic expression.
+
+        Args:
+            expression: The expression, e.g. "(23 * 7) - 48".
+        '''
+
+``Tool.schema`` is the function schema chat templates take as ``tools=``
+(``{"type": "function", "function": {"name", "description", "parameters"}}``). Templates that
+ignore ``tools=`` (the default model's does) need the schemas in the prompt instead:
+``render_tools_system_prompt(tools)`` is that documented fallback, and ``ToolEnv.start`` puts it
+in the system message. A tool-call parser turns an assistant message into ``ToolCall``s; the
+default, ``parse_xml_json``, reads ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+A malformed call, an unknown tool, bad arguments or a tool that raises all come back to the
+model as a tool message ``"Error: ..."``: a bad rollout is data, not a crash.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import json
+import re
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+from agentrl.env import Env, Message
+from agentrl.errors import EnvError
+
+
+class ToolError(EnvError):
+    """A tool was defined wrongly, or called with arguments that do not fit its signature."""
+
+
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
+                               list: "array", dict: "object", type(None): "null"}
+
+
+def _type_schema(hint: Any, where: str) -> dict[str, Any]:
+    """The JSON schema of a type hint; ToolError naming ``where`` for an unsupported hint."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint in _JSON_TYPES:
+        return {"type": _JSON_TYPES[hint]}
+    if origin in (Union, types.UnionType):
+        options = [_type_schema(a, where) for a in args]
+        if all(set(o) == {"type"} and isinstance(o["type"], str) for o in options):
+            return {"type": [o["type"] for o in options]}
+        return {"anyOf": options}
+    if origin is Literal:
+        return {"enum": list(args)}
+    if origin is list and len(args) == 1:
+        return {"type": "array", "items": _type_schema(args[0], where)}
+    if origin is dict and len(args) == 2 and args[0] is str:
+        return {"type": "object", "additionalProperties": _type_schema(args[1], where)}
+    raise ToolError(f"{where}: type {hint!r} has no JSON schema; use str, int, float, bool, "
+                    f"None, list[X], dict[str, X], Literal[...] or a union of those")
+
+
+def _check_value(value: Any, hint: Any) -> bool:
+    """True if the JSON-decoded ``value`` fits ``hint`` (ints count as floats; bools as neither)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in _JSON_TYPES:
+        return isinstance(value, hint)
+    if origin in (Union, types.UnionType):
+        return any(_check_value(value, a) for a in args)
+    if origin is Literal:
+        return value in args
+    if origin is list:
+        return isinstance(value, list) and all(_check_value(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and _check_value(v, args[1]) for k, v in value.items())
+    return False
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """(description, {parameter: description}) from a Google-style docstring."""
+    lines = inspect.cleandoc(doc).splitlines()
+    summary: list[str] = []
+    params: dict[str, str] = {}
+    section, current = None, None
+    for line in lines:
+        header = re.fullmatch(r"(\w[\w ]*):\s*", line)
+        if header and not line.startswith(" "):
+            section, current = header.group(1).lower(), None
+        elif section is None:
+            summary.append(line)
+        elif section in ("args", "arguments", "parameters") and line.strip():
+            item = re.fullmatch(r"\s{1,8}(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)", line)
+            if item and (current is None or len(line) - len(line.lstrip()) <= params_indent):
+                current, params_indent = item.group(1), len(line) - len(line.lstrip())
+                params[current] = item.group(2).strip()
+            elif current is not None:
+                params[current] = f"{params[current]} {line.strip()}".strip()
+    return " ".join(" ".join(summary).split()), params
+
+
+class Tool:
+    """A typed Python function the model can call; ``schema`` describes it to the model."""
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None,
+                 description: str | None = None) -> None:
+        if not callable(fn):
+            raise ToolError(f"Tool needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name):
+            raise ToolError(f"tool name {self.name!r} must be an identifier")
+        summary, param_docs = _parse_docstring(fn.__doc__ or "")
+        self.description = description or summary
+        hints = typing.get_type_hints(fn)
+        self.hints: dict[str, Any] = {}
+        properties: dict[str, Any] = {}
+        required: list[str] = []
+        for param in inspect.signature(fn).parameters.values():
+            where = f"tool {self.name!r}, parameter {param.name!r}"
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+                raise ToolError(f"{where}: tools take named parameters only, not {param.kind.description}")
+            if param.name not in hints:
+                raise ToolError(f"{where} has no type hint; tools need one on every parameter")
+            self.hints[param.name] = hints[param.name]
+            properties[param.name] = _type_schema(hints[param.name], where)
+            if param.name in param_docs:
+                properties[param.name]["description"] = param_docs[param.name]
+            if param.default is param.empty:
+                required.append(param.name)
+        self.required = required
+        self.schema: dict[str, Any] = {"type": "function", "function": {
+            "name": self.name, "description": self.description,
+            "parameters": {"type": "object", "properties": properties, "required": required}}}
+
+    def validate(self, arguments: dict[str, Any]) -> None:
+        """Raise ToolError naming what is missing, unexpected or of the wrong type."""
+        if not isinstance(arguments, dict):
+            raise ToolError(f"{self.name}: arguments must be a JSON object, got {type(arguments).__name__}")
+        missing = [p for p in self.required if p not in arguments]
+        extra = sorted(set(arguments) - set(self.hints))
+        problems = []
+        if missing:
+            problems.append(f"missing argument(s) {', '.join(missing)}")
+        if extra:
+            problems.append(f"unexpected argument(s) {', '.join(extra)} "
+                            f"(allowed: {', '.join(self.hints) or 'none'})")
+        for key, value in arguments.items():
+            if key in self.hints and not _check_value(value, self.hints[key]):
+                expected = _type_schema(self.hints[key], self.name)
+                problems.append(f"argument {key!r} must be {json.dumps(expected)}, got {value!r}")
+        if problems:
+            raise ToolError(f"{self.name}: " + "; ".join(problems))
+
+    def __call__(self, **arguments: Any) -> Any:
+        """Validate ``arguments`` against the signature (ToolError if they do not fit), then call."""
+        self.validate(arguments)
+        return self.fn(**arguments)
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r})"
+
+
+def tool(fn: Callable[..., Any]) -> Tool:
+    """Decorator: make a typed function a ``Tool``."""
+    return Tool(fn)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call parsed from an assistant message: arguments, or the reason it is malformed."""
+
+    name: str
+    arguments: dict[str, Any] | None
+    error: str | None
+    raw: str
+
+
+_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
+
+
+def parse_xml_json(text: str) -> list[ToolCall]:
+    """Parse every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in ``text``.
+
+    An unclosed last ``<tool_call>`` runs to the end of the text. A call that is not valid JSON,
+    or lacks a string ``name`` or an object ``arguments`` (a JSON string holding an object is
+    accepted), gives a ``ToolCall`` with ``error`` set.
+    """
+    calls = []
+    for match in _CALL.finditer(text):
+        raw = match.group(1)
+        body = _FENCE.sub("", raw.strip())
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            calls.append(ToolCall("", None, f"tool call is not valid JSON ({exc}): {body[:200]!r}", raw))
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            calls.append(ToolCall("", None, 'tool call must be a JSON object with a string "name"', raw))
+            continue
+        arguments = data.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass
+        if not isinstance(arguments, dict):
+            calls.append(ToolCall(data["name"], None, '"arguments" must be a JSON object', raw))
+            continue
+        calls.append(ToolCall(data["name"], arguments, None, raw))
+    return calls
+
+
+def render_tools_system_prompt(tools: Sequence[Tool | dict[str, Any]]) -> str:
+    """The fallback tool description for chat templates that ignore ``tools=``.
+
+    Lists each tool's JSON schema (one JSON object per line inside ``<tools>``) and the exact
+    call format ``parse_xml_json`` reads; results come back as ``tool`` messages.
+    """
+    schemas = [t.schema if isinstance(t, Tool) else t for t in tools]
+    listing = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
+    return (
+        "You can call tools. Their JSON schemas:\n"
+        f"<tools>\n{listing}\n</tools>\n"
+        "To call a tool, write exactly:\n"
+        '<tool_call>\n{"name": "TOOL_NAME", "arguments": {"ARGUMENT": "VALUE"}}\n</tool_call>\n'
+        "Each result comes back in a tool message. When you know the final answer, "
+        "reply with it and no tool call."
+    )
+
+
+class ToolEnv(Env):
+    """Base of tool-using envs: runs the model's tool calls until it answers without one.
+
+    Subclasses set ``tools`` and ``instructions`` and implement ``train_tasks``, ``eval_tasks``,
+    ``score_answer``; a task's ``question`` is the user message. A turn with tool calls gets one
+    ``tool`` message per call (errors as ``"Error: ..."``), reward 0, not terminated; a turn
+    without calls is the final answer: reward ``score_answer(text)``, terminated. ``info`` has
+    ``tool_calls`` and ``tool_errors`` (this turn's counts).
+    """
+
+    tools: Sequence[Tool] = ()
+    instructions: str = ""
+    """Env-specific system text, placed before the tool description."""
+    max_turns = 4
+    max_tool_output_chars = 2000
+    max_calls_per_turn = 4
+
+    def __init__(self, tools: Sequence[Tool] | None = None,
+                 tool_parser: str | Callable[[str], list[ToolCall]] = parse_xml_json,
+                 max_turns: int | None = None, max_tool_output_chars: int | None = None) -> None:
+        super().__init__()
+        if tools is not None:
+            self.tools = list(tools)
+        for t in self.tools:
+            if not isinstance(t, Tool):
+                raise EnvError(f"{type(self).__name__}: tools must be Tool objects, got {t!r}")
+        self.tool_parser = _resolve_parser(tool_parser) if isinstance(tool_parser, str) else tool_parser
+        if max_turns is not None:
+            self.max_turns = _positive("max_turns", max_turns)
+        if max_tool_output_chars is not None:
+            self.max_tool_output_chars = _positive("max_tool_output_chars", max_tool_output_chars)
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools' JSON schemas, for chat templates that render ``tools=``."""
+        return [t.schema for t in self.tools]
+
+    def start(self, task: dict[str, Any]) -> list[Message]:
+        """A system message (instructions and tool description) and the task's question."""
+        system = "\n\n".join(p for p in (self.instructions, render_tools_system_prompt(self.tools)) if p)
+        return [{"role": "system", "content": system}, {"role": "user", "content": str(task["question"])}]
+
+    @abc.abstractmethod
+    def score_answer(self, text: str) -> float:
+        """Reward of the final answer ``text`` for ``self.task``."""
+
+    def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """Run the tool calls in ``text``; with none, score it as the final answer."""
+        calls = self.tool_parser(text)
+        if not calls:
+            return [], float(self.score_answer(text)), True, {"tool_calls": 0, "tool_errors": 0}
+        messages, errors = [], 0
+        for i, call in enumerate(calls):
+            if i >= self.max_calls_per_turn:
+                content, ok = f"Error: too many tool calls in one message (at most {self.max_calls_per_turn})", False
+            else:
+                content, ok = self.run_tool_call(call)
+            errors += not ok
+            if len(content) > self.max_tool_output_chars:
+                cut = len(content) - self.max_tool_output_chars
+                content = content[: self.max_tool_output_chars] + f"\n[truncated {cut} characters]"
+            message: Message = {"role": "tool", "content": content}
+            if call.name:
+                message["name"] = call.name
+            messages.append(message)
+        return messages, 0.0, False, {"tool_calls": len(calls), "tool_errors": errors}
+
+    def run_tool_call(self, call: ToolCall) -> tuple[str, bool]:
+        """(tool message content, succeeded) for one parsed call; never raises for bad calls."""
+        if call.error is not None or call.arguments is None:
+            return f"Error: {call.error or 'malformed tool call'}", False
+        by_name = {t.name: t for t in self.tools}
+        if call.name not in by_name:
+            return f"Error: unknown tool {call.name!r}; available: {', '.join(by_name) or 'none'}", False
+        try:
+            result = by_name[call.name](**call.arguments)
+        except ToolError as exc:
+            return f"Error: {exc}", False
+        except Exception as exc:  # the tool's own failure is feedback for the model
+            return f"Error: {type(exc).__name__}: {exc}", False
+        return (result if isinstance(result, str) else json.dumps(result, default=str)), True
+
+
+def _positive(name: str, value: int) -> int:
+    """``value`` if it is a positive int, else EnvError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise EnvError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+_PARSERS: dict[str, Callable[[str], list[ToolCall]]] = {}
+
+
+def _resolve_parser(name: str) -> Callable[[str], list[ToolCall]]:
+    """The tool-call parser registered as ``name`` (plugins are loaded once, on first use)."""
+    if name not in _PARSERS:
+        from agentrl.plugins import load_plugins
+
+        registry = load_plugins().registry
+        _PARSERS.update({n: registry.get("tool_parser", n).factory
+                         for n in registry.names("tool_parser")})
+        if name not in _PARSERS:
+            registry.get("tool_parser", name)  # raises PluginError suggesting the nearest name
+    return _PARSERS[name]

@@ -1,0 +1,297 @@
+"""The training loop: rollout -> score -> advantages -> normalised loss -> optimizer step.
+
+One step (see the hook order in agentrl.hookspecs):
+  1. sample ``prompts_per_step`` tasks, each run ``num_generations`` times (a group);
+  2. the rollout drives the envs through the engine -> trajectories;
+  3. reward functions score them (plus the env's own return);
+  4. the algorithm turns rewards into per-token advantages;
+  5. for each of the algorithm's ``num_iterations``: loss denominators are counted over the whole
+     step first, then every micro-batch's loss is backpropagated (accumulated), then one
+     clipped optimizer step (accelerate);
+  6. the engine receives the new weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from transformers import get_scheduler
+
+from agentrl.algorithm import Algorithm
+from agentrl.config import TrainConfig, build_plugin_config
+from agentrl.engine import SamplingParams
+from agentrl.env import Env, load_env_class
+from agentrl.errors import ConfigError
+from agentrl.evaluate import evaluate
+from agentrl.metrics import MetricsWriter, reward_metrics, rollout_metrics
+from agentrl.models import load_model, load_tokenizer
+from agentrl.objectives import step_totals
+from agentrl.plugins import PluginManager
+from agentrl.policy import TokenLogprobs
+from agentrl.scoring import RewardFn, score
+from agentrl.trajectory import TrainBatch, collate
+
+
+@dataclass
+class TrainResult:
+    """What a finished run reports."""
+
+    run_dir: Path
+    eval_before: dict[str, float]
+    eval_after: dict[str, float]
+    history: list[dict[str, float]]
+
+
+class TaskCursor:
+    """Walks a task sequence in seeded shuffled epochs; ``position`` is the resumable cursor."""
+
+    def __init__(self, num_tasks: int, seed: int) -> None:
+        self.num_tasks, self.seed, self.position = num_tasks, seed, 0
+
+    def take(self, n: int) -> list[int]:
+        """The next ``n`` task indices (crossing epoch boundaries reshuffles)."""
+        out = []
+        for _ in range(n):
+            epoch, offset = divmod(self.position, self.num_tasks)
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.num_tasks) if \
+                self.num_tasks <= 1_000_000 else None
+            out.append(int(order[offset]) if order is not None else (offset * 7919 + epoch) % self.num_tasks)
+            self.position += 1
+        return out
+
+
+def make_env(manager: PluginManager, config: TrainConfig) -> Env:
+    """An env instance: a registered name or ``path/file.py:ClassName``."""
+    factory = load_env_class(config.env) if ":" in config.env else manager.registry.get("env", config.env).factory
+    try:
+        env = factory(**config.env_args)
+    except TypeError as exc:
+        raise ConfigError(f"env_args {config.env_args!r} do not fit env {config.env!r}: {exc}") from exc
+    if not isinstance(env, Env):
+        raise ConfigError(f"env {config.env!r} built a {type(env).__name__}, not an agentrl.Env")
+    return env
+
+
+def reward_functions(manager: PluginManager, config: TrainConfig, env: Env) -> dict[str, tuple[RewardFn, float]]:
+    """The reward functions to apply (config's, else the env's defaults) with their weights."""
+    chosen = config.rewards if config.rewards is not None else dict(env.default_rewards)
+    return {name: (manager.registry.get("reward", name).factory, float(w)) for name, w in chosen.items()}
+
+
+class Trainer:
+    """Builds everything a run needs from a TrainConfig and a loaded PluginManager, then trains."""
+
+    def __init__(self, config: TrainConfig, manager: PluginManager, console: Any = None) -> None:
+        self.config, self.manager, self.hook = config, manager, manager.hook
+        self.console = console
+        set_seed(config.seed)
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        algo_cls = manager.registry.get("algorithm", config.algo).factory
+        self.algorithm: Algorithm = algo_cls(build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm"))
+        self.envs = [make_env(manager, config) for _ in range(max(config.batch_size, min(config.eval_tasks, 64), 1))]
+        self.reward_fns = reward_functions(manager, config, self.envs[0])
+        self.tokenizer = load_tokenizer(config.model)
+        self.model = load_model(config.model)
+        self.ref_model = self._frozen_copy(self.model) if self.algorithm.needs_reference else None
+        self.policy = TokenLogprobs(self.model, temperature=config.temperature)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate,
+                                           betas=config.adam_betas, weight_decay=config.weight_decay)
+        self.scheduler = get_scheduler(
+            config.lr_scheduler, self.optimizer, num_warmup_steps=config.warmup_steps,
+            num_training_steps=config.max_steps * self.algorithm.num_iterations)
+        self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(
+            self.policy, self.optimizer, self.scheduler)
+        engine_cls = manager.registry.get("engine", config.engine).factory
+        self.engine = engine_cls(model=self.model, tokenizer=self.tokenizer, config=config)
+        rollout_cls = manager.registry.get("rollout", config.rollout).factory
+        self.rollout = rollout_cls(engine=self.engine, tokenizer=self.tokenizer, config=config)
+        self.algorithm.setup({"model": self.model, "tokenizer": self.tokenizer,
+                              "accelerator": self.accelerator, "train_config": config})
+        self.tasks = self.envs[0].train_tasks()
+        self.cursor = TaskCursor(len(self.tasks), config.seed)
+        self.max_sampled = config.max_sampled_tokens or config.max_new_tokens * self.envs[0].max_turns
+
+    @staticmethod
+    def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+        ref = copy.deepcopy(model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 autocast when ``precision: bf16`` (fp32 master weights), else nothing."""
+        return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16,
+                              enabled=self.config.precision == "bf16")
+
+    # -- one step ----------------------------------------------------------------------------------
+    def rollout_step(self, step: int) -> tuple[TrainBatch, list[Any], dict[str, float]]:
+        """Sample tasks, run episodes, score them; returns the collated batch and metrics."""
+        cfg = self.config
+        indices = self.cursor.take(cfg.prompts_per_step)
+        tasks = [self.tasks[i] for i in indices for _ in range(cfg.num_generations)]
+        groups = [g for g in range(cfg.prompts_per_step) for _ in range(cfg.num_generations)]
+        sampling = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                  top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed * 1_000_003 + step)
+        seeds = [cfg.seed * 1_000_003 + step * cfg.batch_size + i for i in range(len(tasks))]
+        trajectories = self.rollout.run(self.envs[:len(tasks)], tasks, groups, sampling, seeds=seeds)
+        totals, components = score(trajectories, self.reward_fns, cfg.env_reward_weight)
+        metrics = {**reward_metrics(totals, components), **rollout_metrics(trajectories)}
+        self.hook.agentrl_on_rollout_end(trajectories=trajectories, step=step, metrics=metrics)
+        batch = collate(trajectories, totals, self.tokenizer.pad_token_id)
+        for factor in self.hook.agentrl_adjust_loss_mask(batch=batch, config=cfg, metrics=metrics):
+            batch.loss_mask = batch.loss_mask * factor
+        return batch, trajectories, metrics
+
+    def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+        """Micro-batches of similar lengths (less padding; the loss is invariant to the split)."""
+        order = torch.argsort(batch.lengths, descending=True).tolist()
+        size = self.config.micro_batch_size
+        return [batch.select(order[i:i + size]) for i in range(0, len(order), size)]
+
+    @torch.no_grad()
+    def frozen_logprobs(self, module: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+        """Logprobs of ``module`` (policy snapshot or reference) for the whole batch, no grad."""
+        scorer = TokenLogprobs(module, temperature=self.config.temperature)
+        out = torch.zeros_like(batch.loss_mask)
+        order = list(range(batch.num_rows))
+        for i in range(0, len(order), self.config.micro_batch_size):
+            rows = order[i:i + self.config.micro_batch_size]
+            mb = batch.select(rows)
+            with self.autocast():
+                lp, _ = scorer(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=False)
+            out[rows, : lp.shape[1]] = lp
+        return out
+
+    def update(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
+        """All of the algorithm's optimizer steps on one rollout batch."""
+        cfg, model = self.config, self.policy
+        batch.extras["advantages"] = self.algorithm.compute_advantages(batch, metrics)
+        if self.ref_model is not None:
+            batch.extras["ref_logprobs"] = self.frozen_logprobs(self.ref_model, batch)
+        if self.algorithm.num_iterations > 1:
+            batch.extras["old_logprobs"] = self.frozen_logprobs(self.model, batch)
+        rollout_tokens = float(self.accelerator.reduce(batch.loss_mask.sum(), "sum"))
+        for _ in range(self.algorithm.num_iterations):
+            micro = self.micro_batches(batch)
+            totals = step_totals([mb.loss_mask for mb in micro], num_tokens_rollout=rollout_tokens,
+                                 max_completion_length=self.max_sampled,
+                                 reduce=lambda t: self.accelerator.reduce(t, "sum"))
+            stats: dict[str, list[float]] = {}
+            for i, mb in enumerate(micro):
+                sync = contextlib.nullcontext() if i == len(micro) - 1 else self.accelerator.no_sync(model)
+                with sync:
+                    with self.autocast():
+                        logprobs, entropy = model(mb.input_ids, mb.attention_mask, mb.loss_mask)
+                    old = mb.extras.get("old_logprobs", logprobs.detach())
+                    out = self.algorithm.loss(mb, logprobs, old, mb.extras.get("ref_logprobs"), totals,
+                                              self.hook, cfg, metrics)
+                    self.accelerator.backward(out.loss)
+                _accumulate(stats, "loss/policy", out.loss.detach(), None)
+                _accumulate(stats, "policy/entropy", entropy, mb.loss_mask)
+                _accumulate(stats, "policy/sampler_logprob_gap",
+                            (logprobs.detach() - mb.sampler_logprobs).abs(), mb.loss_mask)
+                for key, value in out.token_stats.items():
+                    _accumulate(stats, key, value.detach(), mb.loss_mask)
+            if cfg.max_grad_norm is not None:
+                grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                metrics["train/grad_norm"] = float(grad_norm)
+            metrics["train/learning_rate"] = float(self.scheduler.get_last_lr()[0])
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            for key, (num, den) in stats.items():
+                metrics[key] = num if den is None else num / max(den, 1.0)
+        self.engine.sync_weights(self.model)
+
+    # -- the run -------------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Held-out accuracy of the current policy (greedy by default)."""
+        eval_tasks = list(self.envs[0].eval_tasks())[: self.config.eval_tasks]
+        metrics, _ = evaluate(self.rollout, self.envs, eval_tasks, max_new_tokens=self.config.max_new_tokens,
+                              temperature=self.config.eval_temperature, seed=self.config.seed,
+                              reward_fns=self.reward_fns, batch_size=len(self.envs))
+        return metrics
+
+    def train(self, progress: Any = None) -> TrainResult:
+        """Run ``max_steps`` steps with evaluations before and after; writes the run dir."""
+        cfg = self.config
+        run_dir = Path(cfg.output_dir or f"runs/{cfg.env.replace('/', '_').replace(':', '_')}-{cfg.algo}-"
+                                          f"{datetime.now():%Y%m%d-%H%M%S}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        writer = MetricsWriter(run_dir)
+        self.hook.agentrl_on_train_start(config=cfg, run_dir=str(run_dir))
+        eval_before = self.evaluate() if cfg.eval_tasks else {}
+        _report(progress, "eval before", eval_before)
+        history: list[dict[str, float]] = []
+        for step in range(1, cfg.max_steps + 1):
+            t0 = time.perf_counter()
+            batch, trajectories, metrics = self.rollout_step(step)
+            t1 = time.perf_counter()
+            self.update(batch, metrics)
+            t2 = time.perf_counter()
+            metrics.update({"perf/rollout_seconds": t1 - t0, "perf/update_seconds": t2 - t1,
+                            "perf/step_seconds": t2 - t0,
+                            "perf/episodes_per_second": len(trajectories) / (t2 - t0)})
+            if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks:
+                metrics.update(self.evaluate())
+            if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
+                _log_completions(run_dir, step, trajectories, batch)
+            self.hook.agentrl_on_step_end(step=step, metrics=metrics)
+            writer.write(step, metrics)
+            history.append(metrics)
+            if progress is not None:
+                progress(step, metrics)
+        eval_after = self.evaluate() if cfg.eval_tasks else {}
+        _report(progress, "eval after", eval_after)
+        writer.write(cfg.max_steps, {f"final/{k}": v for k, v in eval_after.items()})
+        writer.close()
+        (run_dir / "eval.json").write_text(json.dumps({"before": eval_before, "after": eval_after}, indent=2))
+        if cfg.save_model:
+            self.accelerator.unwrap_model(self.policy).model.save_pretrained(run_dir / "model")
+            self.tokenizer.save_pretrained(run_dir / "model")
+        from agentrl.plots import plot_run
+
+        plot_run(run_dir)
+        self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
+        return TrainResult(run_dir, eval_before, eval_after, history)
+
+
+def _accumulate(stats: dict[str, list[float]], key: str, value: torch.Tensor, mask: torch.Tensor | None) -> None:
+    num, den = stats.setdefault(key, [0.0, 0.0 if mask is not None else None])  # type: ignore[list-item]
+    if mask is None:
+        stats[key] = [num + float(value), None]  # type: ignore[list-item]
+    else:
+        stats[key] = [num + float((value * mask).sum()), den + float(mask.sum())]
+
+
+def _report(progress: Any, label: str, metrics: dict[str, float]) -> None:
+    if progress is not None and hasattr(progress, "report"):
+        progress.report(label, metrics)
+
+
+def _log_completions(run_dir: Path, step: int, trajectories: list[Any], batch: TrainBatch) -> None:
+    with (run_dir / "completions.jsonl").open("a") as f:
+        for traj, reward in zip(trajectories, batch.rewards.tolist()):
+            f.write(json.dumps({"step": step, "group": traj.group, "reward": reward,
+                                "answer": traj.task.get("answer"), "messages": traj.messages}) + "\n")
+
+
+def iter_steps(history: list[dict[str, float]], key: str) -> Iterator[tuple[int, float]]:
+    """(step, value) pairs of ``key`` in a run's history, skipping steps without it."""
+    for step, metrics in enumerate(history, start=1):
+        if key in metrics:
+            yield step, metrics[key]
