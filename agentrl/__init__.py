@@ -18,6 +18,7 @@ from agentrl.errors import (
 )
 from agentrl.hookspecs import hookimpl
 from agentrl.plugins import PluginManager, load_plugins
+from agentrl.tools import Tool, ToolCall, ToolEnv, ToolError, tool
 from agentrl.trajectory import TrainBatch, Trajectory, Turn, collate
 
 __all__ = [
@@ -40,10 +41,15 @@ __all__ = [
     "StepTotals",
     "Task",
     "TemplateError",
+    "Tool",
+    "ToolCall",
+    "ToolEnv",
+    "ToolError",
     "TrainBatch",
     "Trajectory",
     "Turn",
     "collate",
     "hookimpl",
     "load_plugins",
+    "tool",
 ]

@@ -8,6 +8,7 @@ are plain dicts here and validated by the plugin's own config class at start-up.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -143,6 +144,22 @@ class TrainConfig:
         return data
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-5`` as a float (YAML 1.1 wants ``1.0e-5``)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text with the float rule above."""
+    return yaml.load(text, Loader=_Loader)
+
+
 def _check_types(config: TrainConfig) -> None:
     hints = get_type_hints(TrainConfig)
     for f in dataclasses.fields(config):
@@ -192,7 +209,7 @@ def build_config(file: str | Path | None = None, overrides: dict[str, Any] | Non
         if not path.is_file():
             raise ConfigError(f"config file {str(file)!r} does not exist")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = load_yaml(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {str(file)!r} is not valid YAML: {exc}") from exc
         if not isinstance(loaded, dict):
@@ -202,7 +219,7 @@ def build_config(file: str | Path | None = None, overrides: dict[str, Any] | Non
         key, sep, raw = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects key=value, got {item!r}")
-        _set_dotted(data, key.strip(), yaml.safe_load(raw))
+        _set_dotted(data, key.strip(), load_yaml(raw))
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     known = set(field_names())
     for key in data:

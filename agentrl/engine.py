@@ -52,6 +52,7 @@ class Engine(abc.ABC):
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Make the engine sample from ``model``'s current weights (called after each update).
 
-        Engines that share the trainer's model object (``hf``) have nothing to do.
+        An engine sampling from the trainer's own model object has nothing to do; one with its
+        own copy (``hf`` in bfloat16, vLLM) copies the weights in and resets any prefix cache.
         """
         return None

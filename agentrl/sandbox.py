@@ -21,15 +21,17 @@ What it adds where it can (``SandboxResult.isolation`` names the layers that wer
   supplementary groups, so Unix permissions stop it from changing root's files or reading
   ``/proc/<trainer>/environ``; ``RLIMIT_NPROC`` (``max_processes``) then guards against fork
   bombs (root ignores it), and after the call every process of that uid is killed, including
-  ones that left the process group with ``setsid``. Not running as root, ``RLIMIT_NPROC`` is
-  set to the user's current process count plus ``max_processes``, and the code runs as the
-  trainer's user: it can read and write whatever the trainer can.
+  ones that left the process group with ``setsid``. Root keeps the code as root only where the
+  Python installation is closed to other users and ``"fs"`` is unavailable: then no fork guard.
+  Not running as root, the code runs as the trainer's user (it can read and write whatever the
+  trainer can, its environment included); ``RLIMIT_NPROC`` is ``max_processes`` more than the
+  user already runs (or ``max_processes`` in a new user namespace, which counts its own).
 * ``"fs"`` (root, mount namespaces allowed): a private mount namespace in which ``/tmp``,
-  ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` are fresh private tmpfs (the only world-writable
-  places, so nothing the code writes outlives it outside the scratch directory), the scratch
-  directory is a private tmpfs of ``disk_mb``, and directories the unprivileged uid cannot enter
-  (``/root``) are replaced by empty ones with only the Python installation bound in, read-only.
-  Without it, a uid-dropped child can still create files in world-writable directories.
+  ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` (the usual world-writable places) are fresh
+  private tmpfs, so nothing the code writes there outlives it; the scratch directory is a
+  private tmpfs of ``disk_mb``; directories the unprivileged uid cannot enter (``/root``) are
+  replaced by empty ones with only the Python installation bound in, read-only. Without it, a
+  uid-dropped child can still create files in world-writable directories.
 * ``"net"``: a private network namespace (no interfaces up, not even loopback), via
   ``unshare(CLONE_NEWNET)``, or unprivileged with a user namespace. Without it the code has
   whatever network the trainer has.
@@ -77,8 +79,21 @@ def report(**extra):
 with open(cfg["code_path"], encoding="utf-8") as f:
     code = f.read()
 scratch = cfg["scratch"]
-if libc.unshare(0x40000000) == 0 or (uid is None and libc.unshare(0x50000000) == 0):
-    done.append("net")  # CLONE_NEWNET, else CLONE_NEWUSER | CLONE_NEWNET
+mine = 0  # RLIMIT_NPROC counts every process and thread of the real uid
+if uid is None and os.getuid() != 0:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = dict(l.split(":", 1) for l in open("/proc/%s/status" % pid) if ":" in l)
+        except OSError:
+            continue
+        if int(status["Uid"].split()[0]) == os.getuid():
+            mine += int(status.get("Threads", "1"))
+if libc.unshare(0x40000000) == 0:  # CLONE_NEWNET
+    done.append("net")
+elif uid is None and libc.unshare(0x50000000) == 0:  # CLONE_NEWUSER | CLONE_NEWNET
+    done.append("net")
+    if tuple(map(int, os.uname().release.split(".")[:2])) >= (5, 14):
+        mine = 0  # since Linux 5.14 a new user namespace counts its own processes only
 changed = False
 if uid is not None and libc.unshare(0x00020000) == 0:  # CLONE_NEWNS
     try:
@@ -104,29 +119,20 @@ if uid is not None and libc.unshare(0x00020000) == 0:  # CLONE_NEWNS
 os.chdir(scratch)
 with open("main.py", "w", encoding="utf-8") as f:
     f.write(code)
-limit = lambda res, n: resource.setrlimit(res, (n, n))
+def limit(res, n):  # never above the hard limit we inherited (only root may raise it)
+    hard = resource.getrlimit(res)[1]
+    n = n if hard == resource.RLIM_INFINITY else min(n, hard)
+    resource.setrlimit(res, (n, n))
 limit(resource.RLIMIT_AS, cfg["memory_bytes"])
 limit(resource.RLIMIT_FSIZE, cfg["disk_mb"] << 20)
 limit(resource.RLIMIT_CPU, cfg["cpu_s"])
 limit(resource.RLIMIT_CORE, 0)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-big file is an OSError, not a kill
-nproc = cfg["max_processes"]
 if uid is not None and (not cfg["hide_needed"] or "fs" in done):
     os.chown("main.py", uid, uid)
     os.setgroups([]); os.setgid(uid); os.setuid(uid)
     done.append("uid")
-elif os.getuid() != 0:  # NPROC counts every process and thread of the user
-    mine = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            status = open("/proc/%s/status" % pid).read()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if int(fields["Uid"].split()[0]) == os.getuid():
-            mine += int(fields.get("Threads", "1"))
-    nproc += mine
-limit(resource.RLIMIT_NPROC, nproc)
+limit(resource.RLIMIT_NPROC, cfg["max_processes"] + mine)
 libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the trainer (after setuid, which clears it)
 report()
 import builtins
@@ -332,7 +338,10 @@ def _explain(code: int | None, timed_out: bool, stderr: str, status: dict, timeo
         return f"sandbox setup failed: {status['error']}"
     if timed_out:
         return f"timed out after {timeout_s:g} s; the process group was killed"
-    if "MemoryError" in stderr[-2000:]:
+    if not status:
+        return (f"sandbox setup failed: the sandbox stopped before running the code "
+                f"(exit code {code}); see stderr")
+    if stderr.rstrip().rsplit("\n", 1)[-1].startswith("MemoryError"):
         return f"memory limit exceeded ({memory_mb} MB per process)"
     if code is not None and code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)

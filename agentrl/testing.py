@@ -78,6 +78,9 @@ def _first(tasks: Sequence[Task], n: int) -> list[Task]:
 
 
 def _task_key(task: Task) -> str:
+    """A task's identity for disjointness: its ``id`` if it has one, else its question."""
+    if "id" in task:
+        return f"id:{task['id']}"
     if isinstance(task.get("question"), str):
         return task["question"]
     return json.dumps(task, sort_keys=True, default=repr)
@@ -224,3 +227,17 @@ def check_reward(fn: RewardFn, trajectories: list[Trajectory], full_marks: float
     check_reward_output(fn, trajectories)
     if full_marks is not None:
         check_reward_gold(fn, trajectories, full_marks)
+
+
+def build_tiny_model(vocab_size: int, seed: int = 0) -> Any:
+    """A random 2-layer Llama with ``vocab_size`` tokens and tied embeddings (like SmolLM2), for
+    fast smoke tests of plugins: pair it with the real tokenizer, or save both to a folder usable
+    as ``--model``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    return LlamaForCausalLM(config).eval()

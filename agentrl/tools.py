@@ -1,23 +1,14 @@
-"""Tools for tool-using envs: typed Python functions, their JSON schemas, call parsing, ``ToolEnv``.
+"""Tools for tool-using envs: typed functions, their JSON schemas, call parsing, ``ToolEnv``.
 
-A tool is a plain function with type hints and a Google-style docstring::
-
-    @tool
-    def calculator(expression: str) -> str:
-        '''Evaluate an arithmetic expression.
-
-        Args:
-            expression: The expression, e.g. "(23 * 7) - 48".
-        '''
-
-``Tool.schema`` is the function schema chat templates take as ``tools=``
-(``{"type": "function", "function": {"name", "description", "parameters"}}``). Templates that
-ignore ``tools=`` (the default model's does) need the schemas in the prompt instead:
-``render_tools_system_prompt(tools)`` is that documented fallback, and ``ToolEnv.start`` puts it
-in the system message. A tool-call parser turns an assistant message into ``ToolCall``s; the
-default, ``parse_xml_json``, reads ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
-A malformed call, an unknown tool, bad arguments or a tool that raises all come back to the
-model as a tool message ``"Error: ..."``: a bad rollout is data, not a crash.
+A tool is a function with type hints and a Google-style docstring (``Args:`` gives the parameter
+descriptions): ``@tool def calculator(expression: str) -> str: ...``. ``Tool.schema`` is the
+function schema chat templates take as ``tools=``; templates that ignore ``tools=`` (the default
+model's does) get ``render_tools_system_prompt(tools)`` instead, the documented fallback that
+``ToolEnv.start`` puts in the system message. A parser turns an assistant message into
+``ToolCall``s; the default, ``parse_xml_json``, reads
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A malformed call, an unknown tool,
+bad arguments or a tool that raises come back to the model as a tool message ``"Error: ..."``:
+a bad rollout is data, not a crash.
 """
 
 from __future__ import annotations
@@ -64,6 +55,22 @@ def _type_schema(hint: Any, where: str) -> dict[str, Any]:
                     f"None, list[X], dict[str, X], Literal[...] or a union of those")
 
 
+def _describe(schema: dict[str, Any]) -> str:
+    """A JSON schema in words: ``"array of integer"``, ``"string or null"``."""
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
+    if "anyOf" in schema:
+        return " or ".join(_describe(option) for option in schema["anyOf"])
+    kind = schema["type"]
+    if isinstance(kind, list):
+        return " or ".join(kind)
+    if kind == "array" and "items" in schema:
+        return f"array of {_describe(schema['items'])}"
+    if kind == "object" and "additionalProperties" in schema:
+        return f"object of {_describe(schema['additionalProperties'])}"
+    return kind
+
+
 def _check_value(value: Any, hint: Any) -> bool:
     """True if the JSON-decoded ``value`` fits ``hint`` (ints count as floats; bools as neither)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -85,23 +92,27 @@ def _check_value(value: Any, hint: Any) -> bool:
     return False
 
 
+_SECTIONS = {"args", "arguments", "parameters", "returns", "return", "raises", "yields",
+             "examples", "example", "note", "notes"}
+
+
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     """(description, {parameter: description}) from a Google-style docstring."""
-    lines = inspect.cleandoc(doc).splitlines()
     summary: list[str] = []
     params: dict[str, str] = {}
-    section, current = None, None
-    for line in lines:
-        header = re.fullmatch(r"(\w[\w ]*):\s*", line)
-        if header and not line.startswith(" "):
-            section, current = header.group(1).lower(), None
+    section: str | None = None
+    current, indent = None, 0
+    for line in inspect.cleandoc(doc).splitlines():
+        header = line.rstrip().rstrip(":")
+        if not line.startswith(" ") and line.rstrip().endswith(":") and header.lower() in _SECTIONS:
+            section, current = header.lower(), None
         elif section is None:
             summary.append(line)
         elif section in ("args", "arguments", "parameters") and line.strip():
-            item = re.fullmatch(r"\s{1,8}(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)", line)
-            if item and (current is None or len(line) - len(line.lstrip()) <= params_indent):
-                current, params_indent = item.group(1), len(line) - len(line.lstrip())
-                params[current] = item.group(2).strip()
+            item = re.fullmatch(r"(\s+)\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)", line)
+            if item and (current is None or len(item.group(1)) <= indent):
+                current, indent = item.group(2), len(item.group(1))
+                params[current] = item.group(3).strip()
             elif current is not None:
                 params[current] = f"{params[current]} {line.strip()}".strip()
     return " ".join(" ".join(summary).split()), params
@@ -127,7 +138,8 @@ class Tool:
         for param in inspect.signature(fn).parameters.values():
             where = f"tool {self.name!r}, parameter {param.name!r}"
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
-                raise ToolError(f"{where}: tools take named parameters only, not {param.kind.description}")
+                raise ToolError(f"{where}: tools take named parameters only, "
+                                f"not {param.kind.description}")
             if param.name not in hints:
                 raise ToolError(f"{where} has no type hint; tools need one on every parameter")
             self.hints[param.name] = hints[param.name]
@@ -144,7 +156,8 @@ class Tool:
     def validate(self, arguments: dict[str, Any]) -> None:
         """Raise ToolError naming what is missing, unexpected or of the wrong type."""
         if not isinstance(arguments, dict):
-            raise ToolError(f"{self.name}: arguments must be a JSON object, got {type(arguments).__name__}")
+            raise ToolError(f"{self.name}: arguments must be a JSON object, "
+                            f"got {type(arguments).__name__}")
         missing = [p for p in self.required if p not in arguments]
         extra = sorted(set(arguments) - set(self.hints))
         problems = []
@@ -155,8 +168,8 @@ class Tool:
                             f"(allowed: {', '.join(self.hints) or 'none'})")
         for key, value in arguments.items():
             if key in self.hints and not _check_value(value, self.hints[key]):
-                expected = _type_schema(self.hints[key], self.name)
-                problems.append(f"argument {key!r} must be {json.dumps(expected)}, got {value!r}")
+                expected = _describe(_type_schema(self.hints[key], self.name))
+                problems.append(f"argument {key!r} must be {expected}, got {value!r}")
         if problems:
             raise ToolError(f"{self.name}: " + "; ".join(problems))
 
@@ -276,8 +289,9 @@ class ToolEnv(Env):
 
     def start(self, task: dict[str, Any]) -> list[Message]:
         """A system message (instructions and tool description) and the task's question."""
-        system = "\n\n".join(p for p in (self.instructions, render_tools_system_prompt(self.tools)) if p)
-        return [{"role": "system", "content": system}, {"role": "user", "content": str(task["question"])}]
+        parts = (self.instructions, render_tools_system_prompt(self.tools))
+        return [{"role": "system", "content": "\n\n".join(p for p in parts if p)},
+                {"role": "user", "content": str(task["question"])}]
 
     @abc.abstractmethod
     def score_answer(self, text: str) -> float:
@@ -285,15 +299,20 @@ class ToolEnv(Env):
 
     def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
         """Run the tool calls in ``text``; with none, score it as the final answer."""
-        calls = self.tool_parser(text)
+        try:
+            calls = self.tool_parser(text)
+        except Exception as exc:
+            raise EnvError(f"{type(self).__name__}: tool parser {self.tool_parser!r} raised "
+                           f"{exc!r}; a parser must return ToolCalls with error set instead") from exc
         if not calls:
             return [], float(self.score_answer(text)), True, {"tool_calls": 0, "tool_errors": 0}
         messages, errors = [], 0
         for i, call in enumerate(calls):
-            if i >= self.max_calls_per_turn:
-                content, ok = f"Error: too many tool calls in one message (at most {self.max_calls_per_turn})", False
-            else:
+            if i < self.max_calls_per_turn:
                 content, ok = self.run_tool_call(call)
+            else:
+                limit = self.max_calls_per_turn
+                content, ok = f"Error: too many tool calls in one message (at most {limit})", False
             errors += not ok
             if len(content) > self.max_tool_output_chars:
                 cut = len(content) - self.max_tool_output_chars
@@ -310,7 +329,8 @@ class ToolEnv(Env):
             return f"Error: {call.error or 'malformed tool call'}", False
         by_name = {t.name: t for t in self.tools}
         if call.name not in by_name:
-            return f"Error: unknown tool {call.name!r}; available: {', '.join(by_name) or 'none'}", False
+            available = ", ".join(by_name) or "none"
+            return f"Error: unknown tool {call.name!r}; available: {available}", False
         try:
             result = by_name[call.name](**call.arguments)
         except ToolError as exc:

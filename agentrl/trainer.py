@@ -198,7 +198,8 @@ class Trainer:
                     old = mb.extras.get("old_logprobs", logprobs.detach())
                     out = self.algorithm.loss(mb, logprobs, old, mb.extras.get("ref_logprobs"), totals,
                                               self.hook, cfg, metrics)
-                    self.accelerator.backward(out.loss)
+                    # Denominators are global, so undo DDP's gradient averaging (x num_processes).
+                    self.accelerator.backward(out.loss * self.accelerator.num_processes)
                 _accumulate(stats, "loss/policy", out.loss.detach(), None)
                 _accumulate(stats, "policy/entropy", entropy, mb.loss_mask)
                 _accumulate(stats, "policy/sampler_logprob_gap",

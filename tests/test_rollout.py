@@ -10,7 +10,7 @@ from agentrl.config import TrainConfig
 from agentrl.models import DEFAULT_MODEL, load_model
 from agentrl.plugins import load_plugins
 
-from .conftest import build_tiny_model
+from agentrl.testing import build_tiny_model
 
 
 class ScriptedEnv(Env):

@@ -1,1 +1,124 @@
-"""agentrl built-in plugin (being written)."""
+"""Built-in ``guess`` env: guess a secret number over several turns, without tools.
+
+The user says "I'm thinking of a number between 1 and N. Guess it; answer with just the number."
+Each wrong guess gets a user message "Higher." or "Lower."; a reply with no number gets a request
+for one (it still costs a turn). The guess read from a reply is its last integer.
+
+Reward: ``1.0 - turn_cost * (turns - 1)`` (never below 0) when the secret is guessed on turn
+``turns``, so the first-turn guess scores 1.0 and, with the defaults (N = 16, ``turn_cost`` 0.1,
+``max_turns`` 5), a binary search that needs all 5 turns scores 0.6; 0 if it is never guessed.
+
+Tasks carry ``id``, ``secret``, ``n``, ``question`` and ``answer``. Training tasks
+(``guess-train-SEED-i``) draw the secret from an RNG seeded by ``(task_seed, i)``; the held-out
+eval tasks (``guess-eval-i``) are fixed, cycling through every secret 1..N in turn. Secrets
+necessarily repeat across splits (there are only N); the splits are disjoint by ``id``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, overload
+
+from agentrl import Env, EnvError, Message, Task, hookimpl
+from agentrl.env import seeded_rng
+
+TRAIN_SIZE = 1_000_000
+
+
+class GuessTasks(Sequence[Task]):
+    """Guess tasks made on demand: a training split (seeded secrets) or the fixed eval split."""
+
+    def __init__(self, split: str, n: int, length: int, task_seed: int = 0) -> None:
+        self.split, self.n, self.length, self.task_seed = split, n, length, task_seed
+
+    def __len__(self) -> int:
+        return self.length
+
+    @overload
+    def __getitem__(self, index: int) -> Task: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Task]: ...
+    def __getitem__(self, index: int | slice) -> Task | list[Task]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.length))]
+        if not -self.length <= index < self.length:
+            raise IndexError(f"task index {index} out of range for {self.length} tasks")
+        index %= self.length
+        if self.split == "eval":
+            task_id, secret = f"guess-eval-{index}", index % self.n + 1
+        else:
+            task_id = f"guess-train-{self.task_seed}-{index}"
+            secret = int(seeded_rng((self.task_seed << 32) + index).integers(1, self.n + 1))
+        question = (f"I'm thinking of a number between 1 and {self.n}. "
+                    "Guess it; answer with just the number.")
+        return {"id": task_id, "secret": secret, "n": self.n, "question": question,
+                "answer": str(secret)}
+
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+def parse_guess(text: str) -> int | None:
+    """The last integer in ``text``, or None if it has none."""
+    numbers = _INTEGER.findall(text)
+    return int(numbers[-1]) if numbers else None
+
+
+class GuessEnv(Env):
+    """Guess a number in [1, n] from "Higher."/"Lower." feedback (see the module docstring)."""
+
+    max_turns = 5
+
+    def __init__(self, n: int = 16, max_turns: int = 5, turn_cost: float = 0.1,
+                 task_seed: int = 0, num_eval: int = 64) -> None:
+        super().__init__()
+        for name, value, low in (("n", n, 2), ("max_turns", max_turns, 1), ("num_eval", num_eval, 1),
+                                 ("task_seed", task_seed, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise EnvError(f"GuessEnv: {name} must be an integer >= {low}, got {value!r}")
+        if not 0.0 <= turn_cost <= 1.0:
+            raise EnvError(f"GuessEnv: turn_cost must be in [0, 1], got {turn_cost!r}")
+        self.n, self.max_turns, self.turn_cost = n, max_turns, float(turn_cost)
+        self._train = GuessTasks("train", n, TRAIN_SIZE, task_seed)
+        self._eval = GuessTasks("eval", n, num_eval)
+
+    def train_tasks(self) -> Sequence[Task]:
+        """Training tasks with seeded secrets (1,000,000, made on demand)."""
+        return self._train
+
+    def eval_tasks(self) -> Sequence[Task]:
+        """``num_eval`` fixed held-out tasks, cycling through the secrets 1..n."""
+        return self._eval
+
+    def start(self, task: Task) -> list[Message]:
+        """The user's opening message."""
+        for key in ("secret", "n", "question"):
+            if key not in task:
+                raise EnvError(f"GuessEnv: task needs a {key!r} key, got keys {sorted(task)}")
+        return [{"role": "user", "content": str(task["question"])}]
+
+    def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """Compare the guess in ``text`` with the secret; reply "Higher."/"Lower." or end."""
+        if self.task is None:
+            raise EnvError("GuessEnv.respond called before reset()")
+        secret, n = int(self.task["secret"]), int(self.task["n"])
+        guess = parse_guess(text)
+        if guess is None:
+            ask = f"Please answer with just a number between 1 and {n}."
+            return [{"role": "user", "content": ask}], 0.0, False, {"guess": None, "feedback": "invalid"}
+        if guess == secret:
+            reward = max(0.0, 1.0 - self.turn_cost * (self.turn - 1))
+            return [], reward, True, {"guess": guess, "feedback": "correct"}
+        feedback = "higher" if secret > guess else "lower"
+        return ([{"role": "user", "content": f"{feedback.capitalize()}."}], 0.0, False,
+                {"guess": guess, "feedback": feedback})
+
+
+@hookimpl
+def agentrl_register_envs(register: Callable[..., None]) -> None:
+    """Register the ``guess`` env."""
+    register("guess", GuessEnv)
+
+
+__all__ = ["GuessEnv", "GuessTasks", "parse_guess"]

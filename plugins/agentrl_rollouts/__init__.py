@@ -99,12 +99,14 @@ class MultiTurnRollout:
             episode.done, episode.terminated = True, bool(terminated)
             episode.truncated = bool(truncated) or (not stopped)
             return
-        if episode.sampled >= max_sampled:
+        delta = [] if episode.sampled >= max_sampled else self.chat.delta_ids(history, ids, assistant, list(new_messages))
+        if not delta or len(episode.token_ids) + len(delta) >= self.config.max_total_tokens:
+            # A token cap ends the episode before the model sees the env's answer: keep that answer
+            # out of ``messages`` so the messages stay exactly what the token ids hold.
             episode.done = episode.truncated = True
-            return
-        delta = self.chat.delta_ids(history, ids, assistant, list(new_messages))
-        if len(episode.token_ids) + len(delta) >= self.config.max_total_tokens:
-            episode.done = episode.truncated = True
+            if new_messages:
+                del episode.messages[-len(new_messages):]
+                episode.info["unseen_messages"] = list(new_messages)
             return
         episode.token_ids += delta
         episode.loss_mask += [0] * len(delta)

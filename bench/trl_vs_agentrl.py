@@ -1,0 +1,430 @@
+"""Seconds per GRPO step: agentrl's ``Trainer`` against TRL's ``GRPOTrainer``, same config, one process.
+
+    python bench/trl_vs_agentrl.py [--steps 5] [--skip-first 1] [--only agentrl|trl] [--trl-first]
+
+Both train the default model (SmolLM2-135M-Instruct, the local HF folder of
+``agentrl.models.resolve_model("smollm2-135m")``) on the ``math`` env's training tasks for ``--steps``
+optimizer steps, one system after the other (agentrl first unless ``--trl-first``; the first is deleted
+and garbage-collected before the second is built). Reported per system: each step's seconds, the
+median over the steps after the first ``--skip-first`` (warm-up), completions/s (32 / median), the
+mean number of sampled tokens, and the split generation+scoring vs update. The headline is
+``agentrl / TRL`` median seconds per step (the target is <= 0.7). Figures go to the terminal and to
+``bench/results/trl_vs_agentrl.json`` (git-ignored).
+
+What is timed:
+  * agentrl: ``perf/step_seconds`` of ``Trainer.train()``'s history (rollout + scoring + collate,
+    then loss, backward, optimizer step and the engine's weight sync), split into
+    ``perf/rollout_seconds`` and ``perf/update_seconds``.
+  * TRL: a callback's ``on_step_begin`` -> ``on_step_end`` (generation + scoring of the 32
+    completions, the 4 accumulated forward/backward passes, clipping and the optimizer step);
+    the generation+scoring part is ``_generate_and_score_completions``, timed by wrapping it.
+  * Both also get "wall" intervals between consecutive step ends (logging and callbacks included)
+    as a cross-check. Model loading and trainer construction are reported, not counted.
+
+Identical in both:
+  * model weights (fp32 master weights), tokenizer and chat template; seed 0;
+  * the prompts and their order: the tasks agentrl's seeded ``TaskCursor`` picks for steps 1..N,
+    handed to TRL as a ``datasets.Dataset`` in that order with ``shuffle_dataset=False``; the user
+    message is ``task["question"]`` (it already asks for ``\\boxed{}``, so agentrl's math env sends
+    the same text);
+  * 4 prompts x 8 generations = 32 completions per optimizer step, one optimizer step per
+    generation batch (TRL: ``per_device_train_batch_size=8``, ``gradient_accumulation_steps=4``, so
+    ``steps_per_generation=4`` and ``generation_batch_size=32``; the script checks TRL made exactly
+    one 32-completion generation per optimizer step), micro-batches of 8 sequences for the update;
+  * max 64 new tokens, temperature 1.0, no top-k/top-p; eos ends a completion;
+  * reward = lenient correctness (``agentrl_math.is_correct``) + 0.2 x format (the last
+    ``\\boxed{}`` holds a plain number, the ``format`` reward plugin's rule), group-normalised
+    advantages (``scale_rewards="group"``), ``loss_type="dapo"``, beta 0 (no reference model),
+    one iteration per batch (no old-logprob pass), clip 0.2 low / 0.28 high;
+  * AdamW lr 2e-5 constant, betas (0.9, 0.99), weight decay 0, grad-norm clip 1.0;
+  * no evaluation, no checkpoint or model saving, no completion logging.
+
+What differs (TRL keeps its own defaults here; each can bias the comparison):
+  * TRL defaults ``gradient_checkpointing=True`` (recomputes the forward during backward) and
+    ``bf16=True`` (even with ``use_cpu=True``: fp32 weights under bf16 autocast for training *and*
+    generation). agentrl: bf16 autocast for training, sampling from a bf16 copy of the weights.
+  * Generation: TRL calls ``model.generate`` on 32 left-padded rows (each prompt repeated 8 times,
+    prefilled 8 times); agentrl's engine prefills each distinct prompt once and drops finished rows.
+  * TRL computes per-token entropies in its loss pass and logs many metrics (``logging_steps=1``
+    here, set so its logs prove one optimizer step per 32 completions); agentrl writes
+    metrics.jsonl/TensorBoard once per step (outside ``perf/step_seconds``, inside "wall").
+  * TRL's optimizer is ``adamw_torch_fused`` (its default), agentrl's is ``torch.optim.AdamW``
+    (foreach). TRL's advantages use the unbiased std + eps, agentrl's the population std.
+  * Sampling is random: the two draw different completions, so the sampled token counts differ
+    (shown per system; decode time scales with the longest completion of the batch).
+  * ``use_cpu=True`` and ``report_to="none"`` for TRL; the machine may be shared, so compare
+    figures from the same invocation only (load averages are recorded in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never wait on a hub
+
+import torch  # noqa: E402
+
+PROMPTS_PER_STEP = 4
+NUM_GENERATIONS = 8
+COMPLETIONS_PER_STEP = PROMPTS_PER_STEP * NUM_GENERATIONS
+MICRO_BATCH = 8
+MAX_NEW_TOKENS = 64
+TEMPERATURE = 1.0
+LEARNING_RATE = 2e-5
+SEED = 0
+FORMAT_WEIGHT = 0.2  # the math env's default_rewards = {"format": 0.2}
+RESULTS = Path(__file__).resolve().parent / "results" / "trl_vs_agentrl.json"
+
+
+# -- shared inputs -----------------------------------------------------------------------------------
+def agentrl_tasks(steps: int) -> list[dict[str, Any]]:
+    """The tasks agentrl's trainer samples for steps 1..``steps``, in order (its seeded TaskCursor)."""
+    from agentrl_math import MathEnv
+
+    from agentrl.trainer import TaskCursor
+
+    tasks = MathEnv().train_tasks()
+    cursor = TaskCursor(len(tasks), SEED)
+    return [tasks[i] for i in cursor.take(PROMPTS_PER_STEP * steps)]
+
+
+def correctness(text: str, answer: str) -> float:
+    """The math env's reward: 1.0 if the reply's lenient answer matches ``answer``."""
+    from agentrl_math import is_correct
+
+    return 1.0 if is_correct(text, str(answer)) else 0.0
+
+
+def boxed_number(text: str) -> float:
+    """The ``format`` reward plugin's rule: 1.0 if the last ``\\boxed{}`` holds a plain number."""
+    from agentrl_math import extract_boxed, is_number
+
+    boxed = extract_boxed(text)
+    return 1.0 if boxed is not None and is_number(boxed) else 0.0
+
+
+def median_after(values: list[float], skip: int) -> float:
+    """Median of ``values[skip:]`` (of all of them when nothing is left after the skip)."""
+    rest = values[skip:] or values
+    return float(statistics.median(rest)) if rest else float("nan")
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# -- agentrl ------------------------------------------------------------------------------------------
+def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
+    """Train ``steps`` steps through agentrl's library API; returns per-step figures."""
+    from agentrl.config import TrainConfig
+    from agentrl.plugins import load_plugins
+    from agentrl.trainer import Trainer
+
+    config = TrainConfig(
+        prompts_per_step=PROMPTS_PER_STEP, num_generations=NUM_GENERATIONS, max_new_tokens=MAX_NEW_TOKENS,
+        temperature=TEMPERATURE, learning_rate=LEARNING_RATE, micro_batch_size=MICRO_BATCH,
+        algorithm={"beta": 0.0, "loss_type": "dapo", "scale_rewards": "group",
+                   "epsilon_low": 0.2, "epsilon_high": 0.28, "num_iterations": 1},
+        eval_tasks=0, save_model=False, log_completions_every=0, seed=SEED,
+        output_dir=str(work / "agentrl"), max_steps=steps,
+    )
+    load_before = load_average()
+    t0 = time.perf_counter()
+    trainer = Trainer(config, load_plugins())
+    init_seconds = time.perf_counter() - t0
+    ends: list[float] = []
+
+    def progress(step: int, metrics: dict[str, float]) -> None:
+        ends.append(time.perf_counter())
+        print(f"agentrl step {step}: {metrics['perf/step_seconds']:.2f} s (rollout "
+              f"{metrics['perf/rollout_seconds']:.2f}, update {metrics['perf/update_seconds']:.2f})", flush=True)
+
+    start = time.perf_counter()
+    result = trainer.train(progress=progress)
+    history = result.history
+    del trainer, result
+    wall = [b - a for a, b in zip([start, *ends[:-1]], ends)]
+    step_s = [h["perf/step_seconds"] for h in history]
+    rollout_s = [h["perf/rollout_seconds"] for h in history]
+    update_s = [h["perf/update_seconds"] for h in history]
+    med = median_after(step_s, skip)
+    return {
+        "init_seconds": init_seconds,
+        "step_seconds": step_s,
+        "rollout_seconds": rollout_s,
+        "update_seconds": update_s,
+        "wall_seconds": wall,
+        "sampled_tokens_mean": [h["rollout/sampled_tokens_mean"] for h in history],
+        "sampled_tokens_max": [h["rollout/sampled_tokens_max"] for h in history],
+        "prompt_tokens_mean": [h["rollout/sequence_length_mean"] - h["rollout/sampled_tokens_mean"]
+                               for h in history],
+        "reward_mean": [h["reward/total_mean"] for h in history],
+        "completions_per_step": [COMPLETIONS_PER_STEP] * len(history),
+        "median_step_seconds": med,
+        "median_rollout_seconds": median_after(rollout_s, skip),
+        "median_update_seconds": median_after(update_s, skip),
+        "median_wall_seconds": median_after(wall, skip),
+        "completions_per_second": COMPLETIONS_PER_STEP / med,
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "settings": {"precision": config.precision, "engine_dtype": "bfloat16 (hf engine default)",
+                     "gradient_checkpointing": False, "optimizer": "torch.optim.AdamW",
+                     "adam_betas": list(config.adam_betas), "lr_scheduler": config.lr_scheduler,
+                     "micro_batch_size": config.micro_batch_size},
+    }
+
+
+# -- TRL ------------------------------------------------------------------------------------------------
+def run_trl(steps: int, skip: int, work: Path) -> dict[str, Any]:
+    """Train ``steps`` optimizer steps with TRL's GRPOTrainer on the same prompts and reward."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agentrl.models import resolve_model
+
+    tasks = agentrl_tasks(steps)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t["question"]}],
+                                  "answer": str(t["answer"])} for t in tasks])
+
+    def correctness_reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+        return [correctness(c[0]["content"], a) for c, a in zip(completions, answer)]
+
+    def format_reward(completions: list[Any], **_: Any) -> list[float]:
+        return [boxed_number(c[0]["content"]) for c in completions]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # gradient_checkpointing -> activation_checkpointing
+        args = GRPOConfig(
+            output_dir=str(work / "trl"),
+            use_cpu=True, report_to="none", seed=SEED,
+            per_device_train_batch_size=MICRO_BATCH,
+            gradient_accumulation_steps=COMPLETIONS_PER_STEP // MICRO_BATCH,
+            num_generations=NUM_GENERATIONS, max_completion_length=MAX_NEW_TOKENS,
+            temperature=TEMPERATURE, top_p=1.0, top_k=0,
+            learning_rate=LEARNING_RATE, lr_scheduler_type="constant", warmup_steps=0,
+            adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
+            beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=0.2, epsilon_high=0.28,
+            num_iterations=1, reward_weights=[1.0, FORMAT_WEIGHT],
+            max_steps=steps, shuffle_dataset=False, logging_steps=1, save_strategy="no",
+        )
+    assert args.generation_batch_size == COMPLETIONS_PER_STEP and args.steps_per_generation == \
+        args.gradient_accumulation_steps, (args.generation_batch_size, args.steps_per_generation)
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.begin: list[float] = []
+            self.end: list[float] = []
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.start = time.perf_counter()
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.begin.append(time.perf_counter())
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.end.append(time.perf_counter())
+            print(f"trl step {state.global_step}: {self.end[-1] - self.begin[-1]:.2f} s", flush=True)
+
+    timer = StepTimer()
+    load_before = load_average()
+    t0 = time.perf_counter()
+    trainer = GRPOTrainer(model=resolve_model("smollm2-135m"), reward_funcs=[correctness_reward, format_reward],
+                          args=args, train_dataset=dataset, callbacks=[timer])
+    init_seconds = time.perf_counter() - t0
+
+    generations: list[dict[str, Any]] = []  # one per _generate_and_score_completions call
+    inner = trainer._generate_and_score_completions
+
+    def timed_generate(inputs: Any) -> Any:
+        a = time.perf_counter()
+        out = inner(inputs)
+        lengths = out["completion_mask"].sum(-1)
+        generations.append({"seconds": time.perf_counter() - a, "global_step": trainer.state.global_step,
+                            "completions": int(out["completion_ids"].shape[0]),
+                            "prompts": len({str(x["prompt"]) for x in inputs}),
+                            "sampled_tokens_mean": float(lengths.float().mean()),
+                            "sampled_tokens_max": float(lengths.max()),
+                            "prompt_tokens_mean": float(out["prompt_mask"].sum(-1).float().mean())})
+        return out
+
+    trainer._generate_and_score_completions = timed_generate
+    effective = {
+        "bf16": bool(args.bf16), "mixed_precision": str(trainer.accelerator.mixed_precision),
+        "gradient_checkpointing": bool(args.gradient_checkpointing),
+        "model_dtype": str(trainer.model.dtype), "optimizer": str(args.optim),
+        "lr_scheduler": str(args.lr_scheduler_type), "adam_betas": [args.adam_beta1, args.adam_beta2],
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "steps_per_generation": args.steps_per_generation,
+        "generation_batch_size": args.generation_batch_size, "device": str(args.device),
+        "use_cpu": bool(args.use_cpu), "report_to": args.report_to, "logging_steps": args.logging_steps,
+    }
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry or "reward" in entry]
+    global_step = trainer.state.global_step
+    del trainer, inner, timed_generate
+    # Proof of one optimizer step per 32 completions: one generation call per optimizer step (made at
+    # global_step 0..N-1), each of 4 prompts x 8 completions, and one log entry per step 1..N.
+    calls_ok = [g["global_step"] for g in generations] == list(range(steps))
+    sizes_ok = all(g["completions"] == COMPLETIONS_PER_STEP and g["prompts"] == PROMPTS_PER_STEP
+                   for g in generations)
+    logs_ok = [int(e["step"]) for e in logs] == list(range(1, steps + 1))
+    check = {"optimizer_steps": global_step, "generation_calls": len(generations),
+             "completions_per_generation": [g["completions"] for g in generations],
+             "prompts_per_generation": [g["prompts"] for g in generations],
+             "logged_steps": [int(e["step"]) for e in logs],
+             "ok": bool(calls_ok and sizes_ok and logs_ok and global_step == steps)}
+
+    step_s = [b - a for a, b in zip(timer.begin, timer.end)]
+    wall = [b - a for a, b in zip([timer.start, *timer.end[:-1]], timer.end)]
+    gen_s = [g["seconds"] for g in generations]
+    update_s = [s - g for s, g in zip(step_s, gen_s)]
+    med = median_after(step_s, skip)
+    return {
+        "init_seconds": init_seconds,
+        "step_seconds": step_s,
+        "rollout_seconds": gen_s,
+        "update_seconds": update_s,
+        "wall_seconds": wall,
+        "sampled_tokens_mean": [g["sampled_tokens_mean"] for g in generations],
+        "sampled_tokens_max": [g["sampled_tokens_max"] for g in generations],
+        "prompt_tokens_mean": [g["prompt_tokens_mean"] for g in generations],
+        "reward_mean": [e.get("reward") for e in logs],
+        "trl_step_time": [e.get("step_time") for e in logs],
+        "completions_per_step": [g["completions"] for g in generations],
+        "median_step_seconds": med,
+        "median_rollout_seconds": median_after(gen_s, skip),
+        "median_update_seconds": median_after(update_s, skip),
+        "median_wall_seconds": median_after(wall, skip),
+        "completions_per_second": COMPLETIONS_PER_STEP / med,
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "one_step_per_32_completions": check,
+        "settings": effective,
+        "log_history": logs,
+    }
+
+
+# -- report -----------------------------------------------------------------------------------------------
+def print_report(results: dict[str, dict[str, Any]], skip: int, steps: int) -> float | None:
+    """A rich table of per-step seconds and the summary; returns the agentrl/TRL ratio."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    names = list(results)
+    table = Table(title=f"GRPO step, {PROMPTS_PER_STEP} prompts x {NUM_GENERATIONS} generations, "
+                        f"<= {MAX_NEW_TOKENS} new tokens, {torch.get_num_threads()} torch threads")
+    table.add_column("step", justify="right")
+    for name in names:
+        label = "gen+score" if name == "trl" else "rollout"
+        table.add_column(f"{name} s", justify="right")
+        table.add_column(f"{name} {label}", justify="right")
+        table.add_column(f"{name} update", justify="right")
+        table.add_column(f"{name} tokens mean/max", justify="right")
+    for i in range(steps):
+        row = [f"{i + 1}{' (warm-up)' if i < skip else ''}"]
+        for name in names:
+            r = results[name]
+            if i < len(r["step_seconds"]):
+                row += [f"{r['step_seconds'][i]:.2f}", f"{r['rollout_seconds'][i]:.2f}",
+                        f"{r['update_seconds'][i]:.2f}",
+                        f"{r['sampled_tokens_mean'][i]:.1f}/{r['sampled_tokens_max'][i]:.0f}"]
+            else:
+                row += ["-"] * 4
+        table.add_row(*row)
+    table.add_section()
+    row = ["median"]
+    for name in names:
+        r = results[name]
+        row += [f"{r['median_step_seconds']:.2f}", f"{r['median_rollout_seconds']:.2f}",
+                f"{r['median_update_seconds']:.2f}", ""]
+    table.add_row(*row)
+    console.print(table)
+    for name in names:
+        r = results[name]
+        console.print(f"{name}: median {r['median_step_seconds']:.2f} s/step "
+                      f"({r['completions_per_second']:.2f} completions/s; wall incl. logging "
+                      f"{r['median_wall_seconds']:.2f} s/step), init {r['init_seconds']:.1f} s, "
+                      f"load average {r['load_average_before']} -> {r['load_average_after']}")
+    if "trl" in results:
+        check = results["trl"]["one_step_per_32_completions"]
+        console.print(f"trl: {check['optimizer_steps']} optimizer steps, {check['generation_calls']} generation "
+                      f"calls of {check['completions_per_generation']} completions "
+                      f"({check['prompts_per_generation']} prompts), logged steps {check['logged_steps']}: "
+                      f"{'one optimizer step per 32 completions' if check['ok'] else 'MISMATCH'}")
+        console.print(f"trl effective settings: {results['trl']['settings']}")
+    ratio = None
+    if "agentrl" in results and "trl" in results:
+        ratio = results["agentrl"]["median_step_seconds"] / results["trl"]["median_step_seconds"]
+        verdict = "meets" if ratio <= 0.7 else "misses"
+        console.print(f"[bold]agentrl / TRL time per step: {ratio:.3f}[/bold] ({verdict} the <= 0.7 target; "
+                      f"speed-up x{1 / ratio:.2f})")
+    if skip >= steps:
+        console.print(f"[yellow]--skip-first {skip} >= --steps {steps}: medians include the warm-up step[/yellow]")
+    return ratio
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps per system (default 5)")
+    parser.add_argument("--skip-first", type=int, default=1,
+                        help="leading steps left out of the medians (warm-up; default 1)")
+    parser.add_argument("--only", choices=("agentrl", "trl"), help="time one system only")
+    parser.add_argument("--trl-first", action="store_true", help="run TRL before agentrl")
+    args = parser.parse_args()
+    if args.steps < 1 or args.skip_first < 0:
+        parser.error("--steps must be >= 1 and --skip-first >= 0")
+
+    order = ["trl", "agentrl"] if args.trl_first else ["agentrl", "trl"]
+    if args.only:
+        order = [args.only]
+    runners = {"agentrl": run_agentrl, "trl": run_trl}
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="trl_vs_agentrl-") as tmp:
+        for name in order:
+            print(f"--- {name}: {args.steps} steps", flush=True)
+            results[name] = runners[name](args.steps, args.skip_first, Path(tmp))
+            gc.collect()  # the trainer was deleted inside the runner; free it before the next system
+    ratio = print_report(results, args.skip_first, args.steps)
+
+    import transformers
+    import trl
+
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "argv": sys.argv[1:], "steps": args.steps, "skip_first": args.skip_first, "order": order,
+        "config": {"prompts_per_step": PROMPTS_PER_STEP, "num_generations": NUM_GENERATIONS,
+                   "completions_per_step": COMPLETIONS_PER_STEP, "micro_batch": MICRO_BATCH,
+                   "max_new_tokens": MAX_NEW_TOKENS, "temperature": TEMPERATURE,
+                   "learning_rate": LEARNING_RATE, "beta": 0.0, "seed": SEED,
+                   "reward": f"is_correct + {FORMAT_WEIGHT} * boxed_number"},
+        "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                    "transformers": transformers.__version__, "trl": trl.__version__,
+                    "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+                    "processor": platform.processor() or platform.machine()},
+        "results": results,
+        "ratio_agentrl_over_trl": ratio,
+    }
+    RESULTS.write_text(json.dumps(payload, indent=2, default=str))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

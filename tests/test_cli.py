@@ -1,0 +1,63 @@
+"""The ``agentrl`` command end to end (a real subprocess through the installed entry point)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+AGENTRL = [sys.executable, "-m", "agentrl.cli"]
+
+
+def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([*AGENTRL, *args], capture_output=True, text=True, timeout=600)
+    if check and result.returncode != 0:
+        raise AssertionError(f"agentrl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def test_train_two_steps_on_tiny_model_writes_the_run(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    result = run("train", "--env", "math", "--algo", "grpo", "--model", str(tiny_model_dir), "--max-steps", "2",
+                 "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
+                 "--set", "eval_tasks=4", "--set", "max_new_tokens=8", "--set", "algorithm.beta=0.1")
+    assert "held-out accuracy:" in result.stdout and f"run saved to {out}" in result.stdout
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 2]
+    assert "kl" in lines[0] and lines[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
+    assert (out / "model" / "config.json").is_file() and (out / "training.png").is_file()
+    assert set(json.loads((out / "eval.json").read_text())) == {"before", "after"}
+    evaluated = run("eval", "--model", str(out), "--num-tasks", "4", "--max-new-tokens", "8", "--json")
+    assert json.loads(evaluated.stdout.strip().splitlines()[-1])["eval/num_tasks"] == 4
+
+
+def test_plugins_lists_builtins_with_what_they_register():
+    rows = json.loads(run("plugins", "--json").stdout)
+    registered = {row["name"]: row["registers"] for row in rows}
+    assert registered["grpo"] == {"algorithm": ["grpo"]}
+    assert "math" in registered["math_env"]["env"]
+    assert registered["hf_engine"] == {"engine": ["hf"]}
+
+
+def test_print_config_shows_resolved_values(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("learning_rate: 3.0e-6\nalgorithm:\n  loss_type: grpo\n")
+    result = run("train", "--config", str(config), "--max-steps", "7", "--set", "algorithm.beta=0.02", "--print-config")
+    assert "max_steps: 7" in result.stdout and "learning_rate: 3.0e-06" in result.stdout
+    assert "loss_type: grpo" in result.stdout and "beta: 0.02" in result.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--env", "maths"], "unknown env 'maths'; did you mean 'math'?"),
+    (["--algo", "grpo", "--set", "algorithm.loss_type=mean"], "algorithm.loss_type='mean' is invalid"),
+    (["--set", "max_stpes=3"], "unknown config key 'max_stpes'; did you mean 'max_steps'?"),
+    (["--model", "/nonexistent/model"], "model '/nonexistent/model' not found"),
+    (["--reward", "format:heavy"], "weight 'heavy' is not a number"),
+])
+def test_bad_input_is_one_clear_line(args, message, tmp_path):
+    result = run("train", "--output-dir", str(tmp_path / "r"), "--set", "eval_tasks=0", *args, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in " ".join(result.stdout.split())
+    assert "Traceback" not in result.stdout + result.stderr

@@ -1,0 +1,328 @@
+"""The ``hf`` engine: logprob parity, padding, stopping, seeding, batching and bf16 weight sync."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from agentrl import ConfigError, EngineError, Generation, SamplingParams
+from agentrl.config import TrainConfig
+from agentrl_hf_engine import HFEngine, HFEngineConfig, agentrl_register_engines
+
+PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8, 9, 10, 11], [1], [1, 40, 41], [1, 60, 61, 62, 63, 64]]
+
+
+def tiny_model(seed: int = 0, tied: bool = True) -> LlamaForCausalLM:
+    """A random 2-layer Llama (vocab 128, pad == eos == 2) with peaked logits and attention dropout."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                         initializer_range=0.3, attention_dropout=0.5)
+    return LlamaForCausalLM(config).eval()
+
+
+def make_engine(model: torch.nn.Module, **engine_args: object) -> HFEngine:
+    """An engine over ``model`` with fp32 sampling unless ``dtype`` says otherwise."""
+    engine_args.setdefault("dtype", "float32")
+    return HFEngine(model=model, tokenizer=None, config=TrainConfig(engine_args=dict(engine_args)))
+
+
+def recompute(model: torch.nn.Module, prompt: list[int], completion: list[int],
+              sampling: SamplingParams) -> torch.Tensor:
+    """Logprobs of ``completion`` from one unpadded forward, warped by transformers' own warpers."""
+    ids = torch.tensor([prompt + completion])  # (1, T)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()  # (L, V)
+    warpers = LogitsProcessorList()
+    if sampling.temperature not in (0, 1):
+        warpers.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.temperature and sampling.top_k:
+        warpers.append(TopKLogitsWarper(sampling.top_k))
+    if sampling.temperature and sampling.top_p < 1:
+        warpers.append(TopPLogitsWarper(sampling.top_p))
+    scores = warpers(ids, logits)  # (L, V): the warpers act row-wise
+    picked = torch.log_softmax(scores, dim=-1).gather(-1, torch.tensor(completion)[:, None])
+    return picked.squeeze(-1)  # (L,)
+
+
+def check_finish(generation: Generation, stop_ids: set[int], max_new_tokens: int) -> None:
+    """A stop token ends the completion and appears nowhere else; else it ran to the cap."""
+    assert len(generation.logprobs) == len(generation.token_ids) >= 1
+    if generation.finish_reason == "stop":
+        assert generation.token_ids[-1] in stop_ids
+        assert not stop_ids & set(generation.token_ids[:-1])
+    else:
+        assert generation.finish_reason == "length"
+        assert len(generation.token_ids) == max_new_tokens
+        assert not stop_ids & set(generation.token_ids)
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(max_new_tokens=24, temperature=0.7, seed=1),
+    SamplingParams(max_new_tokens=24, temperature=0.7, top_k=5, seed=2),
+    SamplingParams(max_new_tokens=24, temperature=1.3, top_p=0.8, seed=3),
+    SamplingParams(max_new_tokens=24, temperature=0.9, top_k=20, top_p=0.9, seed=4),
+    SamplingParams(max_new_tokens=24, temperature=0.0),
+], ids=["T0.7", "T0.7-topk5", "T1.3-topp0.8", "topk20-topp0.9", "greedy"])
+def test_float32_logprobs_match_a_separate_forward(sampling: SamplingParams) -> None:
+    model = tiny_model()
+    generations = make_engine(model).generate(PROMPTS * 2, sampling)
+    for prompt, generation in zip(PROMPTS * 2, generations):
+        expected = recompute(model, prompt, generation.token_ids, sampling)
+        torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0)
+        check_finish(generation, {2}, sampling.max_new_tokens)
+
+
+def test_top_k_logprobs_are_renormalised_over_the_kept_tokens() -> None:
+    model = tiny_model()
+    sampling = SamplingParams(max_new_tokens=16, temperature=1.0, top_k=3, seed=0)
+    generations = make_engine(model).generate(PROMPTS, sampling)
+    full = SamplingParams(max_new_tokens=16, temperature=1.0)
+    for prompt, generation in zip(PROMPTS, generations):
+        kept = torch.tensor(generation.logprobs)
+        unrestricted = recompute(model, prompt, generation.token_ids, full)
+        assert bool((kept > unrestricted + 1e-6).all())  # log(kept mass) < 0 lifts every token
+        assert bool((kept > torch.log(torch.tensor(1 / 3)) - 1e-6).any())  # best of 3 has p >= 1/3
+
+
+def test_ragged_prompts_match_decoding_each_prompt_alone_and_hf_generate() -> None:
+    model = tiny_model()
+    engine = make_engine(model)
+    greedy = SamplingParams(max_new_tokens=20, temperature=0.0)
+    together = engine.generate(PROMPTS, greedy)
+    for prompt, generation in zip(PROMPTS, together):
+        alone = engine.generate([prompt], greedy)[0]
+        assert generation.token_ids == alone.token_ids
+        torch.testing.assert_close(generation.logprobs, alone.logprobs, atol=1e-5, rtol=0)
+        reference = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, top_k=None)
+        assert generation.token_ids == reference[0, len(prompt):].tolist()[:len(generation.token_ids)]
+
+
+def test_stop_token_is_kept_and_nothing_follows_it() -> None:
+    model = tiny_model()
+    greedy = SamplingParams(max_new_tokens=20, temperature=0.0)
+    uncapped = make_engine(model).generate(PROMPTS, greedy)
+    stop = uncapped[0].token_ids[3]  # a token the first prompt emits at step 4
+    first = uncapped[0].token_ids.index(stop)
+    model.generation_config.eos_token_id = [2, stop]
+    engine = make_engine(model)
+    assert engine.stop_ids == {2, stop}
+    stopped = engine.generate(PROMPTS, greedy)
+    assert stopped[0].token_ids == uncapped[0].token_ids[:first + 1]
+    assert stopped[0].finish_reason == "stop"
+    for prompt, generation in zip(PROMPTS, stopped):  # rows leave the batch at different steps
+        check_finish(generation, {2, stop}, 20)
+        alone = engine.generate([prompt], greedy)[0]
+        assert generation.token_ids == alone.token_ids and generation.finish_reason == alone.finish_reason
+
+
+def test_length_finish_when_capped_and_both_reasons_occur() -> None:
+    model = tiny_model()
+    sampling = SamplingParams(max_new_tokens=6, temperature=5.0, seed=0)  # near-uniform: eos sometimes
+    generations = make_engine(model).generate([[1, i] for i in range(3, 120)], sampling)
+    for generation in generations:
+        check_finish(generation, {2}, 6)
+    reasons = {g.finish_reason for g in generations}
+    assert reasons == {"stop", "length"}, reasons
+
+
+def test_seeds_reproduce_and_leave_the_global_rng_alone() -> None:
+    model = tiny_model()
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=7)
+    engine = make_engine(model)
+    rng = torch.get_rng_state()
+    first = engine.generate(PROMPTS, sampling)
+    assert torch.equal(rng, torch.get_rng_state())
+    assert engine.generate(PROMPTS, sampling) == first
+    assert make_engine(model).generate(PROMPTS, sampling) == first
+    other = engine.generate(PROMPTS, SamplingParams(max_new_tokens=12, temperature=1.0, seed=8))
+    assert other != first
+    # seed=None continues the engine's own stream (seeded by config.seed); a seeded call does not touch it
+    unseeded = SamplingParams(max_new_tokens=12, temperature=1.0)
+    a, b = make_engine(model), make_engine(model)
+    a1, a2 = a.generate(PROMPTS, unseeded), a.generate(PROMPTS, unseeded)
+    b1 = b.generate(PROMPTS, unseeded)
+    b.generate(PROMPTS, sampling)
+    assert a1 != a2 and b1 == a1 and b.generate(PROMPTS, unseeded) == a2
+
+
+def test_duplicate_prompts_are_sampled_independently() -> None:
+    model = tiny_model()
+    engine = make_engine(model)
+    group = [PROMPTS[0]] * 8 + [PROMPTS[1]] * 8
+    generations = engine.generate(group, SamplingParams(max_new_tokens=12, temperature=1.0, seed=0))
+    assert len({tuple(g.token_ids) for g in generations[:8]}) > 1
+    for prompt, generation in zip(group, generations):
+        expected = recompute(model, prompt, generation.token_ids, SamplingParams(temperature=1.0))
+        torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0)
+    greedy = engine.generate(group, SamplingParams(max_new_tokens=12, temperature=0.0))
+    assert all(g == greedy[0] for g in greedy[:8]) and all(g == greedy[8] for g in greedy[8:])
+
+
+def test_large_requests_are_split_into_batches() -> None:
+    model = tiny_model()
+    sizes: list[int] = []
+    handle = model.register_forward_pre_hook(
+        lambda _, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    prompts = [[1, i, i + 1] for i in range(3, 11)]
+    greedy = SamplingParams(max_new_tokens=5, temperature=0.0)
+    split = make_engine(model, batch_size=3).generate(prompts, greedy)
+    assert max(sizes) == 3
+    handle.remove()
+    whole = make_engine(model, batch_size=64).generate(prompts, greedy)
+    assert [g.token_ids for g in split] == [g.token_ids for g in whole]
+    for a, b in zip(split, whole):  # other batch shapes: rounding-level differences only
+        torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+
+
+def test_train_eval_modes_are_restored() -> None:
+    model = tiny_model()
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    engine = make_engine(model)
+    expected = engine.generate(PROMPTS, greedy)
+    model.train()
+    model.model.layers[0].eval()
+    assert engine.generate(PROMPTS, greedy) == expected  # dropout was off while sampling
+    assert model.training and model.model.layers[1].training and not model.model.layers[0].training
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_bfloat16_copy_follows_sync_weights(tied: bool) -> None:
+    model = tiny_model(tied=tied)
+    engine = make_engine(model, dtype="bfloat16")
+    copy = engine.model
+    assert copy is not model and copy.dtype == torch.bfloat16 and not copy.training
+    assert (copy.lm_head.weight is copy.model.embed_tokens.weight) == tied
+    assert copy.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert model.dtype == torch.float32 and all(p.requires_grad for p in model.parameters())
+    pointers = [p.data_ptr() for p in copy.parameters()]
+    ids = torch.tensor([PROMPTS[2]])
+
+    def logits(net: torch.nn.Module) -> torch.Tensor:
+        with torch.no_grad():
+            return net(input_ids=ids).logits.float()  # (1, T, V)
+
+    scale = logits(model).abs().max()
+    assert (logits(copy) - logits(model)).abs().max() < 0.05 * scale  # bf16 rounding only
+    with torch.no_grad():
+        model.lm_head.weight.add_(torch.randn_like(model.lm_head.weight))  # the embedding too when tied
+        up = model.model.layers[0].mlp.up_proj.weight
+        up.add_(torch.randn_like(up))
+    assert not torch.equal(logits(copy), logits(make_engine(model, dtype="bfloat16").model))
+    engine.sync_weights(model)
+    assert torch.equal(logits(copy), logits(make_engine(model, dtype="bfloat16").model))  # sync == rebuild
+    assert torch.equal(copy.lm_head.weight, model.lm_head.weight.to(torch.bfloat16))
+    assert [p.data_ptr() for p in copy.parameters()] == pointers
+    sampling = SamplingParams(max_new_tokens=8, temperature=1.0, seed=0)
+    for prompt, generation in zip(PROMPTS, engine.generate(PROMPTS, sampling)):
+        expected = recompute(copy, prompt, generation.token_ids, sampling)
+        # the same bf16 weights, other shapes (cache, padding): bf16 rounding of logits ~30 in size
+        torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=0.1, rtol=0)
+
+
+def test_sync_refuses_a_model_whose_tie_was_broken() -> None:
+    model = tiny_model(tied=True)
+    engine = make_engine(model, dtype="bfloat16")
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    with pytest.raises(EngineError, match=re.escape("'lm_head.weight' is tied in the engine's copy")):
+        engine.sync_weights(model)
+
+
+def test_engine_args_are_validated() -> None:
+    model = tiny_model()
+    with pytest.raises(ConfigError, match=re.escape("unknown key(s) 'dtyp' in engine_args")):
+        make_engine(model, dtyp="float32")
+    bad_dtype = "engine_args.dtype must be one of float32, bfloat16; got 'fp16'"
+    with pytest.raises(ConfigError, match=re.escape(bad_dtype)):
+        make_engine(model, dtype="fp16")
+    with pytest.raises(ConfigError, match=re.escape("engine_args.batch_size must be an integer >= 1, got 0")):
+        make_engine(model, batch_size=0)
+    assert HFEngineConfig() == HFEngineConfig(dtype="bfloat16", batch_size=64)
+
+
+def test_bad_requests_raise_engine_errors() -> None:
+    engine = make_engine(tiny_model())
+    with pytest.raises(EngineError, match=re.escape("prompt 1 is empty")):
+        engine.generate([[1], []], SamplingParams())
+    bad_ids = "prompt 0 has token ids outside [0, 128): min 1, max 500"
+    with pytest.raises(EngineError, match=re.escape(bad_ids)):
+        engine.generate([[1, 500]], SamplingParams())
+    with pytest.raises(EngineError, match=re.escape("top_p must be in (0, 1], got 0.0")):
+        engine.generate([[1]], SamplingParams(top_p=0.0))
+    model = tiny_model()
+    model.generation_config.eos_token_id = None
+    with pytest.raises(EngineError, match="no stop token"):
+        make_engine(model)
+
+
+def test_registers_as_hf() -> None:
+    registered: dict[str, object] = {}
+    agentrl_register_engines(register=lambda name, factory: registered.__setitem__(name, factory))
+    assert registered == {"hf": HFEngine}
+
+
+# ---------------------------------------------------------------------------------------------
+# The real default model (SmolLM2-135M-Instruct, dequantised to fp32).
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """The default model and its chat prompts (8 arithmetic questions)."""
+    from agentrl.chat import ChatTokenizer
+    from agentrl.models import DEFAULT_MODEL, load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
+    chat = ChatTokenizer(tokenizer)
+    prompts = [chat.encode(chat.render([{"role": "user", "content": f"What is {a} + {b}?"}], True))
+               for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (2, 9), (4, 4), (6, 1), (8, 3)]]
+    return load_model(DEFAULT_MODEL), tokenizer, prompts
+
+
+def batch_recompute(model: torch.nn.Module, prompts: list[list[int]],
+                    generations: list[Generation]) -> list[torch.Tensor]:
+    """T=1 logprobs of each completion from one unpadded fp32 forward per sequence."""
+    full = SamplingParams(temperature=1.0)
+    return [recompute(model, p, g.token_ids, full) for p, g in zip(prompts, generations)]
+
+
+@pytest.mark.slow
+def test_smollm2_float32_engine_parity(smollm2) -> None:
+    model, tokenizer, prompts = smollm2
+    engine = HFEngine(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"}))
+    assert engine.stop_ids == {2}
+    generations = engine.generate(prompts, SamplingParams(max_new_tokens=32, temperature=1.0, seed=0))
+    diffs = torch.cat([(torch.tensor(g.logprobs) - r).abs()
+                       for g, r in zip(generations, batch_recompute(model, prompts, generations))])
+    print(f"\nfloat32 engine vs fp32 forward: mean |dlogp| {diffs.mean():.2e}, max {diffs.max():.2e}")
+    assert diffs.max() < 1e-3
+
+
+@pytest.mark.slow
+def test_smollm2_bfloat16_engine_gap_to_the_autocast_trainer(smollm2) -> None:
+    model, tokenizer, prompts = smollm2
+    engine = HFEngine(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "bfloat16"}))
+    start = time.perf_counter()
+    generations = engine.generate(prompts, SamplingParams(max_new_tokens=32, temperature=1.0, seed=0))
+    elapsed = time.perf_counter() - start
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = batch_recompute(model, prompts, generations)
+    exact = batch_recompute(model, prompts, generations)
+    sampled = torch.cat([torch.tensor(g.logprobs) for g in generations])
+    to_autocast = (sampled - torch.cat(autocast)).abs()
+    to_fp32 = (sampled - torch.cat(exact)).abs()
+    print(f"\nbf16 engine ({sampled.numel()} tokens, {elapsed:.1f} s): mean |dlogp| vs autocast trainer "
+          f"{to_autocast.mean():.4f} (max {to_autocast.max():.3f}), vs fp32 trainer {to_fp32.mean():.4f} "
+          f"(max {to_fp32.max():.3f})")
+    assert to_autocast.mean() < 0.1 and to_fp32.mean() < 0.1
+    assert {g.finish_reason for g in generations} <= {"stop", "length"}
