@@ -59,7 +59,9 @@ class _Progress:
 
     def report(self, label: str, metrics: dict[str, float]) -> None:
         if metrics:
-            self.bar.console.print(f"{label}: accuracy {metrics['eval/accuracy']:.3f} on "
+            sampled = metrics.get("eval/accuracy_sampled")
+            extra = f" (sampled {sampled:.3f})" if sampled is not None else ""
+            self.bar.console.print(f"{label}: accuracy {metrics['eval/accuracy']:.3f}{extra} on "
                                    f"{int(metrics['eval/num_tasks'])} held-out tasks, mean env return "
                                    f"{metrics['eval/env_return_mean']:.3f}")
 

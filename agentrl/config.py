@@ -94,6 +94,8 @@ class TrainConfig:
     """Also evaluate every this many steps (0: only before and after)."""
     eval_temperature: float = 0.0
     """Temperature for evaluation (0: greedy)."""
+    eval_sampled: bool = True
+    """Also report accuracy at the training temperature (``eval/accuracy_sampled``)."""
     log_completions_every: int = 10
     """Write sampled conversations to ``completions.jsonl`` every this many steps (0: never)."""
     save_model: bool = True

@@ -220,10 +220,15 @@ class Trainer:
     # -- the run -------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Held-out accuracy of the current policy (greedy by default)."""
-        eval_tasks = list(self.envs[0].eval_tasks())[: self.config.eval_tasks]
-        metrics, _ = evaluate(self.rollout, self.envs, eval_tasks, max_new_tokens=self.config.max_new_tokens,
-                              temperature=self.config.eval_temperature, seed=self.config.seed,
+        cfg = self.config
+        eval_tasks = list(self.envs[0].eval_tasks())[: cfg.eval_tasks]
+        metrics, _ = evaluate(self.rollout, self.envs, eval_tasks, max_new_tokens=cfg.max_new_tokens,
+                              temperature=cfg.eval_temperature, seed=cfg.seed,
                               reward_fns=self.reward_fns, batch_size=len(self.envs))
+        if cfg.eval_sampled and cfg.eval_temperature != cfg.temperature:
+            sampled, _ = evaluate(self.rollout, self.envs, eval_tasks, max_new_tokens=cfg.max_new_tokens,
+                                  temperature=cfg.temperature, seed=cfg.seed, batch_size=len(self.envs))
+            metrics["eval/accuracy_sampled"] = sampled["eval/accuracy"]
         return metrics
 
     def train(self, progress: Any = None) -> TrainResult:

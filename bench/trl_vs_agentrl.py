@@ -120,6 +120,31 @@ def median_after(values: list[float], skip: int) -> float:
     return float(statistics.median(rest)) if rest else float("nan")
 
 
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds all processes have spent busy since boot (Linux ``/proc/stat``), else None."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """CPU time other processes used while a block ran: machine busy time minus this process's."""
+
+    def __enter__(self) -> "OtherLoad":
+        self.busy, self.own, self.wall = busy_cpu_seconds(), time.process_time(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        busy, own, wall = busy_cpu_seconds(), time.process_time(), time.perf_counter()
+        self.seconds = self.cores = None
+        if busy is not None and self.busy is not None:
+            self.seconds = max(0.0, (busy - self.busy) - (own - self.own))
+            self.cores = self.seconds / max(wall - self.wall, 1e-9)
+
+
 def load_average() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -147,17 +172,21 @@ def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
     trainer = Trainer(config, load_plugins())
     init_seconds = time.perf_counter() - t0
     ends: list[float] = []
+    cpu_ends: list[float] = []
 
     def progress(step: int, metrics: dict[str, float]) -> None:
         ends.append(time.perf_counter())
+        cpu_ends.append(time.process_time())
         print(f"agentrl step {step}: {metrics['perf/step_seconds']:.2f} s (rollout "
               f"{metrics['perf/rollout_seconds']:.2f}, update {metrics['perf/update_seconds']:.2f})", flush=True)
 
-    start = time.perf_counter()
-    result = trainer.train(progress=progress)
+    with OtherLoad() as other:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        result = trainer.train(progress=progress)
     history = result.history
     del trainer, result
     wall = [b - a for a, b in zip([start, *ends[:-1]], ends)]
+    cpu = [b - a for a, b in zip([cpu_start, *cpu_ends[:-1]], cpu_ends)]
     step_s = [h["perf/step_seconds"] for h in history]
     rollout_s = [h["perf/rollout_seconds"] for h in history]
     update_s = [h["perf/update_seconds"] for h in history]
@@ -168,6 +197,7 @@ def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
         "rollout_seconds": rollout_s,
         "update_seconds": update_s,
         "wall_seconds": wall,
+        "cpu_seconds": cpu,
         "sampled_tokens_mean": [h["rollout/sampled_tokens_mean"] for h in history],
         "sampled_tokens_max": [h["rollout/sampled_tokens_max"] for h in history],
         "prompt_tokens_mean": [h["rollout/sequence_length_mean"] - h["rollout/sampled_tokens_mean"]
@@ -178,9 +208,11 @@ def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
         "median_rollout_seconds": median_after(rollout_s, skip),
         "median_update_seconds": median_after(update_s, skip),
         "median_wall_seconds": median_after(wall, skip),
+        "median_cpu_seconds": median_after(cpu, skip),
         "completions_per_second": COMPLETIONS_PER_STEP / med,
         "load_average_before": load_before,
         "load_average_after": load_average(),
+        "other_processes_cores": other.cores,
         "settings": {"precision": config.precision, "engine_dtype": "bfloat16 (hf engine default)",
                      "gradient_checkpointing": False, "optimizer": "torch.optim.AdamW",
                      "adam_betas": list(config.adam_betas), "lr_scheduler": config.lr_scheduler,
@@ -229,15 +261,18 @@ def run_trl(steps: int, skip: int, work: Path) -> dict[str, Any]:
         def __init__(self) -> None:
             self.begin: list[float] = []
             self.end: list[float] = []
+            self.cpu: list[float] = []
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.start = time.perf_counter()
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.cpu_begin = time.process_time()
             self.begin.append(time.perf_counter())
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.end.append(time.perf_counter())
+            self.cpu.append(time.process_time() - self.cpu_begin)
             print(f"trl step {state.global_step}: {self.end[-1] - self.begin[-1]:.2f} s", flush=True)
 
     timer = StepTimer()
@@ -274,7 +309,8 @@ def run_trl(steps: int, skip: int, work: Path) -> dict[str, Any]:
         "generation_batch_size": args.generation_batch_size, "device": str(args.device),
         "use_cpu": bool(args.use_cpu), "report_to": args.report_to, "logging_steps": args.logging_steps,
     }
-    trainer.train()
+    with OtherLoad() as other:
+        trainer.train()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry or "reward" in entry]
     global_step = trainer.state.global_step
     del trainer, inner, timed_generate
@@ -301,6 +337,7 @@ def run_trl(steps: int, skip: int, work: Path) -> dict[str, Any]:
         "rollout_seconds": gen_s,
         "update_seconds": update_s,
         "wall_seconds": wall,
+        "cpu_seconds": timer.cpu,
         "sampled_tokens_mean": [g["sampled_tokens_mean"] for g in generations],
         "sampled_tokens_max": [g["sampled_tokens_max"] for g in generations],
         "prompt_tokens_mean": [g["prompt_tokens_mean"] for g in generations],
@@ -311,9 +348,11 @@ def run_trl(steps: int, skip: int, work: Path) -> dict[str, Any]:
         "median_rollout_seconds": median_after(gen_s, skip),
         "median_update_seconds": median_after(update_s, skip),
         "median_wall_seconds": median_after(wall, skip),
+        "median_cpu_seconds": median_after(timer.cpu, skip),
         "completions_per_second": COMPLETIONS_PER_STEP / med,
         "load_average_before": load_before,
         "load_average_after": load_average(),
+        "other_processes_cores": other.cores,
         "one_step_per_32_completions": check,
         "settings": effective,
         "log_history": logs,
@@ -360,8 +399,14 @@ def print_report(results: dict[str, dict[str, Any]], skip: int, steps: int) -> f
         r = results[name]
         console.print(f"{name}: median {r['median_step_seconds']:.2f} s/step "
                       f"({r['completions_per_second']:.2f} completions/s; wall incl. logging "
-                      f"{r['median_wall_seconds']:.2f} s/step), init {r['init_seconds']:.1f} s, "
+                      f"{r['median_wall_seconds']:.2f} s/step; process CPU {r['median_cpu_seconds']:.1f} s/step), init {r['init_seconds']:.1f} s, "
                       f"load average {r['load_average_before']} -> {r['load_average_after']}")
+        busy = r["other_processes_cores"]
+        if busy is not None:
+            style = "[yellow]" if busy > 0.2 else ""
+            console.print(f"{style}  other processes kept {busy:.2f} of {os.cpu_count()} cores busy during its "
+                          f"training{' (contended: its figures are inflated)' if busy > 0.2 else ''}"
+                          f"{'[/yellow]' if style else ''}")
     if "trl" in results:
         check = results["trl"]["one_step_per_32_completions"]
         console.print(f"trl: {check['optimizer_steps']} optimizer steps, {check['generation_calls']} generation "
@@ -387,9 +432,16 @@ def main() -> None:
                         help="leading steps left out of the medians (warm-up; default 1)")
     parser.add_argument("--only", choices=("agentrl", "trl"), help="time one system only")
     parser.add_argument("--trl-first", action="store_true", help="run TRL before agentrl")
+    parser.add_argument("--threads", type=int,
+                        help="torch intra-op threads for both (default: torch's own, one per core); "
+                             "1 degrades gracefully when other processes share the cores")
     args = parser.parse_args()
     if args.steps < 1 or args.skip_first < 0:
         parser.error("--steps must be >= 1 and --skip-first >= 0")
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
 
     order = ["trl", "agentrl"] if args.trl_first else ["agentrl", "trl"]
     if args.only:
