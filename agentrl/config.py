@@ -47,9 +47,9 @@ class TrainConfig:
 
     max_steps: int = 40
     """Optimizer steps (one rollout batch each, times ``num_iterations``)."""
-    prompts_per_step: int = 8
+    prompts_per_step: int = 4
     """Tasks sampled per step; each is rolled out ``num_generations`` times."""
-    num_generations: int = 4
+    num_generations: int = 8
     """Group size: episodes per task (GRPO needs >= 2)."""
     max_new_tokens: int = 64
     """Cap on tokens the model samples in one turn."""
@@ -90,7 +90,7 @@ class TrainConfig:
     """Run directory (None: ``runs/<env>-<algo>-<timestamp>``)."""
     eval_tasks: int = 64
     """Held-out tasks evaluated before and after training (0: skip evaluation)."""
-    eval_every: int = 0
+    eval_every: int = 10
     """Also evaluate every this many steps (0: only before and after)."""
     eval_temperature: float = 0.0
     """Temperature for evaluation (0: greedy)."""

@@ -1,6 +1,7 @@
 """Seconds per GRPO step: agentrl's ``Trainer`` against TRL's ``GRPOTrainer``, same config, one process.
 
     python bench/trl_vs_agentrl.py [--steps 5] [--skip-first 1] [--only agentrl|trl] [--trl-first]
+                                   [--threads N] [--trl-arg KEY=VALUE ...] [--out PATH]
 
 Both train the default model (SmolLM2-135M-Instruct, the local HF folder of
 ``agentrl.models.resolve_model("smollm2-135m")``) on the ``math`` env's training tasks for ``--steps``
@@ -52,8 +53,13 @@ What differs (TRL keeps its own defaults here; each can bias the comparison):
     (foreach). TRL's advantages use the unbiased std + eps, agentrl's the population std.
   * Sampling is random: the two draw different completions, so the sampled token counts differ
     (shown per system; decode time scales with the longest completion of the batch).
-  * ``use_cpu=True`` and ``report_to="none"`` for TRL; the machine may be shared, so compare
-    figures from the same invocation only (load averages are recorded in the JSON).
+  * ``use_cpu=True`` and ``report_to="none"`` for TRL.
+
+A shared machine: the script measures how many cores other processes kept busy while each system
+trained (``/proc/stat`` minus its own CPU time) and flags a contended run. With every core taken by
+torch threads, a second CPU-heavy process slows a step down by far more than 2x (threads wait on
+each other at every parallel region): figures from a contended run are not comparable, even within
+one invocation. ``--threads 1`` (both systems) degrades gracefully instead, at a lower speed.
 """
 
 from __future__ import annotations
@@ -221,8 +227,11 @@ def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
 
 
 # -- TRL ------------------------------------------------------------------------------------------------
-def run_trl(steps: int, skip: int, work: Path) -> dict[str, Any]:
-    """Train ``steps`` optimizer steps with TRL's GRPOTrainer on the same prompts and reward."""
+def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train ``steps`` optimizer steps with TRL's GRPOTrainer on the same prompts and reward.
+
+    ``overrides`` are extra GRPOConfig keyword arguments (``--trl-arg``), applied last.
+    """
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -253,6 +262,7 @@ def run_trl(steps: int, skip: int, work: Path) -> dict[str, Any]:
             beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=0.2, epsilon_high=0.28,
             num_iterations=1, reward_weights=[1.0, FORMAT_WEIGHT],
             max_steps=steps, shuffle_dataset=False, logging_steps=1, save_strategy="no",
+            **(overrides or {}),
         )
     assert args.generation_batch_size == COMPLETIONS_PER_STEP and args.steps_per_generation == \
         args.gradient_accumulation_steps, (args.generation_batch_size, args.steps_per_generation)
@@ -301,8 +311,9 @@ def run_trl(steps: int, skip: int, work: Path) -> dict[str, Any]:
     effective = {
         "bf16": bool(args.bf16), "mixed_precision": str(trainer.accelerator.mixed_precision),
         "gradient_checkpointing": bool(args.gradient_checkpointing),
-        "model_dtype": str(trainer.model.dtype), "optimizer": str(args.optim),
-        "lr_scheduler": str(args.lr_scheduler_type), "adam_betas": [args.adam_beta1, args.adam_beta2],
+        "model_dtype": str(trainer.model.dtype), "optimizer": getattr(args.optim, "value", str(args.optim)),
+        "lr_scheduler": getattr(args.lr_scheduler_type, "value", str(args.lr_scheduler_type)),
+        "adam_betas": [args.adam_beta1, args.adam_beta2],
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "steps_per_generation": args.steps_per_generation,
@@ -361,65 +372,66 @@ def run_trl(steps: int, skip: int, work: Path) -> dict[str, Any]:
 
 # -- report -----------------------------------------------------------------------------------------------
 def print_report(results: dict[str, dict[str, Any]], skip: int, steps: int) -> float | None:
-    """A rich table of per-step seconds and the summary; returns the agentrl/TRL ratio."""
+    """Rich tables of per-step seconds and the summary; returns the agentrl/TRL ratio."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
     names = list(results)
-    table = Table(title=f"GRPO step, {PROMPTS_PER_STEP} prompts x {NUM_GENERATIONS} generations, "
-                        f"<= {MAX_NEW_TOKENS} new tokens, {torch.get_num_threads()} torch threads")
-    table.add_column("step", justify="right")
-    for name in names:
-        label = "gen+score" if name == "trl" else "rollout"
-        table.add_column(f"{name} s", justify="right")
-        table.add_column(f"{name} {label}", justify="right")
-        table.add_column(f"{name} update", justify="right")
-        table.add_column(f"{name} tokens mean/max", justify="right")
+    steps_table = Table(title=f"GRPO steps: {PROMPTS_PER_STEP} prompts x {NUM_GENERATIONS} generations, "
+                              f"<= {MAX_NEW_TOKENS} new tokens, {torch.get_num_threads()} torch threads")
+    for col in ("step", "system", "s/step", "rollout*", "update", "CPU s", "tokens mean/max"):
+        steps_table.add_column(col, justify="left" if col == "system" else "right")
     for i in range(steps):
-        row = [f"{i + 1}{' (warm-up)' if i < skip else ''}"]
         for name in names:
             r = results[name]
-            if i < len(r["step_seconds"]):
-                row += [f"{r['step_seconds'][i]:.2f}", f"{r['rollout_seconds'][i]:.2f}",
-                        f"{r['update_seconds'][i]:.2f}",
-                        f"{r['sampled_tokens_mean'][i]:.1f}/{r['sampled_tokens_max'][i]:.0f}"]
-            else:
-                row += ["-"] * 4
-        table.add_row(*row)
-    table.add_section()
-    row = ["median"]
+            if i >= len(r["step_seconds"]):
+                continue
+            steps_table.add_row(f"{i + 1}{' warm-up' if i < skip else ''}", name, f"{r['step_seconds'][i]:.2f}",
+                                f"{r['rollout_seconds'][i]:.2f}", f"{r['update_seconds'][i]:.2f}",
+                                f"{r['cpu_seconds'][i]:.1f}",
+                                f"{r['sampled_tokens_mean'][i]:.1f}/{r['sampled_tokens_max'][i]:.0f}")
+        if i < steps - 1 and len(names) > 1:
+            steps_table.add_section()
+    console.print(steps_table)
+    console.print("* rollout: agentrl's perf/rollout_seconds (sampling, rewards, collate); TRL's "
+                  "_generate_and_score_completions (generation, rewards, advantages)")
+
+    summary = Table(title=f"median over steps {min(skip, steps - 1) + 1}..{steps}")
+    for col in ("system", "s/step", "compl./s", "rollout", "update", "wall s", "others"):
+        summary.add_column(col, justify="left" if col == "system" else "right")
     for name in names:
         r = results[name]
-        row += [f"{r['median_step_seconds']:.2f}", f"{r['median_rollout_seconds']:.2f}",
-                f"{r['median_update_seconds']:.2f}", ""]
-    table.add_row(*row)
-    console.print(table)
-    for name in names:
-        r = results[name]
-        console.print(f"{name}: median {r['median_step_seconds']:.2f} s/step "
-                      f"({r['completions_per_second']:.2f} completions/s; wall incl. logging "
-                      f"{r['median_wall_seconds']:.2f} s/step; process CPU {r['median_cpu_seconds']:.1f} s/step), init {r['init_seconds']:.1f} s, "
-                      f"load average {r['load_average_before']} -> {r['load_average_after']}")
         busy = r["other_processes_cores"]
-        if busy is not None:
-            style = "[yellow]" if busy > 0.2 else ""
-            console.print(f"{style}  other processes kept {busy:.2f} of {os.cpu_count()} cores busy during its "
-                          f"training{' (contended: its figures are inflated)' if busy > 0.2 else ''}"
-                          f"{'[/yellow]' if style else ''}")
+        summary.add_row(name, f"{r['median_step_seconds']:.2f}", f"{r['completions_per_second']:.2f}",
+                        f"{r['median_rollout_seconds']:.2f}", f"{r['median_update_seconds']:.2f}",
+                        f"{r['median_wall_seconds']:.2f}", "?" if busy is None else f"{busy:.2f}")
+    console.print(summary)
+    console.print("compl./s: 32 completions / median s/step; wall s: between step ends (logging included); "
+                  "others: cores other processes kept busy meanwhile")
+    for name in names:
+        busy = results[name]["other_processes_cores"]
+        if busy is not None and busy > 0.2:
+            console.print(f"[yellow]{name}: other processes kept {busy:.2f} of {os.cpu_count()} cores busy "
+                          f"during its training; its figures are inflated (rerun on a quiet machine, or "
+                          f"with --threads 1)[/yellow]")
     if "trl" in results:
         check = results["trl"]["one_step_per_32_completions"]
         console.print(f"trl: {check['optimizer_steps']} optimizer steps, {check['generation_calls']} generation "
-                      f"calls of {check['completions_per_generation']} completions "
-                      f"({check['prompts_per_generation']} prompts), logged steps {check['logged_steps']}: "
-                      f"{'one optimizer step per 32 completions' if check['ok'] else 'MISMATCH'}")
-        console.print(f"trl effective settings: {results['trl']['settings']}")
+                      f"calls of {check['completions_per_generation']} completions from "
+                      f"{check['prompts_per_generation']} prompts, logged steps {check['logged_steps']}: "
+                      f"{'one optimizer step per 32 completions' if check['ok'] else '[red]MISMATCH[/red]'}")
+        settings = results["trl"]["settings"]
+        console.print(f"trl settings in effect: bf16={settings['bf16']} (accelerate mixed_precision="
+                      f"{settings['mixed_precision']}), gradient_checkpointing="
+                      f"{settings['gradient_checkpointing']}, optim={settings['optimizer']}, "
+                      f"device={settings['device']}")
     ratio = None
     if "agentrl" in results and "trl" in results:
         ratio = results["agentrl"]["median_step_seconds"] / results["trl"]["median_step_seconds"]
         verdict = "meets" if ratio <= 0.7 else "misses"
         console.print(f"[bold]agentrl / TRL time per step: {ratio:.3f}[/bold] ({verdict} the <= 0.7 target; "
-                      f"speed-up x{1 / ratio:.2f})")
+                      f"agentrl x{1 / ratio:.2f} faster)")
     if skip >= steps:
         console.print(f"[yellow]--skip-first {skip} >= --steps {steps}: medians include the warm-up step[/yellow]")
     return ratio
@@ -432,6 +444,10 @@ def main() -> None:
                         help="leading steps left out of the medians (warm-up; default 1)")
     parser.add_argument("--only", choices=("agentrl", "trl"), help="time one system only")
     parser.add_argument("--trl-first", action="store_true", help="run TRL before agentrl")
+    parser.add_argument("--trl-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra GRPOConfig argument for TRL, YAML value (e.g. gradient_checkpointing=false); "
+                             "repeatable")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
     parser.add_argument("--threads", type=int,
                         help="torch intra-op threads for both (default: torch's own, one per core); "
                              "1 degrades gracefully when other processes share the cores")
@@ -443,10 +459,20 @@ def main() -> None:
             parser.error("--threads must be >= 1")
         torch.set_num_threads(args.threads)
 
+    import yaml
+
+    trl_overrides: dict[str, Any] = {}
+    for item in args.trl_arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--trl-arg expects KEY=VALUE, got {item!r}")
+        trl_overrides[key.strip()] = yaml.safe_load(value)
+
     order = ["trl", "agentrl"] if args.trl_first else ["agentrl", "trl"]
     if args.only:
         order = [args.only]
-    runners = {"agentrl": run_agentrl, "trl": run_trl}
+    runners = {"agentrl": run_agentrl,
+               "trl": lambda steps, skip, work: run_trl(steps, skip, work, trl_overrides)}
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="trl_vs_agentrl-") as tmp:
         for name in order:
@@ -458,10 +484,11 @@ def main() -> None:
     import transformers
     import trl
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "argv": sys.argv[1:], "steps": args.steps, "skip_first": args.skip_first, "order": order,
+        "trl_overrides": trl_overrides,
         "config": {"prompts_per_step": PROMPTS_PER_STEP, "num_generations": NUM_GENERATIONS,
                    "completions_per_step": COMPLETIONS_PER_STEP, "micro_batch": MICRO_BATCH,
                    "max_new_tokens": MAX_NEW_TOKENS, "temperature": TEMPERATURE,
@@ -474,8 +501,8 @@ def main() -> None:
         "results": results,
         "ratio_agentrl_over_trl": ratio,
     }
-    RESULTS.write_text(json.dumps(payload, indent=2, default=str))
-    print(f"wrote {RESULTS}")
+    args.out.write_text(json.dumps(payload, indent=2, default=str))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
