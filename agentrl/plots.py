@@ -7,7 +7,7 @@ from pathlib import Path
 
 PANELS = (
     ("reward", ("reward/total_mean", "reward/env_mean", "reward/format_mean")),
-    ("held-out accuracy", ("eval/accuracy",)),
+    ("held-out accuracy", ("eval/accuracy", "eval/accuracy_sampled")),
     ("sampled tokens", ("rollout/sampled_tokens_mean",)),
     ("policy", ("policy/entropy", "kl", "clip/region")),
     ("turns and tools", ("rollout/turns_mean", "rollout/tool_calls_mean", "rollout/tool_error_rate")),
@@ -24,6 +24,10 @@ def plot_run(run_dir: str | Path) -> Path:
 
     run_dir = Path(run_dir)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = run_dir / "eval.json"
+    if evals.is_file() and rows:  # before training at step 0, after it at the last step
+        before_after = json.loads(evals.read_text())
+        rows = [{"step": 0, **before_after["before"]}, *rows, {"step": rows[-1]["step"], **before_after["after"]}]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for ax, (title, keys) in zip(axes.flat, PANELS):
         for key in keys:
