@@ -18,6 +18,7 @@ from agentrl.errors import (
 )
 from agentrl.hookspecs import hookimpl
 from agentrl.plugins import PluginManager, load_plugins
+from agentrl.tasks import LazyTasks
 from agentrl.tools import Tool, ToolCall, ToolEnv, ToolError, tool
 from agentrl.trajectory import TrainBatch, Trajectory, Turn, collate
 
@@ -30,6 +31,7 @@ __all__ = [
     "Env",
     "EnvError",
     "Generation",
+    "LazyTasks",
     "LossOutput",
     "Message",
     "MessagesSpace",

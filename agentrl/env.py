@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import importlib
-import importlib.metadata
+import importlib.util
 from collections.abc import Sequence
 from typing import Any, SupportsFloat
 
@@ -140,7 +140,6 @@ def load_env_class(spec: str) -> type[Env]:
     where, _, class_name = spec.rpartition(":")
     try:
         if where.endswith(".py"):
-            import importlib.util
             from pathlib import Path
 
             path = Path(where)

@@ -18,33 +18,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any
 
 from agentrl import Env, EnvError, Message, Task, hookimpl
 from agentrl.env import seeded_rng
+from agentrl.tasks import LazyTasks
 
 TRAIN_SIZE = 1_000_000
 
 
-class GuessTasks(Sequence[Task]):
+class GuessTasks(LazyTasks):
     """Guess tasks made on demand: a training split (seeded secrets) or the fixed eval split."""
 
     def __init__(self, split: str, n: int, length: int, task_seed: int = 0) -> None:
-        self.split, self.n, self.length, self.task_seed = split, n, length, task_seed
+        super().__init__(length)
+        self.split, self.n, self.task_seed = split, n, task_seed
 
-    def __len__(self) -> int:
-        return self.length
-
-    @overload
-    def __getitem__(self, index: int) -> Task: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Task]: ...
-    def __getitem__(self, index: int | slice) -> Task | list[Task]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.length))]
-        if not -self.length <= index < self.length:
-            raise IndexError(f"task index {index} out of range for {self.length} tasks")
-        index %= self.length
+    def make(self, index: int) -> Task:
+        """Task ``index`` of the split."""
         if self.split == "eval":
             task_id, secret = f"guess-eval-{index}", index % self.n + 1
         else:

@@ -20,12 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 from math_verify import parse, verify
 
 from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
+from agentrl.tasks import LazyTasks
 
 INSTRUCTION = "Put the final answer in \\boxed{}."
 """Appended to every question that does not already ask for ``\\boxed{}``."""
@@ -134,25 +135,15 @@ LEVELS: dict[str, Level] = {
 }
 
 
-class GeneratedTasks(Sequence[Task]):
+class GeneratedTasks(LazyTasks):
     """``length`` training problems, item ``i`` drawn deterministically from ``(seed, i)``."""
 
     def __init__(self, level: Level, problem_ids: np.ndarray, seed: int, length: int) -> None:
-        self.level, self.problem_ids, self.seed, self.length = level, problem_ids, seed, length
+        super().__init__(length)
+        self.level, self.problem_ids, self.seed = level, problem_ids, seed
 
-    def __len__(self) -> int:
-        return self.length
-
-    @overload
-    def __getitem__(self, index: int) -> Task: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Task]: ...
-    def __getitem__(self, index: int | slice) -> Task | list[Task]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.length))]
-        i = int(index) + self.length if index < 0 else int(index)
-        if not 0 <= i < self.length:
-            raise IndexError(f"task index {index} out of range for {self.length} tasks")
+    def make(self, i: int) -> Task:
+        """Problem ``i``: a deterministic draw from ``(seed, i)``."""
         pick = np.random.default_rng([self.seed, i]).integers(len(self.problem_ids))
         return self.level.problem(int(self.problem_ids[pick]))
 

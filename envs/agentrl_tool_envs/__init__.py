@@ -17,12 +17,13 @@ import math
 import operator
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
 from agentrl import EnvError, Task, hookimpl
 from agentrl.env import seeded_rng
+from agentrl.tasks import LazyTasks
 from agentrl.sandbox import run_python as sandbox_run_python
 from agentrl.tools import Tool, ToolEnv, ToolError, parse_xml_json
 
@@ -32,7 +33,7 @@ MAX_EXPRESSION_CHARS = 300
 MAX_RESULT_DIGITS = 1000
 
 
-class ProceduralTasks(Sequence[Task]):
+class ProceduralTasks(LazyTasks):
     """Tasks made on demand: ``tasks[i]`` is ``make(rng)`` with an RNG seeded by ``(seed, i)``,
     plus an ``id`` (``NAME-SEED-i``). A task whose question is in ``exclude`` (another split) is
     redrawn with the next sub-seed.
@@ -40,27 +41,17 @@ class ProceduralTasks(Sequence[Task]):
 
     def __init__(self, make: Callable[[np.random.Generator], Task], name: str, seed: int,
                  length: int, exclude: Sequence[Task] = ()) -> None:
-        self.make, self.name, self.seed, self.length = make, name, seed, length
+        super().__init__(length)
+        self.draw, self.name, self.seed = make, name, seed
         self._exclude_source = exclude
         self._excluded: set[str] | None = None
 
-    def __len__(self) -> int:
-        return self.length
-
-    @overload
-    def __getitem__(self, index: int) -> Task: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Task]: ...
-    def __getitem__(self, index: int | slice) -> Task | list[Task]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.length))]
-        if not -self.length <= index < self.length:
-            raise IndexError(f"task index {index} out of range for {self.length} tasks")
-        index %= self.length
+    def make(self, index: int) -> Task:
+        """Task ``index``, redrawn while its question is in the excluded split."""
         if self._excluded is None:
             self._excluded = {t["question"] for t in self._exclude_source}
         for attempt in range(256):
-            task = self.make(seeded_rng((self.seed << 48) + (index << 8) + attempt))
+            task = self.draw(seeded_rng((self.seed << 48) + (index << 8) + attempt))
             if task["question"] not in self._excluded:
                 return {"id": f"{self.name}-{self.seed}-{index}", **task}
         raise EnvError(f"could not draw task {index} outside the excluded split in 256 tries")
