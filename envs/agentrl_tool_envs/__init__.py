@@ -163,7 +163,26 @@ def make_arithmetic_task(rng: np.random.Generator) -> Task:
     return {"question": question, "answer": answer, "expression": expression}
 
 
-class CalculatorEnv(ToolEnv):
+class AnswerToolEnv(ToolEnv):
+    """A tool env over procedural (train, eval) splits, scored by the final number's exactness."""
+
+    _train: Sequence[Task]
+    _eval: Sequence[Task]
+
+    def train_tasks(self) -> Sequence[Task]:
+        """Procedural training tasks (1,000,000, made on demand)."""
+        return self._train
+
+    def eval_tasks(self) -> Sequence[Task]:
+        """``num_eval`` held-out tasks."""
+        return self._eval
+
+    def score_answer(self, text: str) -> float:
+        """1.0 if the final number equals the gold answer, else 0.0."""
+        return float(answer_matches(text, self.task["answer"])) if self.task else 0.0
+
+
+class CalculatorEnv(AnswerToolEnv):
     """Multi-step arithmetic with a ``calculator`` tool; reward 1.0 for the right final number."""
 
     tools = (Tool(calculator),)
@@ -173,18 +192,6 @@ class CalculatorEnv(ToolEnv):
     def __init__(self, task_seed: int = 0, num_eval: int = 200, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._train, self._eval = task_splits(make_arithmetic_task, "calculator", task_seed, num_eval)
-
-    def train_tasks(self) -> Sequence[Task]:
-        """Procedural arithmetic tasks (1,000,000, made on demand)."""
-        return self._train
-
-    def eval_tasks(self) -> Sequence[Task]:
-        """``num_eval`` held-out arithmetic tasks."""
-        return self._eval
-
-    def score_answer(self, text: str) -> float:
-        """1.0 if the final number equals the gold answer, else 0.0."""
-        return float(answer_matches(text, self.task["answer"])) if self.task else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,7 +238,7 @@ def make_code_task(rng: np.random.Generator) -> Task:
     return {"question": f"{question} Give the final answer as \\boxed{{N}}.", "answer": str(answer)}
 
 
-class PythonEnv(ToolEnv):
+class PythonEnv(AnswerToolEnv):
     """Questions answered by running code with a ``run_python`` tool (in ``agentrl.sandbox``)."""
 
     instructions = ("Answer the question. Write a short Python script that prints the answer, run "
@@ -260,17 +267,6 @@ class PythonEnv(ToolEnv):
             raise ToolError(f"the script failed ({reason})" + (f"\n{output}" if output else ""))
         return output or "(no output; print() the result)"
 
-    def train_tasks(self) -> Sequence[Task]:
-        """Procedural code questions (1,000,000, made on demand)."""
-        return self._train
-
-    def eval_tasks(self) -> Sequence[Task]:
-        """``num_eval`` held-out code questions."""
-        return self._eval
-
-    def score_answer(self, text: str) -> float:
-        """1.0 if the final number equals the gold answer, else 0.0."""
-        return float(answer_matches(text, self.task["answer"])) if self.task else 0.0
 
 
 @hookimpl
