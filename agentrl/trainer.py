@@ -60,15 +60,17 @@ class TaskCursor:
 
     def __init__(self, num_tasks: int, seed: int) -> None:
         self.num_tasks, self.seed, self.position = num_tasks, seed, 0
+        self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
 
     def take(self, n: int) -> list[int]:
         """The next ``n`` task indices (crossing epoch boundaries reshuffles)."""
         out = []
         for _ in range(n):
             epoch, offset = divmod(self.position, self.num_tasks)
-            order = np.random.default_rng([self.seed, epoch]).permutation(self.num_tasks) if \
-                self.num_tasks <= 1_000_000 else None
-            out.append(int(order[offset]) if order is not None else (offset * 7919 + epoch) % self.num_tasks)
+            if epoch != self._epoch:  # one permutation per epoch, not per task
+                self._epoch = epoch
+                self._order = np.random.default_rng([self.seed, epoch]).permutation(self.num_tasks)
+            out.append(int(self._order[offset]))
             self.position += 1
         return out
 
