@@ -14,6 +14,7 @@ model never saw.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -34,12 +35,22 @@ class ChatTokenizer:
             )
         self.tokenizer = tokenizer
 
-    def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
-        """The template's text for ``messages``."""
+    def render(self, messages: list[Message], add_generation_prompt: bool,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The template's text for ``messages`` (with ``tools=`` schemas when given)."""
         text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
         )
         return str(text)
+
+    @cached_property
+    def renders_tools(self) -> bool:
+        """Whether the template renders ``tools=`` (SmolLM2's ignores it; Qwen2.5's does not)."""
+        probe = [{"type": "function", "function": {
+            "name": "agentrl_probe_tool", "description": "probe",
+            "parameters": {"type": "object", "properties": {}, "required": []}}}]
+        messages = [{"role": "user", "content": "hi"}]
+        return self.render(messages, True, tools=probe) != self.render(messages, True)
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text`` with no special tokens added (the template wrote them as text)."""
@@ -49,9 +60,9 @@ class ChatTokenizer:
         """Text of ``ids``, special tokens kept, no whitespace clean-up (lossless for ByteBPE)."""
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def prompt_ids(self, messages: list[Message]) -> list[int]:
+    def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Ids of the opening prompt, ending with the assistant header."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        return self.encode(self.render(messages, add_generation_prompt=True, tools=tools))
 
     def assistant_text(self, sampled_ids: list[int], stopped: bool) -> str:
         """The assistant message content for ``sampled_ids`` (the stop token, if any, removed)."""
@@ -59,15 +70,17 @@ class ChatTokenizer:
         return self.decode(ids)
 
     def delta_ids(self, history: list[Message], sampled_ids: list[int],
-                  assistant: Message, new_messages: list[Message]) -> list[int]:
+                  assistant: Message, new_messages: list[Message],
+                  tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Ids the env adds after the model's turn: from just after the sampled tokens up to the
         next assistant header.
 
         ``history`` is the conversation before the model's turn, ``assistant`` the message the
-        model's turn became, ``new_messages`` what the env answered.
+        model's turn became, ``new_messages`` what the env answered, ``tools`` the schemas the
+        conversation is rendered with.
         """
-        before = self.render(history, add_generation_prompt=True)
-        after = self.render(history + [assistant] + new_messages, add_generation_prompt=True)
+        before = self.render(history, add_generation_prompt=True, tools=tools)
+        after = self.render(history + [assistant] + new_messages, add_generation_prompt=True, tools=tools)
         sampled_text = self.decode(sampled_ids)
         expected_prefix = before + sampled_text  # a cut turn's missing stop token lands in the delta
         if not after.startswith(expected_prefix):

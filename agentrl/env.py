@@ -86,6 +86,8 @@ class Env(gymnasium.Env, abc.ABC):
         self.action_space = gymnasium.spaces.Text(max_length=8192)
         self.task: Task | None = None
         self.turn = 0
+        self.template_renders_tools = False
+        """True when the rollout's chat template renders ``tool_schemas()`` itself (set by reset)."""
 
     # -- task source ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -101,6 +103,10 @@ class Env(gymnasium.Env, abc.ABC):
     def start(self, task: Task) -> list[Message]:
         """Messages that open an episode on ``task`` (system and/or user)."""
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """JSON schemas of the env's tools, for chat templates that render ``tools=`` ([]: none)."""
+        return []
+
     @abc.abstractmethod
     def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
         """React to the assistant's ``text``: (messages to append, reward, terminated, info)."""
@@ -108,7 +114,11 @@ class Env(gymnasium.Env, abc.ABC):
     # -- gymnasium API -----------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[list[Message], dict[str, Any]]:
-        """Start an episode on ``options["task"]``, or on a seeded draw from ``train_tasks``."""
+        """Start an episode on ``options["task"]``, or on a seeded draw from ``train_tasks``.
+
+        ``options["template_renders_tools"]``: the caller renders ``tool_schemas()`` through the
+        chat template's ``tools=``, so the env need not describe its tools in the prompt.
+        """
         super().reset(seed=seed)
         options = options or {}
         task = options.get("task")
@@ -119,6 +129,7 @@ class Env(gymnasium.Env, abc.ABC):
             raise EnvError(f"{type(self).__name__}.reset: task must be a dict, got {type(task).__name__}")
         self.task = dict(task)
         self.turn = 0
+        self.template_renders_tools = bool(options.get("template_renders_tools", False))
         return self.start(self.task), {"task": self.task}
 
     def step(self, action: str) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:

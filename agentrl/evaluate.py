@@ -39,6 +39,8 @@ def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_
         "eval/accuracy": float(np.mean([episode_success(t) for t in trajectories])),
         "eval/env_return_mean": float(np.mean([t.env_return for t in trajectories])),
         "eval/turns_mean": float(np.mean([len(t.turns) for t in trajectories])),
+        "eval/tool_success_frac": float(np.mean([sum(x.tool_calls - x.tool_errors for x in t.turns) > 0
+                                                 for t in trajectories])),
         "eval/num_tasks": float(len(trajectories)),
     }
     if reward_fns:

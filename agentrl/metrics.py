@@ -57,6 +57,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "rollout/turns_mean": float(turns.mean()),
         "rollout/tool_calls_mean": float(calls.mean()),
         "rollout/tool_error_rate": float(errors.sum() / calls.sum()) if calls.sum() else 0.0,
+        "rollout/tool_success_frac": float(np.mean(calls > errors)),
         "rollout/truncated_frac": float(np.mean([t.truncated for t in trajectories])),
         "rollout/stopped_frac": float(np.mean(stopped)) if stopped else 0.0,
     }

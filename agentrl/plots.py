@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 PANELS = (
-    ("reward", ("reward/total_mean", "reward/env_mean", "reward/format_mean")),
+    ("reward", ("reward/total_mean", "reward/env_mean", "reward/format_mean", "reward/tool_use_mean")),
     ("held-out accuracy", ("eval/accuracy", "eval/accuracy_sampled")),
     ("sampled tokens", ("rollout/sampled_tokens_mean",)),
     ("policy", ("policy/entropy", "kl", "clip/region")),
-    ("turns and tools", ("rollout/turns_mean", "rollout/tool_calls_mean", "rollout/tool_error_rate")),
+    ("turns and tools", ("rollout/turns_mean", "rollout/tool_calls_mean", "rollout/tool_error_rate",
+                         "rollout/tool_success_frac", "eval/tool_success_frac")),
     ("seconds per step", ("perf/step_seconds", "perf/rollout_seconds", "perf/update_seconds")),
 )
 

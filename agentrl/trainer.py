@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -116,6 +117,8 @@ class Trainer:
             num_training_steps=config.max_steps * self.algorithm.num_iterations)
         self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(
             self.policy, self.optimizer, self.scheduler)
+        if self.ref_model is not None:  # not prepared (no grads, no optimizer): place it by hand
+            self.ref_model.to(self.accelerator.device)
         engine_cls = manager.registry.get("engine", config.engine).factory
         self.engine = engine_cls(model=self.model, tokenizer=self.tokenizer, config=config)
         rollout_cls = manager.registry.get("rollout", config.rollout).factory
@@ -152,9 +155,9 @@ class Trainer:
         totals, components = score(trajectories, self.reward_fns, cfg.env_reward_weight)
         metrics = {**reward_metrics(totals, components), **rollout_metrics(trajectories)}
         self.hook.agentrl_on_rollout_end(trajectories=trajectories, step=step, metrics=metrics)
-        batch = collate(trajectories, totals, self.tokenizer.pad_token_id)
+        batch = to_device(collate(trajectories, totals, self.tokenizer.pad_token_id), self.accelerator.device)
         for factor in self.hook.agentrl_adjust_loss_mask(batch=batch, config=cfg, metrics=metrics):
-            batch.loss_mask = batch.loss_mask * factor
+            batch.loss_mask = batch.loss_mask * factor.to(batch.loss_mask.device)
         return batch, trajectories, metrics
 
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
@@ -180,6 +183,7 @@ class Trainer:
     def update(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
         """All of the algorithm's optimizer steps on one rollout batch."""
         cfg, model = self.config, self.policy
+        to_device(batch, self.accelerator.device)  # collate builds CPU tensors; the policy may be on a GPU
         batch.extras["advantages"] = self.algorithm.compute_advantages(batch, metrics)
         if self.ref_model is not None:
             batch.extras["ref_logprobs"] = self.frozen_logprobs(self.ref_model, batch)
@@ -276,6 +280,16 @@ class Trainer:
         plot_run(run_dir)
         self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
         return TrainResult(run_dir, eval_before, eval_after, history)
+
+
+def to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    """Move every tensor of ``batch`` (extras too) to ``device``, in place; returns ``batch``."""
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            setattr(batch, f.name, value.to(device))
+    batch.extras = {key: value.to(device) for key, value in batch.extras.items()}
+    return batch
 
 
 def _accumulate(stats: dict[str, list[float]], key: str, value: torch.Tensor, mask: torch.Tensor | None) -> None:

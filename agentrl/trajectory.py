@@ -62,6 +62,10 @@ class Trajectory:
     """A limit ended the episode (turns, tokens, per-turn cap on the last turn)."""
     info: dict[str, Any] = field(default_factory=dict)
     """Free-form extras from the env or rollout (the last ``info`` dict, errors, etc.)."""
+    tools: list[dict[str, Any]] | None = None
+    """Tool schemas the chat template rendered (``tools=``); None when the template does not
+    render them (the env then describes its tools in ``messages``). Re-rendering ``messages``
+    with these gives exactly ``token_ids``."""
 
     @property
     def prompt_length(self) -> int:

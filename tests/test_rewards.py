@@ -83,7 +83,31 @@ def _reward_names() -> list[str]:
 @pytest.mark.parametrize("name", _reward_names(), ids=lambda name: name)
 def test_registered_reward_passes_check_reward(name: str) -> None:
     fn = agentrl.load_plugins().registry.get("reward", name).factory
-    check_reward(fn, sample_trajectories())
+    judges_answers = name not in NOT_ABOUT_THE_ANSWER
+    check_reward(fn, sample_trajectories(), full_marks=1.0 if judges_answers else None)
+
+
+NOT_ABOUT_THE_ANSWER = {"tool_use"}
+
+
+def with_tool_calls(per_turn: list[tuple[int, int]]) -> Trajectory:
+    """A trajectory with one turn per (tool_calls, tool_errors) pair."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "q"}]
+    for _ in per_turn:
+        messages += [{"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}]
+    trajectory = make_trajectory(messages[:-1], TASK)
+    for turn, (calls, errors) in zip(trajectory.turns, per_turn, strict=True):
+        turn.tool_calls, turn.tool_errors = calls, errors
+    return trajectory
+
+
+def test_tool_use_rewards_a_call_that_ran_once_per_episode() -> None:
+    fn = agentrl.load_plugins().registry.get("reward", "tool_use").factory
+    cases = {(): 0.0, ((0, 0),): 0.0, ((1, 1),): 0.5, ((2, 2), (1, 1), (0, 0)): 0.5,
+             ((1, 0),): 1.0, ((1, 1), (1, 0), (0, 0)): 1.0, ((4, 0), (4, 0), (0, 0)): 1.0}
+    trajectories = [with_tool_calls(list(turns)) for turns in cases]
+    assert [len(t.turns) for t in trajectories] == [len(k) for k in cases]
+    assert fn(trajectories=trajectories) == list(cases.values())
 
 
 def test_builtin_rewards_are_registered() -> None:

@@ -88,7 +88,7 @@ def test_calculator_episode_with_tool_calls_earns_reward_one() -> None:
     env = CalculatorEnv()
     messages, info = env.reset(seed=0, options={"task": env.eval_tasks()[0]})
     task = info["task"]
-    assert "calculator" in messages[0]["content"] and task["question"] in messages[1]["content"]
+    assert "calculator" in messages[0]["content"] and messages[-1]["content"] == task["question"]
     # turn 1: the innermost parenthesised part, turn 2: the whole expression, turn 3: the answer
     inner = re.search(r"\(([^()]*)\)", task["expression"])
     obs, reward, terminated, _, info = env.step(tool_call("calculator", expression=inner.group(1)))
@@ -99,6 +99,22 @@ def test_calculator_episode_with_tool_calls_earns_reward_one() -> None:
     assert (obs, reward, terminated, truncated) == ([], 1.0, True, False)
     env.reset(seed=0, options={"task": task})
     assert env.step(f"\\boxed{{{int(value) + 1}}}")[1] == 0.0
+
+
+@pytest.mark.parametrize("cls", [CalculatorEnv, PythonEnv])
+def test_demonstrations_are_true(cls: type[AnswerToolEnv]) -> None:
+    """Each worked example's tool call, run through the env, returns the result it shows, and
+    its boxed answer scores 1.0 against that result."""
+    env = cls()
+    assert len(env.demonstrations) == 2
+    for user, call, result, answer in env.demonstrations:
+        env.reset(seed=0, options={"task": {"question": user["content"], "answer": result["content"]}})
+        obs, reward, terminated, _, info = env.step(call["content"])
+        assert obs == [{"role": "tool", "name": result["name"], "content": result["content"]}]
+        assert info == {"tool_calls": 1, "tool_errors": 0}
+        assert env.step(answer["content"])[1:3] == (1.0, True)
+    messages, _ = env.reset(seed=0)
+    assert [m["role"] for m in messages] == ["system"] + ["user", "assistant", "tool", "assistant"] * 2 + ["user"]
 
 
 def test_calculator_tool_errors_are_reported_not_raised() -> None:

@@ -18,6 +18,7 @@ from agentrl.tools import (
     ToolEnv,
     ToolError,
     parse_xml_json,
+    format_tool_call,
     render_tools_system_prompt,
     tool,
 )
@@ -136,9 +137,20 @@ def test_parser_leniencies() -> None:
 
 def test_system_prompt_fallback_lists_schemas_and_call_format() -> None:
     text = render_tools_system_prompt([add])
-    assert json.dumps(add.schema) in text
-    assert '<tool_call>\n{"name": "TOOL_NAME", "arguments": {"ARGUMENT": "VALUE"}}\n</tool_call>' in text
+    assert "- add(a: integer, b: integer): Add two integers.\n" in text
+    assert "    a: The first number.\n    b (optional): The second number, zero if left out.\n" in text
+    example = text.split("<tool_call>\n")[1].split("\n</tool_call>")[0]
+    assert json.loads(example) == {"name": "add", "arguments": {"a": "..."}}
+    (parsed,) = parse_xml_json(f"<tool_call>\n{example}\n</tool_call>")
+    assert parsed.name == "add" and parsed.error is None
     assert render_tools_system_prompt([add.schema]) == text
+    with pytest.raises(ToolError, match="at least one tool"):
+        render_tools_system_prompt([])
+
+
+def test_format_tool_call_is_what_the_default_parser_reads() -> None:
+    (parsed,) = parse_xml_json(format_tool_call("add", a=1, b=2))
+    assert (parsed.name, parsed.arguments, parsed.error) == ("add", {"a": 1, "b": 2}, None)
 
 
 class AddEnv(ToolEnv):
@@ -166,13 +178,31 @@ def test_tool_env_runs_calls_then_scores_the_answer() -> None:
     env = AddEnv()
     messages, info = env.reset(seed=0)
     assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[0]["content"].startswith("Add the numbers.") and "<tools>" in messages[0]["content"]
+    assert messages[0]["content"] == "Add the numbers.\n\n" + render_tools_system_prompt([add])
     obs, reward, terminated, truncated, info = env.step(call("add", a=2, b=3))
     assert obs == [{"role": "tool", "content": "5", "name": "add"}]
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert info == {"tool_calls": 1, "tool_errors": 0}
     obs, reward, terminated, truncated, info = env.step("5")
     assert (obs, reward, terminated, info) == ([], 1.0, True, {"tool_calls": 0, "tool_errors": 0})
+
+
+def test_demonstrations_go_between_system_and_question_and_native_tools_drop_the_fallback() -> None:
+    example = [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": call("add", a=1, b=1)},
+               {"role": "tool", "content": "2"}, {"role": "assistant", "content": "2"}]
+
+    class ShownEnv(AddEnv):
+        demonstrations = (example,)
+
+    env = ShownEnv()
+    messages, _ = env.reset(seed=0)
+    assert messages[1:5] == example and messages[5]["role"] == "user" and len(messages) == 6
+    assert "<tool_call>" in messages[0]["content"]
+    messages, _ = env.reset(seed=0, options={"template_renders_tools": True})
+    assert messages[0] == {"role": "system", "content": "Add the numbers."}
+    assert env.tool_schemas() == [add.schema]
+    messages, _ = env.reset(seed=0)  # the option lasts one episode
+    assert "<tool_call>" in messages[0]["content"]
 
 
 def test_bad_calls_come_back_as_error_messages() -> None:

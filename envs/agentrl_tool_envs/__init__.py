@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 from agentrl import EnvError, Task, hookimpl
-from agentrl.env import seeded_rng
+from agentrl.env import Message, seeded_rng
 from agentrl.tasks import LazyTasks
 from agentrl.sandbox import run_python as sandbox_run_python
-from agentrl.tools import Tool, ToolEnv, ToolError, parse_xml_json
+from agentrl.tools import Tool, ToolEnv, ToolError, format_tool_call, parse_xml_json
 
 EVAL_SEED = 987_654_321
 TRAIN_SIZE = 1_000_000
@@ -163,9 +163,22 @@ def make_arithmetic_task(rng: np.random.Generator) -> Task:
     return {"question": question, "answer": answer, "expression": expression}
 
 
-class AnswerToolEnv(ToolEnv):
-    """A tool env over procedural (train, eval) splits, scored by the final number's exactness."""
+def worked_example(question: str, tool_name: str, arguments: dict[str, Any], result: str) -> list[Message]:
+    """A demonstration: the question, one tool call, its result, the boxed answer."""
+    return [{"role": "user", "content": f"{question} Give the final answer as \\boxed{{N}}."},
+            {"role": "assistant", "content": format_tool_call(tool_name, **arguments)},
+            {"role": "tool", "name": tool_name, "content": result},
+            {"role": "assistant", "content": f"\\boxed{{{result}}}"}]
 
+
+class AnswerToolEnv(ToolEnv):
+    """A tool env over procedural (train, eval) splits, scored by the final number's exactness.
+
+    Its default rewards add ``tool_use`` (0.2) to the env's 0/1: without it the default model,
+    which rarely calls a tool at first, would get no signal until it solved a task.
+    """
+
+    default_rewards = {"tool_use": 0.2}
     _train: Sequence[Task]
     _eval: Sequence[Task]
 
@@ -188,6 +201,10 @@ class CalculatorEnv(AnswerToolEnv):
     tools = (Tool(calculator),)
     instructions = ("Solve the arithmetic problem. Use the calculator tool instead of computing "
                     "in your head, then give the final answer as \\boxed{N}.")
+    demonstrations = (
+        worked_example("What is 12 * 34 + 5?", "calculator", {"expression": "12 * 34 + 5"}, "413"),
+        worked_example("What is 7 - 250 * 3?", "calculator", {"expression": "7 - 250 * 3"}, "-743"),
+    )
 
     def __init__(self, task_seed: int = 0, num_eval: int = 200, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -243,6 +260,12 @@ class PythonEnv(AnswerToolEnv):
 
     instructions = ("Answer the question. Write a short Python script that prints the answer, run "
                     "it with the run_python tool, then give the final answer as \\boxed{N}.")
+    demonstrations = (
+        worked_example("What is the sum of the digits of 2**15?", "run_python",
+                       {"code": "print(sum(int(d) for d in str(2**15)))"}, "26"),
+        worked_example("How many multiples of 7 are there from 1 to 100?", "run_python",
+                       {"code": "print(len([n for n in range(1, 101) if n % 7 == 0]))"}, "14"),
+    )
 
     def __init__(self, task_seed: int = 0, num_eval: int = 200, timeout_s: float = 5.0,
                  memory_mb: int = 512, **kwargs: Any) -> None:

@@ -1,9 +1,10 @@
-"""Built-in reward functions: ``format`` and ``accuracy``.
+"""Built-in reward functions: ``format``, ``accuracy`` and ``tool_use``.
 
 A reward function is called as ``fn(trajectories=list[Trajectory])`` and returns one
-``float | None`` per trajectory (``None``: not scored). Both read only the final assistant
-message (``Trajectory.completion_text``) and share their answer parsing with the ``math`` env,
-so "the answer" means the same thing to the env and to its rewards.
+``float | None`` per trajectory (``None``: not scored). ``format`` and ``accuracy`` read only the
+final assistant message (``Trajectory.completion_text``) and share their answer parsing with the
+``math`` env, so "the answer" means the same thing to the env and to its rewards. ``tool_use``
+reads the per-turn tool-call counts the env reported.
 """
 
 from __future__ import annotations
@@ -47,8 +48,26 @@ def accuracy_reward(trajectories: list[Trajectory]) -> list[float | None]:
     return scores
 
 
+def tool_use_reward(trajectories: list[Trajectory]) -> list[float | None]:
+    """Shaping for tool use: 1.0 if a tool call in the episode ran, 0.5 if the model tried (its
+    calls were all malformed, unknown or failed), 0.0 if it never wrote one.
+
+    Once per episode, however many calls: spamming calls earns nothing more. Meant as a small
+    weight beside the task reward (the tool envs default to 0.2), so that a model which starts
+    out rarely calling tools gets a gradient towards calling them; a right answer is still worth
+    far more. Never None.
+    """
+    scores: list[float | None] = []
+    for trajectory in trajectories:
+        calls = sum(turn.tool_calls for turn in trajectory.turns)
+        succeeded = sum(turn.tool_calls - turn.tool_errors for turn in trajectory.turns)
+        scores.append(1.0 if succeeded > 0 else 0.5 if calls > 0 else 0.0)
+    return scores
+
+
 @hookimpl
 def agentrl_register_rewards(register: Callable[..., None]) -> None:
-    """Register ``format`` and ``accuracy``."""
+    """Register ``format``, ``accuracy`` and ``tool_use``."""
     register("format", format_reward)
     register("accuracy", accuracy_reward)
+    register("tool_use", tool_use_reward)

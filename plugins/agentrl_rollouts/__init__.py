@@ -32,6 +32,7 @@ class _Episode:
     terminated: bool = False
     truncated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def sampled(self) -> int:
@@ -53,10 +54,14 @@ class MultiTurnRollout:
             raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
         episodes = []
         for i, (env, task, group) in enumerate(zip(envs, tasks, groups)):
-            messages, info = env.reset(seed=None if seeds is None else seeds[i], options={"task": task})
-            ids = self.chat.prompt_ids(messages)
+            schemas = env.tool_schemas()
+            native = bool(schemas) and self.chat.renders_tools
+            messages, info = env.reset(seed=None if seeds is None else seeds[i],
+                                       options={"task": task, "template_renders_tools": native})
+            tools = list(schemas) if native else None
+            ids = self.chat.prompt_ids(messages, tools=tools)
             episodes.append(_Episode(env, task, group, list(messages), ids, [0] * len(ids),
-                                     [0.0] * len(ids), info=dict(info)))
+                                     [0.0] * len(ids), info=dict(info), tools=tools))
         max_sampled = self.config.max_sampled_tokens or self.config.max_new_tokens * max(
             env.max_turns for env in envs)
         while live := [e for e in episodes if not e.done]:
@@ -99,7 +104,8 @@ class MultiTurnRollout:
             episode.done, episode.terminated = True, bool(terminated)
             episode.truncated = bool(truncated) or (not stopped)
             return
-        delta = [] if episode.sampled >= max_sampled else self.chat.delta_ids(history, ids, assistant, list(new_messages))
+        delta = [] if episode.sampled >= max_sampled else self.chat.delta_ids(
+            history, ids, assistant, list(new_messages), tools=episode.tools)
         if not delta or len(episode.token_ids) + len(delta) >= self.config.max_total_tokens:
             # A token cap ends the episode before the model sees the env's answer: keep that answer
             # out of ``messages`` so the messages stay exactly what the token ids hold.
@@ -118,7 +124,7 @@ class MultiTurnRollout:
             token_ids=episode.token_ids, loss_mask=episode.loss_mask,
             sampler_logprobs=episode.logprobs, turns=episode.turns, messages=episode.messages,
             task=episode.task, group=episode.group, terminated=episode.terminated,
-            truncated=episode.truncated, info=episode.info)
+            truncated=episode.truncated, info=episode.info, tools=episode.tools)
         trajectory.validate()
         return trajectory
 
