@@ -101,8 +101,12 @@ def test_trainer_trains_on_cuda_with_a_reference_and_two_iterations(tiny_model_d
     config = TrainConfig(model=str(tiny_model_dir), max_steps=2, prompts_per_step=2, num_generations=3,
                          max_new_tokens=8, eval_tasks=4, output_dir=str(tmp_path / "run"), micro_batch_size=4,
                          log_completions_every=1, learning_rate=1e-2,
-                         algorithm={"beta": 0.1, "num_iterations": 2}, mask_truncated_completions=False)
-    trainer = Trainer(config, load_plugins())
+                         algorithm={"beta": 0.1, "num_iterations": 2}, rewards={"parity": 1.0})
+    manager = load_plugins()
+    # 1 when the first sampled token id is odd: a random tiny model earns it half the time, so advantages vary.
+    manager.registry.add("reward", "parity", lambda trajectories: [
+        float(t.token_ids[t.prompt_length] % 2) for t in trajectories], plugin="test")
+    trainer = Trainer(config, manager)
     devices = {
         "policy": {p.device.type for p in trainer.model.parameters()},
         "reference": {p.device.type for p in trainer.ref_model.parameters()},

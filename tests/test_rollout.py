@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pytest
 
 from agentrl import Env, SamplingParams, TemplateError
@@ -11,6 +14,16 @@ from agentrl.models import DEFAULT_MODEL, load_model
 from agentrl.plugins import load_plugins
 
 from agentrl.testing import build_tiny_model
+from agentrl.tools import Tool, ToolCall, ToolEnv, render_tools_system_prompt
+
+
+def echo(text: str) -> str:
+    """Say ``text`` back.
+
+    Args:
+        text: What to say.
+    """
+    return text
 
 
 class ScriptedEnv(Env):
@@ -46,14 +59,14 @@ def _check_token_exact(trajectory, tokenizer):
     chat = ChatTokenizer(tokenizer)
     trajectory.validate()
     decoded = chat.decode(trajectory.token_ids)
-    rendered = chat.render(trajectory.messages, add_generation_prompt=False)
+    rendered = chat.render(trajectory.messages, add_generation_prompt=False, tools=trajectory.tools)
     # The trajectory ends with the model's last sampled token; the template's closing separator
     # (and the stop token of a turn cut by the length cap) come after it.
     assert rendered.startswith(decoded)
     assert rendered[len(decoded):] in ("\n", "<|im_end|>\n")
     # Rebuild the ids independently: first prompt, then per turn sampled ids + delta ids.
     first_user = next(i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant")
-    expected = chat.prompt_ids(trajectory.messages[:first_user])
+    expected = chat.prompt_ids(trajectory.messages[:first_user], tools=trajectory.tools)
     assert trajectory.token_ids[: len(expected)] == expected
     for turn in trajectory.turns:
         assert all(trajectory.loss_mask[t] == 1 for t in range(turn.start, turn.end))
@@ -76,6 +89,61 @@ def test_tiny_model_episodes_end_at_different_turns(tokenizer):
         # A random tiny model never stops by itself: every turn hit the per-turn cap.
         assert all(turn.finish_reason == "length" and turn.end - turn.start == 12 for turn in trajectory.turns)
         assert trajectory.truncated  # the last turn was cut
+
+
+# ChatML that renders ``tools=`` into the system message, the way Qwen2.5-style templates do.
+TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools><|im_end|>\n"
+    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{%- endif %}"
+    "{%- for message in messages %}{% if not (loop.first and message.role == 'system') %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+class CallEveryTurnEnv(ToolEnv):
+    """Every reply counts as a call of ``echo`` (the tiny model writes no real calls)."""
+
+    tools = (Tool(echo),)
+    instructions = "Echo things."
+    max_turns = 3
+
+    def __init__(self) -> None:
+        super().__init__(tool_parser=lambda text: [ToolCall("echo", {"text": "hi"}, None, text)])
+
+    def train_tasks(self):
+        return [{"question": "Say hi."}]
+
+    eval_tasks = train_tasks
+
+    def score_answer(self, text):
+        return 0.0
+
+
+def test_templates_that_render_tools_get_the_schemas_instead_of_the_fallback(tokenizer):
+    tools_tokenizer = copy.deepcopy(tokenizer)
+    tools_tokenizer.chat_template = TOOLS_TEMPLATE
+    assert ChatTokenizer(tools_tokenizer).renders_tools and not ChatTokenizer(tokenizer).renders_tools
+    model = build_tiny_model(len(tokenizer))
+    for tok, native in ((tools_tokenizer, True), (tokenizer, False)):
+        rollout = _rollout(model, tok, max_new_tokens=6)
+        [trajectory] = rollout.run([CallEveryTurnEnv()], [{"question": "Say hi."}], [0],
+                                   SamplingParams(max_new_tokens=6, seed=0))
+        assert len(trajectory.turns) == 3 and trajectory.truncated
+        assert [m["content"] for m in trajectory.messages if m["role"] == "tool"] == ["hi", "hi"]
+        assert trajectory.info["unseen_messages"] == [{"role": "tool", "content": "hi", "name": "echo"}]
+        _check_token_exact(trajectory, tok)
+        system = trajectory.messages[0]["content"]
+        decoded = ChatTokenizer(tok).decode(trajectory.token_ids)
+        if native:
+            assert trajectory.tools == [Tool(echo).schema] and system == "Echo things."
+            assert json.dumps(Tool(echo).schema) in decoded
+        else:
+            assert trajectory.tools is None and render_tools_system_prompt([Tool(echo)]) in system
+            assert "<tools>" not in decoded
 
 
 def test_episode_token_caps_truncate(tokenizer):

@@ -103,20 +103,26 @@ class MultiTurnRollout:
         if terminated or truncated:
             episode.done, episode.terminated = True, bool(terminated)
             episode.truncated = bool(truncated) or (not stopped)
+            self._unseen(episode, list(new_messages))
             return
         delta = [] if episode.sampled >= max_sampled else self.chat.delta_ids(
             history, ids, assistant, list(new_messages), tools=episode.tools)
         if not delta or len(episode.token_ids) + len(delta) >= self.config.max_total_tokens:
-            # A token cap ends the episode before the model sees the env's answer: keep that answer
-            # out of ``messages`` so the messages stay exactly what the token ids hold.
+            # A token cap ends the episode before the model sees the env's answer.
             episode.done = episode.truncated = True
-            if new_messages:
-                del episode.messages[-len(new_messages):]
-                episode.info["unseen_messages"] = list(new_messages)
+            self._unseen(episode, list(new_messages))
             return
         episode.token_ids += delta
         episode.loss_mask += [0] * len(delta)
         episode.logprobs += [0.0] * len(delta)
+
+    @staticmethod
+    def _unseen(episode: _Episode, new_messages: list[dict[str, Any]]) -> None:
+        """The episode ended before the model read ``new_messages``: move them from ``messages``
+        (which stays exactly what the token ids hold) to ``info["unseen_messages"]``."""
+        if new_messages:
+            del episode.messages[-len(new_messages):]
+            episode.info["unseen_messages"] = new_messages
 
     @staticmethod
     def _trajectory(episode: _Episode) -> Trajectory:
