@@ -19,7 +19,7 @@ from agentrl.errors import (
 from agentrl.hookspecs import hookimpl
 from agentrl.plugins import PluginManager, load_plugins
 from agentrl.tasks import LazyTasks
-from agentrl.tools import Tool, ToolCall, ToolEnv, ToolError, tool
+from agentrl.tools import Tool, ToolCall, ToolEnv, ToolError, format_tool_call, tool
 from agentrl.trajectory import TrainBatch, Trajectory, Turn, collate
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "Trajectory",
     "Turn",
     "collate",
+    "format_tool_call",
     "hookimpl",
     "load_plugins",
     "tool",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -155,7 +154,7 @@ class Trainer:
         totals, components = score(trajectories, self.reward_fns, cfg.env_reward_weight)
         metrics = {**reward_metrics(totals, components), **rollout_metrics(trajectories)}
         self.hook.agentrl_on_rollout_end(trajectories=trajectories, step=step, metrics=metrics)
-        batch = to_device(collate(trajectories, totals, self.tokenizer.pad_token_id), self.accelerator.device)
+        batch = collate(trajectories, totals, self.tokenizer.pad_token_id).to(self.accelerator.device)
         for factor in self.hook.agentrl_adjust_loss_mask(batch=batch, config=cfg, metrics=metrics):
             batch.loss_mask = batch.loss_mask * factor.to(batch.loss_mask.device)
         return batch, trajectories, metrics
@@ -183,7 +182,7 @@ class Trainer:
     def update(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
         """All of the algorithm's optimizer steps on one rollout batch."""
         cfg, model = self.config, self.policy
-        to_device(batch, self.accelerator.device)  # collate builds CPU tensors; the policy may be on a GPU
+        batch.to(self.accelerator.device)  # a batch built by a caller may still be on the CPU
         batch.extras["advantages"] = self.algorithm.compute_advantages(batch, metrics)
         if self.ref_model is not None:
             batch.extras["ref_logprobs"] = self.frozen_logprobs(self.ref_model, batch)
@@ -280,16 +279,6 @@ class Trainer:
         plot_run(run_dir)
         self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
         return TrainResult(run_dir, eval_before, eval_after, history)
-
-
-def to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
-    """Move every tensor of ``batch`` (extras too) to ``device``, in place; returns ``batch``."""
-    for f in dataclasses.fields(batch):
-        value = getattr(batch, f.name)
-        if isinstance(value, torch.Tensor):
-            setattr(batch, f.name, value.to(device))
-    batch.extras = {key: value.to(device) for key, value in batch.extras.items()}
-    return batch
 
 
 def _accumulate(stats: dict[str, list[float]], key: str, value: torch.Tensor, mask: torch.Tensor | None) -> None:

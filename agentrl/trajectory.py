@@ -12,6 +12,7 @@ at position ``t - 1`` for token ``t``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +133,18 @@ class TrainBatch:
     def num_rows(self) -> int:
         """N, the number of trajectories."""
         return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        """Move every tensor (extras too) to ``device`` in place; returns ``self``.
+
+        ``collate`` builds CPU tensors; the trainer moves them to the policy's device.
+        """
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                setattr(self, f.name, value.to(device))
+        self.extras = {key: value.to(device) for key, value in self.extras.items()}
+        return self
 
     def select(self, rows: torch.Tensor | list[int]) -> TrainBatch:
         """Rows ``rows`` of every tensor, trimmed to the longest selected row (a micro-batch)."""

@@ -14,3 +14,30 @@ def test_readme_opens_with_train_and_test_commands_and_ci_runs_the_test_one():
     assert train.endswith("agentrl train --env math --algo grpo") and "pip install torch==2.13.0" in train
     assert "pytest" in tests
     assert tests in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_envs_pass_check_env_and_their_gold_answers_score_one():
+    """Every Env class in README's Python blocks runs as written and passes ``check_env``."""
+    import agentrl
+    from agentrl.testing import check_env
+
+    blocks = re.findall(r"```python\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.S)
+    classes = {}
+    for block in blocks:
+        namespace: dict = {}
+        exec(compile(block, "README.md", "exec"), namespace)
+        classes.update({name: value for name, value in namespace.items()
+                        if isinstance(value, type) and issubclass(value, agentrl.Env)
+                        and value.__module__ != "agentrl.env" and value not in (agentrl.Env, agentrl.ToolEnv)})
+    assert set(classes) == {"Countdown", "Capitals"}
+    for cls in classes.values():
+        check_env(cls)
+    env = classes["Capitals"]()
+    task = env.eval_tasks()[0]
+    messages, _ = env.reset(seed=0, options={"task": task})
+    assert messages[-1]["content"] == "What is the capital of Peru?" and len(messages) == 6
+    obs, reward, terminated, _, _ = env.step(agentrl.format_tool_call("capital", country="Peru"))
+    assert obs[0]["content"] == "Lima" and (reward, terminated) == (0.0, False)
+    obs, _, _, _, _ = env.step(agentrl.format_tool_call("capital", country="Atlantis"))
+    assert obs[0]["content"] == "Error: ValueError: unknown country 'Atlantis'"
+    assert env.step("The capital is Lima.")[1:3] == (1.0, True)

@@ -6,6 +6,7 @@ import copy
 import json
 
 import pytest
+import torch
 
 from agentrl import Env, SamplingParams, TemplateError
 from agentrl.chat import ChatTokenizer
@@ -184,3 +185,16 @@ def test_non_prefix_template_fails_loudly(tokenizer):
     rollout = _rollout(build_tiny_model(len(tokenizer)), broken)
     with pytest.raises(TemplateError, match="not prefix-preserving"):
         rollout.run([ScriptedEnv()], [{"turns": 3}], [0], SamplingParams(max_new_tokens=4, seed=0))
+
+
+def test_train_batch_moves_every_tensor_extras_included():
+    from agentrl import collate
+    from agentrl.testing import make_trajectory
+
+    trajectory = make_trajectory([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], {})
+    batch = collate([trajectory, trajectory], [1.0, 0.0], pad_token_id=2)
+    batch.extras["advantages"] = torch.ones(2, 3)
+    moved = batch.to("meta")
+    assert moved is batch
+    tensors = [v for v in vars(batch).values() if isinstance(v, torch.Tensor)] + list(batch.extras.values())
+    assert len(tensors) >= 10 and {t.device.type for t in tensors} == {"meta"}
