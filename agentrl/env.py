@@ -10,6 +10,10 @@ A task is a plain dict (``question``, ``answer``, any other columns). The rollou
 member of a group the same task through ``reset(options={"task": task})``; without it the env
 draws a training task from its own seeded RNG. ``train_tasks`` / ``eval_tasks`` expose the
 task source and the held-out split.
+
+Env-specific figures: a ``step``'s ``info["metrics"]`` (name -> float) as it stands at the
+episode's last step is averaged over the batch's episodes and logged as ``env/NAME`` (training)
+and ``eval/env/NAME`` (evaluation); keep it a running summary of the whole episode.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.engine import SamplingParams
+from agentrl.metrics import env_metrics
 from agentrl.env import Env
 from agentrl.scoring import RewardFn, score
 from agentrl.trajectory import Trajectory
@@ -42,6 +43,7 @@ def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_
         "eval/tool_success_frac": float(np.mean([sum(x.tool_calls - x.tool_errors for x in t.turns) > 0
                                                  for t in trajectories])),
         "eval/num_tasks": float(len(trajectories)),
+        **env_metrics(trajectories, prefix="eval/env/"),
     }
     if reward_fns:
         _, components = score(trajectories, reward_fns, env_weight=1.0)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.errors import EnvError
 from agentrl.trajectory import Trajectory
 
 
@@ -60,7 +61,23 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "rollout/tool_success_frac": float(np.mean(calls > errors)),
         "rollout/truncated_frac": float(np.mean([t.truncated for t in trajectories])),
         "rollout/stopped_frac": float(np.mean(stopped)) if stopped else 0.0,
+        **env_metrics(trajectories, prefix="env/"),
     }
+
+
+def env_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
+    """Means of the envs' own figures (``info["metrics"]`` at each episode's last step), over
+    the episodes that report each one; a non-numeric value is an EnvError naming it."""
+    values: dict[str, list[float]] = {}
+    for trajectory in trajectories:
+        reported = trajectory.info.get("metrics") or {}
+        if not isinstance(reported, dict):
+            raise EnvError(f'info["metrics"] must be a dict of name -> number, got {reported!r}')
+        for name, value in reported.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise EnvError(f'info["metrics"][{name!r}] must be a number, got {value!r}')
+            values.setdefault(str(name), []).append(float(value))
+    return {prefix + name: float(np.mean(v)) for name, v in sorted(values.items())}
 
 
 def reward_metrics(totals: list[float], components: dict[str, np.ndarray]) -> dict[str, float]:

@@ -12,7 +12,7 @@ from gymnasium.utils.env_checker import check_env
 
 import agentrl_guess
 import agentrl_tool_envs
-from agentrl import Env, EnvError, testing
+from agentrl import Env, EnvError, Trajectory, testing
 from agentrl.plugins import PluginManager
 from agentrl_guess import GuessEnv, parse_guess
 from agentrl_tool_envs import CalculatorEnv, PythonEnv, answer_matches, extract_answer
@@ -206,6 +206,46 @@ def test_guess_invalid_answers_and_running_out_of_turns() -> None:
     env.step("8")
     assert env.step("My guess: 16")[1:3] == (pytest.approx(0.9), True)
     assert parse_guess("between 3 and 5, say 4") == 4
+
+
+def test_guess_metrics_measure_use_of_the_feedback() -> None:
+    env = GuessEnv(max_turns=5)
+    task = {"secret": 11, "n": 16, "question": "Guess."}
+    env.reset(options={"task": task})
+    info = env.step("8")[4]  # Higher: 9..16 stay open
+    assert info["metrics"] == {"valid_frac": 1.0, "solved": 0.0}
+    info = env.step("3")[4]  # ignores the feedback
+    assert info["metrics"] == {"valid_frac": 1.0, "solved": 0.0, "consistent_frac": 0.0}
+    info = env.step("40")[4]  # out of range: invalid, asked again
+    assert info["feedback"] == "invalid" and info["metrics"]["valid_frac"] == pytest.approx(2 / 3)
+    info = env.step("12")[4]  # Lower: 9..11 open
+    assert info["metrics"]["consistent_frac"] == pytest.approx(1 / 2)
+    _, reward, terminated, _, info = env.step("11")
+    assert (reward, terminated) == (pytest.approx(0.6), True)
+    assert info["metrics"] == {"valid_frac": pytest.approx(4 / 5), "solved": 1.0, "consistent_frac": pytest.approx(2 / 3)}
+    for secret in range(1, 17):  # bisection only ever guesses inside the open range
+        env.reset(options={"task": {**task, "secret": secret}})
+        low, high, info = 1, 16, {}
+        while not info.get("metrics", {}).get("solved"):
+            guess = (low + high) // 2
+            obs, _, _, _, info = env.step(str(guess))
+            low, high = (guess + 1, high) if obs and obs[0]["content"] == "Higher." else (low, guess - 1)
+        assert info["metrics"].get("consistent_frac", 1.0) == 1.0 and info["metrics"]["valid_frac"] == 1.0
+
+
+def test_env_metrics_are_averaged_over_the_episodes_reporting_them() -> None:
+    from agentrl.metrics import env_metrics
+    from agentrl.testing import make_trajectory
+
+    def episode(metrics: object) -> Trajectory:
+        return make_trajectory([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                               {}, info={"metrics": metrics} if metrics is not None else {})
+
+    out = env_metrics([episode({"solved": 1.0, "consistent_frac": 0.5}), episode({"solved": 0.0}),
+                       episode(None)], prefix="env/")
+    assert out == {"env/consistent_frac": 0.5, "env/solved": 0.5}
+    with pytest.raises(EnvError, match=re.escape("info[\"metrics\"]['solved'] must be a number, got 'yes'")):
+        env_metrics([episode({"solved": "yes"})], prefix="env/")
 
 
 def test_guess_rejects_bad_settings() -> None:

@@ -8,6 +8,11 @@ Reward: ``1.0 - turn_cost * (turns - 1)`` (never below 0) when the secret is gue
 ``turns``, so the first-turn guess scores 1.0 and, with the defaults (N = 16, ``turn_cost`` 0.1,
 ``max_turns`` 5), a binary search that needs all 5 turns scores 0.6; 0 if it is never guessed.
 
+``info["metrics"]`` sums the episode up so far (logged as ``env/...``): ``valid_frac``, the share
+of replies holding a number in 1..N; ``consistent_frac``, the share of guesses after the first
+that fall inside the range the feedback so far leaves open (a model that uses "Higher."/"Lower."
+scores 1.0, one that ignores it about the open share of the range); ``solved``.
+
 Tasks carry ``id``, ``secret``, ``n``, ``question`` and ``answer``. Training tasks
 (``guess-train-SEED-i``) draw the secret from an RNG seeded by ``(task_seed, i)``; the held-out
 eval tasks (``guess-eval-i``) are fixed, cycling through every secret 1..N in turn. Secrets
@@ -87,6 +92,8 @@ class GuessEnv(Env):
         for key in ("secret", "n", "question"):
             if key not in task:
                 raise EnvError(f"GuessEnv: task needs a {key!r} key, got keys {sorted(task)}")
+        self._open = (1, int(task["n"]))  # the range the feedback so far leaves open
+        self._valid = self._followups = self._consistent = 0
         return [{"role": "user", "content": str(task["question"])}]
 
     def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
@@ -95,15 +102,26 @@ class GuessEnv(Env):
             raise EnvError("GuessEnv.respond called before reset()")
         secret, n = int(self.task["secret"]), int(self.task["n"])
         guess = parse_guess(text)
-        if guess is None:
+        if guess is None or not 1 <= guess <= n:
             ask = f"Please answer with just a number between 1 and {n}."
-            return [{"role": "user", "content": ask}], 0.0, False, {"guess": None, "feedback": "invalid"}
+            return [{"role": "user", "content": ask}], 0.0, False, self._info(guess, "invalid", False)
+        low, high = self._open
+        self._followups += self._valid > 0
+        self._consistent += self._valid > 0 and low <= guess <= high
+        self._valid += 1
         if guess == secret:
             reward = max(0.0, 1.0 - self.turn_cost * (self.turn - 1))
-            return [], reward, True, {"guess": guess, "feedback": "correct"}
+            return [], reward, True, self._info(guess, "correct", True)
         feedback = "higher" if secret > guess else "lower"
+        self._open = (max(low, guess + 1), high) if feedback == "higher" else (low, min(high, guess - 1))
         return ([{"role": "user", "content": f"{feedback.capitalize()}."}], 0.0, False,
-                {"guess": guess, "feedback": feedback})
+                self._info(guess, feedback, False))
+
+    def _info(self, guess: int | None, feedback: str, solved: bool) -> dict[str, Any]:
+        metrics = {"valid_frac": self._valid / self.turn, "solved": float(solved)}
+        if self._followups:
+            metrics["consistent_frac"] = self._consistent / self._followups
+        return {"guess": guess, "feedback": feedback, "metrics": metrics}
 
 
 @hookimpl
