@@ -15,7 +15,7 @@ import agentrl_tool_envs
 from agentrl import Env, EnvError, Trajectory, testing
 from agentrl.plugins import PluginManager
 from agentrl_guess import GuessEnv, parse_guess
-from agentrl_tool_envs import CalculatorEnv, PythonEnv, answer_matches, extract_answer
+from agentrl_tool_envs import AnswerToolEnv, CalculatorEnv, PythonEnv, answer_matches, extract_answer
 
 ENVS = {"agentrl/Calculator-v0": CalculatorEnv, "agentrl/Python-v0": PythonEnv,
         "agentrl/Guess-v0": GuessEnv}

@@ -305,6 +305,6 @@ def agentrl_register_tool_parsers(register: Callable[..., None]) -> None:
     register("xml_json", parse_xml_json)
 
 
-__all__ = ["CalculatorEnv", "PythonEnv", "ProceduralTasks", "answer_matches", "calculator",
+__all__ = ["AnswerToolEnv", "CalculatorEnv", "PythonEnv", "ProceduralTasks", "answer_matches", "calculator",
            "evaluate_arithmetic", "extract_answer", "make_arithmetic_task", "make_code_task",
            "task_splits"]
