@@ -29,8 +29,12 @@ def plot_run(run_dir: str | Path) -> Path:
     if evals.is_file() and rows:  # before training at step 0, after it at the last step
         before_after = json.loads(evals.read_text())
         rows = [{"step": 0, **before_after["before"]}, *rows, {"step": rows[-1]["step"], **before_after["after"]}]
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    for ax, (title, keys) in zip(axes.flat, PANELS):
+    env_keys = sorted({k for r in rows for k in r if k.startswith(("env/", "eval/env/"))})
+    panels = [*PANELS, ("env figures", tuple(env_keys))] if env_keys else list(PANELS)
+    fig, axes = plt.subplots(2, 4 if env_keys else 3, figsize=(20 if env_keys else 15, 8))
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (title, keys) in zip(axes.flat, panels):
         for key in keys:
             points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
             if points:
