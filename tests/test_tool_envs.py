@@ -248,6 +248,21 @@ def test_env_metrics_are_averaged_over_the_episodes_reporting_them() -> None:
         env_metrics([episode({"solved": "yes"})], prefix="env/")
 
 
+@pytest.mark.parametrize("n", [2, 3, 16, 100])
+def test_guess_demonstration_is_a_true_game_and_can_be_turned_off(n: int) -> None:
+    env = GuessEnv(n=n, max_turns=10)
+    task = env.eval_tasks()[0]
+    messages, _ = env.reset(options={"task": task})
+    shown, question = messages[:-1], messages[-1]
+    assert question == {"role": "user", "content": task["question"]} and shown[0] == question
+    env.reset(options={"task": {**task, "secret": int(shown[-1]["content"])}})
+    for reply, feedback in zip(shown[1::2], shown[2::2] + [None]):
+        obs, reward, terminated, _, info = env.step(reply["content"])
+        assert (obs[0] if obs else None) == feedback and terminated == (feedback is None)
+    assert info["metrics"] == {"valid_frac": 1.0, "solved": 1.0, **({"consistent_frac": 1.0} if len(shown) > 2 else {})}
+    assert GuessEnv(n=n, demonstration=False).reset(options={"task": task})[0] == [question]
+
+
 def test_guess_rejects_bad_settings() -> None:
     with pytest.raises(EnvError, match=re.escape("GuessEnv: n must be an integer >= 2, got 1")):
         GuessEnv(n=1)

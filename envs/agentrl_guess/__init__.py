@@ -4,6 +4,9 @@ The user says "I'm thinking of a number between 1 and N. Guess it; answer with j
 Each wrong guess gets a user message "Higher." or "Lower."; a reply with no number gets a request
 for one (it still costs a turn). The guess read from a reply is its last integer.
 
+Unless ``demonstration=False``, the prompt first shows one game won by bisection, as earlier
+turns of the conversation (prompt tokens, never trained on).
+
 Reward: ``1.0 - turn_cost * (turns - 1)`` (never below 0) when the secret is guessed on turn
 ``turns``, so the first-turn guess scores 1.0 and, with the defaults (N = 16, ``turn_cost`` 0.1,
 ``max_turns`` 5), a binary search that needs all 5 turns scores 0.6; 0 if it is never guessed.
@@ -61,13 +64,27 @@ def parse_guess(text: str) -> int | None:
     return int(numbers[-1]) if numbers else None
 
 
+def demonstration_game(n: int, question: str) -> list[Message]:
+    """A game won by bisection (secret ``n * 2 // 3``), shown before the real question: the
+    default model answers in prose without it, and in no turn of 16 tokens gives a number."""
+    secret, low, high = max(1, n * 2 // 3), 1, n
+    messages: list[Message] = [{"role": "user", "content": question}]
+    while True:
+        guess = (low + high) // 2
+        messages.append({"role": "assistant", "content": str(guess)})
+        if guess == secret:
+            return messages
+        low, high = (guess + 1, high) if secret > guess else (low, guess - 1)
+        messages.append({"role": "user", "content": "Higher." if secret > guess else "Lower."})
+
+
 class GuessEnv(Env):
     """Guess a number in [1, n] from "Higher."/"Lower." feedback (see the module docstring)."""
 
     max_turns = 5
 
     def __init__(self, n: int = 16, max_turns: int = 5, turn_cost: float = 0.1,
-                 task_seed: int = 0, num_eval: int = 64) -> None:
+                 task_seed: int = 0, num_eval: int = 64, demonstration: bool = True) -> None:
         super().__init__()
         for name, value, low in (("n", n, 2), ("max_turns", max_turns, 1), ("num_eval", num_eval, 1),
                                  ("task_seed", task_seed, 0)):
@@ -76,6 +93,7 @@ class GuessEnv(Env):
         if not 0.0 <= turn_cost <= 1.0:
             raise EnvError(f"GuessEnv: turn_cost must be in [0, 1], got {turn_cost!r}")
         self.n, self.max_turns, self.turn_cost = n, max_turns, float(turn_cost)
+        self.demonstration = bool(demonstration)
         self._train = GuessTasks("train", n, TRAIN_SIZE, task_seed)
         self._eval = GuessTasks("eval", n, num_eval)
 
@@ -94,7 +112,8 @@ class GuessEnv(Env):
                 raise EnvError(f"GuessEnv: task needs a {key!r} key, got keys {sorted(task)}")
         self._open = (1, int(task["n"]))  # the range the feedback so far leaves open
         self._valid = self._followups = self._consistent = 0
-        return [{"role": "user", "content": str(task["question"])}]
+        shown = demonstration_game(int(task["n"]), str(task["question"])) if self.demonstration else []
+        return shown + [{"role": "user", "content": str(task["question"])}]
 
     def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
         """Compare the guess in ``text`` with the secret; reply "Higher."/"Lower." or end."""
