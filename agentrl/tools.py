@@ -238,9 +238,10 @@ def render_tools_system_prompt(tools: Sequence[Tool | dict[str, Any]]) -> str:
 
     Compact on purpose: one line per tool, ``name(arg: type, ...): description``, then each
     argument's description, then the exact call format ``parse_xml_json`` reads, spelled with
-    the first tool's real name and argument. Measured on SmolLM2-135M (64 samples, with two
-    worked examples): 45 % of replies wrote a ``<tool_call>`` under this text, 36 % under the
-    same schemas as raw JSON lines. Results come back as ``tool`` messages.
+    the first tool's real name and argument. Measured on SmolLM2-135M (calculator env, two worked
+    examples, 128 episodes at T=1 each): 48 % of episodes wrote a ``<tool_call>`` and 12 % made
+    one that ran under this text, against 34 % and 7 % with the schemas as raw JSON lines.
+    Results come back as ``tool`` messages.
     """
     schemas = [t.schema if isinstance(t, Tool) else t for t in tools]
     if not schemas:
@@ -291,8 +292,8 @@ class ToolEnv(Env):
     """Worked examples, each a short conversation (user, assistant tool call, tool result,
     assistant answer), placed between the system message and the question. A small model copies
     a format it has seen far more often than one it was only told about: on the calculator env
-    SmolLM2-135M wrote no ``<tool_call>`` in 256 episodes without examples and one in two
-    replies with two of them. They are prompt tokens, so they are never trained on."""
+    SmolLM2-135M (T=1, 128 episodes each) wrote a ``<tool_call>`` in none of them without
+    examples and in 48 % with two. They are prompt tokens, never trained on."""
     max_turns = 4
     max_tool_output_chars = 2000
     max_calls_per_turn = 4
