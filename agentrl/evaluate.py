@@ -40,11 +40,12 @@ def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_
         "eval/accuracy": float(np.mean([episode_success(t) for t in trajectories])),
         "eval/env_return_mean": float(np.mean([t.env_return for t in trajectories])),
         "eval/turns_mean": float(np.mean([len(t.turns) for t in trajectories])),
-        "eval/tool_success_frac": float(np.mean([sum(x.tool_calls - x.tool_errors for x in t.turns) > 0
-                                                 for t in trajectories])),
         "eval/num_tasks": float(len(trajectories)),
         **env_metrics(trajectories, prefix="eval/env/"),
     }
+    if any(env.tool_schemas() for env in envs):
+        metrics["eval/tool_success_frac"] = float(np.mean([
+            sum(x.tool_calls - x.tool_errors for x in t.turns) > 0 for t in trajectories]))
     if reward_fns:
         _, components = score(trajectories, reward_fns, env_weight=1.0)
         for name, values in components.items():
