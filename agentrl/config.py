@@ -78,7 +78,11 @@ class TrainConfig:
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this (None: no clipping)."""
     micro_batch_size: int = 8
-    """Sequences per forward/backward; a step accumulates over all its micro-batches."""
+    """Sequences per forward/backward at most; a step accumulates over all its micro-batches."""
+    micro_batch_tokens: int = 4096
+    """Padded tokens per forward/backward at most (rows x longest row): long multi-turn episodes
+    go fewer to a micro-batch, which bounds activation memory (about 1.8 MB per token for the
+    default model in bf16 autocast). A row longer than this goes alone."""
     precision: str = "bf16"
     """``bf16`` (autocast, fp32 master weights; fast on CPUs with AMX/AVX512-BF16) or ``fp32``."""
     mask_truncated_completions: bool = False
@@ -104,7 +108,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_types(self)
         positive = ("max_steps", "prompts_per_step", "num_generations", "max_new_tokens",
-                    "max_total_tokens", "micro_batch_size")
+                    "max_total_tokens", "micro_batch_size", "micro_batch_tokens")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")

@@ -161,18 +161,19 @@ class Trainer:
 
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         """Micro-batches of similar lengths (less padding; the loss is invariant to the split)."""
-        order = torch.argsort(batch.lengths, descending=True).tolist()
-        size = self.config.micro_batch_size
-        return [batch.select(order[i:i + size]) for i in range(0, len(order), size)]
+        return [batch.select(rows) for rows in self.micro_batch_rows(batch)]
+
+    def micro_batch_rows(self, batch: TrainBatch) -> list[list[int]]:
+        """Row groups, longest rows first, within ``micro_batch_size`` and ``micro_batch_tokens``."""
+        return plan_micro_batches(batch.lengths.tolist(), self.config.micro_batch_size,
+                                  self.config.micro_batch_tokens)
 
     @torch.no_grad()
     def frozen_logprobs(self, module: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
         """Logprobs of ``module`` (policy snapshot or reference) for the whole batch, no grad."""
         scorer = TokenLogprobs(module, temperature=self.config.temperature)
         out = torch.zeros_like(batch.loss_mask)
-        order = list(range(batch.num_rows))
-        for i in range(0, len(order), self.config.micro_batch_size):
-            rows = order[i:i + self.config.micro_batch_size]
+        for rows in self.micro_batch_rows(batch):
             mb = batch.select(rows)
             with self.autocast():
                 lp, _ = scorer(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=False)
@@ -279,6 +280,20 @@ class Trainer:
         plot_run(run_dir)
         self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
         return TrainResult(run_dir, eval_before, eval_after, history)
+
+
+def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Split row indices into groups, longest first, each with at most ``max_rows`` rows and
+    ``rows x longest <= max_tokens`` padded tokens (a row longer than ``max_tokens`` alone)."""
+    groups: list[list[int]] = []
+    for row in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
+        group = groups[-1] if groups else None
+        # rows come longest first, so a group's first row is its longest
+        if group and len(group) < max_rows and (len(group) + 1) * lengths[group[0]] <= max_tokens:
+            group.append(row)
+        else:
+            groups.append([row])
+    return groups
 
 
 def _accumulate(stats: dict[str, list[float]], key: str, value: torch.Tensor, mask: torch.Tensor | None) -> None:

@@ -11,7 +11,7 @@ from agentrl.config import TrainConfig
 from agentrl.evaluate import evaluate
 from agentrl.models import load_model
 from agentrl.plugins import load_plugins
-from agentrl.trainer import Trainer
+from agentrl.trainer import Trainer, plan_micro_batches
 
 
 def _config(model_dir, tmp_path, **overrides) -> TrainConfig:
@@ -47,14 +47,28 @@ def test_gradient_does_not_depend_on_micro_batch_size(tiny_model_dir, tmp_path, 
         batch.loss_mask[row, int(batch.lengths[row]) - 10 + keep:] = 0
     assert batch.loss_mask.sum(dim=1).unique().numel() > 5
     grads = []
-    for size in (9, 4, 1):
-        trainer.config = dataclasses.replace(config, micro_batch_size=size)
+    longest = int(batch.lengths.max())
+    splits = [(9, 4096), (4, 4096), (1, 4096), (9, 2 * longest), (9, 1)]  # (rows, tokens) limits
+    for size, tokens in splits:
+        trainer.config = dataclasses.replace(config, micro_batch_size=size, micro_batch_tokens=tokens)
         trainer.optimizer = GradientRecorder(trainer.model.parameters())
         trainer.update(batch, {})
         grads.append(trainer.optimizer.steps[0])
+    assert len(trainer.micro_batch_rows(batch)) == 9  # the last split: one row each
     for other in grads[1:]:
         for a, b in zip(grads[0], other):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_micro_batch_plan_keeps_both_limits_and_every_row_once():
+    lengths = [30, 100, 10, 60, 60, 500, 20, 5]
+    plan = plan_micro_batches(lengths, max_rows=3, max_tokens=150)
+    assert plan == [[5], [1], [3, 4], [0, 6, 2], [7]]
+    assert sorted(r for g in plan for r in g) == list(range(len(lengths)))
+    for group in plan:
+        assert len(group) <= 3 and (len(group) * max(lengths[r] for r in group) <= 150 or len(group) == 1)
+    assert plan_micro_batches(lengths, max_rows=8, max_tokens=10**6) == [[5, 1, 3, 4, 0, 6, 2, 7]]
+    assert plan_micro_batches([], max_rows=2, max_tokens=10) == []
 
 
 def test_step_zero_ratio_is_one_with_fp32_engine(tiny_model_dir, tmp_path):
