@@ -44,8 +44,7 @@ def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_
         **env_metrics(trajectories, prefix="eval/env/"),
     }
     if any(env.tool_schemas() for env in envs):
-        metrics["eval/tool_success_frac"] = float(np.mean([
-            sum(x.tool_calls - x.tool_errors for x in t.turns) > 0 for t in trajectories]))
+        metrics["eval/tool_success_frac"] = float(np.mean([t.num_tool_calls_ok > 0 for t in trajectories]))
     if reward_fns:
         _, components = score(trajectories, reward_fns, env_weight=1.0)
         for name, values in components.items():

@@ -47,8 +47,9 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """Lengths, turns, tool use and truncation over a batch of trajectories."""
     sampled = np.array([t.num_sampled_tokens for t in trajectories], dtype=np.float64)
     turns = np.array([len(t.turns) for t in trajectories], dtype=np.float64)
-    calls = np.array([sum(x.tool_calls for x in t.turns) for t in trajectories], dtype=np.float64)
-    errors = np.array([sum(x.tool_errors for x in t.turns) for t in trajectories], dtype=np.float64)
+    calls = np.array([t.num_tool_calls for t in trajectories], dtype=np.float64)
+    ran = np.array([t.num_tool_calls_ok for t in trajectories], dtype=np.float64)
+    errors = calls - ran
     stopped = [t.turns[-1].finish_reason == "stop" for t in trajectories if t.turns]
     return {
         "rollout/sampled_tokens_mean": float(sampled.mean()),
@@ -58,7 +59,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "rollout/turns_mean": float(turns.mean()),
         "rollout/tool_calls_mean": float(calls.mean()),
         "rollout/tool_error_rate": float(errors.sum() / calls.sum()) if calls.sum() else 0.0,
-        "rollout/tool_success_frac": float(np.mean(calls > errors)),
+        "rollout/tool_success_frac": float(np.mean(ran > 0)),
         "rollout/truncated_frac": float(np.mean([t.truncated for t in trajectories])),
         "rollout/stopped_frac": float(np.mean(stopped)) if stopped else 0.0,
         **env_metrics(trajectories, prefix="env/"),

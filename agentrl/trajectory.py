@@ -84,6 +84,16 @@ class Trajectory:
         return int(sum(self.loss_mask))
 
     @property
+    def num_tool_calls(self) -> int:
+        """Tool calls the env parsed over the whole episode."""
+        return sum(turn.tool_calls for turn in self.turns)
+
+    @property
+    def num_tool_calls_ok(self) -> int:
+        """Of those, the calls that ran (not malformed, not unknown, did not raise)."""
+        return sum(turn.tool_calls - turn.tool_errors for turn in self.turns)
+
+    @property
     def completion_text(self) -> str:
         """Text of the last assistant message ('' if the model never spoke)."""
         for message in reversed(self.messages):

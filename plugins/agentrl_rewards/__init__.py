@@ -59,9 +59,8 @@ def tool_use_reward(trajectories: list[Trajectory]) -> list[float | None]:
     """
     scores: list[float | None] = []
     for trajectory in trajectories:
-        calls = sum(turn.tool_calls for turn in trajectory.turns)
-        succeeded = sum(turn.tool_calls - turn.tool_errors for turn in trajectory.turns)
-        scores.append(1.0 if succeeded > 0 else 0.5 if calls > 0 else 0.0)
+        ran, tried = trajectory.num_tool_calls_ok, trajectory.num_tool_calls
+        scores.append(1.0 if ran > 0 else 0.5 if tried > 0 else 0.0)
     return scores
 
 
