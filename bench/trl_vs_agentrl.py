@@ -127,6 +127,22 @@ def median_after(values: list[float], skip: int) -> float:
     return float(statistics.median(rest)) if rest else float("nan")
 
 
+def timing_summary(init_seconds: float, step_s: list[float], rollout_s: list[float], update_s: list[float],
+                   wall: list[float], cpu: list[float], skip: int) -> dict[str, Any]:
+    """Per-step times and their medians after ``skip`` warm-up steps, the same keys for both systems."""
+    med = median_after(step_s, skip)
+    return {
+        "init_seconds": init_seconds, "step_seconds": step_s, "rollout_seconds": rollout_s,
+        "update_seconds": update_s, "wall_seconds": wall, "cpu_seconds": cpu,
+        "median_step_seconds": med,
+        "median_rollout_seconds": median_after(rollout_s, skip),
+        "median_update_seconds": median_after(update_s, skip),
+        "median_wall_seconds": median_after(wall, skip),
+        "median_cpu_seconds": median_after(cpu, skip),
+        "completions_per_second": COMPLETIONS_PER_STEP / med,
+    }
+
+
 def busy_cpu_seconds() -> float | None:
     """CPU seconds all processes have spent busy since boot (Linux ``/proc/stat``), else None."""
     try:
@@ -197,26 +213,14 @@ def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
     step_s = [h["perf/step_seconds"] for h in history]
     rollout_s = [h["perf/rollout_seconds"] for h in history]
     update_s = [h["perf/update_seconds"] for h in history]
-    med = median_after(step_s, skip)
     return {
-        "init_seconds": init_seconds,
-        "step_seconds": step_s,
-        "rollout_seconds": rollout_s,
-        "update_seconds": update_s,
-        "wall_seconds": wall,
-        "cpu_seconds": cpu,
+        **timing_summary(init_seconds, step_s, rollout_s, update_s, wall, cpu, skip),
         "sampled_tokens_mean": [h["rollout/sampled_tokens_mean"] for h in history],
         "sampled_tokens_max": [h["rollout/sampled_tokens_max"] for h in history],
         "prompt_tokens_mean": [h["rollout/sequence_length_mean"] - h["rollout/sampled_tokens_mean"]
                                for h in history],
         "reward_mean": [h["reward/total_mean"] for h in history],
         "completions_per_step": [COMPLETIONS_PER_STEP] * len(history),
-        "median_step_seconds": med,
-        "median_rollout_seconds": median_after(rollout_s, skip),
-        "median_update_seconds": median_after(update_s, skip),
-        "median_wall_seconds": median_after(wall, skip),
-        "median_cpu_seconds": median_after(cpu, skip),
-        "completions_per_second": COMPLETIONS_PER_STEP / med,
         "load_average_before": load_before,
         "load_average_after": load_average(),
         "other_processes_cores": other.cores,
@@ -342,26 +346,14 @@ def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None 
     wall = [b - a for a, b in zip([timer.start, *timer.end[:-1]], timer.end)]
     gen_s = [g["seconds"] for g in generations]
     update_s = [s - g for s, g in zip(step_s, gen_s)]
-    med = median_after(step_s, skip)
     return {
-        "init_seconds": init_seconds,
-        "step_seconds": step_s,
-        "rollout_seconds": gen_s,
-        "update_seconds": update_s,
-        "wall_seconds": wall,
-        "cpu_seconds": timer.cpu,
+        **timing_summary(init_seconds, step_s, gen_s, update_s, wall, timer.cpu, skip),
         "sampled_tokens_mean": [g["sampled_tokens_mean"] for g in generations],
         "sampled_tokens_max": [g["sampled_tokens_max"] for g in generations],
         "prompt_tokens_mean": [g["prompt_tokens_mean"] for g in generations],
         "reward_mean": [e.get("reward") for e in logs],
         "trl_step_time": [e.get("step_time") for e in logs],
         "completions_per_step": [g["completions"] for g in generations],
-        "median_step_seconds": med,
-        "median_rollout_seconds": median_after(gen_s, skip),
-        "median_update_seconds": median_after(update_s, skip),
-        "median_wall_seconds": median_after(wall, skip),
-        "median_cpu_seconds": median_after(timer.cpu, skip),
-        "completions_per_second": COMPLETIONS_PER_STEP / med,
         "load_average_before": load_before,
         "load_average_after": load_average(),
         "other_processes_cores": other.cores,
