@@ -3,7 +3,9 @@
 The public API. Plugins, built-in or third-party, import only from here.
 """
 
-from agentrl.algorithm import Algorithm, LossOutput, StepTotals
+from agentrl.algorithm import Algorithm, LossContext, LossOutput, SetupContext, StepTotals, TrainableModule
+from agentrl.chat import ChatTokenizer
+from agentrl.config import TrainConfig, build_plugin_config
 from agentrl.engine import Engine, Generation, SamplingParams
 from agentrl.env import Env, Message, MessagesSpace, Task
 from agentrl.errors import (
@@ -17,14 +19,26 @@ from agentrl.errors import (
     TemplateError,
 )
 from agentrl.hookspecs import hookimpl
+from agentrl.objectives import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    clipped_surrogate,
+    masked,
+    masked_mean,
+    policy_loss,
+    step_totals,
+)
 from agentrl.plugins import PluginManager, load_plugins
 from agentrl.tasks import LazyTasks
 from agentrl.tools import Tool, ToolCall, ToolEnv, ToolError, format_tool_call, tool
 from agentrl.trajectory import TrainBatch, Trajectory, Turn, collate
 
 __all__ = [
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
     "AgentRLError",
     "Algorithm",
+    "ChatTokenizer",
     "ConfigError",
     "Engine",
     "EngineError",
@@ -32,6 +46,7 @@ __all__ = [
     "EnvError",
     "Generation",
     "LazyTasks",
+    "LossContext",
     "LossOutput",
     "Message",
     "MessagesSpace",
@@ -40,6 +55,7 @@ __all__ = [
     "PluginManager",
     "RewardError",
     "SamplingParams",
+    "SetupContext",
     "StepTotals",
     "Task",
     "TemplateError",
@@ -48,11 +64,19 @@ __all__ = [
     "ToolEnv",
     "ToolError",
     "TrainBatch",
+    "TrainConfig",
+    "TrainableModule",
     "Trajectory",
     "Turn",
+    "build_plugin_config",
+    "clipped_surrogate",
     "collate",
     "format_tool_call",
     "hookimpl",
     "load_plugins",
+    "masked",
+    "masked_mean",
+    "policy_loss",
+    "step_totals",
     "tool",
 ]

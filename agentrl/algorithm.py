@@ -1,10 +1,22 @@
-"""``agentrl.Algorithm``: what an RL algorithm plugin implements.
+"""``agentrl.Algorithm``: what an RL algorithm plugin implements, and what the trainer gives it.
 
 The trainer owns the loop (rollout, scoring, micro-batching, normalisation, optimizer steps);
-an algorithm supplies the parts that differ between GRPO, PPO and their variants:
+an algorithm supplies the parts that differ between GRPO, PPO and their variants. Per rollout
+batch the trainer calls, in this order:
 
-1. ``compute_advantages(batch)`` once per rollout batch -> per-token advantages ``(N, T)``.
-2. ``loss(...)`` per micro-batch -> this micro-batch's share of the optimizer step's loss.
+1. ``setup(context)`` once, before the first step: build extra models (a critic) and return them
+   from ``trainable_modules()`` so the trainer gives each its own optimizer, LR schedule,
+   accelerate preparation, gradient clipping and a folder in the run dir;
+2. the trainer stores the trainer-old logprobs (``batch.extras["old_logprobs"]``, when
+   ``needs_old_logprobs``) and the reference's (``batch.extras["ref_logprobs"]``, when
+   ``needs_reference``) for the whole rollout batch, without gradients;
+3. ``compute_advantages(batch, metrics)`` once -> per-token advantages ``(N, T)``; anything else
+   the loss needs later (old values, returns) goes into ``batch.extras`` here, so it is computed
+   once, before any weight changes;
+4. for each of ``num_iterations`` epochs, the rows are split into ``num_mini_batches``
+   mini-batches; each is one optimizer step of every trained module, its loss denominators
+   (:class:`StepTotals`) counted over its own micro-batches; ``loss(context)`` is called once per
+   micro-batch with a :class:`LossContext`.
 
 The shared clipped surrogate, KL estimators and aggregation modes are in
 :mod:`agentrl.objectives`, which calls the step hooks, so plugins such as sequence-level
@@ -14,12 +26,17 @@ importance sampling apply to every algorithm that uses them.
 from __future__ import annotations
 
 import abc
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from agentrl.trajectory import TrainBatch
+
+if TYPE_CHECKING:
+    from agentrl.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -30,9 +47,11 @@ class StepTotals:
     num_tokens: float
     """Loss-mask tokens in this optimizer step (all micro-batches, all processes)."""
     num_sequences: float
-    """Sequences in this optimizer step (all micro-batches, all processes)."""
+    """Sequences with at least one loss-mask token in this optimizer step (all micro-batches,
+    all processes); fully masked rows (e.g. masked truncated episodes) are not counted."""
     num_tokens_rollout: float
-    """Loss-mask tokens in the whole rollout batch this step's data came from."""
+    """Loss-mask tokens of the rollout rows this optimizer step trains on, counted once per
+    rollout batch before any per-step change (the whole rollout batch when it is one mini-batch)."""
     max_completion_length: int
     """Configured cap on sampled tokens per episode (Dr. GRPO's constant)."""
 
@@ -42,9 +61,86 @@ class LossOutput:
     """One micro-batch's loss and the per-token statistics the trainer averages for logging."""
 
     loss: torch.Tensor
-    """Scalar; summing it over the step's micro-batches gives the step's loss."""
+    """Scalar; summing it over the step's micro-batches gives the step's loss. It may depend on
+    the policy and on the algorithm's trainable modules: one backward reaches them all."""
     token_stats: dict[str, torch.Tensor] = field(default_factory=dict)
     """Name -> ``(n, T)`` tensor; logged as its loss-mask-weighted mean over the step."""
+    scalars: dict[str, float] = field(default_factory=dict)
+    """Name -> number; summed over the step's micro-batches and logged (e.g. ``loss/value``)."""
+
+
+@dataclass
+class TrainableModule:
+    """A model an algorithm trains beside the policy (a critic).
+
+    The trainer builds its AdamW optimizer and LR schedule from these fields, prepares module,
+    optimizer and schedule with accelerate (``module`` is replaced by the prepared object), zeroes,
+    clips and steps it with every optimizer step, and saves it to ``<run_dir>/<name>/`` at the end
+    (``save_pretrained`` when the module has it, else ``state_dict.pt``).
+    """
+
+    module: torch.nn.Module
+    """The model; trainable parameters are those with ``requires_grad``."""
+    learning_rate: float
+    """AdamW peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    lr_scheduler: str = "constant"
+    """``constant``, ``linear`` or ``cosine`` (as ``TrainConfig.lr_scheduler``)."""
+    warmup_steps: int = 0
+    """Linear warm-up, in this module's optimizer steps."""
+    max_grad_norm: float | None = 1.0
+    """Clip this module's gradient norm to this (None: no clipping)."""
+
+
+@dataclass
+class SetupContext:
+    """What ``Algorithm.setup`` receives: the run's models, tools and config."""
+
+    model: torch.nn.Module
+    """The policy (a HF causal LM, fp32 master weights, not yet wrapped by accelerate)."""
+    tokenizer: Any
+    """The policy's tokenizer."""
+    accelerator: Any
+    """The run's ``accelerate.Accelerator`` (its ``device`` is where batches live)."""
+    config: TrainConfig
+    """The whole run config."""
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+    """Context manager for forward passes in the run's precision (bf16 autocast or nothing)."""
+    micro_batch_rows: Callable[[TrainBatch], list[list[int]]]
+    """Row groups of a batch within the run's micro-batch limits (for batched no-grad forwards)."""
+
+
+@dataclass
+class LossContext:
+    """What ``Algorithm.loss`` receives for one micro-batch."""
+
+    batch: TrainBatch
+    """The micro-batch, its ``extras`` holding what ``compute_advantages`` stored
+    (``advantages`` always; ``old_logprobs``, ``ref_logprobs`` when requested)."""
+    logprobs: torch.Tensor
+    """``(n, T)`` current policy logprobs of the batch's tokens (with grad unless the policy is
+    frozen this step), 0 off the loss mask."""
+    old_logprobs: torch.Tensor
+    """``(n, T)`` trainer-old logprobs: the policy that produced the data (detached)."""
+    ref_logprobs: torch.Tensor | None
+    """``(n, T)`` reference policy logprobs, or None when no reference is loaded."""
+    totals: StepTotals
+    """This optimizer step's loss denominators."""
+    hook: Any
+    """The pluggy hook relay (``agentrl.objectives.policy_loss`` calls the step hooks with it)."""
+    config: TrainConfig
+    """The whole run config."""
+    metrics: dict[str, float]
+    """The step's metric dict: add namespaced keys to log them."""
+    step: int
+    """The training step (1-based) this rollout batch belongs to."""
+    train_policy: bool = True
+    """False while the policy is frozen this step (e.g. PPO's critic warm-up): leave its loss out."""
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+    """Context manager for forward passes in the run's precision."""
 
 
 class Algorithm(abc.ABC):
@@ -62,34 +158,37 @@ class Algorithm(abc.ABC):
 
     @property
     def num_iterations(self) -> int:
-        """Optimizer passes over each rollout batch (> 1 needs stored old logprobs)."""
+        """Epochs over each rollout batch (> 1 makes the stored old logprobs differ from current)."""
         return 1
 
-    def setup(self, context: dict[str, Any]) -> None:
-        """Called once before training with the trainer's context (``model``, ``tokenizer``,
-        ``accelerator``, ``train_config``); algorithms with extra models (a critic) build them here."""
+    @property
+    def num_mini_batches(self) -> int:
+        """Optimizer steps per epoch: the rollout batch's rows are split into this many parts."""
+        return 1
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """True if the trainer must store the sampling policy's logprobs before any update
+        (needed as soon as one rollout batch gives more than one optimizer step)."""
+        return self.num_iterations * self.num_mini_batches > 1
+
+    def setup(self, context: SetupContext) -> None:
+        """Called once before training; algorithms with extra models (a critic) build them here."""
         return None
+
+    def trainable_modules(self) -> dict[str, TrainableModule]:
+        """Models this algorithm trains beside the policy, by name (``critic``); called once after
+        ``setup``. The trainer replaces each ``module`` with its accelerate-prepared object."""
+        return {}
+
+    def trains_policy(self, step: int) -> bool:
+        """Whether the policy is updated at ``step`` (1-based); False freezes it (critic warm-up)."""
+        return True
 
     @abc.abstractmethod
     def compute_advantages(self, batch: TrainBatch, metrics: dict[str, float]) -> torch.Tensor:
         """Per-token advantages ``(N, T)`` for a whole rollout batch (0 off the loss mask)."""
 
     @abc.abstractmethod
-    def loss(
-        self,
-        batch: TrainBatch,
-        logprobs: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        ref_logprobs: torch.Tensor | None,
-        totals: StepTotals,
-        hook: Any,
-        train_config: Any,
-        metrics: dict[str, float],
-    ) -> LossOutput:
-        """This micro-batch's share of the loss.
-
-        ``batch`` is the micro-batch (its ``extras["advantages"]`` set); ``logprobs`` ``(n, T)``
-        the current policy's (with grad), aligned with ``batch.input_ids``; ``old_logprobs`` the
-        policy that produced the data (detached); ``ref_logprobs`` the reference's or None;
-        ``hook`` the pluggy hook relay for the step hooks.
-        """
+    def loss(self, context: LossContext) -> LossOutput:
+        """This micro-batch's share of the optimizer step's loss (see :class:`LossContext`)."""

@@ -93,14 +93,16 @@ def train(
             "env": env, "algo": algo, "model": model, "engine": engine, "rewards": rewards,
             "max_steps": max_steps, "num_generations": num_generations, "prompts_per_step": prompts_per_step,
             "output_dir": output_dir, "seed": seed}, sets=set_)
+        manager = _manager(disable_plugin or [], plugin or [])
         if print_config:
             import yaml
 
-            console.print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), highlight=False)
+            from agentrl.config import resolved_dict
+
+            console.print(yaml.safe_dump(resolved_dict(cfg, manager), sort_keys=False), highlight=False)
             return
         from agentrl.trainer import Trainer
 
-        manager = _manager(disable_plugin or [], plugin or [])
         console.print(f"[bold]agentrl[/] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.max_steps} steps x "
                       f"{cfg.prompts_per_step} tasks x {cfg.num_generations} episodes", highlight=False)
         trainer = Trainer(cfg, manager)

@@ -261,3 +261,13 @@ def build_plugin_config(config_class: type[Any], values: dict[str, Any], section
             f"{config_class.__name__} accepts: {', '.join(sorted(known))}"
         )
     return config_class(**values)
+
+
+def resolved_dict(config: TrainConfig, manager: Any) -> dict[str, Any]:
+    """The config as plain data with the algorithm section filled in with its defaults (validated
+    by the algorithm's config class): what ``--print-config`` shows."""
+    data = config.to_dict()
+    algo_cls = manager.registry.get("algorithm", config.algo).factory
+    algo_config = build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm")
+    data["algorithm"] = dataclasses.asdict(algo_config)
+    return data

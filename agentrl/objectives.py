@@ -173,7 +173,9 @@ def step_totals(
     """
     device = loss_masks[0].device if loss_masks else torch.device("cpu")
     num_tokens = sum((float(mask.sum().item()) for mask in loss_masks), 0.0)
-    num_sequences = sum((int(mask.shape[0]) for mask in loss_masks), 0)
+    # A fully masked row (a masked truncated episode) adds nothing to the loss, so it must not
+    # dilute the per-sequence modes either: count only rows with at least one loss token.
+    num_sequences = sum((int((mask.sum(dim=-1) > 0).sum().item()) for mask in loss_masks), 0)
     counts = torch.tensor([num_tokens, float(num_sequences)], dtype=torch.float64, device=device)  # (2,)
     if reduce is not None:
         counts = reduce(counts)

@@ -5,9 +5,11 @@ One step (see the hook order in agentrl.hookspecs):
   2. the rollout drives the envs through the engine -> trajectories;
   3. reward functions score them (plus the env's own return);
   4. the algorithm turns rewards into per-token advantages;
-  5. for each of the algorithm's ``num_iterations``: loss denominators are counted over the whole
-     step first, then every micro-batch's loss is backpropagated (accumulated), then one
-     clipped optimizer step (accelerate);
+  5. for each of the algorithm's ``num_iterations`` epochs and each of its ``num_mini_batches``
+     mini-batches (one optimizer step each): loss denominators are counted over the mini-batch
+     first, then every micro-batch's loss is backpropagated (accumulated), then every trained
+     module (the policy and the algorithm's own, e.g. a critic) takes one clipped optimizer step
+     (accelerate); a step whose loss or gradients are not finite is skipped and counted;
   6. the engine receives the new weights.
 """
 
@@ -16,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,7 +34,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from transformers import get_scheduler
 
-from agentrl.algorithm import Algorithm
+from agentrl.algorithm import Algorithm, LossContext, SetupContext, TrainableModule
 from agentrl.config import TrainConfig, build_plugin_config
 from agentrl.engine import SamplingParams
 from agentrl.env import Env, load_env_class
@@ -111,9 +115,12 @@ class Trainer:
         self.policy = TokenLogprobs(self.model, temperature=config.temperature)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate,
                                            betas=config.adam_betas, weight_decay=config.weight_decay)
-        self.scheduler = get_scheduler(
-            config.lr_scheduler, self.optimizer, num_warmup_steps=config.warmup_steps,
-            num_training_steps=config.max_steps * self.algorithm.num_iterations)
+        if self.algorithm.num_mini_batches > config.batch_size:
+            raise ConfigError(f"algorithm {config.algo!r} asks for {self.algorithm.num_mini_batches} mini-batches "
+                              f"but a rollout batch has only {config.batch_size} episodes "
+                              "(prompts_per_step x num_generations): lower the mini-batch count")
+        self.scheduler = build_scheduler(self.optimizer, config.lr_scheduler, config.warmup_steps,
+                                         self.optimizer_steps_per_run)
         self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(
             self.policy, self.optimizer, self.scheduler)
         if self.ref_model is not None:  # not prepared (no grads, no optimizer): place it by hand
@@ -122,11 +129,35 @@ class Trainer:
         self.engine = engine_cls(model=self.model, tokenizer=self.tokenizer, config=config)
         rollout_cls = manager.registry.get("rollout", config.rollout).factory
         self.rollout = rollout_cls(engine=self.engine, tokenizer=self.tokenizer, config=config)
-        self.algorithm.setup({"model": self.model, "tokenizer": self.tokenizer,
-                              "accelerator": self.accelerator, "train_config": config})
+        self.algorithm.setup(SetupContext(model=self.model, tokenizer=self.tokenizer, accelerator=self.accelerator,
+                                          config=config, autocast=self.autocast,
+                                          micro_batch_rows=self.micro_batch_rows))
+        self.owned = self._prepare_owned(self.algorithm.trainable_modules())
+        self.nonfinite_skips = 0
         self.tasks = self.envs[0].train_tasks()
         self.cursor = TaskCursor(len(self.tasks), config.seed)
         self.max_sampled = config.max_sampled_tokens or config.max_new_tokens * self.envs[0].max_turns
+
+    @property
+    def optimizer_steps_per_run(self) -> int:
+        """Optimizer steps the whole run takes: steps x epochs x mini-batches."""
+        algo = self.algorithm
+        return self.config.max_steps * algo.num_iterations * algo.num_mini_batches
+
+    def _prepare_owned(self, modules: dict[str, TrainableModule]) -> dict[str, tuple[TrainableModule, Any, Any]]:
+        """An AdamW optimizer and LR schedule per algorithm-owned module, all prepared by accelerate."""
+        owned = {}
+        for name, spec in modules.items():
+            if name in ("model", "policy") or not name.isidentifier():
+                raise ConfigError(f"algorithm {self.config.algo!r} owns a module named {name!r}: use an identifier "
+                                  "other than 'model' and 'policy' (it names a folder in the run dir)")
+            params = [p for p in spec.module.parameters() if p.requires_grad]
+            optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, betas=spec.betas,
+                                          weight_decay=spec.weight_decay)
+            scheduler = build_scheduler(optimizer, spec.lr_scheduler, spec.warmup_steps, self.optimizer_steps_per_run)
+            spec.module, optimizer, scheduler = self.accelerator.prepare(spec.module, optimizer, scheduler)
+            owned[name] = (spec, optimizer, scheduler)
+        return owned
 
     @staticmethod
     def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -180,48 +211,93 @@ class Trainer:
             out[rows, : lp.shape[1]] = lp
         return out
 
-    def update(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
-        """All of the algorithm's optimizer steps on one rollout batch."""
-        cfg, model = self.config, self.policy
+    def update(self, batch: TrainBatch, metrics: dict[str, float], step: int = 1) -> None:
+        """All of the algorithm's optimizer steps on one rollout batch (``step`` is 1-based)."""
+        algo = self.algorithm
         batch.to(self.accelerator.device)  # a batch built by a caller may still be on the CPU
-        batch.extras["advantages"] = self.algorithm.compute_advantages(batch, metrics)
+        if algo.needs_old_logprobs:
+            batch.extras["old_logprobs"] = self.frozen_logprobs(self.model, batch)
         if self.ref_model is not None:
             batch.extras["ref_logprobs"] = self.frozen_logprobs(self.ref_model, batch)
-        if self.algorithm.num_iterations > 1:
-            batch.extras["old_logprobs"] = self.frozen_logprobs(self.model, batch)
-        rollout_tokens = float(self.accelerator.reduce(batch.loss_mask.sum(), "sum"))
-        for _ in range(self.algorithm.num_iterations):
-            micro = self.micro_batches(batch)
-            totals = step_totals([mb.loss_mask for mb in micro], num_tokens_rollout=rollout_tokens,
-                                 max_completion_length=self.max_sampled,
-                                 reduce=lambda t: self.accelerator.reduce(t, "sum"))
-            stats: dict[str, list[float]] = {}
-            for i, mb in enumerate(micro):
-                sync = contextlib.nullcontext() if i == len(micro) - 1 else self.accelerator.no_sync(model)
-                with sync:
-                    with self.autocast():
-                        logprobs, entropy = model(mb.input_ids, mb.attention_mask, mb.loss_mask)
-                    old = mb.extras.get("old_logprobs", logprobs.detach())
-                    out = self.algorithm.loss(mb, logprobs, old, mb.extras.get("ref_logprobs"), totals,
-                                              self.hook, cfg, metrics)
+        batch.extras["advantages"] = algo.compute_advantages(batch, metrics)
+        train_policy = algo.trains_policy(step)
+        stats = StepStats()
+        for epoch in range(algo.num_iterations):
+            for rows in self.mini_batch_rows(batch, step, epoch):
+                mini = batch.select(rows)
+                self.optimizer_step(mini, step, train_policy, stats, metrics)
+        metrics.update(stats.means())
+        metrics["train/nonfinite_skipped_steps"] = float(self.nonfinite_skips)
+        if train_policy:
+            self.engine.sync_weights(self.model)
+
+    def mini_batch_rows(self, batch: TrainBatch, step: int, epoch: int) -> list[list[int]]:
+        """The algorithm's mini-batches of ``batch``: all rows when it asks for one, else a seeded
+        shuffle of the rows cut into ``num_mini_batches`` near-equal parts (new order each epoch)."""
+        parts = self.algorithm.num_mini_batches
+        if parts == 1:
+            return [list(range(batch.num_rows))]
+        generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + step * 1_009 + epoch)
+        order = torch.randperm(batch.num_rows, generator=generator)
+        return [chunk.tolist() for chunk in torch.tensor_split(order, parts) if len(chunk)]
+
+    def optimizer_step(self, batch: TrainBatch, step: int, train_policy: bool, stats: StepStats,
+                       metrics: dict[str, float]) -> None:
+        """One optimizer step of every trained module on ``batch`` (a mini-batch): denominators
+        counted over its micro-batches first, then accumulate, clip, step; skipped if not finite."""
+        cfg, policy = self.config, self.policy
+        micro = self.micro_batches(batch)
+        totals = step_totals([mb.loss_mask for mb in micro],
+                             num_tokens_rollout=float(self.accelerator.reduce(batch.loss_mask.sum(), "sum")),
+                             max_completion_length=self.max_sampled,
+                             reduce=lambda t: self.accelerator.reduce(t, "sum"))
+        models = [policy] + [spec.module for spec, _, _ in self.owned.values()]
+        step_loss = 0.0
+        for i, mb in enumerate(micro):
+            with contextlib.ExitStack() as stack:
+                if i < len(micro) - 1:  # gradients are all-reduced once, after the last micro-batch
+                    for model in models:
+                        stack.enter_context(self.accelerator.no_sync(model))
+                with self.autocast(), torch.set_grad_enabled(train_policy):
+                    logprobs, entropy = policy(mb.input_ids, mb.attention_mask, mb.loss_mask)
+                old = mb.extras.get("old_logprobs", logprobs.detach())
+                out = self.algorithm.loss(LossContext(
+                    batch=mb, logprobs=logprobs, old_logprobs=old, ref_logprobs=mb.extras.get("ref_logprobs"),
+                    totals=totals, hook=self.hook, config=cfg, metrics=metrics, step=step,
+                    train_policy=train_policy, autocast=self.autocast))
+                if out.loss.requires_grad:
                     # Denominators are global, so undo DDP's gradient averaging (x num_processes).
                     self.accelerator.backward(out.loss * self.accelerator.num_processes)
-                _accumulate(stats, "loss/policy", out.loss.detach(), None)
-                _accumulate(stats, "policy/entropy", entropy, mb.loss_mask)
-                _accumulate(stats, "policy/sampler_logprob_gap",
-                            (logprobs.detach() - mb.sampler_logprobs).abs(), mb.loss_mask)
-                for key, value in out.token_stats.items():
-                    _accumulate(stats, key, value.detach(), mb.loss_mask)
-            if cfg.max_grad_norm is not None:
-                grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                metrics["train/grad_norm"] = float(grad_norm)
-            metrics["train/learning_rate"] = float(self.scheduler.get_last_lr()[0])
-            self.optimizer.step()
-            self.scheduler.step()
+            step_loss += float(out.loss.detach())
+            stats.add_scalar("loss/total", float(out.loss.detach()))
+            for key, value in out.scalars.items():
+                stats.add_scalar(key, value)
+            stats.add_tokens("policy/entropy", entropy, mb.loss_mask)
+            stats.add_tokens("policy/sampler_logprob_gap", (logprobs.detach() - mb.sampler_logprobs).abs(),
+                             mb.loss_mask)
+            for key, value in out.token_stats.items():
+                stats.add_tokens(key, value.detach(), mb.loss_mask)
+        trained = ([("policy", self.model, self.optimizer, self.scheduler, cfg.max_grad_norm)] if train_policy else [])
+        trained += [(name, spec.module, opt, sched, spec.max_grad_norm) for name, (spec, opt, sched) in self.owned.items()]
+        norms = {name: float(self.accelerator.clip_grad_norm_(module.parameters(), max_norm or float("inf")))
+                 for name, module, _, _, max_norm in trained}
+        finite = math.isfinite(step_loss) and all(math.isfinite(n) for n in norms.values())
+        for name, _, optimizer, scheduler, _ in trained:
+            prefix = "train" if name == "policy" else name
+            stats.add_scalar(f"{prefix}/grad_norm", norms[name])
+            stats.add_scalar(f"{prefix}/learning_rate", float(scheduler.get_last_lr()[0]))
+            if finite:
+                optimizer.step()
+                scheduler.step()
+        if not finite:
+            self.nonfinite_skips += 1
+            warnings.warn(f"step {step}: loss {step_loss} or gradient norms {norms} are not finite; "
+                          "the optimizer step was skipped", RuntimeWarning, stacklevel=2)
+        for _, module, optimizer, _, _ in trained:
+            optimizer.zero_grad(set_to_none=True)
+        if not train_policy:
             self.optimizer.zero_grad(set_to_none=True)
-            for key, (num, den) in stats.items():
-                metrics[key] = num if den is None else num / max(den, 1.0)
-        self.engine.sync_weights(self.model)
+        stats.end_step()
 
     # -- the run -------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -253,7 +329,7 @@ class Trainer:
             t0 = time.perf_counter()
             batch, trajectories, metrics = self.rollout_step(step)
             t1 = time.perf_counter()
-            self.update(batch, metrics)
+            self.update(batch, metrics, step)
             t2 = time.perf_counter()
             metrics.update({"perf/rollout_seconds": t1 - t0, "perf/update_seconds": t2 - t1,
                             "perf/step_seconds": t2 - t0,
@@ -275,11 +351,22 @@ class Trainer:
         if cfg.save_model:
             self.accelerator.unwrap_model(self.policy).model.save_pretrained(run_dir / "model")
             self.tokenizer.save_pretrained(run_dir / "model")
+            for name, (spec, _, _) in self.owned.items():
+                save_module(self.accelerator.unwrap_model(spec.module), run_dir / name)
         from agentrl.plots import plot_run
 
         plot_run(run_dir)
         self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
         return TrainResult(run_dir, eval_before, eval_after, history)
+
+
+def save_module(module: torch.nn.Module, folder: Path) -> None:
+    """Save an algorithm-owned module: ``save_pretrained`` if it has one, else ``state_dict.pt``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if hasattr(module, "save_pretrained"):
+        module.save_pretrained(folder)
+    else:
+        torch.save(module.state_dict(), folder / "state_dict.pt")
 
 
 def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[list[int]]:
@@ -296,12 +383,44 @@ def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> li
     return groups
 
 
-def _accumulate(stats: dict[str, list[float]], key: str, value: torch.Tensor, mask: torch.Tensor | None) -> None:
-    num, den = stats.setdefault(key, [0.0, 0.0 if mask is not None else None])  # type: ignore[list-item]
-    if mask is None:
-        stats[key] = [num + float(value), None]  # type: ignore[list-item]
-    else:
-        stats[key] = [num + float((value * mask).sum()), den + float(mask.sum())]
+def build_scheduler(optimizer: torch.optim.Optimizer, name: str, warmup_steps: int, total_steps: int) -> Any:
+    """A transformers LR schedule; ``constant`` with warm-up is ``constant_with_warmup`` (the plain
+    ``constant`` schedule ignores ``num_warmup_steps``)."""
+    if name == "constant" and warmup_steps > 0:
+        name = "constant_with_warmup"
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
+
+
+class StepStats:
+    """Metrics of a rollout batch's optimizer steps: token statistics as loss-mask-weighted means
+    over all of them, scalars summed within an optimizer step and averaged over the steps."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, list[float]] = {}
+        self.scalars: dict[str, float] = {}
+        self.current: dict[str, float] = {}
+        self.steps = 0
+
+    def add_tokens(self, key: str, value: torch.Tensor, mask: torch.Tensor) -> None:
+        """Add ``value`` ``(n, T)`` weighted by ``mask`` ``(n, T)``."""
+        num, den = self.tokens.get(key, (0.0, 0.0))
+        self.tokens[key] = [num + float((value * mask).sum()), den + float(mask.sum())]
+
+    def add_scalar(self, key: str, value: float) -> None:
+        """Add ``value`` to this optimizer step's sum for ``key``."""
+        self.current[key] = self.current.get(key, 0.0) + value
+
+    def end_step(self) -> None:
+        """Close one optimizer step."""
+        for key, value in self.current.items():
+            self.scalars[key] = self.scalars.get(key, 0.0) + value
+        self.current, self.steps = {}, self.steps + 1
+
+    def means(self) -> dict[str, float]:
+        """Name -> value over all closed optimizer steps."""
+        out = {key: value / max(self.steps, 1) for key, value in self.scalars.items()}
+        out.update({key: num / max(den, 1.0) for key, (num, den) in self.tokens.items()})
+        return out
 
 
 def _report(progress: Any, label: str, metrics: dict[str, float]) -> None:

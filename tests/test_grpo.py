@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import agentrl_grpo
-from agentrl import ConfigError, TrainBatch, defaults
+from agentrl import ConfigError, LossContext, TrainBatch, defaults
 from agentrl.objectives import step_totals
 from agentrl.plugins import PluginManager
 from agentrl_grpo import GRPO, GRPOConfig, group_advantages
@@ -27,6 +27,12 @@ def hook() -> object:
     m = PluginManager()
     m.register_plugin(defaults, name="agentrl.defaults")
     return m.hook
+
+
+def ctx(batch, logprobs, old, ref, totals) -> LossContext:
+    """The loss context the trainer would pass for one micro-batch."""
+    return LossContext(batch=batch, logprobs=logprobs, old_logprobs=old, ref_logprobs=ref, totals=totals,
+                       hook=hook(), config=CONFIG, metrics={}, step=1)
 
 
 def make_batch(prompt: list[int], completion: list[int], rewards: list[float], groups: list[int],
@@ -178,7 +184,7 @@ def test_loss_on_the_seed_worked_example() -> None:
     expected = {"grpo": -0.0499572, "bnpo": -0.0499572, "dapo": -0.0499572, "dr_grpo": -0.0374679}
     for loss_type, value in expected.items():
         algo = GRPO(GRPOConfig(epsilon_low=0.1, epsilon_high=0.2, loss_type=loss_type))
-        out = algo.loss(batch, logprobs, old, None, totals, hook(), CONFIG, {})
+        out = algo.loss(ctx(batch, logprobs, old, None, totals))
         assert out.loss.item() == pytest.approx(value, abs=1e-7), loss_type
     # The seed's own answer (both terms clipped) is -0.10675.
     assert abs(out.loss.item() - -0.10675) > 0.05
@@ -191,11 +197,11 @@ def test_kl_term_and_token_stats() -> None:
     batch.extras["advantages"] = torch.zeros(2, 4, dtype=torch.float64)
     totals = step_totals([batch.loss_mask], num_tokens_rollout=5, max_completion_length=4)
     out = GRPO(GRPOConfig(beta=0.5, kl_estimator="k2", loss_type="bnpo")).loss(
-        batch, logprobs, logprobs, ref, totals, hook(), CONFIG, {})
+        ctx(batch, logprobs, logprobs, ref, totals))
     assert out.loss.item() == pytest.approx(0.5 * 0.5 * 0.2**2)  # zero advantage: only beta * k2
     assert set(out.token_stats) == {"kl", "clip/low", "clip/high", "clip/region"}
     assert torch.allclose(out.token_stats["kl"], 0.02 * batch.loss_mask.double())
-    no_kl = GRPO(GRPOConfig()).loss(batch, logprobs, logprobs, None, totals, hook(), CONFIG, {})
+    no_kl = GRPO(GRPOConfig()).loss(ctx(batch, logprobs, logprobs, None, totals))
     assert "kl" not in no_kl.token_stats
 
 
@@ -232,8 +238,7 @@ def step(algo: GRPO, batch: TrainBatch, split: list[list[list[int]]], extra_roll
             width = micro.input_ids.shape[1]
             if per_micro_batch_totals:
                 totals = step_totals([micro.loss_mask], float(micro.loss_mask.sum()), 64)
-            out = algo.loss(micro, logprobs[rows, :width], old[rows, :width], ref[rows, :width],
-                            totals, hook(), CONFIG, {})
+            out = algo.loss(ctx(micro, logprobs[rows, :width], old[rows, :width], ref[rows, :width], totals))
             assert torch.isfinite(out.loss) and out.loss.requires_grad
             total_loss = total_loss + out.loss
     total_loss.backward()
@@ -306,7 +311,7 @@ def test_one_grpo_step_on_a_tiny_llama_moves_the_sampled_completion() -> None:
         batch.extras["advantages"] = sign * mask
         totals = step_totals([mask], float(mask.sum()), max_completion_length=8)
         logprobs = token_logprobs(policy, ids)
-        out = GRPO(GRPOConfig()).loss(batch, logprobs, logprobs.detach(), None, totals, hook(), CONFIG, {})
+        out = GRPO(GRPOConfig()).loss(ctx(batch, logprobs, logprobs.detach(), None, totals))
         out.loss.backward()
         torch.optim.SGD(policy.parameters(), lr=0.5).step()
         with torch.no_grad():

@@ -215,13 +215,32 @@ def test_aggregations_of_a_fully_masked_micro_batch_are_zero_and_connected() -> 
 def test_step_totals_counts_and_reduces() -> None:
     masks = [ragged_mask([(0, 3), (1, 5)], 6), ragged_mask([(2, 2)], 4), ragged_mask([(0, 6)], 6)]
     totals = step_totals(masks, num_tokens_rollout=40, max_completion_length=64)
+    # The row (2, 2) has no loss token: it is not a sequence of the loss.
     assert totals == StepTotals(
-        num_tokens=13.0, num_sequences=4.0, num_tokens_rollout=40.0, max_completion_length=64
+        num_tokens=13.0, num_sequences=3.0, num_tokens_rollout=40.0, max_completion_length=64
     )
     doubled = step_totals(masks, num_tokens_rollout=40, max_completion_length=64, reduce=lambda t: 2 * t)
     # The rollout count is global already: reduce leaves it alone.
-    assert (doubled.num_tokens, doubled.num_sequences, doubled.num_tokens_rollout) == (26.0, 8.0, 40.0)
+    assert (doubled.num_tokens, doubled.num_sequences, doubled.num_tokens_rollout) == (26.0, 6.0, 40.0)
     assert step_totals([], 0, 8).num_tokens == 0.0
+
+
+@pytest.mark.parametrize("mode", ["grpo", "dr_grpo"])
+def test_fully_masked_rows_do_not_dilute_per_sequence_modes(mode: str) -> None:
+    """A masked truncated episode (all its tokens off the loss) must leave the loss as if it were
+    not in the batch: it adds no tokens, so it must not add to the sequence count either."""
+    rng = random.Random(7)
+    mask = ragged_mask([(0, 4), (1, 6), (2, 3)], 6)
+    loss = torch.tensor([[rng.uniform(-1, 1) for _ in range(6)] for _ in range(3)], dtype=torch.float64)
+    padded_mask = torch.cat([mask, torch.zeros(2, 6, dtype=mask.dtype)])  # two fully masked rows
+    padded_loss = torch.cat([loss, torch.ones(2, 6, dtype=torch.float64)])
+    alone = AGGREGATIONS[mode](loss, mask, step_totals([mask], float(mask.sum()), 8)).item()
+    diluted = AGGREGATIONS[mode](padded_loss, padded_mask, step_totals([padded_mask], float(mask.sum()), 8)).item()
+    assert diluted == pytest.approx(alone, rel=1e-12)
+    per_row = [sum(l * m for l, m in zip(rl, rm)) for rl, rm in zip(loss.tolist(), mask.tolist())]
+    expected = (sum(r / sum(m) for r, m in zip(per_row, mask.tolist())) / 3 if mode == "grpo"
+                else sum(per_row) / (3 * 8))
+    assert alone == pytest.approx(expected, rel=1e-12)
 
 
 def test_masked_mean() -> None:

@@ -270,3 +270,16 @@ def test_guess_rejects_bad_settings() -> None:
         GuessEnv(turn_cost=2)
     with pytest.raises(EnvError, match="task needs a 'secret' key"):
         GuessEnv().reset(options={"task": {"question": "Guess."}})
+
+
+def test_guess_consistency_bonus_is_paid_on_the_turn_that_earns_it() -> None:
+    env = GuessEnv(max_turns=5, consistency_bonus=0.1)
+    env.reset(options={"task": {"secret": 11, "n": 16, "question": "Guess."}})
+    rewards = [env.step(guess)[1] for guess in ("8", "3", "12", "10")]  # 3 ignores "Higher."
+    # first guess: nothing to be consistent with; 3: outside 9..16; 12 and 10 inside the open range
+    assert rewards == [0.0, 0.0, pytest.approx(0.1), pytest.approx(0.1)]
+    _, reward, terminated, _, _ = env.step("11")
+    assert terminated and reward == pytest.approx(0.6)  # the win is paid as before; no bonus on it
+    assert GuessEnv().consistency_bonus == 0.0
+    with pytest.raises(EnvError, match=re.escape("consistency_bonus must be a number in [0, 1], got -0.1")):
+        GuessEnv(consistency_bonus=-0.1)

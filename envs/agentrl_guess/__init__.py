@@ -10,6 +10,9 @@ turns of the conversation (prompt tokens, never trained on).
 Reward: ``1.0 - turn_cost * (turns - 1)`` (never below 0) when the secret is guessed on turn
 ``turns``, so the first-turn guess scores 1.0 and, with the defaults (N = 16, ``turn_cost`` 0.1,
 ``max_turns`` 5), a binary search that needs all 5 turns scores 0.6; 0 if it is never guessed.
+With ``consistency_bonus`` > 0, every wrong guess after the first that falls inside the range the
+feedback left open also earns that bonus on its own turn (a per-turn reward: PPO with
+``credit=turn`` credits it to that turn; the episode return is the sum).
 
 ``info["metrics"]`` sums the episode up so far (logged as ``env/...``): ``valid_frac``, the share
 of replies holding a number in 1..N; ``consistent_frac``, the share of guesses after the first
@@ -84,7 +87,8 @@ class GuessEnv(Env):
     max_turns = 5
 
     def __init__(self, n: int = 16, max_turns: int = 5, turn_cost: float = 0.1,
-                 task_seed: int = 0, num_eval: int = 64, demonstration: bool = True) -> None:
+                 task_seed: int = 0, num_eval: int = 64, demonstration: bool = True,
+                 consistency_bonus: float = 0.0) -> None:
         super().__init__()
         for name, value, low in (("n", n, 2), ("max_turns", max_turns, 1), ("num_eval", num_eval, 1),
                                  ("task_seed", task_seed, 0)):
@@ -92,7 +96,11 @@ class GuessEnv(Env):
                 raise EnvError(f"GuessEnv: {name} must be an integer >= {low}, got {value!r}")
         if not 0.0 <= turn_cost <= 1.0:
             raise EnvError(f"GuessEnv: turn_cost must be in [0, 1], got {turn_cost!r}")
+        if isinstance(consistency_bonus, bool) or not isinstance(consistency_bonus, (int, float)) \
+                or not 0.0 <= consistency_bonus <= 1.0:
+            raise EnvError(f"GuessEnv: consistency_bonus must be a number in [0, 1], got {consistency_bonus!r}")
         self.n, self.max_turns, self.turn_cost = n, max_turns, float(turn_cost)
+        self.consistency_bonus = float(consistency_bonus)
         self.demonstration = bool(demonstration)
         self._train = GuessTasks("train", n, TRAIN_SIZE, task_seed)
         self._eval = GuessTasks("eval", n, num_eval)
@@ -125,15 +133,17 @@ class GuessEnv(Env):
             ask = f"Please answer with just a number between 1 and {n}."
             return [{"role": "user", "content": ask}], 0.0, False, self._info(guess, "invalid", False)
         low, high = self._open
+        consistent = self._valid > 0 and low <= guess <= high
         self._followups += self._valid > 0
-        self._consistent += self._valid > 0 and low <= guess <= high
+        self._consistent += consistent
         self._valid += 1
         if guess == secret:
             reward = max(0.0, 1.0 - self.turn_cost * (self.turn - 1))
             return [], reward, True, self._info(guess, "correct", True)
         feedback = "higher" if secret > guess else "lower"
         self._open = (max(low, guess + 1), high) if feedback == "higher" else (low, min(high, guess - 1))
-        return ([{"role": "user", "content": f"{feedback.capitalize()}."}], 0.0, False,
+        bonus = self.consistency_bonus if consistent else 0.0
+        return ([{"role": "user", "content": f"{feedback.capitalize()}."}], bonus, False,
                 self._info(guess, feedback, False))
 
     def _info(self, guess: int | None, feedback: str, solved: bool) -> dict[str, Any]:

@@ -44,9 +44,18 @@ from typing import Any
 
 import torch
 
-from agentrl import Algorithm, ConfigError, LossOutput, StepTotals, TrainBatch
-from agentrl.hookspecs import hookimpl
-from agentrl.objectives import AGGREGATIONS, KL_ESTIMATORS, masked, policy_loss
+from agentrl import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    Algorithm,
+    ConfigError,
+    LossContext,
+    LossOutput,
+    TrainBatch,
+    hookimpl,
+    masked,
+    policy_loss,
+)
 
 
 def _invalid(key: str, value: Any, allowed: str) -> ConfigError:
@@ -220,44 +229,34 @@ class GRPO(Algorithm):
         mask = batch.loss_mask
         return advantages.to(device=mask.device, dtype=mask.dtype)[:, None] * mask  # (N, T)
 
-    def loss(
-        self,
-        batch: TrainBatch,
-        logprobs: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        ref_logprobs: torch.Tensor | None,
-        totals: StepTotals,
-        hook: Any,
-        train_config: Any,
-        metrics: dict[str, float],
-    ) -> LossOutput:
+    def loss(self, context: LossContext) -> LossOutput:
         """Clipped surrogate (+ ``beta`` x KL) aggregated by ``loss_type``; token stats
         ``clip/low``, ``clip/high``, ``clip/region`` (and ``clip/delta``, ``kl`` when enabled)."""
+        batch, logprobs, config = context.batch, context.logprobs, self.config
         if "advantages" not in batch.extras:
             raise KeyError("GRPO.loss needs batch.extras['advantages'] (from compute_advantages)")
-        config = self.config
         per_token_loss, token_stats = policy_loss(
             batch=batch,
             logprobs=logprobs,
-            old_logprobs=old_logprobs,
+            old_logprobs=context.old_logprobs,
             advantages=batch.extras["advantages"],
-            hook=hook,
-            train_config=train_config,
-            metrics=metrics,
+            hook=context.hook,
+            train_config=context.config,
+            metrics=context.metrics,
             epsilon_low=config.epsilon_low,
             epsilon_high=config.epsilon_high,
             delta=config.delta,
         )  # (n, T)
         if config.beta > 0:
-            if ref_logprobs is None:
+            if context.ref_logprobs is None:
                 raise ValueError("GRPO with beta > 0 needs ref_logprobs: the trainer must load a reference")
             mask = batch.loss_mask
             estimator = KL_ESTIMATORS[config.kl_estimator]
-            kl = estimator(masked(logprobs, mask), masked(ref_logprobs.detach(), mask))  # (n, T)
+            kl = estimator(masked(logprobs, mask), masked(context.ref_logprobs.detach(), mask))  # (n, T)
             per_token_loss = per_token_loss + config.beta * kl
             token_stats["kl"] = kl.detach()
-        loss = AGGREGATIONS[config.loss_type](per_token_loss, batch.loss_mask, totals)
-        return LossOutput(loss=loss, token_stats=token_stats)
+        loss = AGGREGATIONS[config.loss_type](per_token_loss, batch.loss_mask, context.totals)
+        return LossOutput(loss=loss, token_stats=token_stats, scalars={"loss/policy": float(loss.detach())})
 
 
 @hookimpl

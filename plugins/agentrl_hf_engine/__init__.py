@@ -36,8 +36,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from agentrl import ConfigError, Engine, EngineError, Generation, SamplingParams, hookimpl
-from agentrl.config import build_plugin_config
+from agentrl import ConfigError, Engine, EngineError, Generation, SamplingParams, build_plugin_config, hookimpl
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -1,0 +1,447 @@
+"""PPO with a learned critic: GAE over the model's own tokens, episode or per-turn credit.
+
+The classic RLHF recipe (Ouyang et al. 2022, arXiv 2203.02155; the PPO objective of Schulman et
+al. 2017, arXiv 1707.06347; GAE of Schulman et al. 2015, arXiv 1506.02438), for multi-turn
+episodes. Only the model's sampled tokens are actions: for one episode let t_1 < ... < t_K be the
+positions on the loss mask (every turn's sampled tokens, in order; env and tool tokens between
+turns are skipped), V_k the critic's value of the state before token t_k, r_k the reward placed
+on t_k. Then, with V_{K+1} = 0 (the episode ends),
+
+    delta_k = r_k + gamma * V_{k+1} - V_k,    A_k = delta_k + gamma * lam * A_{k+1},    R_k = A_k + V_k
+
+so the value of the next model token bootstraps across an env/tool gap. Rewards:
+
+* ``credit="episode"`` (default): the episode's total reward (env return x ``env_reward_weight``
+  plus the reward functions) on its last sampled token;
+* ``credit="turn"``: each turn's own env reward on that turn's last sampled token (its stop token;
+  ``TrainBatch.token_rewards``), the reward functions' part (they score whole episodes) on the
+  episode's last sampled token;
+* KL in the reward (``kl_in="reward"``, ``beta > 0``): ``-beta * (old - ref)`` (k1, no gradient)
+  on every sampled token, old being the trainer's logprobs of the sampling policy.
+
+The policy minimises the clipped surrogate of :mod:`agentrl.objectives` (step hooks included) on
+the (optionally whitened) advantages, plus ``beta`` x KL when ``kl_in="loss"``; the critic
+minimises ``0.5 * max((V - R)^2, (V_clip - R)^2)`` with ``V_clip = V_old + clip(V - V_old, +-c)``
+(``c = value_clip``; plain squared error when None), a token mean over the optimizer step. Policy
+and critic are separate models with separate optimizers; one backward of the summed loss reaches
+each with only its own gradient.
+
+How this departs from the papers, on purpose:
+
+* The critic is a copy of the policy's decoder plus a zero-initialised linear value head (values
+  start at 0), trained from the first step (``critic_warmup_steps`` freezes the policy for the first
+  steps instead). ``gamma = lam = 1`` by default (verl's defaults): with a cold critic a smaller
+  ``lam`` shrinks the advantage of early tokens towards the critic's guess.
+* Episodes that end by truncation are treated as terminal (no bootstrap), as in RLHF practice.
+* Episodes with a NaN total reward (no reward function scored them) get advantage 0 and are left
+  out of the value loss, the whitening statistics and the explained variance.
+* Defaults fit a 2-core CPU: one epoch, one mini-batch per rollout batch (``ppo_epochs`` and
+  ``mini_batches`` raise both; the trainer then stores old logprobs and the clipping matters).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from agentrl import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    Algorithm,
+    ConfigError,
+    LossContext,
+    LossOutput,
+    SetupContext,
+    TrainableModule,
+    TrainBatch,
+    hookimpl,
+    masked,
+    policy_loss,
+)
+
+CREDITS = ("episode", "turn")
+KL_PLACES = ("reward", "loss")
+
+
+def _invalid(key: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"algorithm.{key}={value!r} is invalid: {allowed}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
+
+
+def _is_count(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _choices(names: Any) -> str:
+    return "expected one of " + ", ".join(repr(n) for n in sorted(names))
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """The ``algorithm:`` section for ``--algo ppo``."""
+
+    gamma: float = 1.0
+    """Discount per model token (env tokens are not steps). In [0, 1]."""
+    lam: float = 1.0
+    """GAE lambda: 1 = Monte Carlo return minus the value, 0 = one-step TD. In [0, 1]."""
+    credit: str = "episode"
+    """Where rewards land: "episode" (the total on the last sampled token) or "turn" (each turn's
+    env reward on that turn's last sampled token, reward functions on the last)."""
+    critic_learning_rate: float = 5e-5
+    """AdamW learning rate of the critic (its own optimizer, constant after warm-up). > 0."""
+    critic_lr_warmup_steps: int = 0
+    """Linear warm-up of the critic's learning rate, in optimizer steps. >= 0."""
+    critic_max_grad_norm: float | None = 1.0
+    """Clip the critic's gradient norm to this (None: no clipping). > 0."""
+    critic_warmup_steps: int = 0
+    """Training steps at the start that update only the critic (the policy is frozen). >= 0."""
+    value_clip: float | None = 0.2
+    """Clip the new value to old value +- this in the value loss (None: no clipping). > 0."""
+    whiten_advantages: bool = True
+    """Shift and scale advantages to mean 0, std 1 over the rollout batch's sampled tokens."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch. >= 1."""
+    mini_batches: int = 1
+    """Optimizer steps per pass: the rollout batch's episodes are split into this many parts. >= 1."""
+    epsilon_low: float = 0.2
+    """Lower clip range of the policy ratio: clipped at ``1 - epsilon_low``. In [0, 1)."""
+    epsilon_high: float = 0.2
+    """Upper clip range of the policy ratio: clipped at ``1 + epsilon_high``. >= 0."""
+    delta: float | None = None
+    """Two-sided clipping (INTELLECT-2): cap on the unclipped ratio, > 1 + epsilon_high; None: off."""
+    beta: float = 0.0
+    """KL coefficient to a frozen reference policy (> 0 loads it); where it goes: ``kl_in``. >= 0."""
+    kl_in: str = "reward"
+    """"reward": -beta x k1 per sampled token in the reward (no gradient; classic RLHF); "loss":
+    beta x ``kl_estimator`` in the loss. Never both."""
+    kl_estimator: str | None = None
+    """KL estimator in the loss: "k1", "k2" (reverse-KL gradient) or "k3"; None: k2. The reward
+    always uses k1 (any other value with ``kl_in="reward"`` is refused)."""
+    loss_type: str = "dapo"
+    """Aggregation of the policy loss: "dapo", "bnpo", "grpo" or "dr_grpo" (see GRPO)."""
+
+    def __post_init__(self) -> None:
+        """Raise ConfigError naming the key, the bad value and what is allowed."""
+        numbers = ("gamma", "lam", "critic_learning_rate", "epsilon_low", "epsilon_high", "beta")
+        for key in numbers:
+            if not _is_number(getattr(self, key)):
+                raise _invalid(key, getattr(self, key), "expected a finite number")
+        for key in ("gamma", "lam"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise _invalid(key, getattr(self, key), "expected a number in [0, 1]")
+        if self.credit not in CREDITS:
+            raise _invalid("credit", self.credit, _choices(CREDITS))
+        if self.critic_learning_rate <= 0:
+            raise _invalid("critic_learning_rate", self.critic_learning_rate, "expected a number > 0")
+        for key in ("critic_max_grad_norm", "value_clip"):
+            value = getattr(self, key)
+            if value is not None and not (_is_number(value) and value > 0):
+                raise _invalid(key, value, "expected None or a number > 0")
+        for key, low in (("critic_lr_warmup_steps", 0), ("critic_warmup_steps", 0), ("ppo_epochs", 1),
+                         ("mini_batches", 1)):
+            if not _is_count(getattr(self, key), low):
+                raise _invalid(key, getattr(self, key), f"expected an integer >= {low}")
+        if not isinstance(self.whiten_advantages, bool):
+            raise _invalid("whiten_advantages", self.whiten_advantages, "expected true or false")
+        if not 0 <= self.epsilon_low < 1:
+            raise _invalid("epsilon_low", self.epsilon_low, "expected a number in [0, 1)")
+        if self.epsilon_high < 0:
+            raise _invalid("epsilon_high", self.epsilon_high, "expected a number >= 0")
+        if self.delta is not None and not (_is_number(self.delta) and self.delta > 1 + self.epsilon_high):
+            raise _invalid("delta", self.delta, f"expected None or a number > 1 + epsilon_high = {1 + self.epsilon_high}")
+        if self.beta < 0:
+            raise _invalid("beta", self.beta, "expected a number >= 0")
+        if self.kl_in not in KL_PLACES:
+            raise _invalid("kl_in", self.kl_in, _choices(KL_PLACES))
+        if self.kl_estimator is not None and self.kl_estimator not in KL_ESTIMATORS:
+            raise _invalid("kl_estimator", self.kl_estimator, "expected None or " + _choices(KL_ESTIMATORS))
+        if self.kl_in == "reward" and self.kl_estimator not in (None, "k1"):
+            raise _invalid("kl_estimator", self.kl_estimator,
+                           "KL in the reward is k1 with no gradient; set kl_in=loss to use "
+                           f"{self.kl_estimator} in the loss (KL in both places double-counts it)")
+        if self.loss_type not in AGGREGATIONS:
+            raise _invalid("loss_type", self.loss_type, _choices(AGGREGATIONS))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure functions. Shape letters: N episodes, T tokens, K the most sampled tokens of an episode.
+
+
+def token_positions(loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's loss-mask positions in order, left-aligned: ``(N, K)`` indices and validity."""
+    counts = (loss_mask > 0).sum(dim=1)  # (N,)
+    width = int(counts.max().item()) if counts.numel() else 0
+    order = torch.sort((loss_mask <= 0).to(torch.int8), dim=1, stable=True).indices[:, :width]  # (N, K)
+    valid = torch.arange(width, device=loss_mask.device)[None, :] < counts[:, None]  # (N, K)
+    return order, valid
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE advantages and returns ``(N, T)`` over the loss-mask tokens only (module docstring).
+
+    ``rewards``, ``values`` and ``loss_mask`` are ``(N, T)``; rewards off the mask are ignored and
+    the value after an episode's last sampled token is 0. Computed in float64; 0 off the mask.
+    """
+    positions, valid = token_positions(loss_mask)  # (N, K)
+    r = torch.where(valid, rewards.double().gather(1, positions), 0.0)  # (N, K)
+    v = torch.where(valid, values.double().gather(1, positions), 0.0)  # (N, K)
+    advantages = torch.zeros_like(r)  # (N, K)
+    running = torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)  # (N,)
+    next_value = torch.zeros_like(running)  # (N,)
+    for k in range(r.shape[1] - 1, -1, -1):
+        delta = r[:, k] + gamma * next_value - v[:, k]
+        running = torch.where(valid[:, k], delta + gamma * lam * running, 0.0)
+        next_value = torch.where(valid[:, k], v[:, k], 0.0)
+        advantages[:, k] = running
+    out_advantages = torch.zeros(loss_mask.shape, dtype=torch.float64, device=loss_mask.device)
+    out_advantages.scatter_(1, positions, torch.where(valid, advantages, 0.0))
+    out_returns = torch.zeros_like(out_advantages)
+    out_returns.scatter_(1, positions, torch.where(valid, advantages + v, 0.0))
+    on = loss_mask > 0  # invalid slots point at positions off the mask: keep those exactly 0
+    return torch.where(on, out_advantages, 0.0), torch.where(on, out_returns, 0.0)
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(values - mean) / max(std, eps)`` with the mean and population std over ``mask`` only
+    (TRAPS 35); 0 off the mask. Float64 inside."""
+    on = mask > 0
+    count = on.sum().clamp(min=1)
+    x = values.double()
+    mean = torch.where(on, x, 0.0).sum() / count
+    std = (torch.where(on, (x - mean) ** 2, 0.0).sum() / count).sqrt()
+    return torch.where(on, (x - mean) / std.clamp(min=eps), 0.0).to(values.dtype)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """``1 - Var(R - V) / Var(R)`` over the mask (population variances); NaN when Var(R) is 0."""
+    on = mask > 0
+    if not bool(on.any()):
+        return float("nan")
+    r, v = returns.double()[on], values.double()[on]
+    variance = r.var(unbiased=False)
+    return float("nan") if variance == 0 else float(1 - (r - v).var(unbiased=False) / variance)
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+               clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token critic loss ``0.5 * max((V - R)^2, (V_clip - R)^2)`` ``(n, T)`` and where the
+    clipped term is the larger one (float 0/1, no grad); plain ``0.5 * (V - R)^2`` when
+    ``clip`` is None."""
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * unclipped, torch.zeros_like(unclipped)
+    clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
+    clipped = (clipped_values - returns) ** 2
+    return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).float().detach()
+
+
+def episode_rewards(batch: TrainBatch, credit: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards ``(N, T)`` by ``credit`` and which rows are scored ``(N,)`` (module
+    docstring). NaN totals give an all-zero row, marked unscored."""
+    mask = batch.loss_mask > 0
+    scored = ~torch.isnan(batch.rewards)  # (N,)
+    total = torch.where(scored, batch.rewards, 0.0).to(torch.float64)  # (N,)
+    positions, valid = token_positions(batch.loss_mask)
+    counts = valid.sum(dim=1)  # (N,)
+    last = positions.gather(1, (counts - 1).clamp(min=0)[:, None]).squeeze(1) if positions.numel() else counts  # (N,)
+    rewards = torch.zeros(batch.loss_mask.shape, dtype=torch.float64, device=mask.device)
+    if credit == "turn":
+        per_turn = torch.where(mask, batch.token_rewards.double(), 0.0)  # (N, T) env rewards, weighted
+        rewards += per_turn
+        total = total - per_turn.sum(dim=1)  # the reward functions' part
+    has_tokens = counts > 0
+    rows = torch.arange(len(total), device=mask.device)[has_tokens]
+    rewards[rows, last[has_tokens]] += total[has_tokens]
+    rewards = torch.where(scored[:, None], rewards, 0.0)
+    return rewards, scored
+
+
+# ---------------------------------------------------------------------------------------------
+# The critic.
+
+
+class ValueModel(nn.Module):
+    """A critic: a copy of the policy's decoder and a linear value head, zero-initialised."""
+
+    def __init__(self, decoder: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.decoder = decoder
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_policy(cls, policy: nn.Module) -> ValueModel:
+        """A critic whose decoder starts as a copy of ``policy``'s (trainable, eval mode)."""
+        decoder = copy.deepcopy(policy.get_decoder())
+        for p in decoder.parameters():
+            p.requires_grad_(True)
+        critic = cls(decoder, int(policy.config.hidden_size))
+        return critic.to(next(policy.parameters()).device).eval()  # dropout off (TRAPS 14)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                loss_mask: torch.Tensor) -> torch.Tensor:
+        """Values ``(N, T)``: entry t is V(state before token t), from the hidden state at t - 1,
+        only where ``loss_mask`` is set (0 elsewhere), float32."""
+        hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (N, T, H)
+        rows, cols = (loss_mask[:, 1:] > 0).nonzero(as_tuple=True)  # state t-1 -> token t
+        picked = self.head(hidden[rows, cols]).float().squeeze(-1)  # (K,)
+        values = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        values = values.index_put((rows, cols + 1), picked)  # (N, T)
+        if rows.numel() == 0:  # keep the graph connected for a fully masked micro-batch
+            values = values + 0.0 * hidden.sum()
+        return values
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        """The decoder as a HF folder (``AutoModel.from_pretrained`` loads it) plus ``value_head.pt``."""
+        self.decoder.save_pretrained(folder)
+        torch.save(self.head.state_dict(), Path(folder) / "value_head.pt")
+
+
+# ---------------------------------------------------------------------------------------------
+# The algorithm.
+
+
+class PPO(Algorithm):
+    """PPO with a learned critic (module docstring). ``agentrl train --algo ppo``."""
+
+    config_class = PPOConfig
+    config: PPOConfig
+
+    def __init__(self, config: PPOConfig) -> None:
+        super().__init__(config)
+        self.critic: TrainableModule | None = None
+        self.context: SetupContext | None = None
+
+    @property
+    def needs_reference(self) -> bool:
+        """A reference policy is loaded only for the KL term (``beta > 0``)."""
+        return self.config.beta > 0
+
+    @property
+    def num_iterations(self) -> int:
+        """``ppo_epochs``."""
+        return self.config.ppo_epochs
+
+    @property
+    def num_mini_batches(self) -> int:
+        """``mini_batches``."""
+        return self.config.mini_batches
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """Several optimizer steps per rollout batch, or KL in the reward (k1 of the old policy)."""
+        return super().needs_old_logprobs or (self.config.beta > 0 and self.config.kl_in == "reward")
+
+    def setup(self, context: SetupContext) -> None:
+        """Build the critic from the policy."""
+        self.context = context
+        self.critic = TrainableModule(
+            module=ValueModel.from_policy(context.model), learning_rate=self.config.critic_learning_rate,
+            warmup_steps=self.config.critic_lr_warmup_steps, max_grad_norm=self.config.critic_max_grad_norm)
+
+    def trainable_modules(self) -> dict[str, TrainableModule]:
+        """``critic``."""
+        return {"critic": self._critic()}
+
+    def trains_policy(self, step: int) -> bool:
+        """False for the first ``critic_warmup_steps`` steps."""
+        return step > self.config.critic_warmup_steps
+
+    def _critic(self) -> TrainableModule:
+        if self.critic is None:
+            raise RuntimeError("PPO.setup() was not called: the trainer builds the critic there")
+        return self.critic
+
+    @torch.no_grad()
+    def rollout_values(self, batch: TrainBatch) -> torch.Tensor:
+        """The critic's values ``(N, T)`` of a whole batch before any update (no grad)."""
+        critic, context = self._critic().module, self.context
+        if context is None:
+            raise RuntimeError("PPO.setup() was not called")
+        values = torch.zeros_like(batch.loss_mask, dtype=torch.float32)
+        for rows in context.micro_batch_rows(batch):
+            mb = batch.select(rows)
+            with context.autocast():
+                out = critic(mb.input_ids, mb.attention_mask, mb.loss_mask)
+            values[rows, : out.shape[1]] = out
+        return values
+
+    def compute_advantages(self, batch: TrainBatch, metrics: dict[str, float]) -> torch.Tensor:
+        """GAE advantages ``(N, T)``; stores ``values`` (old) and ``returns`` in ``batch.extras``."""
+        config = self.config
+        values = self.rollout_values(batch)  # (N, T)
+        rewards, scored = episode_rewards(batch, config.credit)  # (N, T), (N,)
+        mask = batch.loss_mask * scored[:, None].to(batch.loss_mask.dtype)  # (N, T) rows with a reward
+        if config.beta > 0 and config.kl_in == "reward":
+            kl = masked(batch.extras["old_logprobs"] - batch.extras["ref_logprobs"], mask).double()  # (N, T) k1
+            rewards = rewards - config.beta * kl
+            metrics["kl/reward_k1_mean"] = float(kl.sum() / mask.sum().clamp(min=1))
+        advantages, returns = gae(rewards, values, mask, config.gamma, config.lam)  # (N, T)
+        metrics["critic/explained_variance"] = explained_variance(values, returns, mask)
+        on = mask > 0
+        metrics["critic/values_mean"] = float(values[on].mean()) if on.any() else 0.0
+        metrics["critic/returns_mean"] = float(returns[on].mean()) if on.any() else 0.0
+        if config.whiten_advantages:
+            advantages = whiten(advantages, mask)
+        metrics["advantage/abs_mean"] = float(advantages[on].abs().mean()) if on.any() else 0.0
+        batch.extras["values"] = values
+        batch.extras["returns"] = returns.to(torch.float32)
+        batch.extras["value_mask"] = mask
+        return advantages.to(batch.loss_mask.dtype)
+
+    def loss(self, context: LossContext) -> LossOutput:
+        """Policy surrogate (skipped while the policy is frozen) plus the critic's value loss."""
+        batch, config, totals = context.batch, self.config, context.totals
+        token_stats: dict[str, torch.Tensor] = {}
+        scalars: dict[str, float] = {}
+        loss = torch.zeros((), device=batch.loss_mask.device)
+        if context.train_policy:
+            per_token, token_stats = policy_loss(
+                batch=batch, logprobs=context.logprobs, old_logprobs=context.old_logprobs,
+                advantages=batch.extras["advantages"], hook=context.hook, train_config=context.config,
+                metrics=context.metrics, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
+                delta=config.delta)  # (n, T)
+            if config.beta > 0 and config.kl_in == "loss":
+                if context.ref_logprobs is None:
+                    raise ValueError("PPO with beta > 0 needs ref_logprobs: the trainer must load a reference")
+                estimator = KL_ESTIMATORS[config.kl_estimator or "k2"]
+                kl = estimator(masked(context.logprobs, batch.loss_mask),
+                               masked(context.ref_logprobs.detach(), batch.loss_mask))  # (n, T)
+                per_token = per_token + config.beta * kl
+                token_stats["kl"] = kl.detach()
+            policy = AGGREGATIONS[config.loss_type](per_token, batch.loss_mask, totals)
+            loss = loss + policy
+            scalars["loss/policy"] = float(policy.detach())
+        critic = self._critic().module
+        with context.autocast():
+            values = critic(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (n, T)
+        per_token_value, clipped = value_loss(values, batch.extras["values"], batch.extras["returns"],
+                                              config.value_clip)  # (n, T)
+        value_mask = batch.extras["value_mask"]
+        critic_loss = masked(per_token_value, value_mask).sum() / max(1.0, float(totals.num_tokens))
+        token_stats["critic/value_clip_frac"] = clipped * value_mask
+        scalars["loss/value"] = float(critic_loss.detach())
+        return LossOutput(loss=loss + critic_loss, token_stats=token_stats, scalars=scalars)
+
+
+def config_fields() -> list[str]:
+    """Every ``algorithm:`` key of PPO (for docs and tests)."""
+    return [f.name for f in dataclasses.fields(PPOConfig)]
+
+
+@hookimpl
+def agentrl_register_algorithms(register: Callable[..., None]) -> None:
+    """Register ``ppo``."""
+    register("ppo", PPO)
