@@ -76,8 +76,11 @@ def agentrl_register_algorithms(register: Register) -> None:
     """Register algorithms: ``register("grpo", GRPO)``.
 
     Called once at load time. The factory is an :class:`agentrl.Algorithm` subclass; its
-    ``config_class`` dataclass validates the ``algorithm:`` section of the config.
-    ``--algo NAME`` selects it. Built-in: ``agentrl_grpo`` (grpo).
+    ``config_class`` dataclass validates the ``algorithm:`` section of the config (and
+    ``--print-config`` shows it resolved). ``--algo NAME`` selects it. What the trainer calls on
+    it, in order, and with what (``SetupContext``, ``LossContext``, ``TrainableModule``): the
+    module docstring of :mod:`agentrl.algorithm`. Built-ins: ``agentrl_grpo`` (grpo),
+    ``agentrl_ppo`` (ppo).
     """
 
 

@@ -333,7 +333,8 @@ class Trainer:
             t2 = time.perf_counter()
             metrics.update({"perf/rollout_seconds": t1 - t0, "perf/update_seconds": t2 - t1,
                             "perf/step_seconds": t2 - t0,
-                            "perf/episodes_per_second": len(trajectories) / (t2 - t0)})
+                            "perf/episodes_per_second": len(trajectories) / (t2 - t0),
+                            "perf/peak_rss_gb": peak_rss_gb()})
             if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks:
                 metrics.update(self.evaluate())
             if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
@@ -358,6 +359,13 @@ class Trainer:
         plot_run(run_dir)
         self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
         return TrainResult(run_dir, eval_before, eval_after, history)
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, in GB (Linux reports kilobytes)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
 
 
 def save_module(module: torch.nn.Module, folder: Path) -> None:

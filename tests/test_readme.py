@@ -41,3 +41,31 @@ def test_readme_envs_pass_check_env_and_their_gold_answers_score_one():
     obs, _, _, _, _ = env.step(agentrl.format_tool_call("capital", country="Atlantis"))
     assert obs[0]["content"] == "Error: ValueError: unknown country 'Atlantis'"
     assert env.step("The capital is Lima.")[1:3] == (1.0, True)
+
+
+def test_readme_algorithm_plugin_trains_a_step(tiny_model_dir, tmp_path):
+    """The README's algorithm example, registered as a plugin, runs one real training step."""
+    import sys
+    import types
+
+    import torch
+
+    from agentrl.config import TrainConfig
+    from agentrl.plugins import load_plugins
+    from agentrl.trainer import Trainer
+
+    blocks = re.findall(r"```python\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.S)
+    (block,) = [b for b in blocks if "class Reinforce(Algorithm)" in b]
+    module = types.ModuleType("readme_reinforce")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(block, "README.md", "exec"), module.__dict__)
+    manager = load_plugins()
+    manager.register_plugin(module, name="readme_reinforce")
+    config = TrainConfig(model=str(tiny_model_dir), algo="reinforce", max_steps=1, prompts_per_step=2,
+                         num_generations=2, max_new_tokens=6, eval_tasks=0, output_dir=str(tmp_path / "run"),
+                         save_model=False, log_completions_every=0, learning_rate=1e-2,
+                         rewards={"format": 1.0}, algorithm={"baseline": 0.5})
+    trainer = Trainer(config, manager)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))

@@ -103,3 +103,36 @@ def test_in_process_eval_equals_fresh_load_of_saved_run(tiny_model_dir, tmp_path
     assert [t.token_ids for t in live] == [t.token_ids for t in fresh]
     before = load_model(str(tiny_model_dir))
     assert any(not torch.equal(a, b) for a, b in zip(before.state_dict().values(), model.state_dict().values()))
+
+
+def test_warmup_steps_work_with_the_default_constant_schedule(tiny_model_dir, tmp_path):
+    trainer = Trainer(_config(tiny_model_dir, tmp_path, warmup_steps=4, learning_rate=1e-3), load_plugins())
+    rates = []
+    for _ in range(6):
+        rates.append(trainer.scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+    assert rates == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+
+
+def test_a_non_finite_loss_never_reaches_the_weights(tiny_model_dir, tmp_path):
+    from agentrl_grpo import GRPO
+
+    class Exploding(GRPO):
+        """GRPO whose loss is NaN: the trainer must skip the optimizer step, not apply it."""
+
+        def loss(self, context):
+            out = super().loss(context)
+            out.loss = out.loss * float("nan")
+            return out
+
+    manager = load_plugins()
+    manager.registry.add("algorithm", "exploding", Exploding, plugin="test")
+    trainer = Trainer(_config(tiny_model_dir, tmp_path, algo="exploding", learning_rate=1e-2), manager)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    batch, _, metrics = trainer.rollout_step(1)
+    with pytest.warns(RuntimeWarning, match="not finite; the optimizer step was skipped"):
+        trainer.update(batch, metrics, step=1)
+    assert metrics["train/nonfinite_skipped_steps"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert all(p.grad is None for p in trainer.model.parameters())
