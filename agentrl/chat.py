@@ -71,18 +71,25 @@ class ChatTokenizer:
 
     def delta_ids(self, history: list[Message], sampled_ids: list[int],
                   assistant: Message, new_messages: list[Message],
-                  tools: list[dict[str, Any]] | None = None) -> list[int]:
+                  tools: list[dict[str, Any]] | None = None, stopped: bool = False) -> list[int]:
         """Ids the env adds after the model's turn: from just after the sampled tokens up to the
         next assistant header.
 
-        ``history`` is the conversation before the model's turn, ``assistant`` the message the
-        model's turn became, ``new_messages`` what the env answered, ``tools`` the schemas the
-        conversation is rendered with.
+        ``history`` is the conversation before the model's turn, ``sampled_ids`` what the model
+        sampled (ending with its stop token when ``stopped``), ``assistant`` the message the turn
+        became, ``new_messages`` what the env answered, ``tools`` the schemas the conversation is
+        rendered with. The template renders the assistant's content and then closes the turn its
+        own way: when that closing text starts with the sampled stop token (``<|im_end|>`` for
+        ChatML) the stop token stands for it; when the model stopped with another end-of-sequence
+        token (Qwen2.5's ``<|endoftext|>``), the sampled token stays the model's and the template's
+        closing text joins the delta. A turn cut by the length cap has no stop token: the
+        template's closing text is all delta.
         """
+        content_ids = sampled_ids[:-1] if stopped and sampled_ids else sampled_ids
+        stop_text = self.decode(sampled_ids[-1:]) if stopped and sampled_ids else ""
         before = self.render(history, add_generation_prompt=True, tools=tools)
         after = self.render(history + [assistant] + new_messages, add_generation_prompt=True, tools=tools)
-        sampled_text = self.decode(sampled_ids)
-        expected_prefix = before + sampled_text  # a cut turn's missing stop token lands in the delta
+        expected_prefix = before + self.decode(content_ids)
         if not after.startswith(expected_prefix):
             where = _first_difference(after, expected_prefix)
             raise TemplateError(
@@ -92,7 +99,10 @@ class ChatTokenizer:
                 f"{expected_prefix[where:where + 40]!r}). Use a template that only appends, or a "
                 "single-turn env."
             )
-        return self.encode(after[len(expected_prefix):])
+        delta = after[len(expected_prefix):]
+        if stop_text and delta.startswith(stop_text):
+            delta = delta[len(stop_text):]  # the sampled stop token already closes the turn
+        return self.encode(delta)
 
 
 def _first_difference(a: str, b: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any, Optional
@@ -128,6 +129,8 @@ def _parse_rewards(items: list[str]) -> dict[str, float]:
             out[name] = float(weight) if weight else 1.0
         except ValueError:
             raise ConfigError(f"--reward {item!r}: weight {weight!r} is not a number (use NAME or NAME:WEIGHT)") from None
+        if not math.isfinite(out[name]):
+            raise ConfigError(f"--reward {item!r}: weight {weight!r} must be a finite number")
     return out
 
 

@@ -8,6 +8,7 @@ are plain dicts here and validated by the plugin's own config class at start-up.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -135,8 +136,10 @@ class TrainConfig:
             raise ConfigError(f"max_grad_norm must be > 0 or null, got {self.max_grad_norm!r}")
         if self.rewards is not None:
             for name, weight in self.rewards.items():
-                if not isinstance(weight, (int, float)):
-                    raise ConfigError(f"rewards.{name} must be a number, got {weight!r}")
+                if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                    raise ConfigError(f"rewards.{name} must be a finite number, got {weight!r}")
+        if not math.isfinite(self.env_reward_weight):
+            raise ConfigError(f"env_reward_weight must be a finite number, got {self.env_reward_weight!r}")
 
     @property
     def batch_size(self) -> int:

@@ -62,6 +62,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "rollout/tool_success_frac": float(np.mean(ran > 0)),
         "rollout/truncated_frac": float(np.mean([t.truncated for t in trajectories])),
         "rollout/stopped_frac": float(np.mean(stopped)) if stopped else 0.0,
+        "rollout/prompt_too_long_frac": float(np.mean([bool(t.info.get("prompt_too_long")) for t in trajectories])),
         **env_metrics(trajectories, prefix="env/"),
     }
 

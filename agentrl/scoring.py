@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -15,17 +16,28 @@ RewardFn = Callable[..., list[float | None]]
 
 
 def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, float]],
-          env_weight: float) -> tuple[list[float], dict[str, np.ndarray]]:
+          env_weight: float, nonfinite: dict[str, int] | None = None) -> tuple[list[float], dict[str, np.ndarray]]:
     """Total reward per trajectory and each component's raw values (NaN = not scored).
 
     total = env_weight * env_return + sum(weight * reward) over the scored components; a
-    trajectory no component scored gets NaN (its advantage is then 0, TRAPS 17).
+    trajectory no component scored gets NaN (its advantage is then 0, TRAPS 17). A value that is
+    inf or NaN (from the env or a reward function) counts as not scored: one infinite reward would
+    otherwise make every advantage of the batch NaN. ``nonfinite``, when given, receives the
+    number of such values per component (``reward/<name>_nonfinite`` in the trainer's metrics).
     """
     components: dict[str, np.ndarray] = {"env": np.array([t.env_return for t in trajectories], dtype=np.float64)}
     weights = {"env": env_weight}
     for name, (fn, weight) in reward_fns.items():
         components[name] = _call(name, fn, trajectories)
         weights[name] = weight
+    for name, values in components.items():
+        bad = int(np.isinf(values).sum())
+        if bad:
+            warnings.warn(f"reward {name!r} gave {bad} infinite value(s); they count as not scored",
+                          RuntimeWarning, stacklevel=2)
+            values[np.isinf(values)] = np.nan
+        if nonfinite is not None:
+            nonfinite[name] = bad
     stacked = np.stack([components[n] * weights[n] for n in components])  # (C, N)
     scored = ~np.isnan(stacked)
     totals = np.where(scored.any(axis=0), np.nansum(stacked, axis=0), np.nan)

@@ -182,10 +182,13 @@ class Trainer:
                                   top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed * 1_000_003 + step)
         seeds = [cfg.seed * 1_000_003 + step * cfg.batch_size + i for i in range(len(tasks))]
         trajectories = self.rollout.run(self.envs[:len(tasks)], tasks, groups, sampling, seeds=seeds)
-        totals, components = score(trajectories, self.reward_fns, cfg.env_reward_weight)
-        metrics = {**reward_metrics(totals, components), **rollout_metrics(trajectories)}
+        nonfinite: dict[str, int] = {}
+        totals, components = score(trajectories, self.reward_fns, cfg.env_reward_weight, nonfinite)
+        metrics = {**reward_metrics(totals, components), **rollout_metrics(trajectories),
+                   **{f"reward/{name}_nonfinite": float(n) for name, n in nonfinite.items() if n}}
         self.hook.agentrl_on_rollout_end(trajectories=trajectories, step=step, metrics=metrics)
-        batch = collate(trajectories, totals, self.tokenizer.pad_token_id).to(self.accelerator.device)
+        batch = collate(trajectories, totals, self.tokenizer.pad_token_id,
+                        env_reward_weight=cfg.env_reward_weight).to(self.accelerator.device)
         for factor in self.hook.agentrl_adjust_loss_mask(batch=batch, config=cfg, metrics=metrics):
             batch.loss_mask = batch.loss_mask * factor.to(batch.loss_mask.device)
         return batch, trajectories, metrics

@@ -52,7 +52,10 @@ class Trajectory:
     turns: list[Turn]
     """The model's turns in order; their spans are exactly where ``loss_mask`` is 1."""
     messages: list[dict[str, Any]]
-    """The conversation as chat messages (what the env saw and said)."""
+    """The conversation as chat messages (what the env saw and said). Rendering them with the chat
+    template gives exactly ``token_ids``, except where the model ended a turn with an
+    end-of-sequence token other than the template's own end-of-turn token (e.g. Qwen2.5's
+    ``<|endoftext|>``): ``token_ids`` keep that sampled token before the template's closing text."""
     task: dict[str, Any]
     """The task this episode solved (question, answer and any other dataset columns)."""
     group: int = 0
@@ -95,7 +98,10 @@ class Trajectory:
 
     @property
     def completion_text(self) -> str:
-        """Text of the last assistant message ('' if the model never spoke)."""
+        """Text of the last assistant message ('' if the model never spoke: an episode with no
+        turns, even if its prompt holds worked examples with assistant messages)."""
+        if not self.turns:
+            return ""
         for message in reversed(self.messages):
             if message.get("role") == "assistant":
                 return str(message.get("content") or "")
@@ -133,7 +139,7 @@ class TrainBatch:
     sampler_logprobs: torch.Tensor  # (N, T) float32, 0 off the loss mask
     rewards: torch.Tensor  # (N,) float32, total scalar reward per trajectory (NaN = not scored)
     groups: torch.Tensor  # (N,) long, group index per trajectory
-    token_rewards: torch.Tensor  # (N, T) float32, each turn's env reward on its last sampled token
+    token_rewards: torch.Tensor  # (N, T) float32, each turn's env reward x env_reward_weight on its last sampled token
     truncated: torch.Tensor  # (N,) bool
     lengths: torch.Tensor  # (N,) long, real tokens per row
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -179,8 +185,11 @@ class TrainBatch:
         )
 
 
-def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: int) -> TrainBatch:
-    """Pad trajectories (right padding) into a TrainBatch; ``rewards`` is one total per trajectory."""
+def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: int,
+            env_reward_weight: float = 1.0) -> TrainBatch:
+    """Pad trajectories (right padding) into a TrainBatch; ``rewards`` is one total per trajectory,
+    each turn's env reward times ``env_reward_weight`` goes to ``token_rewards`` (the weight the
+    totals were scored with, so the per-turn rewards add up to the env's part of the total)."""
     if len(rewards) != len(trajectories):
         raise ValueError(f"{len(rewards)} rewards for {len(trajectories)} trajectories")
     n = len(trajectories)
@@ -198,7 +207,7 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
         sampler_logprobs[i, :length] = torch.tensor(traj.sampler_logprobs, dtype=torch.float32)
         for turn in traj.turns:
             if turn.end > turn.start:
-                token_rewards[i, turn.end - 1] += turn.reward
+                token_rewards[i, turn.end - 1] += env_reward_weight * turn.reward
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

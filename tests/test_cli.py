@@ -37,6 +37,7 @@ def test_plugins_lists_builtins_with_what_they_register():
     rows = json.loads(run("plugins", "--json").stdout)
     registered = {row["name"]: row["registers"] for row in rows}
     assert registered["grpo"] == {"algorithm": ["grpo"]}
+    assert registered["ppo"] == {"algorithm": ["ppo"]}
     assert "math" in registered["math_env"]["env"]
     assert registered["hf_engine"] == {"engine": ["hf"]}
 

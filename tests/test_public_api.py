@@ -23,7 +23,7 @@ def core_imports(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("plugin", ["agentrl_grpo", "agentrl_ppo", "agentrl_hf_engine"])
+@pytest.mark.parametrize("plugin", ["agentrl_grpo", "agentrl_ppo", "agentrl_hf_engine", "agentrl_rollouts"])
 def test_plugin_imports_only_the_public_api(plugin):
     files = sorted((PLUGINS / plugin).rglob("*.py"))
     assert files

@@ -7,15 +7,31 @@ for all of them at once; each env answers; its messages are appended as chat-tem
 Limits, kept apart (TRAPS 27): ``max_new_tokens`` per turn, ``max_sampled_tokens`` per episode
 (model tokens), ``max_total_tokens`` per episode (everything), and the env's ``max_turns``
 (the env truncates itself). Whichever ends an episode, ``Trajectory.truncated`` records it.
+
+Randomness (TRAPS 40): turn 0 samples with ``sampling.seed``; turn k > 0 with a seed derived from
+``(sampling.seed, k)`` (:func:`turn_seed`), so every turn draws fresh random numbers and a whole
+rollout stays reproducible from the one seed. Reusing the seed each turn would repeat turn 0's
+draws on every turn: episodes would no longer be samples of the policy.
+
+An episode whose prompt alone fills ``max_total_tokens`` ends before the model speaks: it has no
+turns (so it scores as an empty reply), ``info["prompt_too_long"]`` is set, and the rollout warns.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl import Engine, Env, EnvError, SamplingParams, Trajectory, Turn, hookimpl
-from agentrl.chat import ChatTokenizer
+from agentrl import ChatTokenizer, Engine, Env, EnvError, SamplingParams, Trajectory, Turn, hookimpl
+
+
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """The sampling seed of turn ``turn`` (0-based): ``seed`` itself for turn 0, else a distinct
+    deterministic mix of both (64-bit, within any generator's range); None stays None."""
+    if seed is None or turn == 0:
+        return seed
+    return (seed * 6364136223846793005 + turn * 1442695040888963407) % (2**63 - 1)
 
 
 @dataclass
@@ -64,24 +80,33 @@ class MultiTurnRollout:
                                      [0.0] * len(ids), info=dict(info), tools=tools))
         max_sampled = self.config.max_sampled_tokens or self.config.max_new_tokens * max(
             env.max_turns for env in envs)
+        turn = 0
         while live := [e for e in episodes if not e.done]:
             budget = [min(sampling.max_new_tokens, max_sampled - e.sampled,
                           self.config.max_total_tokens - len(e.token_ids)) for e in live]
             for episode, cap in zip(live, budget):
-                if cap <= 0:  # the prompt alone fills the episode's token budget
+                if cap <= 0:  # the token budget is spent (by the prompt alone if no turn yet)
                     episode.done = episode.truncated = True
+                    if not episode.turns:
+                        episode.info["prompt_too_long"] = True
             live, budget = [e for e in live if not e.done], [b for b in budget if b > 0]
             if not live:
                 break
             turn_sampling = SamplingParams(
                 max_new_tokens=max(budget), temperature=sampling.temperature, top_p=sampling.top_p,
-                top_k=sampling.top_k, seed=sampling.seed)
+                top_k=sampling.top_k, seed=turn_seed(sampling.seed, turn))
+            turn += 1
             generations = self.engine.generate([e.token_ids for e in live], turn_sampling)
             for episode, generation, cap in zip(live, generations, budget):
                 ids, logprobs, reason = generation.token_ids, generation.logprobs, generation.finish_reason
                 if len(ids) > cap:  # this episode had less budget than the batch's largest
                     ids, logprobs, reason = ids[:cap], logprobs[:cap], "length"
                 self._advance(episode, list(ids), list(logprobs), reason, max_sampled)
+        too_long = sum(bool(e.info.get("prompt_too_long")) for e in episodes)
+        if too_long:
+            warnings.warn(f"{too_long} of {len(episodes)} episodes ended before the model spoke: their prompt "
+                          f"alone fills max_total_tokens={self.config.max_total_tokens}; they score as empty "
+                          "replies. Raise max_total_tokens or shorten the prompt.", RuntimeWarning, stacklevel=2)
         return [self._trajectory(e) for e in episodes]
 
     def _advance(self, episode: _Episode, ids: list[int], logprobs: list[float], reason: str,
@@ -106,7 +131,7 @@ class MultiTurnRollout:
             self._unseen(episode, list(new_messages))
             return
         delta = [] if episode.sampled >= max_sampled else self.chat.delta_ids(
-            history, ids, assistant, list(new_messages), tools=episode.tools)
+            history, ids, assistant, list(new_messages), tools=episode.tools, stopped=stopped)
         if not delta or len(episode.token_ids) + len(delta) >= self.config.max_total_tokens:
             # A token cap ends the episode before the model sees the env's answer.
             episode.done = episode.truncated = True
