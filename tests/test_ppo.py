@@ -352,3 +352,21 @@ def test_print_config_lists_every_ppo_option():
     assert "credit: turn" in result.stdout
     bad = subprocess.run(command[:-2] + ["--set", "algorithm.gama=0.9"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown key(s) 'gama' in algorithm; PPOConfig accepts:" in bad.stdout
+
+
+@pytest.mark.slow
+def test_ppo_on_the_real_default_model_multi_turn(tmp_path):
+    """``--algo ppo`` with per-turn credit on the embedded SmolLM2, two small steps of guess."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "agentrl.cli", "train", "--env", "guess", "--algo", "ppo", "--max-steps", "2",
+               "--prompts-per-step", "2", "--num-generations", "4", "--output-dir", str(out),
+               "--set", "eval_tasks=4", "--set", "max_new_tokens=12", "--set", "algorithm.credit=turn",
+               "--set", "env_args.consistency_bonus=0.1", "--set", "algorithm.critic_learning_rate=1e-3"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["policy/sampler_logprob_gap"] < 0.1  # bf16 sampler vs trainer at step 1
+    assert lines[0]["critic/values_mean"] == 0.0  # zero-initialised value head
+    assert lines[1]["critic/values_mean"] != 0.0  # the critic moved after one step
+    assert lines[0]["rollout/turns_mean"] > 1.0 and lines[0]["loss/value"] > 0.0
+    assert (out / "critic" / "value_head.pt").is_file()
