@@ -107,6 +107,10 @@ class Trainer:
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         algo_cls = manager.registry.get("algorithm", config.algo).factory
         self.algorithm: Algorithm = algo_cls(build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm"))
+        if self.algorithm.num_mini_batches > config.batch_size:
+            raise ConfigError(f"algorithm {config.algo!r} asks for {self.algorithm.num_mini_batches} mini-batches "
+                              f"but a rollout batch has only {config.batch_size} episodes "
+                              "(prompts_per_step x num_generations): lower the mini-batch count")
         self.envs = [make_env(manager, config) for _ in range(max(config.batch_size, min(config.eval_tasks, 64), 1))]
         self.reward_fns = reward_functions(manager, config, self.envs[0])
         self.tokenizer = load_tokenizer(config.model)
@@ -115,10 +119,6 @@ class Trainer:
         self.policy = TokenLogprobs(self.model, temperature=config.temperature)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate,
                                            betas=config.adam_betas, weight_decay=config.weight_decay)
-        if self.algorithm.num_mini_batches > config.batch_size:
-            raise ConfigError(f"algorithm {config.algo!r} asks for {self.algorithm.num_mini_batches} mini-batches "
-                              f"but a rollout batch has only {config.batch_size} episodes "
-                              "(prompts_per_step x num_generations): lower the mini-batch count")
         self.scheduler = build_scheduler(self.optimizer, config.lr_scheduler, config.warmup_steps,
                                          self.optimizer_steps_per_run)
         self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(

@@ -46,12 +46,13 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--key", action="append", default=[], help="training metric to average by thirds")
+    parser.add_argument("--eval-key", default="accuracy", help="held-out metric after eval/ (e.g. env/solved)")
     args = parser.parse_args()
     curves = {}
     for run_dir in args.runs:
         lines, evals = load(run_dir)
-        greedy = accuracy_curve(lines, evals, "eval/accuracy")
-        sampled = accuracy_curve(lines, evals, "eval/accuracy_sampled")
+        greedy = accuracy_curve(lines, evals, f"eval/{args.eval_key}")
+        sampled = accuracy_curve(lines, evals, "eval/accuracy_sampled") if args.eval_key == "accuracy" else []
         curves[run_dir.name] = greedy
         step_seconds = sorted(line["perf/step_seconds"] for line in lines if "perf/step_seconds" in line)
         seconds, median = sum(step_seconds), step_seconds[len(step_seconds) // 2] if step_seconds else math.nan

@@ -278,8 +278,19 @@ def test_guess_consistency_bonus_is_paid_on_the_turn_that_earns_it() -> None:
     rewards = [env.step(guess)[1] for guess in ("8", "3", "12", "10")]  # 3 ignores "Higher."
     # first guess: nothing to be consistent with; 3: outside 9..16; 12 and 10 inside the open range
     assert rewards == [0.0, 0.0, pytest.approx(0.1), pytest.approx(0.1)]
-    _, reward, terminated, _, _ = env.step("11")
+    _, reward, terminated, _, info = env.step("11")
     assert terminated and reward == pytest.approx(0.6)  # the win is paid as before; no bonus on it
+    assert info["success"] is True
+    # A lost game that earned bonuses has a positive return but is not a success in evaluation.
+    from agentrl.evaluate import episode_success
+    from agentrl.testing import make_trajectory
+
+    env.reset(options={"task": {"secret": 16, "n": 16, "question": "Guess."}})
+    infos = [env.step(guess)[4] for guess in ("8", "12", "14", "15", "1")]
+    assert [i["success"] for i in infos] == [False] * 5
+    lost = make_trajectory([{"role": "user", "content": "q"}, {"role": "assistant", "content": "1"}], {},
+                           info=infos[-1])
+    assert not episode_success(lost)
     assert GuessEnv().consistency_bonus == 0.0
     with pytest.raises(EnvError, match=re.escape("consistency_bonus must be a number in [0, 1], got -0.1")):
         GuessEnv(consistency_bonus=-0.1)

@@ -150,7 +150,9 @@ class GuessEnv(Env):
         metrics = {"valid_frac": self._valid / self.turn, "solved": float(solved)}
         if self._followups:
             metrics["consistent_frac"] = self._consistent / self._followups
-        return {"guess": guess, "feedback": feedback, "metrics": metrics}
+        # "success" is what evaluation counts as solved (the env return is > 0 without a win when
+        # consistency_bonus pays for consistent guesses).
+        return {"guess": guess, "feedback": feedback, "success": solved, "metrics": metrics}
 
 
 @hookimpl
