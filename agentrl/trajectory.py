@@ -69,7 +69,7 @@ class Trajectory:
     tools: list[dict[str, Any]] | None = None
     """Tool schemas the chat template rendered (``tools=``); None when the template does not
     render them (the env then describes its tools in ``messages``). Re-rendering ``messages``
-    with these gives exactly ``token_ids``."""
+    with these gives ``token_ids``, except for the sampled stop tokens noted under ``messages``."""
 
     @property
     def prompt_length(self) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
+import torch
 
 from agentrl import ConfigError, Env, SamplingParams, Trajectory, Turn, collate
 from agentrl.chat import ChatTokenizer
@@ -36,9 +38,9 @@ class TalkEnv(Env):
         return [{"role": "user", "content": "Go on."}], 0.0, False, {}
 
 
-def _engine_and_rollout(tokenizer, engine_class=None, **config):
+def _engine_and_rollout(tokenizer, engine_class=None, model=None, **config):
     manager = load_plugins()
-    model = build_tiny_model(len(tokenizer))
+    model = model if model is not None else build_tiny_model(len(tokenizer))
     engine_class = engine_class or manager.registry.get("engine", "hf").factory
     engine = engine_class(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"}))
     rollout = manager.registry.get("rollout", "multi_turn").factory(
@@ -46,7 +48,7 @@ def _engine_and_rollout(tokenizer, engine_class=None, **config):
     return engine, rollout
 
 
-def test_every_turn_draws_fresh_randomness_reproducibly(tokenizer):
+def test_every_turn_gets_its_own_seed_reproducibly(tokenizer):
     hf = load_plugins().registry.get("engine", "hf").factory
 
     class RecordingEngine(hf):
@@ -67,11 +69,20 @@ def test_every_turn_draws_fresh_randomness_reproducibly(tokenizer):
     seeds = runs[0][0]
     assert len(seeds) == 3 and seeds[0] == 5 and len(set(seeds)) == 3  # distinct per turn, turn 0 unchanged
     assert runs[0] == runs[1]  # and reproducible from the one seed
+    engine.seeds = []
+    rollout.run([TalkEnv()], [{"question": "Talk."}], [0], SamplingParams(max_new_tokens=8))
+    assert engine.seeds == [None, None, None]  # no seed: the engine's own stream goes on
+
+
+def test_later_turns_do_not_repeat_the_first_turns_draws(tokenizer):
     # The tiny random model's next-token distribution is close to uniform over 49k tokens, so the
     # same random draws pick the same tokens whatever the context: with one seed reused every turn,
-    # turn 2 repeated turn 1's tokens exactly.
+    # every turn repeated turn 1's tokens exactly.
+    _, rollout = _engine_and_rollout(tokenizer)
+    [trajectory] = rollout.run([TalkEnv()], [{"question": "Talk."}], [0], SamplingParams(max_new_tokens=8, seed=5))
     turns = [trajectory.token_ids[t.start:t.end] for t in trajectory.turns]
-    assert turns[0] != turns[1] and turns[1] != turns[2]
+    assert len(turns) == 3 and all(len(t) == 8 for t in turns)
+    assert turns[0] != turns[1] and turns[1] != turns[2] and turns[0] != turns[2]
 
 
 def _two_turn(rewards):
@@ -108,17 +119,77 @@ def test_an_eos_that_is_not_the_end_of_turn_token_keeps_the_run_going(tokenizer)
     assert cut == other
 
 
+def test_a_rollout_survives_a_model_that_stops_with_another_eos(tokenizer):
+    """A model whose generation config stops on ``<|endoftext|>`` (id 0) as well as ``<|im_end|>``
+    (like Qwen2.5's), with an LM-head bias that makes id 0 about as likely as all other tokens
+    together: each turn is a few tokens ending in id 0."""
+    hf = load_plugins().registry.get("engine", "hf").factory
+    model = build_tiny_model(len(tokenizer))
+    model.generation_config.eos_token_id = [2, 0]
+    head = torch.nn.Linear(model.config.hidden_size, len(tokenizer), bias=True)
+    head.weight = model.model.embed_tokens.weight  # still tied
+    with torch.no_grad():
+        head.bias.zero_()
+        head.bias[0] = math.log(len(tokenizer))
+    model.lm_head = head
+
+    class RecordingEngine(hf):
+        """The real hf engine, recording what it sampled."""
+
+        sampled: list
+
+        def generate(self, prompts, sampling):
+            generations = super().generate(prompts, sampling)
+            self.sampled += [g.token_ids for g in generations]
+            return generations
+
+    engine, rollout = _engine_and_rollout(tokenizer, RecordingEngine, model)
+    engine.sampled = []
+    [trajectory] = rollout.run([TalkEnv()], [{"question": "Talk."}], [0], SamplingParams(max_new_tokens=8, seed=3))
+    ids, mask = trajectory.token_ids, trajectory.loss_mask
+    assert len(trajectory.turns) == 3 and trajectory.terminated
+    assert max(turn.end - turn.start for turn in trajectory.turns) > 1  # some turns have content
+    for turn, sampled in zip(trajectory.turns, engine.sampled):
+        assert turn.finish_reason == "stop" and sampled[-1] == 0
+        assert ids[turn.start:turn.end] == sampled and set(mask[turn.start:turn.end]) == {1}  # untouched, trained
+    for turn in trajectory.turns[:-1]:
+        assert ids[turn.end] == 2 and mask[turn.end] == 0  # the template's <|im_end|> is env text
+    chat = ChatTokenizer(tokenizer)
+    last = trajectory.turns[-1]
+    stops = {turn.end - 1 for turn in trajectory.turns}
+    without_stops = [t for i, t in enumerate(ids[:last.start]) if i not in stops]
+    assert chat.decode(without_stops) == chat.render(trajectory.messages[:-1], add_generation_prompt=True)
+
+
 def test_infinite_rewards_count_as_not_scored():
     def bad(trajectories):
         return [math.inf, 1.0, -math.inf]
 
     trajectories = [_two_turn([0.0, 0.0]) for _ in range(3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        totals, components = score(trajectories, {"bad": (bad, 1.0)}, env_weight=1.0)
+    assert totals == [0.0, 1.0, 0.0]  # the env still scored the first and last; no inf in any total
+    assert np.isnan(components["bad"][0]) and np.isnan(components["bad"][2])
+    assert [str(w.message) for w in caught] == [
+        "reward 'bad' gave 2 non-finite value(s) (inf or NaN); they count as not scored"]
+
+
+def test_non_finite_rewards_are_counted_per_component():
+    def shaky(trajectories):
+        return [math.nan, None, -math.inf]
+
+    trajectories = [_two_turn([0.0, 0.0]), _two_turn([0.0, math.inf]), _two_turn([1.0, 0.0])]
     counts: dict[str, int] = {}
-    with pytest.warns(RuntimeWarning, match=re.escape("reward 'bad' gave 2 infinite value(s)")):
-        totals, components = score(trajectories, {"bad": (bad, 1.0)}, env_weight=1.0, nonfinite=counts)
-    assert counts == {"env": 0, "bad": 2}
-    assert totals == [0.0, 1.0, 0.0]  # the env still scored the first and last
-    assert np.isnan(components["bad"][0]) and all(np.isfinite(totals))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        totals, components = score(trajectories, {"shaky": (shaky, 2.0)}, env_weight=1.0, nonfinite=counts)
+    assert counts == {"env": 1, "shaky": 2}  # None is "not scored", not a non-finite value
+    assert totals[0] == 0.0 and math.isnan(totals[1]) and totals[2] == 1.0
+    assert np.isnan(components["env"][1]) and np.isnan(components["shaky"]).all()
+    assert [str(w.message) for w in caught] == [
+        "reward 'env' gave 1 non-finite value(s) (inf or NaN); they count as not scored",
+        "reward 'shaky' gave 2 non-finite value(s) (inf or NaN); they count as not scored"]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -146,10 +217,29 @@ def test_an_episode_whose_prompt_fills_the_budget_scores_as_an_empty_reply(token
     env = CalculatorEnv()
     task = env.eval_tasks()[0]
     _, rollout = _engine_and_rollout(tokenizer, max_total_tokens=64)
-    with pytest.warns(RuntimeWarning, match=re.escape("1 of 1 episodes ended before the model spoke")):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         [trajectory] = rollout.run([env], [task], [0], SamplingParams(max_new_tokens=8, seed=0))
-    assert trajectory.turns == [] and trajectory.truncated and trajectory.info["prompt_too_long"]
     assert any(m["role"] == "assistant" for m in trajectory.messages)  # the worked examples
-    assert trajectory.completion_text == ""  # not the demonstration's answer
+    assert trajectory.turns == [] and trajectory.completion_text == ""  # not the demonstration's answer
     assert format_reward([trajectory]) == [0.0]
+    assert trajectory.truncated and trajectory.info["prompt_too_long"] is True
     assert rollout_metrics([trajectory])["rollout/prompt_too_long_frac"] == 1.0
+    assert [str(w.message) for w in caught] == [
+        "1 of 1 episodes ended before the model spoke: their prompt alone fills max_total_tokens=64; "
+        "they score as empty replies. Raise max_total_tokens or shorten the prompt."]
+
+
+def test_prompt_too_long_is_counted_and_warned_once_per_run(tokenizer):
+    from agentrl.metrics import rollout_metrics
+    from agentrl_tool_envs import CalculatorEnv
+
+    envs = [CalculatorEnv(), CalculatorEnv(), TalkEnv()]
+    tasks = [envs[0].eval_tasks()[0], envs[1].eval_tasks()[1], {"question": "Talk."}]
+    _, rollout = _engine_and_rollout(tokenizer, max_total_tokens=64)
+    with pytest.warns(RuntimeWarning, match=re.escape("2 of 3 episodes ended before the model spoke")) as caught:
+        trajectories = rollout.run(envs, tasks, [0, 1, 2], SamplingParams(max_new_tokens=8, seed=0))
+    assert len([w for w in caught if "before the model spoke" in str(w.message)]) == 1
+    assert [len(t.turns) > 0 for t in trajectories] == [False, False, True]
+    assert "prompt_too_long" not in trajectories[2].info
+    assert rollout_metrics(trajectories)["rollout/prompt_too_long_frac"] == pytest.approx(2 / 3)
