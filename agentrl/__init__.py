@@ -21,8 +21,10 @@ from agentrl.errors import (
 from agentrl.hookspecs import hookimpl
 from agentrl.objectives import (
     AGGREGATIONS,
+    IMPORTANCE_LEVELS,
     KL_ESTIMATORS,
     clipped_surrogate,
+    importance_log_weights,
     masked,
     masked_mean,
     policy_loss,
@@ -37,6 +39,7 @@ __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "AgentRLError",
+    "IMPORTANCE_LEVELS",
     "Algorithm",
     "ChatTokenizer",
     "ConfigError",
@@ -73,6 +76,7 @@ __all__ = [
     "collate",
     "format_tool_call",
     "hookimpl",
+    "importance_log_weights",
     "load_plugins",
     "masked",
     "masked_mean",

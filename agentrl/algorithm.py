@@ -8,8 +8,9 @@ batch the trainer calls, in this order:
    from ``trainable_modules()`` so the trainer gives each its own optimizer, LR schedule,
    accelerate preparation, gradient clipping and a folder in the run dir;
 2. the trainer stores the trainer-old logprobs (``batch.extras["old_logprobs"]``, when
-   ``needs_old_logprobs``) and the reference's (``batch.extras["ref_logprobs"]``, when
-   ``needs_reference``) for the whole rollout batch, without gradients;
+   ``needs_old_logprobs`` or a plugin asks) and the reference's (``batch.extras["ref_logprobs"]``,
+   when ``needs_reference``) for the whole rollout batch, without gradients, then applies the
+   ``agentrl_adjust_loss_mask`` results to ``batch.loss_mask`` (the mask is final from here on);
 3. ``compute_advantages(batch, metrics)`` once -> per-token advantages ``(N, T)``; anything else
    the loss needs later (old values, returns) goes into ``batch.extras`` here, so it is computed
    once, before any weight changes;
@@ -141,6 +142,8 @@ class LossContext:
     """False while the policy is frozen this step (e.g. PPO's critic warm-up): leave its loss out."""
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
     """Context manager for forward passes in the run's precision."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The run's plugin settings sections by name (pass them on to ``policy_loss``)."""
 
 
 class Algorithm(abc.ABC):

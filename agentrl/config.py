@@ -1,8 +1,8 @@
 """``TrainConfig``: every knob of a run, validated when it is built.
 
 The docstring under each field is the only help text (``agentrl train --print-config`` shows
-the resolved whole). Sections owned by plugins (``algorithm``, ``env_args``, ``engine_args``)
-are plain dicts here and validated by the plugin's own config class at start-up.
+the resolved whole). Sections owned by plugins (``algorithm``, ``env_args``, ``engine_args`` and each entry of
+``plugins``) are plain dicts here and validated by the plugin's own config class at start-up.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ class TrainConfig:
     """Generation engine name."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Options of the engine (e.g. ``dtype: bfloat16``)."""
+    plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Settings of step-hook plugins, one section per plugin (``plugins.sampler_correction.mode:
+    tis``); each plugin registers and validates its own section, ``--print-config`` lists them all
+    with their defaults. A step-hook plugin does nothing unless its section turns it on."""
     rollout: str = "multi_turn"
     """Rollout function name (multi_turn also covers single-turn envs)."""
     rewards: dict[str, float] | None = None
@@ -266,11 +270,29 @@ def build_plugin_config(config_class: type[Any], values: dict[str, Any], section
     return config_class(**values)
 
 
+def resolve_settings(config: TrainConfig, registry: Any) -> dict[str, Any]:
+    """Every registered plugin settings section, built from ``config.plugins`` (defaults where the
+    config is silent) by the class its plugin registered; an unknown section name is an error."""
+    known = registry.names("settings")
+    for name, values in config.plugins.items():
+        if name not in known:
+            allowed = ", ".join(sorted(known)) or "none registered"
+            raise ConfigError(f"unknown plugin settings section plugins.{name}; sections: {allowed}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"plugins.{name} must be a mapping of options, got {values!r}")
+    return {name: build_plugin_config(registry.get("settings", name).factory, config.plugins.get(name, {}),
+                                      f"plugins.{name}")
+            for name in sorted(known)}
+
+
 def resolved_dict(config: TrainConfig, manager: Any) -> dict[str, Any]:
-    """The config as plain data with the algorithm section filled in with its defaults (validated
-    by the algorithm's config class): what ``--print-config`` shows."""
+    """The config as plain data with the algorithm section and every plugin settings section
+    filled in with their defaults (validated by their config classes): what ``--print-config``
+    shows."""
     data = config.to_dict()
     algo_cls = manager.registry.get("algorithm", config.algo).factory
     algo_config = build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm")
     data["algorithm"] = dataclasses.asdict(algo_config)
+    data["plugins"] = {name: dataclasses.asdict(section)
+                       for name, section in resolve_settings(config, manager.registry).items()}
     return data

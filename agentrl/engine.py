@@ -34,12 +34,17 @@ class Generation:
 
     token_ids: list[int]
     """Ids as sampled, including the stop token when the model emitted one; no padding."""
-    logprobs: list[float]
-    """Sampler's logprob of each sampled id, from the distribution it sampled from
-    (after temperature, top_k, top_p). 0.0 for greedy decoding is not used: greedy reports the
-    temperature-1 logprob."""
     finish_reason: str
     """``stop`` (a stop token was sampled) or ``length`` (``max_new_tokens`` reached)."""
+    logprobs: list[float]
+    """Sampler's logprob of each sampled id under its *full-vocabulary* distribution at the
+    sampling temperature, ``log_softmax(logits / T)``: the same support as the trainer's logprobs,
+    so the two compare like with like (TRAPS 28). With top_k/top_p the distribution actually
+    sampled from is renormalised over the kept tokens; its logprob is ``logprobs - kept_logmass``.
+    Greedy decoding (``temperature=0``) reports the temperature-1 logprob."""
+    kept_logmass: list[float] | None = None
+    """Per sampled id, log of the probability mass top_k/top_p kept at that step (0.0 when they
+    are off); None when the engine cannot report it."""
 
 
 class Engine(abc.ABC):

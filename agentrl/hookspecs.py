@@ -4,21 +4,26 @@ Two kinds of hooks, as in llm and pytest:
 
 * **Registration hooks** run once, when plugins load. Each receives a ``register(name, factory)``
   callback; the registry records which plugin owns each name and refuses a duplicate, naming both.
-* **Step hooks** run inside the training step, in this order for each optimizer step:
-  ``agentrl_on_rollout_end`` -> ``agentrl_adjust_loss_mask`` -> (per micro-batch)
-  ``agentrl_importance_weights`` -> ``agentrl_per_token_loss_factors`` -> ``agentrl_on_step_end``.
-  ``agentrl_on_train_start`` and ``agentrl_on_train_end`` bracket the run.
+* **Step hooks** run inside the training step, in this order for each rollout batch:
+  ``agentrl_on_rollout_end`` -> (the trainer computes trainer-old logprobs if the algorithm or any
+  ``agentrl_needs_old_logprobs`` asks, and reference logprobs) -> ``agentrl_adjust_loss_mask`` ->
+  (advantages; then per micro-batch of every optimizer step) ``agentrl_importance_weights`` ->
+  ``agentrl_per_token_loss_factors`` -> ``agentrl_on_step_end``. ``agentrl_on_train_start`` and
+  ``agentrl_on_train_end`` bracket the run.
+
+Step hooks that change training take ``settings``: every plugin settings section (registered with
+``agentrl_register_settings``) resolved from the run config's ``plugins:`` mapping, by name. A step
+hook must do nothing (return ``None``) unless its own section turns it on.
 
 Call convention: agentrl calls every hook with keyword arguments only. Implementations may take
 any subset of the arguments, and must not give their parameters default values (pluggy would
-silently never pass them). A step hook must do nothing (return ``None``) unless its plugin is
-enabled in the config it receives.
+silently never pass them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -104,8 +109,30 @@ def agentrl_register_tool_parsers(register: Register) -> None:
     """
 
 
+@hookspec
+def agentrl_register_settings(register: Register) -> None:
+    """Register a settings section for a step-hook plugin: ``register("sampler_correction", Cfg)``.
+
+    Called once at load time. ``Cfg`` is a frozen dataclass whose fields (with defaults, each with a
+    docstring) are the section's options and whose ``__post_init__`` raises ``agentrl.ConfigError``
+    naming a bad key, value and what is allowed. The trainer builds it once at start-up from
+    ``plugins.<name>`` of the run config (``--set plugins.<name>.<key>=<value>``), refuses unknown
+    sections and keys, and passes every section to the step hooks as ``settings[name]``;
+    ``--print-config`` lists them all resolved. Built-in: ``agentrl_sampler_correction``.
+    """
+
+
 # ---------------------------------------------------------------------------------------------
 # Step hooks: called inside the training loop.
+
+
+@hookspec
+def agentrl_needs_old_logprobs(config: TrainConfig, settings: dict[str, Any]) -> bool | None:
+    """Return True to make the trainer compute trainer-old logprobs (``batch.extras["old_logprobs"]``,
+    the trainer's forward of the policy that sampled the batch) for every rollout batch, even when
+    the algorithm takes one optimizer step per batch (then they equal the current logprobs at the
+    step, but they exist before ``agentrl_adjust_loss_mask``). Asked once at start-up.
+    """
 
 
 @hookspec
@@ -123,26 +150,33 @@ def agentrl_on_rollout_end(trajectories: list[Trajectory], step: int, metrics: d
 
 
 @hookspec
-def agentrl_adjust_loss_mask(batch: TrainBatch, config: TrainConfig, metrics: dict[str, float]) -> torch.Tensor | None:
-    """Called once per rollout batch, before loss normalisers are counted.
+def agentrl_adjust_loss_mask(
+    batch: TrainBatch, config: TrainConfig, settings: dict[str, Any], metrics: dict[str, float]
+) -> torch.Tensor | None:
+    """Called once per rollout batch after the trainer-old (when computed, see
+    ``agentrl_needs_old_logprobs``) and reference logprobs are in ``batch.extras``, before
+    advantages and before any loss denominator is counted.
 
     Return an ``(N, T)`` tensor of 0/1 multiplied into ``batch.loss_mask`` (drop tokens or whole
-    sequences from the loss, e.g. DAPO overlong filtering, masked importance correction), or
-    ``None`` to leave it. Every non-None result is multiplied in; the denominators of the loss
-    are then taken from the final mask.
+    sequences from the loss, e.g. DAPO overlong filtering, masked importance sampling), or
+    ``None`` to leave it. Every non-None result is multiplied in; advantages and every loss
+    denominator are then taken from the final mask. ``batch.sampler_logprobs`` are the engine's.
     """
 
 
 @hookspec(firstresult=True)
 def agentrl_importance_weights(
-    log_ratio: torch.Tensor, loss_mask: torch.Tensor, config: TrainConfig, metrics: dict[str, float]
+    log_ratio: torch.Tensor, loss_mask: torch.Tensor, level: str, config: TrainConfig,
+    settings: dict[str, Any], metrics: dict[str, float],
 ) -> torch.Tensor | None:
     """Return the log importance weights of the clipped surrogate; stops at the first non-None.
 
-    Called per micro-batch with ``log_ratio = logprobs - old_logprobs`` ``(N, T)`` (current
-    policy vs the policy that produced the data) and ``loss_mask`` ``(N, T)``. Return a tensor
-    broadcastable to ``(N, T)``: token-level (the built-in default, ``trylast``) returns
-    ``log_ratio``; sequence-level IS returns a length-normalised ``(N, 1)`` mean.
+    Called per micro-batch with ``log_ratio = logprobs - old_logprobs`` ``(n, T)`` (current
+    policy vs the trainer-old policy, with gradient through ``logprobs``), ``loss_mask``
+    ``(n, T)`` and the algorithm's ``importance_sampling_level``. Return a tensor broadcastable
+    to ``(n, T)``. The built-in default (``trylast``) is
+    :func:`agentrl.objectives.importance_log_weights`: ``token``, ``sequence`` (GSPO) or
+    ``sequence_token`` (GSPO-token).
     """
 
 
@@ -152,13 +186,16 @@ def agentrl_per_token_loss_factors(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     config: TrainConfig,
+    settings: dict[str, Any],
     metrics: dict[str, float],
 ) -> torch.Tensor | None:
-    """Return an ``(N, T)`` factor (no gradient) multiplied into the per-token policy loss.
+    """Return an ``(n, T)`` (or ``(n, 1)``) factor (no gradient) multiplied into the per-token
+    policy loss.
 
-    Called per micro-batch after the clipped surrogate. ``old_logprobs`` are the trainer's
-    logprobs of the policy that sampled the data; ``batch.sampler_logprobs`` the engine's.
-    Every non-None result is multiplied in (e.g. the truncated vLLM importance correction).
+    Called per micro-batch after the clipped surrogate. ``old_logprobs`` are the trainer-old
+    logprobs (the trainer's forward of the policy that sampled the data); ``batch.sampler_logprobs``
+    the engine's; ``logprobs`` the current ones. Every non-None result is multiplied in (e.g.
+    truncated importance sampling of the sampler/trainer mismatch).
     """
 
 

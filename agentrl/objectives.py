@@ -108,6 +108,52 @@ def clipped_surrogate(
 
 
 # ---------------------------------------------------------------------------------------------
+# Importance-sampling levels: (log_ratio (n, T), loss_mask (n, T)) -> log importance weights.
+# log_ratio = logprobs - old_logprobs carries the gradient (old is detached); 0 off the mask.
+
+
+def sequence_mean_log_ratio(log_ratio: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """``(n, 1)`` mean of each row's log-ratios over its loss-mask tokens (every token the model
+    sampled in the episode, all turns; env tokens excluded): the log of GSPO's length-normalised
+    sequence ratio ``s_i = (pi(y_i) / pi_old(y_i)) ** (1 / |y_i|)``. 0 for an empty row."""
+    sums = masked(log_ratio, loss_mask).sum(dim=-1, keepdim=True)  # (n, 1)
+    return sums / loss_mask.sum(dim=-1, keepdim=True).clamp(min=1.0)  # (n, 1)
+
+
+def token_log_weights(log_ratio: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """``token`` (PPO, GRPO): each token's own ratio, ``(n, T)``."""
+    return log_ratio
+
+
+def sequence_log_weights(log_ratio: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """``sequence`` (GSPO, arXiv 2507.18071): one ratio ``s_i`` per sequence, ``(n, 1)``; its
+    gradient is ``s_i`` times the *mean* of the sequence's token score functions."""
+    return sequence_mean_log_ratio(log_ratio, loss_mask)
+
+
+def sequence_token_log_weights(log_ratio: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """``sequence_token`` (GSPO-token): ``s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)]``, ``(n, T)``.
+    Its value is ``s_i`` on every token, its gradient ``s_i`` times that token's score function,
+    so per-token advantages (PPO) fit; with one advantage per sequence it equals ``sequence``."""
+    return sequence_mean_log_ratio(log_ratio, loss_mask).detach() + log_ratio - log_ratio.detach()
+
+
+IMPORTANCE_LEVELS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "token": token_log_weights,
+    "sequence": sequence_log_weights,
+    "sequence_token": sequence_token_log_weights,
+}
+"""``importance_sampling_level`` -> log importance weights ``(log_ratio, loss_mask) -> (n, T | 1)``."""
+
+
+def importance_log_weights(log_ratio: torch.Tensor, loss_mask: torch.Tensor, level: str) -> torch.Tensor:
+    """Log importance weights at ``level`` (a key of :data:`IMPORTANCE_LEVELS`)."""
+    if level not in IMPORTANCE_LEVELS:
+        raise ValueError(f"importance_sampling_level {level!r} is not one of {', '.join(IMPORTANCE_LEVELS)}")
+    return IMPORTANCE_LEVELS[level](log_ratio, loss_mask)
+
+
+# ---------------------------------------------------------------------------------------------
 # Aggregation modes: (per_token_loss (n, T), loss_mask (n, T), totals) -> this micro-batch's
 # share of the step loss. Denominators are step-wide constants clamped to >= 1, so a fully
 # masked micro-batch contributes an exact 0 with its graph still connected.
@@ -204,31 +250,36 @@ def policy_loss(
     epsilon_low: float,
     epsilon_high: float,
     delta: float | None = None,
+    importance_sampling_level: str = "token",
+    settings: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token policy loss ``(n, T)`` of one micro-batch and its clip stats, before KL and
     aggregation.
 
     1. ``log_ratio = logprobs - old_logprobs`` (0 off the loss mask);
-    2. ``agentrl_importance_weights`` (firstresult) turns it into log importance weights
-       (token-level by default; a plugin may return sequence-level ``(n, 1)``);
+    2. ``agentrl_importance_weights`` (firstresult) turns it into log importance weights; the
+       core's default is :func:`importance_log_weights` at ``importance_sampling_level``;
     3. :func:`clipped_surrogate` with ``advantages`` ``(n, T)``;
     4. every non-None ``agentrl_per_token_loss_factors`` result is multiplied in, detached.
 
-    Everything is zeroed off the loss mask, so padding can never leak NaN into the gradient.
+    ``settings``: the run's plugin settings sections, passed to the hooks. Everything is zeroed
+    off the loss mask, so padding can never leak NaN into the gradient.
     """
+    settings = {} if settings is None else settings
     loss_mask = batch.loss_mask
     log_ratio = masked(logprobs - old_logprobs.detach(), loss_mask)  # (n, T)
     log_weights = hook.agentrl_importance_weights(
-        log_ratio=log_ratio, loss_mask=loss_mask, config=train_config, metrics=metrics
-    )
+        log_ratio=log_ratio, loss_mask=loss_mask, level=importance_sampling_level, config=train_config,
+        settings=settings, metrics=metrics)
     if log_weights is None:
-        log_weights = log_ratio
+        log_weights = importance_log_weights(log_ratio, loss_mask, importance_sampling_level)
     log_weights = masked(torch.broadcast_to(log_weights, loss_mask.shape), loss_mask)  # (n, T)
     per_token_loss, stats = clipped_surrogate(log_weights, advantages, epsilon_low, epsilon_high, delta)
     factors = hook.agentrl_per_token_loss_factors(
-        batch=batch, logprobs=logprobs, old_logprobs=old_logprobs, config=train_config, metrics=metrics
-    )
+        batch=batch, logprobs=logprobs, old_logprobs=old_logprobs, config=train_config, settings=settings,
+        metrics=metrics)
     for factor in factors:
         if factor is not None:
-            per_token_loss = per_token_loss * masked(factor.detach(), loss_mask)  # (n, T)
+            factor = torch.broadcast_to(factor.detach(), loss_mask.shape)  # (n, T)
+            per_token_loss = per_token_loss * masked(factor, loss_mask)  # (n, T)
     return per_token_loss, stats

@@ -20,7 +20,7 @@ from agentrl import hookspecs
 from agentrl.errors import PluginError, unknown_name_message
 
 ENTRY_POINT_GROUP = "agentrl"
-KINDS = ("env", "reward", "rollout", "algorithm", "engine", "tool_parser")
+KINDS = ("env", "reward", "rollout", "algorithm", "engine", "tool_parser", "settings")
 _REGISTRATION_HOOKS = {
     "env": "agentrl_register_envs",
     "reward": "agentrl_register_rewards",
@@ -28,6 +28,7 @@ _REGISTRATION_HOOKS = {
     "algorithm": "agentrl_register_algorithms",
     "engine": "agentrl_register_engines",
     "tool_parser": "agentrl_register_tool_parsers",
+    "settings": "agentrl_register_settings",
 }
 _MISSING_BUILTINS = (
     "agentrl's built-in plugins were not found: is agentrl installed (`pip install -e .`)?"

@@ -35,7 +35,7 @@ from accelerate.utils import set_seed
 from transformers import get_scheduler
 
 from agentrl.algorithm import Algorithm, LossContext, SetupContext, TrainableModule
-from agentrl.config import TrainConfig, build_plugin_config
+from agentrl.config import TrainConfig, build_plugin_config, resolve_settings
 from agentrl.engine import SamplingParams
 from agentrl.env import Env, load_env_class
 from agentrl.errors import ConfigError
@@ -107,6 +107,9 @@ class Trainer:
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         algo_cls = manager.registry.get("algorithm", config.algo).factory
         self.algorithm: Algorithm = algo_cls(build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm"))
+        self.settings = resolve_settings(config, manager.registry)
+        asked = self.hook.agentrl_needs_old_logprobs(config=config, settings=self.settings)
+        self.needs_old_logprobs = self.algorithm.needs_old_logprobs or any(bool(a) for a in asked)
         if self.algorithm.num_mini_batches > config.batch_size:
             raise ConfigError(f"algorithm {config.algo!r} asks for {self.algorithm.num_mini_batches} mini-batches "
                               f"but a rollout batch has only {config.batch_size} episodes "
@@ -189,8 +192,6 @@ class Trainer:
         self.hook.agentrl_on_rollout_end(trajectories=trajectories, step=step, metrics=metrics)
         batch = collate(trajectories, totals, self.tokenizer.pad_token_id,
                         env_reward_weight=cfg.env_reward_weight).to(self.accelerator.device)
-        for factor in self.hook.agentrl_adjust_loss_mask(batch=batch, config=cfg, metrics=metrics):
-            batch.loss_mask = batch.loss_mask * factor.to(batch.loss_mask.device)
         return batch, trajectories, metrics
 
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
@@ -218,10 +219,13 @@ class Trainer:
         """All of the algorithm's optimizer steps on one rollout batch (``step`` is 1-based)."""
         algo = self.algorithm
         batch.to(self.accelerator.device)  # a batch built by a caller may still be on the CPU
-        if algo.needs_old_logprobs:
+        if self.needs_old_logprobs:
             batch.extras["old_logprobs"] = self.frozen_logprobs(self.model, batch)
         if self.ref_model is not None:
             batch.extras["ref_logprobs"] = self.frozen_logprobs(self.ref_model, batch)
+        for factor in self.hook.agentrl_adjust_loss_mask(batch=batch, config=self.config, settings=self.settings,
+                                                         metrics=metrics):
+            batch.loss_mask = batch.loss_mask * factor.to(batch.loss_mask.device)
         batch.extras["advantages"] = algo.compute_advantages(batch, metrics)
         train_policy = algo.trains_policy(step)
         stats = StepStats()
@@ -267,7 +271,7 @@ class Trainer:
                 out = self.algorithm.loss(LossContext(
                     batch=mb, logprobs=logprobs, old_logprobs=old, ref_logprobs=mb.extras.get("ref_logprobs"),
                     totals=totals, hook=self.hook, config=cfg, metrics=metrics, step=step,
-                    train_policy=train_policy, autocast=self.autocast))
+                    train_policy=train_policy, autocast=self.autocast, settings=self.settings))
                 if out.loss.requires_grad:
                     # Denominators are global, so undo DDP's gradient averaging (x num_processes).
                     self.accelerator.backward(out.loss * self.accelerator.num_processes)
@@ -276,8 +280,9 @@ class Trainer:
             for key, value in out.scalars.items():
                 stats.add_scalar(key, value)
             stats.add_tokens("policy/entropy", entropy, mb.loss_mask)
-            stats.add_tokens("policy/sampler_logprob_gap", (logprobs.detach() - mb.sampler_logprobs).abs(),
-                             mb.loss_mask)
+            log_r = logprobs.detach() - mb.sampler_logprobs  # (n, T) trainer vs sampler, same support
+            stats.add_tokens("policy/sampler_logprob_gap", log_r.abs(), mb.loss_mask)
+            stats.add_tokens("policy/sampler_kl", torch.expm1(log_r) - log_r, mb.loss_mask)  # k3 of KL(sampler||trainer)
             for key, value in out.token_stats.items():
                 stats.add_tokens(key, value.detach(), mb.loss_mask)
         trained = ([("policy", self.model, self.optimizer, self.scheduler, cfg.max_grad_norm)] if train_policy else [])

@@ -78,22 +78,29 @@ def check_finish(generation: Generation, stop_ids: set[int], max_new_tokens: int
 def test_float32_logprobs_match_a_separate_forward(sampling: SamplingParams) -> None:
     model = tiny_model()
     generations = make_engine(model).generate(PROMPTS * 2, sampling)
+    full_vocabulary = SamplingParams(temperature=sampling.temperature)  # no top_k / top_p
     for prompt, generation in zip(PROMPTS * 2, generations):
-        expected = recompute(model, prompt, generation.token_ids, sampling)
-        torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0)
+        drawn_with = recompute(model, prompt, generation.token_ids, sampling)
+        full = recompute(model, prompt, generation.token_ids, full_vocabulary)
+        logprobs, kept = torch.tensor(generation.logprobs), torch.tensor(generation.kept_logmass)
+        torch.testing.assert_close(logprobs, full, atol=1e-4, rtol=0)  # the trainer's support
+        torch.testing.assert_close(logprobs - kept, drawn_with, atol=1e-4, rtol=0)
         check_finish(generation, {2}, sampling.max_new_tokens)
 
 
-def test_top_k_logprobs_are_renormalised_over_the_kept_tokens() -> None:
+def test_top_k_reports_full_vocabulary_logprobs_and_the_kept_mass() -> None:
+    """TRAPS 28: with top_k the engine must not hand the trainer a renormalised logprob."""
     model = tiny_model()
     sampling = SamplingParams(max_new_tokens=16, temperature=1.0, top_k=3, seed=0)
     generations = make_engine(model).generate(PROMPTS, sampling)
     full = SamplingParams(max_new_tokens=16, temperature=1.0)
     for prompt, generation in zip(PROMPTS, generations):
-        kept = torch.tensor(generation.logprobs)
         unrestricted = recompute(model, prompt, generation.token_ids, full)
-        assert bool((kept > unrestricted + 1e-6).all())  # log(kept mass) < 0 lifts every token
-        assert bool((kept > torch.log(torch.tensor(1 / 3)) - 1e-6).any())  # best of 3 has p >= 1/3
+        renormalised = recompute(model, prompt, generation.token_ids, sampling)
+        assert bool((renormalised > unrestricted + 1e-3).all())  # top-3 really drops mass here
+        torch.testing.assert_close(torch.tensor(generation.logprobs), unrestricted, atol=1e-4, rtol=0)
+        kept = torch.tensor(generation.kept_logmass)
+        assert bool((kept < -1e-3).all()) and bool((kept <= 0).all())
 
 
 def test_ragged_prompts_match_decoding_each_prompt_alone_and_hf_generate() -> None:

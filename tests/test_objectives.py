@@ -321,10 +321,10 @@ def test_default_loss_mask_adjustment_masks_truncated_only_when_enabled() -> Non
     mask = ragged_mask([(1, 3), (0, 4), (2, 4)], 4)
     batch = make_batch(mask, truncated=[False, True, False])
     m = manager()
-    assert m.hook.agentrl_adjust_loss_mask(batch=batch, config=CONFIG, metrics={}) == []
+    assert m.hook.agentrl_adjust_loss_mask(batch=batch, config=CONFIG, settings={}, metrics={}) == []
     metrics: dict[str, float] = {}
     enabled = SimpleNamespace(mask_truncated_completions=True)
-    (keep,) = m.hook.agentrl_adjust_loss_mask(batch=batch, config=enabled, metrics=metrics)
+    (keep,) = m.hook.agentrl_adjust_loss_mask(batch=batch, config=enabled, settings={}, metrics=metrics)
     assert keep.shape == (3, 4) and keep.tolist() == [[1] * 4, [0] * 4, [1] * 4]
     assert metrics["mask/frac_truncated"] == pytest.approx(1 / 3)
 
@@ -336,6 +336,9 @@ def test_default_importance_weights_is_trylast() -> None:
             return log_ratio * 0
 
     log_ratio = torch.ones(1, 2)
-    kwargs = dict(log_ratio=log_ratio, loss_mask=torch.ones(1, 2), config=CONFIG, metrics={})
+    kwargs = dict(log_ratio=log_ratio, loss_mask=torch.ones(1, 2), level="token", config=CONFIG, settings={},
+                  metrics={})
     assert manager().hook.agentrl_importance_weights(**kwargs) is log_ratio
     assert manager(Override()).hook.agentrl_importance_weights(**kwargs).sum() == 0
+    sequence = manager().hook.agentrl_importance_weights(**{**kwargs, "level": "sequence"})
+    assert sequence.shape == (1, 1) and float(sequence) == 1.0

@@ -28,7 +28,8 @@ def test_defaults_and_every_option_listed():
     assert (config.gamma, config.lam, config.credit, config.value_clip) == (1.0, 1.0, "episode", 0.2)
     expected = {"gamma", "lam", "credit", "critic_learning_rate", "critic_lr_warmup_steps", "critic_max_grad_norm",
                 "critic_warmup_steps", "value_clip", "whiten_advantages", "ppo_epochs", "mini_batches",
-                "epsilon_low", "epsilon_high", "delta", "beta", "kl_in", "kl_estimator", "loss_type"}
+                "epsilon_low", "epsilon_high", "delta", "importance_sampling_level", "beta", "kl_in", "kl_estimator",
+                "loss_type"}
     assert {f.name for f in dataclasses.fields(PPOConfig)} == expected
 
 
@@ -47,6 +48,7 @@ def test_defaults_and_every_option_listed():
      "algorithm.kl_estimator='k3' is invalid: KL in the reward is k1 with no gradient; set kl_in=loss"),
     ({"delta": 1.1}, "algorithm.delta=1.1 is invalid: expected None or a number > 1 + epsilon_high = 1.2"),
     ({"loss_type": "mean"}, "algorithm.loss_type='mean' is invalid: expected one of"),
+    ({"importance_sampling_level": "seq"}, "algorithm.importance_sampling_level='seq' is invalid: expected one of"),
 ])
 def test_bad_options_are_named(kwargs, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -46,6 +46,7 @@ import torch
 
 from agentrl import (
     AGGREGATIONS,
+    IMPORTANCE_LEVELS,
     KL_ESTIMATORS,
     Algorithm,
     ConfigError,
@@ -90,6 +91,12 @@ class GRPOConfig:
     """Aggregation: "dapo" (rollout tokens), "bnpo" (step tokens), "grpo" (per-sequence mean), "dr_grpo"."""
     num_iterations: int = 1
     """Optimizer passes over each rollout batch (GRPO's mu); > 1 makes the clipping matter. >= 1."""
+    mini_batches: int = 1
+    """Optimizer steps per pass: the rollout batch's episodes are split into this many parts
+    (TRL's steps_per_generation); > 1 makes the clipping matter. >= 1."""
+    importance_sampling_level: str = "token"
+    """Importance ratio: "token" (GRPO), "sequence" (GSPO: the length-normalised sequence ratio,
+    clipped per sequence) or "sequence_token" (GSPO-token)."""
     std_epsilon: float = 1e-4
     """Floor on the std that advantages are divided by. > 0."""
 
@@ -113,9 +120,12 @@ class GRPOConfig:
             raise _invalid("scale_rewards", self.scale_rewards, _choices(_SCALES))
         if self.loss_type not in AGGREGATIONS:
             raise _invalid("loss_type", self.loss_type, _choices(AGGREGATIONS))
-        iterations = self.num_iterations
-        if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
-            raise _invalid("num_iterations", self.num_iterations, "expected an integer >= 1")
+        for key in ("num_iterations", "mini_batches"):
+            count = getattr(self, key)
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise _invalid(key, count, "expected an integer >= 1")
+        if self.importance_sampling_level not in IMPORTANCE_LEVELS:
+            raise _invalid("importance_sampling_level", self.importance_sampling_level, _choices(IMPORTANCE_LEVELS))
         if self.std_epsilon <= 0:
             raise _invalid("std_epsilon", self.std_epsilon, "expected a number > 0")
 
@@ -219,6 +229,11 @@ class GRPO(Algorithm):
         """Optimizer passes over each rollout batch (``config.num_iterations``)."""
         return self.config.num_iterations
 
+    @property
+    def num_mini_batches(self) -> int:
+        """Optimizer steps per pass (``config.mini_batches``)."""
+        return self.config.mini_batches
+
     def compute_advantages(self, batch: TrainBatch, metrics: dict[str, float]) -> torch.Tensor:
         """Each episode's group advantage on all its loss-mask tokens, ``(N, T)``; logs
         ``advantage/frac_zero_std_groups``, ``advantage/frac_nan_rewards``, ``advantage/abs_mean``."""
@@ -246,6 +261,8 @@ class GRPO(Algorithm):
             epsilon_low=config.epsilon_low,
             epsilon_high=config.epsilon_high,
             delta=config.delta,
+            importance_sampling_level=config.importance_sampling_level,
+            settings=context.settings,
         )  # (n, T)
         if config.beta > 0:
             if context.ref_logprobs is None:

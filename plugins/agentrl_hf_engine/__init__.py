@@ -7,15 +7,17 @@ Which policy samples (``engine_args.dtype``):
   every optimizer step; a tied LM head is the same tensor as the embedding, so it follows.
 * ``float32``: the trainer's own model object, put in eval mode for the call and restored after.
 
-Logprob semantics. ``Generation.logprobs[t]`` is the log-probability of the sampled token under the
-distribution it was actually drawn from: ``log_softmax(warp(logits / T))`` in float32 (logits
-upcast first, TRAPS 12), where ``warp`` keeps the ``top_k`` largest scores and then the smallest
-set reaching mass ``top_p`` (the order and tie rules of transformers' warpers and vLLM) and sets
-the rest to -inf. So with top-k/top-p the logprob is renormalised over the kept support and
-exceeds the trainer's full-vocabulary ``log_softmax(logits / T)`` by ``-log(kept mass)``
-(TRAPS 28). Greedy (``temperature=0``) reports ``log_softmax(logits)`` at T=1. ``float32`` matches
-a separate fp32 forward of prompt + completion to ~1e-5; ``bfloat16`` gives the bf16 sampler's own
-numbers (the behaviour policy): on SmolLM2 a mean |difference| of ~0.04 to the trainer's.
+Logprob semantics. Tokens are drawn from ``softmax(warp(logits / T))`` in float32 (logits upcast
+first, TRAPS 12), where ``warp`` keeps the ``top_k`` largest scores and then the smallest set
+reaching mass ``top_p`` (the order and tie rules of transformers' warpers and vLLM) and sets the
+rest to -inf. ``Generation.logprobs[t]`` is the sampled token's full-vocabulary
+``log_softmax(logits / T)``, the same support as the trainer's logprobs (TRAPS 28: a
+renormalised logprob would exceed the trainer's by ``-log(kept mass)`` and every sampler/trainer
+ratio would silently carry it); ``Generation.kept_logmass[t]`` is ``log(kept mass)``, so the
+probability the token was actually drawn with is ``logprobs - kept_logmass``. Greedy
+(``temperature=0``) reports ``log_softmax(logits)`` at T=1. ``float32`` matches a separate fp32
+forward of prompt + completion to ~1e-5; ``bfloat16`` gives the bf16 sampler's own numbers (the
+behaviour policy): on SmolLM2 a mean |difference| of ~0.04 to the trainer's.
 
 The decode loop is written out rather than calling ``model.generate``: it owns its
 ``torch.Generator`` (a seed never touches the global RNG), never inherits sampling defaults from
@@ -176,6 +178,8 @@ class HFEngine(Engine):
         stop = torch.tensor(sorted(self.stop_ids), device=self.device)
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
+        kept: list[list[float]] = [[] for _ in prompts]
+        truncates = sampling.temperature != 0 and (sampling.top_k > 0 or sampling.top_p < 1.0)
         reasons = ["length"] * len(prompts)
         active = list(range(len(prompts)))  # sequence index of each live row
         for step in range(sampling.max_new_tokens):
@@ -185,11 +189,17 @@ class HFEngine(Engine):
                 sampled = scores.argmax(dim=-1)  # (A,)
             else:
                 sampled = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)  # (A,)
-            picked = log_probs.gather(-1, sampled[:, None]).squeeze(-1)  # (A,)
+            picked = log_probs.gather(-1, sampled[:, None]).squeeze(-1)  # (A,) drawn with
+            full = picked  # (A,) full-vocabulary log_softmax(logits / T) at the sampled token
+            if truncates:
+                full_log_probs = (logits.float() / sampling.temperature).log_softmax(dim=-1)  # (A, V)
+                full = full_log_probs.gather(-1, sampled[:, None]).squeeze(-1)  # (A,)
             stopped = torch.isin(sampled, stop)  # (A,)
-            for seq, token, logprob, done in zip(active, sampled.tolist(), picked.tolist(), stopped.tolist()):
+            rows = zip(active, sampled.tolist(), full.tolist(), (full - picked).tolist(), stopped.tolist())
+            for seq, token, logprob, logmass, done in rows:
                 tokens[seq].append(token)
                 logprobs[seq].append(logprob)
+                kept[seq].append(logmass)
                 if done:
                     reasons[seq] = "stop"
             if step == sampling.max_new_tokens - 1 or bool(stopped.all()):
@@ -204,8 +214,8 @@ class HFEngine(Engine):
             out = self.model(input_ids=sampled[:, None], attention_mask=mask, position_ids=position[:, None],
                              past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]  # (A, V)
-        return [Generation(token_ids=t, logprobs=lp, finish_reason=r)
-                for t, lp, r in zip(tokens, logprobs, reasons)]
+        return [Generation(token_ids=t, logprobs=lp, kept_logmass=k, finish_reason=r)
+                for t, lp, k, r in zip(tokens, logprobs, kept, reasons)]
 
 
 def _check_sampling(sampling: SamplingParams) -> None:

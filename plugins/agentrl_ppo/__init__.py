@@ -53,6 +53,7 @@ from torch import nn
 
 from agentrl import (
     AGGREGATIONS,
+    IMPORTANCE_LEVELS,
     KL_ESTIMATORS,
     Algorithm,
     ConfigError,
@@ -119,6 +120,9 @@ class PPOConfig:
     """Upper clip range of the policy ratio: clipped at ``1 + epsilon_high``. >= 0."""
     delta: float | None = None
     """Two-sided clipping (INTELLECT-2): cap on the unclipped ratio, > 1 + epsilon_high; None: off."""
+    importance_sampling_level: str = "token"
+    """Policy ratio: "token" (PPO), "sequence_token" (GSPO-token: the sequence's length-normalised
+    ratio, gradient per token, fits per-token advantages) or "sequence" (GSPO)."""
     beta: float = 0.0
     """KL coefficient to a frozen reference policy (> 0 loads it); where it goes: ``kl_in``. >= 0."""
     kl_in: str = "reward"
@@ -171,6 +175,8 @@ class PPOConfig:
                            f"{self.kl_estimator} in the loss (KL in both places double-counts it)")
         if self.loss_type not in AGGREGATIONS:
             raise _invalid("loss_type", self.loss_type, _choices(AGGREGATIONS))
+        if self.importance_sampling_level not in IMPORTANCE_LEVELS:
+            raise _invalid("importance_sampling_level", self.importance_sampling_level, _choices(IMPORTANCE_LEVELS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,7 +418,8 @@ class PPO(Algorithm):
                 batch=batch, logprobs=context.logprobs, old_logprobs=context.old_logprobs,
                 advantages=batch.extras["advantages"], hook=context.hook, train_config=context.config,
                 metrics=context.metrics, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
-                delta=config.delta)  # (n, T)
+                delta=config.delta, importance_sampling_level=config.importance_sampling_level,
+                settings=context.settings)  # (n, T)
             if config.beta > 0 and config.kl_in == "loss":
                 if context.ref_logprobs is None:
                     raise ValueError("PPO with beta > 0 needs ref_logprobs: the trainer must load a reference")
