@@ -229,6 +229,12 @@ def check_reward(fn: RewardFn, trajectories: list[Trajectory], full_marks: float
         check_reward_gold(fn, trajectories, full_marks)
 
 
+def parity_reward(trajectories: list[Trajectory]) -> list[float]:
+    """1 when the first sampled token id is odd: a reward a random tiny model earns about half the
+    time, so its groups have signal (for smoke tests of algorithms and plugins)."""
+    return [float(t.token_ids[t.prompt_length] % 2) if t.num_sampled_tokens else 0.0 for t in trajectories]
+
+
 def build_tiny_model(vocab_size: int, seed: int = 0) -> Any:
     """A random 2-layer Llama with ``vocab_size`` tokens and tied embeddings (like SmolLM2), for
     fast smoke tests of plugins: pair it with the real tokenizer, or save both to a folder usable

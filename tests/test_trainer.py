@@ -11,6 +11,7 @@ from agentrl.config import TrainConfig
 from agentrl.evaluate import evaluate
 from agentrl.models import load_model
 from agentrl.plugins import load_plugins
+from agentrl.testing import parity_reward
 from agentrl.trainer import Trainer, plan_micro_batches
 
 
@@ -77,11 +78,6 @@ def test_step_zero_ratio_is_one_with_fp32_engine(tiny_model_dir, tmp_path):
     trainer.update(batch, metrics)
     assert metrics["policy/sampler_logprob_gap"] < 1e-4
     assert metrics["clip/region"] == 0.0
-
-
-def parity_reward(trajectories):
-    """1 when the first sampled token id is odd: a reward a random model earns half the time."""
-    return [float(t.token_ids[t.prompt_length] % 2) for t in trajectories]
 
 
 def test_in_process_eval_equals_fresh_load_of_saved_run(tiny_model_dir, tmp_path):
