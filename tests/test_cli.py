@@ -48,6 +48,9 @@ def test_print_config_shows_resolved_values(tmp_path):
     result = run("train", "--config", str(config), "--max-steps", "7", "--set", "algorithm.beta=0.02", "--print-config")
     assert "max_steps: 7" in result.stdout and "learning_rate: 3.0e-06" in result.stdout
     assert "loss_type: grpo" in result.stdout and "beta: 0.02" in result.stdout
+    result = run("train", "--algo", "gspo", "--set", "plugins.sampler_correction.mode=tis", "--print-config")
+    assert "importance_sampling_level: sequence" in result.stdout and "epsilon_high: 0.0004" in result.stdout
+    assert "sampler_correction:\n    mode: tis\n    level: token\n    cap: 2.0" in result.stdout
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -56,6 +59,8 @@ def test_print_config_shows_resolved_values(tmp_path):
     (["--set", "max_stpes=3"], "unknown config key 'max_stpes'; did you mean 'max_steps'?"),
     (["--model", "/nonexistent/model"], "model '/nonexistent/model' not found"),
     (["--reward", "format:heavy"], "weight 'heavy' is not a number"),
+    (["--set", "plugins.sampler_correction.mode=clip"], "plugins.sampler_correction.mode='clip' is invalid"),
+    (["--set", "plugins.nope.x=1"], "unknown plugin settings section plugins.nope; sections: sampler_correction"),
 ])
 def test_bad_input_is_one_clear_line(args, message, tmp_path):
     result = run("train", "--output-dir", str(tmp_path / "r"), "--set", "eval_tasks=0", *args, check=False)

@@ -69,3 +69,35 @@ def test_readme_algorithm_plugin_trains_a_step(tiny_model_dir, tmp_path):
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_readme_step_hook_plugin_is_configured_by_its_section(tiny_model_dir, tmp_path):
+    """The README's step-hook example: its section validates, lists resolved, and masks the loss."""
+    import sys
+    import types
+
+    import pytest
+
+    from agentrl import ConfigError
+    from agentrl.config import TrainConfig, resolved_dict
+    from agentrl.plugins import load_plugins
+    from agentrl.trainer import Trainer
+
+    blocks = re.findall(r"```python\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.S)
+    (block,) = [b for b in blocks if "class MaxLengthConfig" in b]
+    module = types.ModuleType("readme_max_length")
+    sys.modules[module.__name__] = module
+    exec(compile(block, "README.md", "exec"), module.__dict__)
+    manager = load_plugins()
+    manager.register_plugin(module, name="readme_max_length")
+    config = TrainConfig(model=str(tiny_model_dir), max_steps=1, prompts_per_step=2, num_generations=2,
+                         max_new_tokens=6, eval_tasks=0, output_dir=str(tmp_path / "run"), save_model=False,
+                         log_completions_every=0, plugins={"max_length": {"max_tokens": 3}})
+    assert resolved_dict(TrainConfig(), manager)["plugins"]["max_length"] == {"max_tokens": 0}
+    with pytest.raises(ConfigError, match="plugins.max_length.max_tokens=-1 is invalid"):
+        Trainer(TrainConfig(model=str(tiny_model_dir), plugins={"max_length": {"max_tokens": -1}}), manager)
+    trainer = Trainer(config, manager)
+    batch, _, metrics = trainer.rollout_step(1)
+    assert int(batch.loss_mask.sum(dim=1).max()) > 3  # the tiny model runs to the 6-token cap
+    trainer.update(batch, metrics)
+    assert metrics["max_length/frac_dropped"] == 1.0 and float(batch.loss_mask.sum()) == 0.0
