@@ -162,3 +162,17 @@ def test_gspo_trains_end_to_end_on_a_tiny_model(tiny_model_dir, tmp_path):
     assert all(math.isfinite(m["loss/total"]) for m in history)
     assert "clip/region" in history[-1] and history[-1]["train/nonfinite_skipped_steps"] == 0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_ppo_with_gspo_token_and_masked_correction_composes(tiny_model_dir, tmp_path):
+    """The sequence ratio and the sampler correction plug into PPO unchanged (bf16 sampler)."""
+    config = TrainConfig(model=str(tiny_model_dir), algo="ppo", max_steps=1, prompts_per_step=2, num_generations=2,
+                         max_new_tokens=6, eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0,
+                         save_model=False, rewards={"parity": 1.0},
+                         algorithm={"importance_sampling_level": "sequence_token", "mini_batches": 2},
+                         plugins={"sampler_correction": {"mode": "mis", "level": "geometric", "cap": 1.05}})
+    manager = load_plugins()
+    manager.registry.add("reward", "parity", parity_reward, plugin="test")
+    history = Trainer(config, manager).train().history
+    assert math.isfinite(history[0]["loss/total"]) and "loss/value" in history[0]
+    assert 0.0 <= history[0]["mismatch/frac_masked"] <= 1.0 and history[0]["mismatch/kl"] > 0
