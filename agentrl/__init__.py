@@ -6,7 +6,7 @@ The public API. Plugins, built-in or third-party, import only from here.
 from agentrl.algorithm import Algorithm, LossContext, LossOutput, SetupContext, StepTotals, TrainableModule
 from agentrl.chat import ChatTokenizer
 from agentrl.config import TrainConfig, build_plugin_config
-from agentrl.engine import Engine, Generation, SamplingParams
+from agentrl.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
 from agentrl.env import Env, Message, MessagesSpace, Task
 from agentrl.errors import (
     AgentRLError,
@@ -82,5 +82,7 @@ __all__ = [
     "masked_mean",
     "policy_loss",
     "step_totals",
+    "stop_token_ids",
+    "token_ids",
     "tool",
 ]

