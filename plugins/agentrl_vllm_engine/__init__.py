@@ -226,5 +226,8 @@ def _generation(completion: Any, stop_ids: list[int]) -> Generation:
 
 @hookimpl
 def agentrl_register_engines(register: Any) -> None:
-    """Register the ``vllm`` engine."""
+    """Register ``vllm`` (in-process) and ``vllm_server`` (a separate ``vllm serve``)."""
+    from agentrl_vllm_engine.server import VLLMServerEngine
+
     register("vllm", VLLMEngine)
+    register("vllm_server", VLLMServerEngine)
