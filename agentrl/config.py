@@ -286,13 +286,17 @@ def resolve_settings(config: TrainConfig, registry: Any) -> dict[str, Any]:
 
 
 def resolved_dict(config: TrainConfig, manager: Any) -> dict[str, Any]:
-    """The config as plain data with the algorithm section and every plugin settings section
-    filled in with their defaults (validated by their config classes): what ``--print-config``
-    shows."""
+    """The config as plain data with the algorithm section, every plugin settings section and the
+    engine's options (when its class names a ``config_class``) filled in with their defaults,
+    validated by their config classes: what ``--print-config`` shows."""
     data = config.to_dict()
     algo_cls = manager.registry.get("algorithm", config.algo).factory
     algo_config = build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm")
     data["algorithm"] = dataclasses.asdict(algo_config)
     data["plugins"] = {name: dataclasses.asdict(section)
                        for name, section in resolve_settings(config, manager.registry).items()}
+    engine_cls = manager.registry.get("engine", config.engine).factory
+    if dataclasses.is_dataclass(getattr(engine_cls, "config_class", None)):  # an engine that declares its options
+        data["engine_args"] = dataclasses.asdict(build_plugin_config(engine_cls.config_class, config.engine_args,
+                                                                     "engine_args"))
     return data

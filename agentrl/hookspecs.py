@@ -94,7 +94,9 @@ def agentrl_register_engines(register: Register) -> None:
     """Register generation engines: ``register("hf", HFEngine)``.
 
     Called once at load time. ``factory(model=, tokenizer=, config=)`` returns an
-    :class:`agentrl.Engine`. ``--engine NAME`` selects it. Built-in: ``agentrl_hf_engine`` (hf).
+    :class:`agentrl.Engine`; a factory with a ``config_class`` dataclass has its ``engine_args``
+    shown resolved by ``--print-config``. ``--engine NAME`` selects it. Built-ins:
+    ``agentrl_hf_engine`` (hf), ``agentrl_vllm_engine`` (vllm, vllm_server).
     """
 
 

@@ -51,6 +51,7 @@ def test_print_config_shows_resolved_values(tmp_path):
     result = run("train", "--algo", "gspo", "--set", "plugins.sampler_correction.mode=tis", "--print-config")
     assert "importance_sampling_level: sequence" in result.stdout and "epsilon_high: 0.0004" in result.stdout
     assert "sampler_correction:\n    mode: tis\n    level: token\n    cap: 2.0" in result.stdout
+    assert "engine_args:\n  dtype: bfloat16\n  batch_size: 64" in result.stdout  # the engine's options
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -95,6 +95,8 @@ def warp_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
 class HFEngine(Engine):
     """Sample completions from a HF causal LM; see the module docstring for the logprob semantics."""
 
+    config_class = HFEngineConfig
+
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
         args = dict(getattr(config, "engine_args", None) or {})
         self.options: HFEngineConfig = build_plugin_config(HFEngineConfig, args, "engine_args")

@@ -122,6 +122,8 @@ def _import_vllm() -> Any:
 class VLLMEngine(Engine):
     """Sample completions with an in-process vLLM; see the module docstring for the semantics."""
 
+    config_class = VLLMEngineConfig
+
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
         self.options: VLLMEngineConfig = build_plugin_config(
             VLLMEngineConfig, dict(getattr(config, "engine_args", None) or {}), "engine_args")

@@ -82,6 +82,8 @@ class VLLMServerConfig:
 class VLLMServerEngine(Engine):
     """Sample through a ``vllm serve`` process over HTTP; see the module docstring."""
 
+    config_class = VLLMServerConfig
+
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
         from agentrl_vllm_engine import logprobs_mode
 
