@@ -85,16 +85,21 @@ def test_bf16_engine_mismatch_is_measured(tiny_model_dir, tmp_path):
     assert metrics["mismatch/ratio_min"] < 1 < metrics["mismatch/ratio_max"]
 
 
-def test_mis_drops_out_of_range_tokens_and_the_denominator_counts_only_kept_ones(tiny_model_dir, tmp_path):
-    trainer = _trainer(tiny_model_dir, tmp_path, {"mode": "mis", "cap": 1.5})
-    offsets = [0.0, 2.0, 0.1, -2.0, 0.0, -0.3, 1.0, 0.0]  # w = exp(-offset): kept iff |offset| <= log 1.5
+@pytest.mark.parametrize("level", ["token", "sequence", "geometric"])
+def test_mis_drops_out_of_range_tokens_and_the_denominator_counts_only_kept_ones(tiny_model_dir, tmp_path, level):
+    trainer = _trainer(tiny_model_dir, tmp_path, {"mode": "mis", "cap": 1.5, "level": level})
+    offsets = [0.0, 2.0, 0.1, -2.0, 0.0, -0.3, 1.0, 0.05]  # token w = exp(-offset)
     batch, metrics = _forged_batch(trainer, offsets)
     mask_before = batch.loss_mask.clone()
     trainer.update(batch, metrics)
-    kept_rows = [abs(o) <= math.log(1.5) for o in offsets]
     tokens = mask_before.sum(dim=1).tolist()
+    # log w of a row's unit: -offset per token (token, geometric), -offset x tokens (sequence product)
+    log_w = [-o * (n if level == "sequence" else 1) for o, n in zip(offsets, tokens)]
+    kept_rows = [-math.log(1.5) <= lw <= math.log(1.5) for lw in log_w]
     assert batch.loss_mask.sum(dim=1).tolist() == [n if k else 0.0 for n, k in zip(tokens, kept_rows)]
-    assert metrics["mismatch/frac_masked"] == pytest.approx(sum(n for n, k in zip(tokens, kept_rows) if not k) / sum(tokens))
+    weights = tokens if level == "token" else [1.0] * len(tokens)  # masked share of tokens, or of sequences
+    assert metrics["mismatch/frac_masked"] == pytest.approx(
+        sum(w for w, k in zip(weights, kept_rows) if not k) / sum(weights))
     advantages = _group_advantages(batch.rewards.tolist(), batch.groups.tolist())
     # One optimizer step on-policy: r = 1, so the dapo loss is -sum(A over kept tokens) / kept tokens.
     expected = -sum(a * n for a, n, k in zip(advantages, tokens, kept_rows) if k) / sum(
