@@ -17,7 +17,7 @@ from agentrl.errors import AgentRLError
 
 app = typer.Typer(help="Train LLM agents with reinforcement learning.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
-console = Console(stderr=False)
+console = Console(stderr=False, soft_wrap=True)  # a log file gets whole lines, never re-wrapped
 _state = {"debug": False}
 
 
@@ -44,45 +44,82 @@ def _manager(disabled: list[str], modules: list[str]) -> Any:
 
 
 class _Progress:
-    """rich progress bar with live reward, plus one line per evaluation."""
+    """Training progress: a live rich bar with the current phase (eval / rollout / update) and the
+    last step's reward on a terminal; one plain line per step when output goes to a file or pipe."""
 
     def __init__(self, total: int) -> None:
-        self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+        self.total, self.live = total, console.is_terminal
+        self.bar = Progress(TextColumn("[bold]{task.fields[phase]:<7}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                            console=console)
-        self.task = self.bar.add_task("train", total=total, info="")
+                            console=console, disable=not self.live)
+        self.task = self.bar.add_task("train", total=total, info="", phase="start")
+
+    def phase(self, label: str) -> None:
+        """Show what the run is doing now."""
+        self.bar.update(self.task, phase=label)
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
         info = (f"reward {metrics.get('reward/total_mean', float('nan')):.3f} "
                 f"len {metrics.get('rollout/sampled_tokens_mean', 0):.0f} "
                 f"{metrics.get('perf/step_seconds', 0):.1f}s/step")
         self.bar.update(self.task, completed=step, info=info)
+        if not self.live:
+            console.print(f"step {step}/{self.total}: {info}", highlight=False)
 
     def report(self, label: str, metrics: dict[str, float]) -> None:
+        """One line per evaluation: accuracy with its standard error and the task count."""
         if metrics:
             sampled = metrics.get("eval/accuracy_sampled")
             extra = f" (sampled {sampled:.3f})" if sampled is not None else ""
-            self.bar.console.print(f"{label}: accuracy {metrics['eval/accuracy']:.3f}{extra} on "
-                                   f"{int(metrics['eval/num_tasks'])} held-out tasks, mean env return "
-                                   f"{metrics['eval/env_return_mean']:.3f}")
+            n = int(metrics["eval/num_tasks"])
+            self.bar.console.print(f"{label}: accuracy {metrics['eval/accuracy']:.3f} "
+                                   f"+/- {standard_error(metrics['eval/accuracy'], n):.3f}{extra} on {n} held-out "
+                                   f"tasks, mean env return {metrics['eval/env_return_mean']:.3f}", highlight=False)
+
+
+def standard_error(accuracy: float, n: int) -> float:
+    """Standard error of an accuracy measured on ``n`` tasks (binomial; 0.5 where p is 0 or 1,
+    so a perfect score on 8 tasks still reads as uncertain)."""
+    p = accuracy if 0 < accuracy < 1 else 0.5
+    return math.sqrt(p * (1 - p) / max(n, 1))
+
+
+def noise_note(before: float, after: float, n: int) -> str:
+    """Empty when the before/after change exceeds twice its standard error, else a warning."""
+    se = math.sqrt(standard_error(before, n) ** 2 + standard_error(after, n) ** 2)
+    if abs(after - before) > 2 * se:
+        return ""
+    return (f" (a change under 2 standard errors, {2 * se:.3f} on {n} tasks, is noise: raise eval_tasks "
+            "or compare several seeds)")
+
+
+def _default(key: str) -> str:
+    """`` [default: X]`` for a TrainConfig key, shown in ``train --help``."""
+    from agentrl.config import TrainConfig
+
+    return f" [default: {getattr(TrainConfig, key)}]"
 
 
 @app.command()
 def train(
-    env: Optional[str] = typer.Option(None, "--env", help="Environment name or path/file.py:Class."),
-    algo: Optional[str] = typer.Option(None, "--algo", help="Algorithm name."),
-    model: Optional[str] = typer.Option(None, "--model", help="HF folder, run dir, hub id or alias."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Generation engine name."),
-    reward: Optional[list[str]] = typer.Option(None, "--reward", help="Reward NAME[:WEIGHT]; repeatable."),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Optimizer steps."),
-    num_generations: Optional[int] = typer.Option(None, "--num-generations", help="Episodes per task."),
-    prompts_per_step: Optional[int] = typer.Option(None, "--prompts-per-step", help="Tasks per step."),
-    output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Run directory."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed."),
+    env: Optional[str] = typer.Option(None, "--env", help="Environment name or path/file.py:Class." + _default("env")),
+    algo: Optional[str] = typer.Option(None, "--algo", help="Algorithm name." + _default("algo")),
+    model: Optional[str] = typer.Option(None, "--model", help="HF folder, run dir, hub id or alias." + _default("model")),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Generation engine name." + _default("engine")),
+    reward: Optional[list[str]] = typer.Option(
+        None, "--reward", help="Reward NAME[:WEIGHT], path/file.py:func[:WEIGHT] or module:func[:WEIGHT] "
+        "(agentrl- or TRL-style); repeatable; replaces the env's default rewards. [default: the env's]"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Optimizer steps." + _default("max_steps")),
+    num_generations: Optional[int] = typer.Option(None, "--num-generations",
+                                                  help="Episodes per task." + _default("num_generations")),
+    prompts_per_step: Optional[int] = typer.Option(None, "--prompts-per-step",
+                                                   help="Tasks per step." + _default("prompts_per_step")),
+    output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Run directory. [default: runs/ENV-ALGO-TIME]"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed." + _default("seed")),
     config: Optional[str] = typer.Option(None, "--config", help="YAML config file."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override key=value (dotted keys for sections)."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
-    plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin module to load."),
+    plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin to load: module.path or path/file.py."),
     disable_plugin: Optional[list[str]] = typer.Option(None, "--disable-plugin", help="Plugin not to load."),
 ) -> None:
     """Train a policy; ends with held-out accuracy before vs after and where the run was saved."""
@@ -106,71 +143,148 @@ def train(
 
         console.print(f"[bold]agentrl[/] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.max_steps} steps x "
                       f"{cfg.prompts_per_step} tasks x {cfg.num_generations} episodes", highlight=False)
+        _quiet_library_progress()
         trainer = Trainer(cfg, manager)
+        console.print(_rewards_line(cfg, trainer), highlight=False)
         progress = _Progress(cfg.max_steps)
         with progress.bar:
             result = trainer.train(progress=progress)
         before = result.eval_before.get("eval/accuracy")
         after = result.eval_after.get("eval/accuracy")
         if before is not None and after is not None:
-            console.print(f"[bold]held-out accuracy: {before:.3f} -> {after:.3f}[/]")
+            n = int(result.eval_after["eval/num_tasks"])
+            console.print(f"[bold]held-out accuracy: {before:.3f} -> {after:.3f}[/]{noise_note(before, after, n)}",
+                          highlight=False)
         console.print(f"run saved to {result.run_dir}", highlight=False)
 
     _run(run)
 
 
+def _rewards_line(cfg: Any, trainer: Any) -> str:
+    """What the run is rewarded for, and where that choice came from."""
+    parts = [f"env return x{cfg.env_reward_weight:g}"]
+    parts += [f"{name} x{weight:g}" for name, (_, weight) in trainer.reward_fns.items()]
+    defaults = trainer.envs[0].default_rewards
+    if cfg.rewards is None:
+        source = "the env's defaults"
+    elif defaults and any(name not in cfg.rewards for name in defaults):
+        listed = " ".join(f"--reward {name}:{weight:g}" for name, weight in defaults.items())
+        source = f"--reward replaces the env's defaults; add {listed} to keep them"
+    else:
+        source = "--reward"
+    return f"rewards: {' + '.join(parts)} ({source})"
+
+
+def _quiet_library_progress() -> None:
+    """Silence transformers' own loading bars: they would break up agentrl's display."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _parse_rewards(items: list[str]) -> dict[str, float]:
+    """``NAME``, ``NAME:WEIGHT``, ``path/file.py:func[:WEIGHT]`` or ``module:func[:WEIGHT]``."""
     from agentrl.errors import ConfigError
 
     out: dict[str, float] = {}
     for item in items:
-        name, _, weight = item.partition(":")
-        try:
-            out[name] = float(weight) if weight else 1.0
-        except ValueError:
-            raise ConfigError(f"--reward {item!r}: weight {weight!r} is not a number (use NAME or NAME:WEIGHT)") from None
+        head, sep, tail = item.rpartition(":")
+        name, weight = (head, tail) if sep and _looks_numeric(tail) else (item, "")
+        if sep and not weight and head.isidentifier() and not _importable(head):
+            raise ConfigError(f"--reward {item!r}: weight {tail!r} is not a number, and {head!r} is not an "
+                              "importable module (use NAME[:WEIGHT], path/file.py:func[:WEIGHT] or module:func[:WEIGHT])")
+        if not name:
+            raise ConfigError(f"--reward {item!r}: expected NAME[:WEIGHT] or path/file.py:func[:WEIGHT]")
+        out[name] = float(weight) if weight else 1.0
         if not math.isfinite(out[name]):
             raise ConfigError(f"--reward {item!r}: weight {weight!r} must be a finite number")
     return out
 
 
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    return importlib.util.find_spec(module) is not None
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 @app.command("eval")
 def eval_(
     model: str = typer.Option("smollm2-135m", "--model", help="HF folder, run dir, hub id or alias."),
-    env: str = typer.Option("math", "--env", help="Environment name or path/file.py:Class."),
+    env: Optional[str] = typer.Option(None, "--env", help="Environment name or path/file.py:Class. "
+                                      "[default: the run's env for a run dir, else math]"),
     num_tasks: int = typer.Option(64, "--num-tasks", help="Held-out tasks to evaluate."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens per turn."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens",
+                                                 help="Tokens per turn. [default: the run's, else 64]"),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
     engine: str = typer.Option("hf", "--engine", help="Generation engine."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override key=value (e.g. env_args.difficulty=...)."),
     as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON."),
 ) -> None:
-    """Accuracy of a model or run dir on an env's held-out split."""
+    """Accuracy of a model or run dir on an env's held-out split (a run dir: the env, env_args and
+    rewards it trained with, unless --env is given)."""
 
     def run() -> None:
         from agentrl.config import build_config
         from agentrl.evaluate import evaluate
         from agentrl.models import load_model, load_tokenizer
-        from agentrl.trainer import make_env, reward_functions
+        from agentrl.rewards import resolve_rewards
+        from agentrl.trainer import make_env
 
-        cfg = build_config(overrides={"model": model, "env": env, "engine": engine,
+        run_config = _run_config(model)
+        base = {k: run_config[k] for k in ("env", "env_args", "rewards", "env_reward_weight", "max_new_tokens",
+                                           "reward_completion_format", "rollout", "max_total_tokens")
+                if k in run_config and (env is None or k not in ("env", "env_args", "rewards"))}
+        cfg = build_config(overrides={**base, "model": model, "env": env, "engine": engine,
                                       "max_new_tokens": max_new_tokens, "eval_tasks": num_tasks}, sets=set_)
         manager = _manager([], [])
         envs = [make_env(manager, cfg) for _ in range(min(max(num_tasks, 1), 64))]
+        tasks = list(envs[0].eval_tasks())[:num_tasks]
+        source = "the run's env" if run_config and env is None else "--env" if env else "the default env"
+        args = f" {cfg.env_args}" if cfg.env_args else ""
+        typer.echo(f"evaluating {model} on {cfg.env}{args} ({source}): {len(tasks)} held-out tasks, "
+                   f"temperature {temperature:g}", err=as_json)
+        _quiet_library_progress()
         tokenizer, policy = load_tokenizer(cfg.model), load_model(cfg.model)
         eng = manager.registry.get("engine", cfg.engine).factory(model=policy, tokenizer=tokenizer, config=cfg)
         rollout = manager.registry.get("rollout", cfg.rollout).factory(engine=eng, tokenizer=tokenizer, config=cfg)
-        tasks = list(envs[0].eval_tasks())[:num_tasks]
         metrics, _ = evaluate(rollout, envs, tasks, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
-                              seed=cfg.seed, reward_fns=reward_functions(manager, cfg, envs[0]),
+                              seed=cfg.seed, reward_fns=resolve_rewards(cfg, manager.registry, envs[0]),
                               batch_size=len(envs))
         if as_json:
-            print(json.dumps(metrics))
+            print(json.dumps({"model": model, "env": cfg.env, "env_args": cfg.env_args, **metrics}))
         else:
             for key, value in metrics.items():
                 console.print(f"{key}: {value:.4f}", highlight=False)
 
     _run(run)
+
+
+def _run_config(model: str) -> dict[str, Any]:
+    """The saved config of a run dir (``model`` points at one), else {}."""
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(model).expanduser() / "config.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        from agentrl.errors import ConfigError
+
+        raise ConfigError(f"run config {str(path)!r} is not valid YAML: {exc}") from exc
+    return data if isinstance(data, dict) else {}
 
 
 @app.command()
@@ -200,6 +314,14 @@ def plot(run_dir: str = typer.Argument(..., help="Run directory with metrics.jso
 
     console.print(f"wrote {plot_run(run_dir)}", highlight=False)
 
+
+def _add_subcommands() -> None:
+    from agentrl.scaffold import app as new_app
+
+    app.add_typer(new_app, name="new")
+
+
+_add_subcommands()
 
 if __name__ == "__main__":
     sys.exit(app())

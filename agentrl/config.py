@@ -19,6 +19,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from agentrl.errors import ConfigError
+from agentrl.imports import absolute_spec
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,13 @@ class TrainConfig:
     rollout: str = "multi_turn"
     """Rollout function name (multi_turn also covers single-turn envs)."""
     rewards: dict[str, float] | None = None
-    """Extra reward functions and weights, added to the env's own reward; None = env defaults."""
+    """Reward functions (registered names, ``file.py:func`` or ``module:func``; agentrl- or
+    TRL-style) and their weights, added to the env's own reward. None: the env's
+    ``default_rewards``; a mapping replaces them (list them again to keep them)."""
+    reward_completion_format: str = "conversational"
+    """What TRL-style reward functions receive as ``completions`` and ``prompts``: ``conversational``
+    (message lists, as TRL gives for chat datasets) or ``plain`` (the final reply's text; the last
+    opening user message's text)."""
     env_reward_weight: float = 1.0
     """Weight of the environment's own reward (its per-turn rewards summed)."""
 
@@ -142,6 +149,12 @@ class TrainConfig:
             for name, weight in self.rewards.items():
                 if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                     raise ConfigError(f"rewards.{name} must be a finite number, got {weight!r}")
+        if self.reward_completion_format not in ("conversational", "plain"):
+            raise ConfigError("reward_completion_format must be 'conversational' or 'plain', got "
+                              f"{self.reward_completion_format!r}")
+        object.__setattr__(self, "env", absolute_spec(self.env))  # frozen: set once, here
+        if self.rewards is not None:
+            object.__setattr__(self, "rewards", {absolute_spec(name): w for name, w in self.rewards.items()})
         if not math.isfinite(self.env_reward_weight):
             raise ConfigError(f"env_reward_weight must be a finite number, got {self.env_reward_weight!r}")
 

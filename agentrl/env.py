@@ -11,6 +11,13 @@ member of a group the same task through ``reset(options={"task": task})``; witho
 draws a training task from its own seeded RNG. ``train_tasks`` / ``eval_tasks`` expose the
 task source and the held-out split.
 
+``gold_reply(task)`` is the reply that earns the maximum reward (``\\boxed{answer}`` by default;
+None where no single reply is right, e.g. games): ``agentrl.testing.check_env`` steps it.
+
+``reset`` and ``step`` check what ``train_tasks``, ``start`` and ``respond`` return (cheap checks)
+and raise :class:`agentrl.EnvError` naming the env, the method, what it returned and the shape
+expected, instead of a failure deep inside gymnasium or the chat template.
+
 Env-specific figures: a ``step``'s ``info["metrics"]`` (name -> float) as it stands at the
 episode's last step is averaged over the batch's episodes and logged as ``env/NAME`` (training)
 and ``eval/env/NAME`` (evaluation); keep it a running summary of the whole episode.
@@ -19,20 +26,51 @@ and ``eval/env/NAME`` (evaluation); keep it a running summary of the whole episo
 from __future__ import annotations
 
 import abc
+import contextlib
+import copy
 import importlib
 import importlib.util
-from collections.abc import Sequence
+import math
+import numbers
+import random
+import reprlib
+from collections.abc import Iterator, Sequence
 from typing import Any, SupportsFloat
 
 import gymnasium
 import numpy as np
 
 from agentrl.errors import EnvError
+from agentrl.tasks import LazyTasks
 
 Message = dict[str, Any]
 Task = dict[str, Any]
 
 ROLES = ("system", "user", "assistant", "tool")
+MESSAGES_SHAPE = "a list of {'role': 'system'|'user'|'assistant'|'tool', 'content': str} dicts"
+"""The shape ``start`` and ``respond`` must give their messages in (for error messages)."""
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = 4
+
+
+def describe(value: Any) -> str:
+    """A short description of ``value`` for error messages: "a str 'abc'", "a tuple of 3 values"."""
+    if value is None:
+        return "None"
+    kind = type(value).__name__
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)} value{'s' if len(value) != 1 else ''}"
+    if isinstance(value, (str, bytes, numbers.Number, list, dict)):
+        return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} {_REPR.repr(value)}"
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def boxed_reply(task: Task) -> str | None:
+    """``\\boxed{answer}`` for a task with a non-None ``answer``, else None (the default gold reply)."""
+    answer = task.get("answer")
+    return None if answer is None else f"\\boxed{{{answer}}}"
 
 
 class MessagesSpace(gymnasium.spaces.Space):
@@ -115,6 +153,32 @@ class Env(gymnasium.Env, abc.ABC):
     def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
         """React to the assistant's ``text``: (messages to append, reward, terminated, info)."""
 
+    def gold_reply(self, task: Task) -> str | None:
+        """The reply that earns the maximum reward on ``task`` in one step, or None if none can.
+
+        ``agentrl.testing.check_env`` resets on a few tasks, steps this reply and expects the max
+        reward. The default is ``\\boxed{answer}`` when the task has an ``answer``; override it for
+        another answer format (``<answer>42</answer>``), or return None where no single reply is
+        right (games, open-ended tasks) so the check skips the task.
+        """
+        return boxed_reply(task)
+
+    def validated_tasks(self, split: str = "train") -> Sequence[Task]:
+        """``train_tasks()`` or ``eval_tasks()``, checked to be an indexable sequence (train: non-empty).
+
+        Raises EnvError naming the method and what it returned otherwise (a generator, a dict...).
+        """
+        if split not in ("train", "eval"):
+            raise EnvError(f"validated_tasks: split must be 'train' or 'eval', got {split!r}")
+        method = f"{type(self).__name__}.{split}_tasks"
+        tasks = self.train_tasks() if split == "train" else self.eval_tasks()
+        if isinstance(tasks, (str, bytes, dict)) or not (hasattr(tasks, "__len__") and hasattr(tasks, "__getitem__")):
+            raise EnvError(f"{method} must return an indexable sequence of task dicts (a list or "
+                           f"agentrl.LazyTasks); got {describe(tasks)}")
+        if split == "train" and len(tasks) == 0:
+            raise EnvError(f"{method} returned an empty sequence; it must hold at least one task dict")
+        return tasks
+
     # -- gymnasium API -----------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[list[Message], dict[str, Any]]:
@@ -127,14 +191,19 @@ class Env(gymnasium.Env, abc.ABC):
         options = options or {}
         task = options.get("task")
         if task is None:
-            tasks = self.train_tasks()
+            tasks = self.validated_tasks("train")
             task = tasks[int(self.np_random.integers(len(tasks)))]
         if not isinstance(task, dict):
             raise EnvError(f"{type(self).__name__}.reset: task must be a dict, got {type(task).__name__}")
-        self.task = dict(task)
+        # Deep copies: the task source may hand out cached dicts (nested metadata included), and
+        # gymnasium's contract is fresh data per call, so env.task, info["task"] and the source
+        # never share a mutable object.
+        self.task = copy.deepcopy(task)
         self.turn = 0
         self.template_renders_tools = bool(options.get("template_renders_tools", False))
-        return self.start(self.task), {"task": self.task}
+        messages = self.start(self.task)
+        self._check_messages("start", messages, non_empty=True)
+        return messages, {"task": copy.deepcopy(self.task)}
 
     def step(self, action: str) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
         """Apply the assistant's message ``action``; truncates after ``max_turns`` turns."""
@@ -143,9 +212,40 @@ class Env(gymnasium.Env, abc.ABC):
         if not isinstance(action, str):
             raise EnvError(f"{type(self).__name__}.step: action must be str, got {type(action).__name__}")
         self.turn += 1
-        messages, reward, terminated, info = self.respond(action)
+        result = self.respond(action)
+        where = f"{type(self).__name__}.respond"
+        if not (isinstance(result, tuple) and len(result) == 4):
+            raise EnvError(f"{where} must return (messages, reward, terminated, info); got {describe(result)}")
+        messages, reward, terminated, info = result
+        self._check_messages("respond", messages, non_empty=False)
+        if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+            raise EnvError(f"{where} must return a finite number as its reward (2nd value); got {describe(reward)}")
+        if not isinstance(terminated, (bool, np.bool_)):
+            raise EnvError(f"{where} must return a bool as terminated (3rd value); got {describe(terminated)}")
+        if not isinstance(info, dict):
+            raise EnvError(f"{where} must return a dict as info (4th value); got {describe(info)}")
         truncated = not terminated and self.turn >= self.max_turns
         return messages, float(reward), bool(terminated), bool(truncated), info
+
+    def _check_messages(self, method: str, messages: Any, non_empty: bool) -> None:
+        """Raise EnvError unless ``messages`` (returned by ``method``) is a valid message list."""
+        where = f"{type(self).__name__}.{method}"
+        if not isinstance(messages, list):
+            raise EnvError(f"{where} must return its messages as {MESSAGES_SHAPE}; got {describe(messages)}")
+        if non_empty and not messages:
+            raise EnvError(f"{where} must return at least one message ({MESSAGES_SHAPE}); got []")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                problem = f"is {describe(message)}, not a dict"
+            elif message.get("role") not in ROLES:
+                problem = f"has role {message.get('role')!r}; allowed: {', '.join(ROLES)}"
+            elif "content" not in message:
+                problem = f"has no 'content' (a str): {_REPR.repr(message)}"
+            elif not isinstance(message["content"], str):
+                problem = f"has content {describe(message['content'])}; it must be a str"
+            else:
+                continue
+            raise EnvError(f"{where}: message {i} {problem} (expected {MESSAGES_SHAPE})")
 
 
 def load_env_class(spec: str) -> type[Env]:
@@ -194,6 +294,56 @@ def register_gymnasium_envs() -> None:
 def seeded_rng(seed: int) -> np.random.Generator:
     """A numpy Generator for task sources (one place, so seeding is uniform)."""
     return np.random.default_rng(seed)
+
+
+class SeedTasks(LazyTasks):
+    """Tasks that are just seeds, for envs whose episodes a seeded library generates (games).
+
+    Task ``i`` is ``{"id": f"{name}-{split}-{i}", "seed": first_seed + i}``: give the training and
+    held-out splits ranges of seeds that do not overlap.
+    """
+
+    def __init__(self, name: str, split: str, first_seed: int, length: int) -> None:
+        super().__init__(length)
+        self.name, self.split, self.first_seed = name, split, first_seed
+
+    def make(self, index: int) -> Task:
+        """Task ``index``: its id and seed."""
+        return {"id": f"{self.name}-{self.split}-{index}", "seed": self.first_seed + index}
+
+
+class PrivateGlobalRandom:
+    """A private state for Python's and numpy's process-wide RNGs, for libraries that use them.
+
+    Game libraries (TextArena, GEM) seed and draw from ``random`` / ``np.random`` directly, so
+    several env instances stepped in turn would consume each other's random streams. Run every
+    call into such a library inside ``with rng.active():`` and each instance draws from its own
+    stream: the global states are swapped in on entry and swapped back out on exit. Not
+    thread-safe (the global RNGs are shared by threads).
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self._python: Any = None
+        self._numpy: Any = None
+        self.seed(seed)
+
+    def seed(self, seed: int) -> None:
+        """Restart both private streams from ``seed``."""
+        self._python = random.Random(seed).getstate()
+        self._numpy = np.random.RandomState(seed % 2**32).get_state()
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Make the private states the global ones for the duration of the block."""
+        saved_python, saved_numpy = random.getstate(), np.random.get_state()
+        random.setstate(self._python)
+        np.random.set_state(self._numpy)
+        try:
+            yield
+        finally:
+            self._python, self._numpy = random.getstate(), np.random.get_state()
+            random.setstate(saved_python)
+            np.random.set_state(saved_numpy)
 
 
 # gymnasium 1.x no longer loads the ``gymnasium.envs`` entry-point group, so the ids are

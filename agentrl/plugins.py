@@ -7,8 +7,9 @@ name is taken, and we want a failing or duplicate plugin named in the error.
 
 from __future__ import annotations
 
-import importlib
+import difflib
 import importlib.metadata
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -17,7 +18,8 @@ from typing import Any
 import pluggy
 
 from agentrl import hookspecs
-from agentrl.errors import PluginError, unknown_name_message
+from agentrl.errors import ConfigError, PluginError, unknown_name_message
+from agentrl.imports import import_module_or_file
 
 ENTRY_POINT_GROUP = "agentrl"
 KINDS = ("env", "reward", "rollout", "algorithm", "engine", "tool_parser", "settings")
@@ -117,10 +119,12 @@ class PluginManager:
                 f"two plugins are named {name!r}: {self.plugins[name].module!r} and "
                 f"{getattr(plugin, '__name__', type(plugin).__name__)!r}"
             )
+        self._check_hookimpls(plugin, name)
         try:
             self.pm.register(plugin, name=name)
         except Exception as exc:  # pluggy validates hookimpl signatures here
-            raise PluginError(f"plugin {name!r} has an invalid hook implementation: {exc}") from exc
+            raise PluginError(f"plugin {name!r} has an invalid hook implementation: {exc}. The hook reference "
+                              "(docs/hooks.md) lists each hook's arguments.") from exc
         module = getattr(plugin, "__name__", type(plugin).__name__)
         info = PluginInfo(name=name, module=module, distribution=distribution, version=version)
         self.plugins[name] = info
@@ -133,6 +137,24 @@ class PluginManager:
                     raise
                 except Exception as exc:
                     raise PluginError(f"plugin {name!r} raised in {hook_name}: {exc!r}") from exc
+
+    def _check_hookimpls(self, plugin: object, name: str) -> None:
+        """Refuse what pluggy would accept silently: a misspelt hook name (never called) and a
+        parameter with a default value (never passed)."""
+        specs = [n for n in dir(hookspecs) if n.startswith("agentrl_")]
+        for attr in dir(plugin):
+            function = getattr(plugin, attr, None)
+            if self.pm.parse_hookimpl_opts(plugin, attr) is None or not callable(function):
+                continue
+            if attr not in specs:
+                close = difflib.get_close_matches(attr, specs, n=1)
+                fix = f"rename it to {close[0]!r}" if close else "docs/hooks.md lists the hooks"
+                raise PluginError(f"plugin {name!r} implements {attr!r}, which is not an agentrl hook; {fix}")
+            defaulted = [p.name for p in inspect.signature(function).parameters.values()
+                         if p.default is not p.empty]
+            if defaulted:
+                raise PluginError(f"plugin {name!r}: hook {attr} gives parameter(s) {', '.join(defaulted)} a default "
+                                  "value, so pluggy would never pass them; remove the default(s)")
 
     def _register_callback(self, kind: str, plugin_name: str, info: PluginInfo) -> Callable[..., None]:
         def register(name: str, factory: Any, **meta: Any) -> None:
@@ -161,16 +183,15 @@ class PluginManager:
                 ) from exc
             version = ep.dist.version if ep.dist is not None else None
             self.register_plugin(plugin, name=ep.name, distribution=dist, version=version)
-        self.pm.check_pending()
 
     def load_module(self, import_path: str) -> None:
-        """Register a plugin given by import path (``--plugin my_pkg.my_plugin``)."""
+        """Register a plugin given by import path or file (``--plugin my_pkg.plugin`` or
+        ``--plugin path/to/plugin.py``); the current directory is importable."""
         try:
-            module = importlib.import_module(import_path)
-        except Exception as exc:
-            raise PluginError(f"plugin module {import_path!r} failed to import: {exc!r}") from exc
+            module = import_module_or_file(import_path, f"plugin {import_path!r}")
+        except ConfigError as exc:
+            raise PluginError(str(exc)) from exc.__cause__
         self.register_plugin(module, name=import_path)
-        self.pm.check_pending()
 
 
 def _distribution_name(ep: importlib.metadata.EntryPoint) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -64,7 +65,7 @@ def _call(name: str, fn: RewardFn, trajectories: list[Trajectory]) -> tuple[np.n
     for i, value in enumerate(values):
         if value is None:
             out[i] = math.nan
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
             out[i] = float(value)
             nonfinite += not math.isfinite(out[i])
         else:

@@ -20,16 +20,17 @@ from typing import Any
 import gymnasium
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
-from agentrl.env import Env, MessagesSpace, Task
+from agentrl.env import Env, MessagesSpace, Task, boxed_reply
 from agentrl.errors import EnvError, RewardError
 from agentrl.trajectory import Trajectory, Turn
 
 RewardFn = Callable[..., list[float | None]]
 
 
-def gold_text(task: Task) -> str:
-    """The reply a perfect model gives to ``task``: ``\\boxed{answer}``."""
-    return f"\\boxed{{{task['answer']}}}"
+def gold_text(task: Task, env: Env | None = None) -> str | None:
+    """The reply a perfect model gives to ``task``: ``env.gold_reply(task)`` when an env is given,
+    else ``\\boxed{answer}`` (None when the task has no answer)."""
+    return env.gold_reply(task) if env is not None else boxed_reply(task)
 
 
 def make_trajectory(messages: list[dict[str, Any]], task: Task, **fields: Any) -> Trajectory:
@@ -136,13 +137,21 @@ def check_tasks_disjoint(env: Env, sample: int = 256) -> None:
 
 
 def check_gold_answer(env: Env, max_reward: float = 1.0) -> None:
-    """Replying ``\\boxed{answer}`` to a task with an ``answer`` earns ``max_reward``."""
-    tasks = [t for t in _first(env.train_tasks(), 2) + _first(env.eval_tasks(), 2) if "answer" in t]
-    for task in tasks:
+    """``env.gold_reply(task)`` earns ``max_reward`` in one step (first train and eval tasks).
+
+    Tasks whose gold reply is None (no single right reply, e.g. games) are skipped.
+    """
+    for task in _first(env.train_tasks(), 2) + _first(env.eval_tasks(), 2):
+        reply = env.gold_reply(task)
+        if reply is None:
+            continue
+        if not isinstance(reply, str):
+            raise EnvError(f"{type(env).__name__}.gold_reply must return a str or None; got "
+                           f"{type(reply).__name__} for task {task!r}")
         env.reset(options={"task": dict(task)})
-        _, reward, _, _, _ = env.step(gold_text(task))
+        _, reward, _, _, _ = env.step(reply)
         if not math.isclose(float(reward), max_reward, abs_tol=1e-6):
-            raise EnvError(f"{type(env).__name__}: the gold reply {gold_text(task)!r} earned "
+            raise EnvError(f"{type(env).__name__}: the gold reply {reply!r} earned "
                            f"{reward!r}, expected the max reward {max_reward!r} (task {task!r})")
 
 
@@ -172,7 +181,7 @@ def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.E
     """Run every environment check; raise EnvError naming the first broken rule.
 
     Accepts an env instance (wrapped by ``gymnasium.make`` or not), an Env class, or a
-    zero-argument factory. ``max_reward`` is what a gold ``\\boxed{answer}`` reply must earn.
+    zero-argument factory. ``max_reward`` is what the env's ``gold_reply(task)`` must earn.
     """
     if isinstance(env_factory_or_env, gymnasium.Env):
         env = env_factory_or_env
@@ -213,7 +222,7 @@ def check_reward_output(fn: RewardFn, trajectories: list[Trajectory]) -> list[fl
 def check_reward_gold(fn: RewardFn, trajectories: list[Trajectory], full_marks: float = 1.0) -> None:
     """Each trajectory, its reply replaced by ``\\boxed{answer}``, scores ``full_marks``."""
     name = getattr(fn, "__name__", repr(fn))
-    gold = [with_completion(t, gold_text(t.task)) for t in trajectories if "answer" in t.task]
+    gold = [with_completion(t, text) for t in trajectories if (text := gold_text(t.task)) is not None]
     for trajectory, score in zip(gold, check_reward_output(fn, gold)):
         if score is None or not math.isclose(float(score), full_marks, abs_tol=1e-6):
             raise RewardError(f"reward {name!r} gave the gold reply {trajectory.completion_text!r} "

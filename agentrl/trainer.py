@@ -45,7 +45,8 @@ from agentrl.models import load_model, load_tokenizer
 from agentrl.objectives import step_totals
 from agentrl.plugins import PluginManager
 from agentrl.policy import TokenLogprobs
-from agentrl.scoring import RewardFn, score
+from agentrl.rewards import resolve_rewards
+from agentrl.scoring import score
 from agentrl.trajectory import TrainBatch, collate
 
 
@@ -91,12 +92,6 @@ def make_env(manager: PluginManager, config: TrainConfig) -> Env:
     return env
 
 
-def reward_functions(manager: PluginManager, config: TrainConfig, env: Env) -> dict[str, tuple[RewardFn, float]]:
-    """The reward functions to apply (config's, else the env's defaults) with their weights."""
-    chosen = config.rewards if config.rewards is not None else dict(env.default_rewards)
-    return {name: (manager.registry.get("reward", name).factory, float(w)) for name, w in chosen.items()}
-
-
 class Trainer:
     """Builds everything a run needs from a TrainConfig and a loaded PluginManager, then trains."""
 
@@ -115,7 +110,7 @@ class Trainer:
                               f"but a rollout batch has only {config.batch_size} episodes "
                               "(prompts_per_step x num_generations): lower the mini-batch count")
         self.envs = [make_env(manager, config) for _ in range(max(config.batch_size, min(config.eval_tasks, 64), 1))]
-        self.reward_fns = reward_functions(manager, config, self.envs[0])
+        self.reward_fns = resolve_rewards(config, manager.registry, self.envs[0])
         self.tokenizer = load_tokenizer(config.model)
         self.model = load_model(config.model)
         self.ref_model = self._frozen_copy(self.model) if self.algorithm.needs_reference else None
@@ -324,19 +319,22 @@ class Trainer:
     def train(self, progress: Any = None) -> TrainResult:
         """Run ``max_steps`` steps with evaluations before and after; writes the run dir."""
         cfg = self.config
-        run_dir = Path(cfg.output_dir or f"runs/{cfg.env.replace('/', '_').replace(':', '_')}-{cfg.algo}-"
-                                          f"{datetime.now():%Y%m%d-%H%M%S}")
+        label = cfg.env.rpartition(":")[2].replace("/", "_")  # a file env: its class name
+        run_dir = Path(cfg.output_dir or f"runs/{label}-{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         writer = MetricsWriter(run_dir)
         self.hook.agentrl_on_train_start(config=cfg, run_dir=str(run_dir))
+        _phase(progress, "eval")
         eval_before = self.evaluate() if cfg.eval_tasks else {}
         _report(progress, "eval before", eval_before)
         history: list[dict[str, float]] = []
         for step in range(1, cfg.max_steps + 1):
             t0 = time.perf_counter()
+            _phase(progress, "rollout")
             batch, trajectories, metrics = self.rollout_step(step)
             t1 = time.perf_counter()
+            _phase(progress, "update")
             self.update(batch, metrics, step)
             t2 = time.perf_counter()
             metrics.update({"perf/rollout_seconds": t1 - t0, "perf/update_seconds": t2 - t1,
@@ -344,6 +342,7 @@ class Trainer:
                             "perf/episodes_per_second": len(trajectories) / (t2 - t0),
                             "perf/peak_rss_gb": peak_rss_gb()})
             if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks:
+                _phase(progress, "eval")
                 metrics.update(self.evaluate())
             if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
                 _log_completions(run_dir, step, trajectories, batch)
@@ -352,6 +351,7 @@ class Trainer:
             history.append(metrics)
             if progress is not None:
                 progress(step, metrics)
+        _phase(progress, "eval")
         eval_after = self.evaluate() if cfg.eval_tasks else {}
         _report(progress, "eval after", eval_after)
         writer.write(cfg.max_steps, {f"final/{k}": v for k, v in eval_after.items()})
@@ -367,6 +367,12 @@ class Trainer:
         plot_run(run_dir)
         self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
         return TrainResult(run_dir, eval_before, eval_after, history)
+
+
+def _phase(progress: Any, label: str) -> None:
+    """Tell a progress display what the run is doing now (``eval``, ``rollout``, ``update``)."""
+    if progress is not None and hasattr(progress, "phase"):
+        progress.phase(label)
 
 
 def peak_rss_gb() -> float:

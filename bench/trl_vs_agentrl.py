@@ -33,7 +33,7 @@ Identical in both:
     ``steps_per_generation=4`` and ``generation_batch_size=32``; the script checks TRL made exactly
     one 32-completion generation per optimizer step), micro-batches of 8 sequences for the update;
   * max 64 new tokens, temperature 1.0, no top-k/top-p; eos ends a completion;
-  * reward = lenient correctness (``agentrl_math.is_correct``) + 0.2 x format (the last
+  * reward = lenient correctness (``agentrl.answers.is_correct``) + 0.2 x format (the last
     ``\\boxed{}`` holds a plain number, the ``format`` reward plugin's rule), group-normalised
     advantages (``scale_rewards="group"``), ``loss_type="dapo"``, beta 0 (no reference model),
     one iteration per batch (no old-logprob pass), clip 0.2 low / 0.28 high;
@@ -108,14 +108,14 @@ def agentrl_tasks(steps: int) -> list[dict[str, Any]]:
 
 def correctness(text: str, answer: str) -> float:
     """The math env's reward: 1.0 if the reply's lenient answer matches ``answer``."""
-    from agentrl_math import is_correct
+    from agentrl.answers import is_correct
 
     return 1.0 if is_correct(text, str(answer)) else 0.0
 
 
 def boxed_number(text: str) -> float:
     """The ``format`` reward plugin's rule: 1.0 if the last ``\\boxed{}`` holds a plain number."""
-    from agentrl_math import extract_boxed, is_number
+    from agentrl.answers import extract_boxed, is_number
 
     boxed = extract_boxed(text)
     return 1.0 if boxed is not None and is_number(boxed) else 0.0

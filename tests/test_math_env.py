@@ -10,7 +10,8 @@ from typing import Any
 
 import gymnasium
 import pytest
-from agentrl_math import LEVELS, MathEnv, answers_match, extract_answer, extract_boxed, is_correct
+from agentrl.answers import answers_match, extract_answer, extract_boxed, is_correct
+from agentrl_math import LEVELS, MathEnv
 
 import agentrl
 from agentrl import ConfigError, Env, EnvError

@@ -17,7 +17,7 @@ from agentrl import ConfigError, TrainBatch, Trajectory, Turn, collate
 from agentrl.config import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.trainer import Trainer
-from agentrl_ppo import PPO, PPOConfig, episode_rewards, explained_variance, gae, value_loss, whiten
+from agentrl_ppo import PPOConfig, episode_rewards, explained_variance, gae, value_loss, whiten
 
 # ---------------------------------------------------------------------------------------------
 # Config

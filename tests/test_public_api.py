@@ -10,6 +10,8 @@ import pytest
 import agentrl
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+PUBLIC_MODULES = {"agentrl.answers"}
+"""Core modules that are public API besides ``agentrl`` itself."""
 
 
 def core_imports(path: Path) -> list[str]:
@@ -20,10 +22,11 @@ def core_imports(path: Path) -> list[str]:
             found.append(node.module)
         elif isinstance(node, ast.Import):
             found += [alias.name for alias in node.names if alias.name.startswith("agentrl.")]
-    return found
+    return [module for module in found if module not in PUBLIC_MODULES]
 
 
-@pytest.mark.parametrize("plugin", ["agentrl_grpo", "agentrl_ppo", "agentrl_hf_engine", "agentrl_rollouts"])
+@pytest.mark.parametrize("plugin", ["agentrl_grpo", "agentrl_ppo", "agentrl_hf_engine", "agentrl_rollouts",
+                                    "agentrl_rewards", "agentrl_gspo", "agentrl_sampler_correction"])
 def test_plugin_imports_only_the_public_api(plugin):
     files = sorted((PLUGINS / plugin).rglob("*.py"))
     assert files
@@ -37,3 +40,18 @@ def test_public_api_names_exist():
     for name in ("Algorithm", "LossContext", "SetupContext", "TrainableModule", "policy_loss", "AGGREGATIONS",
                  "KL_ESTIMATORS", "build_plugin_config", "step_totals"):
         assert name in agentrl.__all__, name
+
+
+def test_reward_plugin_does_not_need_the_math_env(monkeypatch):
+    """Answer parsing is core (agentrl.answers): the rewards plugin works without the math env."""
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "agentrl_math", None)  # importing it now raises ImportError
+    monkeypatch.delitem(sys.modules, "agentrl_rewards", raising=False)
+    rewards = importlib.import_module("agentrl_rewards")
+    from agentrl.testing import make_trajectory
+
+    trajectory = make_trajectory([{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "\\boxed{2}"}],
+                                 {"answer": "2"})
+    assert rewards.accuracy_reward([trajectory]) == [1.0]

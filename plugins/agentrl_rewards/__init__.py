@@ -2,18 +2,17 @@
 
 A reward function is called as ``fn(trajectories=list[Trajectory])`` and returns one
 ``float | None`` per trajectory (``None``: not scored). ``format`` and ``accuracy`` read only the
-final assistant message (``Trajectory.completion_text``) and share their answer parsing with the
-``math`` env, so "the answer" means the same thing to the env and to its rewards. ``tool_use``
-reads the per-turn tool-call counts the env reported.
+final assistant message (``Trajectory.completion_text``) and use the core answer parsing
+(:mod:`agentrl.answers`) like the ``math`` env, so "the answer" means the same thing to the env
+and to its rewards. ``tool_use`` reads the per-turn tool-call counts the env reported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from agentrl_math import answers_match, extract_boxed, is_number
-
 from agentrl import Trajectory, hookimpl
+from agentrl.answers import answers_match, extract_boxed, is_number
 
 
 def format_reward(trajectories: list[Trajectory]) -> list[float | None]:

@@ -1,0 +1,176 @@
+"""``gem``: the text environments of GEM (``gem-llm``, ``import gem``) as multi-turn envs.
+
+    agentrl train --env gem --set env_args.env_id=game:GuessTheNumber-v0-easy
+
+GEM envs already speak text in and text out: ``reset(seed=) -> (observation, info)`` and
+``step(text) -> (observation, reward, terminated, truncated, info)``, each observation only the new
+text. Each episode builds the env with ``gem.make(env_id)`` and resets it on the task's seed; the
+opening observation is the user message, and every later observation (with GEM's ``info["suffix"]``,
+e.g. the current board, appended as GEM's own chat wrapper does) is the next one. GEM's per-step
+rewards are the env's per-turn rewards (its games pay 1.0 for a win, -0.1 for an unparseable move,
+which ends the game); GEM's own turn limit ends the episode (``info["truncated_by_game"]``).
+``info["success"]`` means the episode ended on a reward >= 1.
+
+Tasks are seeds: training seeds 0, 1, 2, ... and held-out seeds from :data:`EVAL_SEED` on. GEM's
+``reset`` seeds Python's and numpy's process-wide RNGs and its games draw from them while playing,
+so every call into GEM runs on this env's own RNG state (:class:`agentrl.env.PrivateGlobalRandom`):
+an episode is the same whatever other episodes are interleaved with it.
+
+What runs offline: the ``game:*`` ids (GuessTheNumber, Mastermind, Minesweeper, FifteenPuzzle, Sudoku,
+TowerofHanoi, Game2048, Sokoban) and ``rg:*`` (reasoning-gym through GEM; prefer ``--env
+reasoning_gym``, whose held-out split is disjoint by question). ``math:``, ``code:``, ``qa:``,
+``logic:`` and ``eval:`` ids load Hugging Face datasets over the network (and need ``datasets``);
+the word games need NLTK's ``words`` corpus; these fail when built, with GEM's reason.
+
+GEM is imported when the env is built, so this plugin loads without it (install it with
+``pip install 'agentrl[gem]'``). Importing GEM calls ``logging.basicConfig(level=INFO)``; the adapter
+undoes that, so the host's logging is unchanged.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
+from agentrl.env import PrivateGlobalRandom, SeedTasks
+
+TRAIN_SIZE = 1_000_000
+"""Training seeds are 0 .. TRAIN_SIZE - 1."""
+EVAL_SEED = 2**31
+"""Held-out seeds start here."""
+DEFAULT_MAX_TURNS = 20
+"""Turn limit for envs that set none."""
+EXAMPLES = ("game:GuessTheNumber-v0-easy", "game:Mastermind-v0-easy", "game:TowerofHanoi-v0-easy",
+            "game:Sudoku-v0-easy", "game:Game2048-v0-easy", "game:Minesweeper-v0-easy", "rg:leg_counting")
+"""Ids checked to run offline (named in errors)."""
+INSTALL_HINT = "--env gem needs the gem-llm package: pip install 'agentrl[gem]'"
+
+
+def import_gem() -> Any:
+    """The ``gem`` module (its import-time logging setup undone), or EnvError naming the extra."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        import gem
+    except ImportError as exc:
+        raise EnvError(INSTALL_HINT) from exc
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+        root.setLevel(level)
+    return gem
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc`` as one short line."""
+    text = " ".join(str(exc).replace("*", " ").split())
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+class GemEnv(Env):
+    """A GEM text env played turn by turn (see the module docstring).
+
+    Args:
+        env_id: a GEM id (``game:GuessTheNumber-v0-easy``, ``game:Sudoku-v0-easy``, ``rg:leg_counting``...).
+        max_turns: the episode's turn limit (default: the GEM env's own ``max_turns`` for that
+            episode, else 20).
+        env_kwargs: keyword arguments for ``gem.make`` (``{max_turns: 5}``...).
+        num_eval: held-out seeds for ``agentrl eval``.
+    """
+
+    def __init__(self, env_id: str = "game:GuessTheNumber-v0-easy", max_turns: int | None = None,
+                 env_kwargs: dict[str, Any] | None = None, num_eval: int = 64) -> None:
+        super().__init__()
+        gem = import_gem()
+        from gem.envs.registration import ENV_REGISTRY
+
+        if not isinstance(env_id, str) or env_id not in ENV_REGISTRY:
+            close = difflib.get_close_matches(str(env_id), list(ENV_REGISTRY), n=3)
+            hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+            raise ConfigError(f"gem: unknown env_id {env_id!r}; {hint}offline ids include {', '.join(EXAMPLES)}")
+        if env_kwargs is not None and not isinstance(env_kwargs, dict):
+            raise ConfigError(f"gem: env_kwargs must be a mapping of keyword arguments, got {env_kwargs!r}")
+        if isinstance(num_eval, bool) or not isinstance(num_eval, int) or num_eval < 1:
+            raise ConfigError(f"gem: num_eval must be an int >= 1, got {num_eval!r}")
+        if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
+            raise ConfigError(f"gem: max_turns must be an int >= 1, got {max_turns!r}")
+        self.env_id, self.env_kwargs, self.fixed_max_turns = env_id, dict(env_kwargs or {}), max_turns
+        self._make = gem.make
+        self._rng = PrivateGlobalRandom(0)
+        self.game: Any = None
+        try:
+            game, _ = self._new_game(0)
+        except Exception as exc:
+            raise EnvError(f"gem env {env_id!r} could not be built: {_one_line(exc)} (offline ids include "
+                           f"{', '.join(EXAMPLES)})") from exc
+        self.max_turns = self._turn_limit(game)
+        self._train = SeedTasks(env_id, "train", 0, TRAIN_SIZE)
+        self._eval = SeedTasks(env_id, "eval", EVAL_SEED, num_eval)
+
+    def _new_game(self, seed: int) -> tuple[Any, str]:
+        """A fresh GEM env reset on ``seed`` and its opening message (some GEM envs keep state
+        across resets, so each episode gets its own)."""
+        self._rng.seed(seed)
+        with self._rng.active():
+            game = self._make(self.env_id, **self.env_kwargs)
+            observation, info = game.reset(seed=seed)
+        return game, self._message_text(observation, info)
+
+    def _turn_limit(self, game: Any) -> int:
+        """``max_turns`` if set, else the GEM env's own (``-random`` ids draw it per episode), else 20."""
+        if self.fixed_max_turns is not None:
+            return self.fixed_max_turns
+        own = getattr(game, "max_turns", None)
+        return own if isinstance(own, int) and not isinstance(own, bool) and own > 0 else DEFAULT_MAX_TURNS
+
+    @staticmethod
+    def _message_text(observation: Any, info: Any) -> str:
+        """GEM's observation with its ``info["suffix"]`` appended, as its chat wrapper shows it."""
+        text = str(observation)
+        suffix = info.get("suffix") if isinstance(info, dict) else None
+        if suffix:
+            text = (text if not text or text.endswith("\n") else text + "\n") + str(suffix)
+        return text.strip()
+
+    def train_tasks(self) -> Sequence[Task]:
+        """Training seeds 0 .. 999,999."""
+        return self._train
+
+    def eval_tasks(self) -> Sequence[Task]:
+        """``num_eval`` held-out seeds from EVAL_SEED on."""
+        return self._eval
+
+    def start(self, task: Task) -> list[Message]:
+        """A fresh GEM env on ``task["seed"]``; its opening observation as the user message."""
+        seed = task.get("seed")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise EnvError(f"gem: a task needs a non-negative int 'seed', got {task!r}")
+        self.game, text = self._new_game(seed)
+        self.max_turns = self._turn_limit(self.game)
+        return [{"role": "user", "content": text}]
+
+    def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """Step GEM with ``text``; its next observation as a user message, its reward as this turn's."""
+        if self.game is None:
+            raise EnvError("gem: respond() called before reset() or after the episode ended")
+        with self._rng.active():
+            observation, reward, terminated, truncated, step_info = self.game.step(text)
+        reward, done = float(reward), bool(terminated or truncated)
+        info = {"success": done and reward >= 1.0, "truncated_by_game": bool(truncated),
+                "metrics": {"won": float(done and reward >= 1.0)}}
+        if done:
+            self.game = None
+            return [], reward, True, info
+        return [{"role": "user", "content": self._message_text(observation, step_info)}], reward, False, info
+
+
+@hookimpl
+def agentrl_register_envs(register: Callable[..., None]) -> None:
+    """Register ``gem``."""
+    register("gem", GemEnv)
+
+
+__all__ = ["GemEnv"]

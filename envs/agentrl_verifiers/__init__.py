@@ -1,0 +1,1 @@
+"""Adapter for the verifiers environment library (work in progress; registers nothing yet)."""

@@ -1,0 +1,224 @@
+"""The ``agentrl.Env`` contract: fresh data per reset, ``gold_reply``, and one-line errors naming the
+env, the method, what it returned and the shape expected when ``start``/``respond``/``train_tasks``
+break it (checked by ``reset``/``step`` themselves, and seen through the CLI)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from agentrl import Env, EnvError
+from agentrl.env import PrivateGlobalRandom, boxed_reply
+from agentrl.testing import check_env, check_gold_answer, gold_text
+
+CACHED_TASKS = [{"id": f"t{i}", "question": f"Say {i}.", "answer": str(i), "metadata": {"digits": [i]}}
+                for i in range(8)]
+
+
+class CachedTasksEnv(Env):
+    """A correct env whose task source is one cached list of tasks with nested metadata."""
+
+    def train_tasks(self) -> list[dict[str, Any]]:
+        return CACHED_TASKS[:6]
+
+    def eval_tasks(self) -> list[dict[str, Any]]:
+        return CACHED_TASKS[6:]
+
+    def start(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": task["question"]}]
+
+    def respond(self, text: str) -> tuple[list[dict[str, Any]], float, bool, dict[str, Any]]:
+        assert self.task is not None
+        return [], float(self.task["answer"] in text), True, {}
+
+
+def test_check_env_passes_an_env_that_hands_out_cached_tasks() -> None:
+    check_env(CachedTasksEnv)
+
+
+def test_reset_info_never_shares_an_object_with_the_env_or_the_task_source() -> None:
+    env = CachedTasksEnv()
+    _, first = env.reset(seed=1)
+    _, second = env.reset(seed=1)
+    assert first["task"] == second["task"] == env.task
+    first["task"]["metadata"]["digits"].append(99)
+    assert env.task["metadata"] == second["task"]["metadata"]
+    assert all(99 not in task["metadata"]["digits"] for task in CACHED_TASKS)
+
+
+class TaggedAnswerEnv(CachedTasksEnv):
+    """Pays only for ``<answer>X</answer>``: its gold reply is not ``\\boxed{X}``."""
+
+    def respond(self, text: str) -> tuple[list[dict[str, Any]], float, bool, dict[str, Any]]:
+        assert self.task is not None
+        return [], float(f"<answer>{self.task['answer']}</answer>" in text), True, {}
+
+    def gold_reply(self, task: dict[str, Any]) -> str | None:
+        return f"<answer>{task['answer']}</answer>"
+
+
+def test_check_env_uses_the_envs_own_gold_reply() -> None:
+    check_env(TaggedAnswerEnv)
+    assert gold_text(CACHED_TASKS[0], TaggedAnswerEnv()) == "<answer>0</answer>"
+
+
+class WrongGoldEnv(TaggedAnswerEnv):
+    def gold_reply(self, task: dict[str, Any]) -> str | None:
+        return f"<answer>{task['answer']}!</answer>"
+
+
+class NoGoldEnv(TaggedAnswerEnv):
+    def gold_reply(self, task: dict[str, Any]) -> str | None:
+        return None
+
+
+def test_gold_reply_default_and_opt_out() -> None:
+    assert CachedTasksEnv().gold_reply({"answer": 7}) == boxed_reply({"answer": 7}) == "\\boxed{7}"
+    assert CachedTasksEnv().gold_reply({"question": "open-ended"}) is None
+    assert gold_text({"answer": 7}) == "\\boxed{7}"
+    check_gold_answer(NoGoldEnv())  # nothing to check, nothing raised
+    with pytest.raises(EnvError, match=re.escape("WrongGoldEnv: the gold reply '<answer>0!</answer>' earned 0.0, "
+                                                 "expected the max reward 1.0")):
+        check_gold_answer(WrongGoldEnv())
+
+
+def broken(**methods: Any) -> type[Env]:
+    """A CachedTasksEnv subclass named Broken whose methods are replaced by ``methods``."""
+    return type("Broken", (CachedTasksEnv,), methods)
+
+
+def respond_with(value: Any) -> Any:
+    return lambda self, text: value
+
+
+OK_MESSAGES = [{"role": "user", "content": "Higher."}]
+
+
+@pytest.mark.parametrize(("methods", "message"), [
+    ({"start": lambda self, task: "What is 2 + 2?"},
+     "Broken.start must return its messages as a list of {'role': 'system'|'user'|'assistant'|'tool', "
+     "'content': str} dicts; got a str 'What is 2 + 2?'"),
+    ({"start": lambda self, task: []}, "Broken.start must return at least one message"),
+    ({"start": lambda self, task: [{"role": "user"}]},
+     "Broken.start: message 0 has no 'content' (a str): {'role': 'user'}"),
+    ({"start": lambda self, task: [{"role": "user", "content": 4}]},
+     "Broken.start: message 0 has content an int 4; it must be a str"),
+    ({"start": lambda self, task: [{"role": "system", "content": "x"}, {"role": "human", "content": "hi"}]},
+     "Broken.start: message 1 has role 'human'; allowed: system, user, assistant, tool"),
+    ({"start": lambda self, task: ["hi"]}, "Broken.start: message 0 is a str 'hi', not a dict"),
+    ({"train_tasks": lambda self: []},
+     "Broken.train_tasks returned an empty sequence; it must hold at least one task dict"),
+    ({"train_tasks": lambda self: (t for t in CACHED_TASKS)},
+     "Broken.train_tasks must return an indexable sequence of task dicts (a list or agentrl.LazyTasks); "
+     "got a generator"),
+], ids=["start-str", "start-empty", "no-content", "int-content", "bad-role", "str-message", "no-tasks",
+        "generator-tasks"])
+def test_reset_names_the_broken_method_and_the_expected_shape(methods: dict[str, Any], message: str) -> None:
+    with pytest.raises(EnvError, match=re.escape(message)):
+        broken(**methods)().reset(seed=0)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ((OK_MESSAGES, 1.0, True),
+     "Broken.respond must return (messages, reward, terminated, info); got a tuple of 3 values"),
+    ("Lower.", "Broken.respond must return (messages, reward, terminated, info); got a str 'Lower.'"),
+    ([OK_MESSAGES, 1.0, True, {}],
+     "Broken.respond must return (messages, reward, terminated, info); got a list [[{'content': 'Higher.', "),
+    (("Higher.", 0.0, False, {}),
+     "Broken.respond must return its messages as a list of {'role': 'system'|'user'|'assistant'|'tool', "
+     "'content': str} dicts; got a str 'Higher.'"),
+    (([{"role": "user", "text": "Higher."}], 0.0, False, {}),
+     "Broken.respond: message 0 has no 'content' (a str): {'role': 'user', 'text': 'Higher.'}"),
+    (([], None, True, {}), "Broken.respond must return a finite number as its reward (2nd value); got None"),
+    (([], "1.0", True, {}), "Broken.respond must return a finite number as its reward (2nd value); got a str '1.0'"),
+    (([], float("nan"), True, {}), "Broken.respond must return a finite number as its reward (2nd value); got a float nan"),
+    (([], 1.0, None, {}), "Broken.respond must return a bool as terminated (3rd value); got None"),
+    (([], 1.0, True, None), "Broken.respond must return a dict as info (4th value); got None"),
+], ids=["three-values", "str", "list", "str-messages", "no-content", "none-reward", "str-reward", "nan-reward",
+        "none-terminated", "none-info"])
+def test_step_names_the_broken_method_and_the_expected_shape(value: Any, message: str) -> None:
+    env = broken(respond=respond_with(value))()
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match=re.escape(message)):
+        env.step("4")
+
+
+def test_step_accepts_numpy_and_bool_values() -> None:
+    import numpy as np
+
+    env = broken(respond=respond_with((OK_MESSAGES, np.float32(0.5), np.bool_(False), {})))()
+    env.reset(seed=0)
+    messages, reward, terminated, truncated, _ = env.step("4")
+    assert (messages, reward, terminated, truncated) == (OK_MESSAGES, 0.5, False, True)
+    assert type(reward) is float and type(terminated) is bool
+
+
+def test_private_global_random_isolates_interleaved_streams() -> None:
+    import random
+
+    import numpy as np
+
+    def draws(rng: PrivateGlobalRandom, other: PrivateGlobalRandom | None) -> list[float]:
+        out = []
+        for _ in range(3):
+            with rng.active():
+                out.append(random.random() + float(np.random.random()))
+            if other is not None:
+                with other.active():
+                    random.random(), np.random.random()
+        return out
+
+    random.seed(123)
+    outside = random.getstate()
+    assert draws(PrivateGlobalRandom(5), None) == draws(PrivateGlobalRandom(5), PrivateGlobalRandom(6))
+    assert random.getstate() == outside  # the process-wide stream was not touched
+
+
+BROKEN_ENV_FILE = '''
+from agentrl import Env
+
+
+class ThreeValues(Env):
+    """Its respond forgets the info dict."""
+
+    def train_tasks(self):
+        return [{"question": f"Say {n}.", "answer": str(n)} for n in range(10, 50)]
+
+    def eval_tasks(self):
+        return [{"question": f"Say {n}.", "answer": str(n)} for n in range(2, 10)]
+
+    def start(self, task):
+        return [{"role": "user", "content": task["question"]}]
+
+    def respond(self, text):
+        return [], float(self.task["answer"] in text), True
+
+
+class StartsWithText(ThreeValues):
+    """Its start returns the question itself instead of a message list."""
+
+    def start(self, task):
+        return task["question"]
+'''
+
+
+@pytest.mark.parametrize(("cls", "message"), [
+    ("ThreeValues", "ThreeValues.respond must return (messages, reward, terminated, info); got a tuple of 3 values"),
+    ("StartsWithText", "StartsWithText.start must return its messages as a list of"),
+])
+def test_cli_reports_a_broken_env_in_one_line(tiny_model_dir, tmp_path, cls: str, message: str) -> None:
+    path = tmp_path / "broken_env.py"
+    path.write_text(BROKEN_ENV_FILE)
+    result = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", "--env", f"{path}:{cls}", "--model", str(tiny_model_dir),
+         "--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir",
+         str(tmp_path / "run"), "--set", "eval_tasks=0", "--set", "max_new_tokens=4"],
+        capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert message in " ".join(result.stdout.split()), output
+    assert "Traceback" not in output
