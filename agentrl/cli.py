@@ -10,14 +10,16 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from agentrl.errors import AgentRLError
 
-app = typer.Typer(help="Train LLM agents with reinforcement learning.", no_args_is_help=True,
+app = typer.Typer(rich_markup_mode=None, help="Train LLM agents with reinforcement learning.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 console = Console(stderr=False, soft_wrap=True)  # a log file gets whole lines, never re-wrapped
+error_console = Console(stderr=True, soft_wrap=True)
 _state = {"debug": False}
 
 
@@ -33,7 +35,7 @@ def _run(fn: Callable[[], Any]) -> Any:
     except AgentRLError as exc:
         if _state["debug"]:
             raise
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        error_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=2) from None
 
 
@@ -244,8 +246,9 @@ def eval_(
         base = {k: run_config[k] for k in ("env", "env_args", "rewards", "env_reward_weight", "max_new_tokens",
                                            "reward_completion_format", "rollout", "max_total_tokens")
                 if k in run_config and (env is None or k not in ("env", "env_args", "rewards"))}
-        cfg = build_config(overrides={**base, "model": model, "env": env, "engine": engine,
-                                      "max_new_tokens": max_new_tokens, "eval_tasks": num_tasks}, sets=set_)
+        given = {"model": model, "env": env, "engine": engine, "max_new_tokens": max_new_tokens,
+                 "eval_tasks": num_tasks}
+        cfg = build_config(overrides={**base, **{k: v for k, v in given.items() if v is not None}}, sets=set_)
         manager = _manager([], [])
         envs = [make_env(manager, cfg) for _ in range(min(max(num_tasks, 1), 64))]
         tasks = list(envs[0].eval_tasks())[:num_tasks]
@@ -288,11 +291,15 @@ def _run_config(model: str) -> dict[str, Any]:
 
 
 @app.command()
-def plugins(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
-    """Installed plugins and what each registers."""
+def plugins(
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+    plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin to load: module.path or path/file.py."),
+    disable_plugin: Optional[list[str]] = typer.Option(None, "--disable-plugin", help="Plugin not to load."),
+) -> None:
+    """Installed plugins (and any --plugin) and what each registers."""
 
     def run() -> None:
-        manager = _manager([], [])
+        manager = _manager(disable_plugin or [], plugin or [])
         rows = [{"name": p.name, "module": p.module, "distribution": p.distribution, "version": p.version,
                  "registers": p.registered} for p in manager.plugins.values()]
         if as_json:

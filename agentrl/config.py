@@ -300,12 +300,19 @@ def resolve_settings(config: TrainConfig, registry: Any) -> dict[str, Any]:
 
 def resolved_dict(config: TrainConfig, manager: Any) -> dict[str, Any]:
     """The config as plain data with the algorithm section, every plugin settings section and the
-    engine's options (when its class names a ``config_class``) filled in with their defaults,
+    engine's options (when its class names a ``config_class``) filled in with their defaults, the
+    rewards that will run (the env's ``default_rewards`` unless ``rewards`` names others),
     validated by their config classes: what ``--print-config`` shows."""
     data = config.to_dict()
     algo_cls = manager.registry.get("algorithm", config.algo).factory
     algo_config = build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm")
     data["algorithm"] = dataclasses.asdict(algo_config)
+    if config.rewards is None:  # the env's defaults are what runs: show them
+        from agentrl.env import load_env_class
+
+        env_factory = (load_env_class(config.env) if ":" in config.env
+                       else manager.registry.get("env", config.env).factory)
+        data["rewards"] = dict(getattr(env_factory, "default_rewards", {}))
     data["plugins"] = {name: dataclasses.asdict(section)
                        for name, section in resolve_settings(config, manager.registry).items()}
     engine_cls = manager.registry.get("engine", config.engine).factory

@@ -121,6 +121,10 @@ class Env(gymnasium.Env, abc.ABC):
     """Extra reward functions (name -> weight) used when the user names none with ``--reward``."""
     max_turns: int = 1
     """Turns after which the rollout truncates the episode (an env may end it sooner)."""
+    success_threshold: float = 1.0
+    """The headline accuracy counts an episode solved when its ``info["success"]`` (else
+    ``info["correct"]``) is true; an env that sets neither is solved when its return reaches this
+    (so a return that scores a lost game in (0, 1) is not a success)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 
@@ -49,3 +50,13 @@ def unknown_name_message(kind: str, name: str, known: Iterable[str], hint: str =
     if hint:
         msg += f" {hint}"
     return msg
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """``exc`` as one short plain line, ``Type: message`` (a library's boxed, coloured or
+    multi-line message flattened, so it can sit inside an agentrl error)."""
+    text = " ".join(_ANSI.sub("", str(exc)).replace("*", " ").split())
+    return f"{type(exc).__name__}: {text[:limit]}"

@@ -17,14 +17,15 @@ from agentrl.scoring import RewardFn, score
 from agentrl.trajectory import Trajectory
 
 
-def episode_success(trajectory: Trajectory) -> bool:
-    """Solved: the env's ``info["success"]`` or ``info["correct"]`` if given, else return > 0."""
+def episode_success(trajectory: Trajectory, success_threshold: float = Env.success_threshold) -> bool:
+    """Solved: the last step's ``info["success"]``, else ``info["correct"]``, else the env's return
+    reaching ``success_threshold`` (the env's attribute; 1.0 by default)."""
     info = trajectory.info
     if "success" in info:
         return bool(info["success"])
     if "correct" in info:
         return bool(info["correct"])
-    return trajectory.env_return > 0
+    return trajectory.env_return >= success_threshold
 
 
 def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_new_tokens: int,
@@ -37,7 +38,7 @@ def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + start)
         trajectories += rollout.run(envs[:len(chunk)], chunk, list(range(len(chunk))), sampling)
     metrics = {
-        "eval/accuracy": float(np.mean([episode_success(t) for t in trajectories])),
+        "eval/accuracy": float(np.mean([episode_success(t, envs[0].success_threshold) for t in trajectories])),
         "eval/env_return_mean": float(np.mean([t.env_return for t in trajectories])),
         "eval/turns_mean": float(np.mean([len(t.turns) for t in trajectories])),
         "eval/num_tasks": float(len(trajectories)),

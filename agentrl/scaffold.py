@@ -27,7 +27,7 @@ import typer
 
 from agentrl.errors import ConfigError, PluginError
 
-app = typer.Typer(help="Scaffold a new plugin package (an env or a reward function).", no_args_is_help=True)
+app = typer.Typer(rich_markup_mode=None, help="Scaffold a new plugin package (an env or a reward function).", no_args_is_help=True)
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 

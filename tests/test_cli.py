@@ -66,7 +66,7 @@ def test_print_config_shows_resolved_values(tmp_path):
 def test_bad_input_is_one_clear_line(args, message, tmp_path):
     result = run("train", "--output-dir", str(tmp_path / "r"), "--set", "eval_tasks=0", *args, check=False)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert message in " ".join(result.stdout.split())
+    assert message in " ".join(result.stderr.split())
     assert "Traceback" not in result.stdout + result.stderr
 
 
@@ -124,4 +124,4 @@ def test_custom_env_from_a_file(tiny_model_dir, tmp_path):
                  "--set", "eval_tasks=2", "--set", "max_new_tokens=4")
     assert "held-out accuracy:" in result.stdout
     bad = run("train", "--env", f"{path}:Nope", "--output-dir", str(out), check=False)
-    assert bad.returncode == 2 and "'Nope' is not an agentrl.Env subclass" in " ".join(bad.stdout.split())
+    assert bad.returncode == 2 and "'Nope' is not an agentrl.Env subclass" in " ".join(bad.stderr.split())

@@ -220,5 +220,5 @@ def test_cli_reports_a_broken_env_in_one_line(tiny_model_dir, tmp_path, cls: str
         capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
-    assert message in " ".join(result.stdout.split()), output
+    assert message in " ".join(result.stderr.split()), output
     assert "Traceback" not in output

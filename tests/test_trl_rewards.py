@@ -166,5 +166,5 @@ def test_cli_wrong_reward_signature_fails_before_loading_anything(tiny_model_dir
                      "--output-dir", str(out), *TINY)
     assert result.returncode == 2, result.stdout + result.stderr
     assert re.search(r"error: reward '.*bad.py:score' has signature score\(text\); accepted: fn\(trajectories\)",
-                     result.stdout.replace("\n", "")), result.stdout
+                     result.stderr.replace("\n", "")), result.stderr
     assert "Traceback" not in result.stderr and not out.exists()

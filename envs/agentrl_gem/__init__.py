@@ -36,6 +36,7 @@ from typing import Any
 
 from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
 from agentrl.env import PrivateGlobalRandom, SeedTasks
+from agentrl.errors import one_line
 
 TRAIN_SIZE = 1_000_000
 """Training seeds are 0 .. TRAIN_SIZE - 1."""
@@ -63,11 +64,6 @@ def import_gem() -> Any:
         root.setLevel(level)
     return gem
 
-
-def _one_line(exc: BaseException) -> str:
-    """``exc`` as one short line."""
-    text = " ".join(str(exc).replace("*", " ").split())
-    return f"{type(exc).__name__}: {text[:200]}"
 
 
 class GemEnv(Env):
@@ -104,7 +100,7 @@ class GemEnv(Env):
         try:
             game, _ = self._new_game(0)
         except Exception as exc:
-            raise EnvError(f"gem env {env_id!r} could not be built: {_one_line(exc)} (offline ids include "
+            raise EnvError(f"gem env {env_id!r} could not be built: {one_line(exc)} (offline ids include "
                            f"{', '.join(EXAMPLES)})") from exc
         self.max_turns = self._turn_limit(game)
         self._train = SeedTasks(env_id, "train", 0, TRAIN_SIZE)

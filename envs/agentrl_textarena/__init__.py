@@ -35,6 +35,7 @@ from typing import Any
 
 from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
 from agentrl.env import PrivateGlobalRandom, SeedTasks
+from agentrl.errors import one_line
 
 TRAIN_SIZE = 1_000_000
 """Training seeds are 0 .. TRAIN_SIZE - 1."""
@@ -56,11 +57,6 @@ def import_textarena() -> Any:
         raise EnvError(INSTALL_HINT) from exc
     return textarena
 
-
-def _one_line(exc: BaseException) -> str:
-    """``exc`` as one short line (some TextArena errors span a boxed paragraph)."""
-    text = " ".join(str(exc).replace("*", " ").split())
-    return f"{type(exc).__name__}: {text[:200]}"
 
 
 def _base(game: Any) -> Any:
@@ -127,12 +123,12 @@ class TextArenaEnv(Env):
         except Exception as exc:
             players = any(word in str(exc).lower() for word in ("player", "players"))
             if players:
-                raise EnvError(f"textarena game {self.game_id!r} cannot be played by one player ({_one_line(exc)}); "
+                raise EnvError(f"textarena game {self.game_id!r} cannot be played by one player ({one_line(exc)}); "
                                f"only single-player games are supported, e.g. "
                                f"{', '.join(SINGLE_PLAYER_EXAMPLES)}") from exc
             hint = (" (it needs NLTK's 'words' corpus: python -m nltk.downloader words)"
                     if isinstance(exc, LookupError) else "")
-            raise EnvError(f"textarena game {self.game_id!r} could not be built: {_one_line(exc)}{hint}") from exc
+            raise EnvError(f"textarena game {self.game_id!r} could not be built: {one_line(exc)}{hint}") from exc
         state = getattr(_base(game), "state", None)
         if not isinstance(state, self._single_player_state):
             raise EnvError(f"textarena game {self.game_id!r} is not single-player (its state is {type(state).__name__}); only single-player "
