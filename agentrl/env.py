@@ -28,8 +28,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import copy
-import importlib
-import importlib.util
 import math
 import numbers
 import random
@@ -253,29 +251,19 @@ class Env(gymnasium.Env, abc.ABC):
 
 
 def load_env_class(spec: str) -> type[Env]:
-    """Load an Env subclass from ``path/to/file.py:ClassName`` or ``package.module:ClassName``."""
+    """Load an Env subclass from ``path/to/file.py:ClassName`` or ``package.module:ClassName``
+    (the file is imported once, as a real module, so dataclasses and pickling work in it)."""
+    from agentrl.errors import ConfigError
+    from agentrl.imports import load_object
+
     if ":" not in spec:
         raise EnvError(f"env spec {spec!r} must look like 'file.py:ClassName' or 'module:ClassName'")
-    where, _, class_name = spec.rpartition(":")
     try:
-        if where.endswith(".py"):
-            from pathlib import Path
-
-            path = Path(where)
-            if not path.is_file():
-                raise EnvError(f"env file {where!r} does not exist")
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert module_spec is not None and module_spec.loader is not None
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-    except EnvError:
-        raise
-    except Exception as exc:
-        raise EnvError(f"could not import env {spec!r}: {exc!r}") from exc
-    cls = getattr(module, class_name, None)
+        cls = load_object(spec, "env")
+    except ConfigError as exc:
+        raise EnvError(str(exc)) from exc.__cause__
     if not (isinstance(cls, type) and issubclass(cls, Env)):
+        where, _, class_name = spec.rpartition(":")
         raise EnvError(f"{spec!r}: {class_name!r} is not an agentrl.Env subclass in {where!r}")
     return cls
 

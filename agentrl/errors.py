@@ -44,8 +44,7 @@ def unknown_name_message(kind: str, name: str, known: Iterable[str], hint: str =
     known = sorted(known)
     close = difflib.get_close_matches(name, known, n=1)
     msg = f"unknown {kind} {name!r}"
-    if close:
-        msg += f"; did you mean {close[0]!r}?"
+    msg += f"; did you mean {close[0]!r}?" if close else ";"
     msg += f" Installed: {', '.join(known) if known else '(none)'}."
     if hint:
         msg += f" {hint}"

@@ -102,7 +102,9 @@ class TRLReward:
 
     def _completion(self, trajectory: Trajectory) -> Any:
         if self.completion_format == "conversational":
-            return trajectory.messages[_completion_start(trajectory):]
+            # An episode with no reply (the prompt filled the budget) gets one empty assistant
+            # message, as TRL gives an empty completion: ``completion[-1]["content"]`` stays valid.
+            return trajectory.messages[_completion_start(trajectory):] or [{"role": "assistant", "content": ""}]
         return trajectory.completion_text
 
 

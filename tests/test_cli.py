@@ -124,4 +124,4 @@ def test_custom_env_from_a_file(tiny_model_dir, tmp_path):
                  "--set", "eval_tasks=2", "--set", "max_new_tokens=4")
     assert "held-out accuracy:" in result.stdout
     bad = run("train", "--env", f"{path}:Nope", "--output-dir", str(out), check=False)
-    assert bad.returncode == 2 and "'Nope' is not an agentrl.Env subclass" in " ".join(bad.stderr.split())
+    assert bad.returncode == 2 and "has no 'Nope'; it defines: Countdown, Env" in " ".join(bad.stderr.split())

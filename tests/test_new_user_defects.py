@@ -171,3 +171,42 @@ def test_a_misspelt_hook_is_named_with_the_fix(tmp_path):
     assert ("implements 'agentrl_register_reward', which is not an agentrl hook; rename it to "
             "'agentrl_register_rewards'") in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr
+
+
+DATACLASS_ENV = '''
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentrl import Env
+
+
+@dataclass
+class Question:
+    text: str
+
+
+class Asks(Env):
+    def train_tasks(self):
+        return [{"question": "Say 1.", "answer": "1"}]
+
+    def eval_tasks(self):
+        return [{"question": "Say 2.", "answer": "2"}]
+
+    def start(self, task):
+        return [{"role": "user", "content": Question(task["question"]).text}]
+
+    def respond(self, text):
+        return [], float(self.task["answer"] in text), True, {}
+
+    def gold_reply(self, task):
+        return task["answer"]
+'''
+
+
+def test_an_env_file_may_define_dataclasses(tmp_path):
+    from agentrl.env import load_env_class
+    from agentrl.testing import check_env
+
+    (tmp_path / "asks.py").write_text(DATACLASS_ENV)
+    check_env(load_env_class(f"{tmp_path / 'asks.py'}:Asks"))

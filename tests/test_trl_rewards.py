@@ -168,3 +168,11 @@ def test_cli_wrong_reward_signature_fails_before_loading_anything(tiny_model_dir
     assert re.search(r"error: reward '.*bad.py:score' has signature score\(text\); accepted: fn\(trajectories\)",
                      result.stderr.replace("\n", "")), result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
+
+
+def test_an_episode_with_no_reply_gets_an_empty_assistant_message_as_trl_would():
+    def last_content(completions, **kwargs):
+        return [float(len(completion[-1]["content"])) for completion in completions]
+
+    no_reply = make_trajectory([SYSTEM, {"role": "user", "content": "long prompt"}], {"question": "q"})
+    assert TRLReward(last_content, "last")([no_reply, single_turn("q", "abc")]) == [0.0, 3.0]

@@ -10,6 +10,11 @@ the final answer in ``<answer>...</answer>`` tags; the answer is read the way re
 (``reasoning_gym.utils.extract_answer``: the last tagged span) and scored by the dataset's own
 ``score_answer(answer, entry)``, a float in [0, 1]. ``info["success"]`` is a full score.
 
+Small models rarely write the tags (SmolLM2-135M: never, greedy or sampled), which leaves GRPO
+nothing to learn from; ``answer_fallback=lenient`` scores a reply without tags by its lenient
+answer instead (``agentrl.answers.extract_answer``: the last ``\\boxed{}``, else the last number),
+and ``env/answer_tagged`` keeps counting the tag habit.
+
 Splits: item ``i`` of a reasoning-gym dataset is drawn from ``Random(seed + i)``. Training item
 ``i`` uses seed ``seed + i`` (``seed`` below 10**9); the held-out items use seeds from
 :data:`EVAL_SEED` on, so the two never share a generator seed, and a training item whose question
@@ -30,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentrl import ConfigError, Env, EnvError, LazyTasks, Message, Task, hookimpl
+from agentrl.answers import extract_answer as lenient_answer
 
 TRAIN_SIZE = 100_000
 """Length of the training split (items are generated on demand)."""
@@ -145,13 +151,15 @@ class ReasoningGymEnv(Env):
         system_prompt: a key of ``reasoning_gym.utils.SYSTEM_PROMPTS`` ("default", "simple",
             "direct", "DeepSeekZero", "chain_of_draft"), or the text of your own; it must tell
             the model to answer in ``<answer>`` tags.
+        answer_fallback: ``none`` (reasoning-gym's rule: no tags, no answer) or ``lenient`` (a
+            reply without tags is scored by its last ``\\boxed{}`` or last number).
     """
 
     max_turns = 1
 
     def __init__(self, task: str | None = "basic_arithmetic", config: dict[str, Any] | None = None,
                  tasks: dict[str, Any] | None = None, seed: int = 0, num_eval: int = 128,
-                 system_prompt: str = "default") -> None:
+                 system_prompt: str = "default", answer_fallback: str = "none") -> None:
         super().__init__()
         import_reasoning_gym()
         from reasoning_gym.utils import SYSTEM_PROMPTS, extract_answer
@@ -165,6 +173,9 @@ class ReasoningGymEnv(Env):
             raise ConfigError(f"reasoning_gym: system_prompt must be a key of SYSTEM_PROMPTS "
                               f"({', '.join(SYSTEM_PROMPTS)}) or a non-empty text, got {system_prompt!r}")
         self.system_prompt = SYSTEM_PROMPTS.get(system_prompt, system_prompt)
+        if answer_fallback not in ("none", "lenient"):
+            raise ConfigError(f"reasoning_gym: answer_fallback must be 'none' or 'lenient', got {answer_fallback!r}")
+        self.answer_fallback = answer_fallback
         spec = self._spec(task, config, tasks)
         key = _spec_key(spec)
         self.dataset = _dataset(key, seed, TRAIN_SIZE)
@@ -222,14 +233,16 @@ class ReasoningGymEnv(Env):
         """Score the reply's last ``<answer>`` span with the dataset's ``score_answer``; the episode ends."""
         if self.task is None:
             raise EnvError("reasoning_gym: respond() called before reset()")
-        answer = self._extract_answer(text)
+        answer = tagged = self._extract_answer(text)
+        if answer is None and self.answer_fallback == "lenient":
+            answer = lenient_answer(text)
         info: dict[str, Any] = {"answer": answer}
         try:
             score = float(self.dataset.score_answer(answer, self.task))
         except Exception as exc:  # a scorer crash on odd model output is data, not a crash
             score, info["score_error"] = 0.0, repr(exc)
         info.update(score=score, success=score >= 1.0,
-                    metrics={"answer_tagged": float(answer is not None), "solved": float(score >= 1.0)})
+                    metrics={"answer_tagged": float(tagged is not None), "solved": float(score >= 1.0)})
         return [], score, True, info
 
     def gold_reply(self, task: Task) -> str | None:

@@ -1,0 +1,378 @@
+"""Every snippet in docs/*.md and README.md runs, and docs/hooks.md is generated from the hookspecs.
+
+Fenced blocks, by language:
+
+* ``python``: executed, each in a fresh module. A block whose first line is ``# file: NAME.py``
+  is also written to the document's scratch directory before any of its blocks run, so later
+  blocks can import it and bash blocks can name it (``--env sort_env.py:SortEnv``). Whatever a
+  block defines is then exercised: Env subclasses pass ``agentrl.testing.check_env``, reward
+  functions (agentrl- or TRL-style) return one finite float or None per episode on sample
+  episodes, algorithms build with their default config, and a ``# file:`` block with hook
+  implementations registers as a plugin, what it registers checked the same way.
+* ``bash``: each command runs in the scratch directory: ``agentrl ...`` in-process through the
+  CLI, ``pytest``/``python`` in a subprocess, ``cd``. Unmarked, only cheap ``agentrl`` commands are
+  allowed (``plugins``, ``new``, ``train ... --print-config``): anything that would load or train
+  the default model must be marked. A ``text`` block right after a bash block is
+  the expected output of its last command (each line, in order; ``error:`` means exit status 2).
+* ``yaml``: a config file ``build_config`` accepts, its rewards resolvable; ``toml``: an
+  ``agentrl`` entry-point table.
+
+A bash block is skipped only by the marker ``docs-test: skip (REASON)``, as its first line
+(``# docs-test: skip (...)``) or an HTML comment on the line before the fence. The marker
+``docs-test: tiny`` runs each ``agentrl train`` of the block for 2 steps on a tiny random model
+(the flags appended below) instead of the default model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import os
+import re
+import shlex
+import subprocess
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import agentrl
+from agentrl import hookdoc, hookspecs
+from agentrl.rewards import TRLReward, reward_style
+from agentrl.testing import check_env, check_reward_output, make_trajectory
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+SOURCES = [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
+GUIDES = ("writing-a-reward.md", "writing-an-env.md", "writing-an-algorithm.md", "plugins.md", "hooks.md")
+
+_FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
+_MARKER = re.compile(r"^\s*(?:#|<!--)\s*docs-test:\s*(\w+)\s*(?:\((.*?)\))?")
+_FILE = re.compile(r"^# file: ([\w./-]+\.py)\s*$")
+TINY_FLAGS = ["--max-steps", "2", "--prompts-per-step", "2", "--num-generations", "2", "--set", "eval_tasks=0",
+              "--set", "max_new_tokens=8", "--set", "save_model=false", "--set", "log_completions_every=0"]
+"""Appended to each ``agentrl train`` of a ``docs-test: tiny`` block (with ``--model`` and ``--output-dir``)."""
+
+
+@dataclass
+class Block:
+    """One fenced block of a Markdown file."""
+
+    source: Path
+    line: int
+    lang: str
+    code: str
+    marker: str | None = None
+    reason: str = ""
+    expected: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.source.name}:{self.line}"
+
+    @property
+    def filename(self) -> str | None:
+        match = _FILE.match(self.code.splitlines()[0]) if self.code.strip() else None
+        return match.group(1) if match else None
+
+
+def parse(source: Path) -> list[Block]:
+    """The fenced blocks of ``source``; a ``text`` block right after a bash block becomes its
+    ``expected`` output instead of a block of its own."""
+    text = source.read_text()
+    blocks: list[Block] = []
+    previous_end = None
+    for match in _FENCE.finditer(text):
+        lang, code = match.group(1), match.group(2)
+        before = text[:match.start()]
+        if lang == "text" and blocks and blocks[-1].lang == "bash" and not text[previous_end:match.start()].strip():
+            blocks[-1].expected = code
+            previous_end = match.end()
+            continue
+        block = Block(source, before.count("\n") + 1, lang, code)
+        lines_before = [line for line in before.splitlines() if line.strip()]
+        for candidate in (code.splitlines()[0] if code.strip() else "", lines_before[-1] if lines_before else ""):
+            marker = _MARKER.match(candidate)
+            if marker:
+                block.marker, block.reason = marker.group(1), (marker.group(2) or "").strip()
+                break
+        blocks.append(block)
+        previous_end = match.end()
+    return blocks
+
+
+BLOCKS = [block for source in SOURCES for block in parse(source)]
+
+
+def blocks(lang: str) -> list:
+    return [pytest.param(b, id=b.id) for b in BLOCKS if b.lang == lang]
+
+
+# -- the hook reference ------------------------------------------------------------------------------
+
+def test_hooks_md_is_generated_from_the_hookspecs():
+    assert (DOCS / "hooks.md").read_text() == hookdoc.render(), \
+        "docs/hooks.md differs from agentrl/hookspecs.py: run `python -m agentrl.hookdoc`"
+
+
+def test_hook_reference_covers_every_hook_with_signature_and_firstresult():
+    text = hookdoc.render()
+    names = sorted(n for n in vars(hookspecs) if n.startswith("agentrl_") and callable(getattr(hookspecs, n)))
+    assert sorted(re.findall(r"^### (agentrl_\w+)$", text, flags=re.M)) == names
+    assert "`agentrl_importance_weights(log_ratio: torch.Tensor, loss_mask: torch.Tensor, level: str," in text
+    rows = dict(re.findall(r"^\| \[`(agentrl_\w+)`\]\(#\w+\) \| \w+ \| (yes|no) \|", text, flags=re.M))
+    assert rows == {n: "yes" if getattr(hookspecs, n).agentrl_spec["firstresult"] else "no" for n in names}
+    assert "``" not in text and ":class:" not in text  # reST markup converted
+
+
+def test_hookdoc_writes_and_checks(tmp_path, capsys):
+    path = tmp_path / "hooks.md"
+    assert hookdoc.main(["--output", str(path), "--check"]) == 1
+    assert "is out of date with agentrl/hookspecs.py: run `python -m agentrl.hookdoc`" in capsys.readouterr().err
+    assert hookdoc.main(["--output", str(path)]) == 0 and path.read_text() == hookdoc.render()
+    assert hookdoc.main(["--output", str(path), "--check"]) == 0
+    path.write_text(path.read_text().replace("Register environments", "Register envs"))
+    assert hookdoc.main(["--output", str(path), "--check"]) == 1
+
+
+# -- the documents ------------------------------------------------------------------------------------
+
+def test_guides_exist_and_their_relative_links_resolve():
+    assert {p.name for p in DOCS.glob("*.md")} >= set(GUIDES)
+    for source in SOURCES:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", source.read_text()):
+            if not re.match(r"\w+://", target):
+                assert (source.parent / target).exists(), f"{source.name}: link to {target} does not resolve"
+
+
+def test_markers_are_known_and_skips_give_a_reason():
+    for block in BLOCKS:
+        if block.marker is not None:
+            assert block.marker in ("skip", "tiny"), f"{block.id}: unknown marker docs-test: {block.marker}"
+            assert block.lang == "bash", f"{block.id}: docs-test markers apply to bash blocks"
+            assert block.marker != "skip" or block.reason, f"{block.id}: say why: docs-test: skip (REASON)"
+
+
+@pytest.fixture(scope="session")
+def workdirs(tmp_path_factory):
+    """A scratch directory per document, holding every ``# file:`` block of it."""
+    made: dict[Path, Path] = {}
+
+    def workdir(source: Path) -> Path:
+        if source not in made:
+            folder = tmp_path_factory.mktemp(source.stem)
+            for block in parse(source):
+                if block.lang == "python" and block.filename:
+                    (folder / block.filename).write_text(block.code)
+            made[source] = folder
+        return made[source]
+
+    return workdir
+
+
+@contextlib.contextmanager
+def inside(folder: Path):
+    """``folder`` as the working directory and first on sys.path; modules imported from it are
+    forgotten afterwards, so every block imports the document's files afresh."""
+    cwd, path = Path.cwd(), list(sys.path)
+    os.chdir(folder)
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
+        for name, module in list(sys.modules.items()):
+            file = getattr(module, "__file__", None) or ""
+            if name.startswith("docs_block_") or (file and Path(file).is_relative_to(folder)):
+                del sys.modules[name]
+
+
+def sample_episodes() -> list:
+    """Episodes a reward must score without error: right, wrong, multi-turn with a tool, no reply."""
+    task = {"question": "What is 2 + 3?", "answer": "5"}
+    user = {"role": "user", "content": task["question"]}
+    return [
+        make_trajectory([user, {"role": "assistant", "content": "The answer is \\boxed{5}."}], task),
+        make_trajectory([user, {"role": "assistant", "content": "It is 4."}], task),
+        make_trajectory([{"role": "system", "content": "Use tools."}, user,
+                         {"role": "assistant", "content": agentrl.format_tool_call("add", a=2, b=3)},
+                         {"role": "tool", "name": "add", "content": "5"},
+                         {"role": "assistant", "content": "\\boxed{5}"}], task),
+        make_trajectory([user], task),
+    ]
+
+
+def check_reward_function(fn, name: str) -> None:
+    """One finite float or None per sample episode, through the adapter the trainer uses."""
+    if reward_style(fn, name) == "agentrl":
+        check_reward_output(fn, sample_episodes())
+        return
+    errors = []
+    for completion_format in ("conversational", "plain"):  # TRL-style: one of them must fit
+        try:
+            check_reward_output(TRLReward(fn, name, completion_format), sample_episodes())
+            return
+        except agentrl.RewardError as error:
+            errors.append(f"{completion_format}: {error}")
+    raise AssertionError(f"reward {name} fails on sample episodes: {errors}")
+
+
+def exercise(module: types.ModuleType, block: Block) -> None:
+    """Check what a block defines (see the module docstring)."""
+    checked: set[int] = set()
+    for name, value in vars(module).items():
+        if getattr(value, "__module__", None) != module.__name__:
+            continue
+        if isinstance(value, type) and issubclass(value, agentrl.Env) and not inspect.isabstract(value):
+            check_env(value)
+            checked.add(id(value))
+        elif isinstance(value, type) and issubclass(value, agentrl.Algorithm) and not inspect.isabstract(value):
+            value(value.config_class())
+        elif inspect.isfunction(value) and not name.startswith("agentrl_") and \
+                {"trajectories", "completions"} & set(inspect.signature(value).parameters):
+            check_reward_function(value, name)
+            checked.add(id(value))
+    if block.filename and any(hasattr(v, "agentrl_impl") for v in vars(module).values()):
+        manager = agentrl.PluginManager()
+        manager.register_plugin(module, name=block.filename)
+        for component in manager.registry.components():
+            factory = component.factory
+            if id(factory) in checked:
+                continue
+            if component.kind == "env":
+                check_env(factory)
+            elif component.kind == "reward":
+                check_reward_function(factory, component.name)
+            elif component.kind == "algorithm":
+                factory(factory.config_class())
+            elif component.kind == "settings":
+                factory()
+
+
+@pytest.mark.parametrize("block", blocks("python"))
+def test_python_block_runs(block, workdirs):
+    folder = workdirs(block.source)
+    with inside(folder):
+        if block.filename:  # imported from its file, as `--env file.py:Class` or `import` would
+            spec = importlib.util.spec_from_file_location(Path(block.filename).stem, folder / block.filename)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module.__name__] = module  # dataclasses look their module up
+            spec.loader.exec_module(module)
+        else:  # compiled with the document's line numbers, so a traceback points into the .md
+            module = types.ModuleType(f"docs_block_{block.source.stem}_{block.line}".replace("-", "_"))
+            sys.modules[module.__name__] = module
+            exec(compile("\n" * block.line + block.code, str(block.source), "exec"), module.__dict__)
+        exercise(module, block)
+
+
+# -- bash ---------------------------------------------------------------------------------------------
+
+def commands(code: str) -> list[list[str]]:
+    """Each command of a shell block as argv: continuation lines joined, comments dropped, ``&&``
+    chains split."""
+    out: list[list[str]] = []
+    for line in code.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        while words:
+            cut = words.index("&&") if "&&" in words else len(words)
+            out.append(words[:cut])
+            words = words[cut + 1:]
+    return [argv for argv in out if argv]
+
+
+def run_command(argv: list[str], cwd: Path, block: Block, tiny_model: Path | None) -> tuple[int, str]:
+    """(exit status, output) of one documented command."""
+    program, args = argv[0], argv[1:]
+    cheap = args[:1] in (["plugins"], ["new"]) or (args[:1] == ["train"] and "--print-config" in args)
+    if program == "agentrl" and not cheap and not (block.marker == "tiny" and args[:1] == ["train"]):
+        raise AssertionError(f"{block.id}: `{' '.join(argv)}` would load or train the default model; mark the "
+                             "block `# docs-test: tiny` (2 steps on a tiny model) or `# docs-test: skip (REASON)`")
+    if program == "agentrl":
+        from typer.testing import CliRunner
+
+        from agentrl.cli import app
+
+        if block.marker == "tiny" and args[:1] == ["train"]:
+            args = [*args, "--model", str(tiny_model), *TINY_FLAGS, "--output-dir", str(cwd / f"run-{block.line}")]
+        previous = Path.cwd()
+        os.chdir(cwd)
+        try:
+            result = CliRunner().invoke(app, args)
+        finally:
+            os.chdir(previous)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return result.exit_code, result.output
+    if program in ("pytest", "python"):
+        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args] if program == "pytest" \
+            else [sys.executable, *args]
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+        return done.returncode, done.stdout + done.stderr
+    raise AssertionError(f"{block.id}: tests/test_docs.py cannot run `{' '.join(argv)}`; make the block cheap "
+                         "or mark it `# docs-test: skip (REASON)` (or `<!-- docs-test: skip (REASON) -->` before it)")
+
+
+def expect(output: str, expected: str, where: str) -> None:
+    """Each non-empty line of ``expected`` occurs in ``output``, in order (whitespace-normalised)."""
+    flat = " ".join(output.split())
+    position = 0
+    for line in expected.splitlines():
+        wanted = " ".join(line.split())
+        if not wanted:
+            continue
+        found = flat.find(wanted, position)
+        assert found >= 0, f"{where}: expected output line {wanted!r} not found in order in:\n{output}"
+        position = found + len(wanted)
+
+
+@pytest.mark.parametrize("block", blocks("bash"))
+def test_bash_block_runs(block, workdirs, request):
+    if block.marker == "skip":
+        pytest.skip(f"docs-test: skip ({block.reason})")
+    tiny_model = request.getfixturevalue("tiny_model_dir") if block.marker == "tiny" else None
+    cwd = workdirs(block.source)
+    argvs = commands(block.code)
+    assert argvs, f"{block.id}: empty bash block"
+    for i, argv in enumerate(argvs):
+        if argv[0] == "cd":
+            cwd = (cwd / argv[1]).resolve()
+            continue
+        status, output = run_command(argv, cwd, block, tiny_model)
+        last = i == len(argvs) - 1
+        wanted = 2 if last and block.expected is not None and block.expected.lstrip().startswith("error:") else 0
+        assert status == wanted, f"{block.id}: `{' '.join(argv)}` exited {status}, expected {wanted}:\n{output}"
+        if block.marker == "tiny" and argv[1:2] == ["train"]:
+            assert "run saved to" in output and (cwd / f"run-{block.line}" / "metrics.jsonl").is_file(), output
+        if last and block.expected is not None:
+            expect(output, block.expected, block.id)
+
+
+# -- config and packaging snippets -------------------------------------------------------------------
+
+@pytest.mark.parametrize("block", blocks("yaml"))
+def test_yaml_block_is_a_valid_run_config(block, workdirs):
+    from agentrl.config import build_config
+    from agentrl.plugins import load_plugins
+    from agentrl.rewards import resolve_rewards
+    from agentrl.trainer import make_env
+
+    folder = workdirs(block.source)
+    (folder / f"config-{block.line}.yaml").write_text(block.code)
+    with inside(folder):
+        config = build_config(folder / f"config-{block.line}.yaml")
+        if config.rewards:
+            manager = load_plugins()
+            assert resolve_rewards(config, manager.registry, make_env(manager, config))
+
+
+@pytest.mark.parametrize("block", blocks("toml"))
+def test_toml_block_declares_agentrl_entry_points(block):
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    data = tomllib.loads(block.code)
+    entry_points = data["project"]["entry-points"]["agentrl"]
+    assert entry_points and all(re.fullmatch(r"[\w.]+(:\w+)?", value) for value in entry_points.values())
