@@ -210,3 +210,12 @@ def test_an_env_file_may_define_dataclasses(tmp_path):
 
     (tmp_path / "asks.py").write_text(DATACLASS_ENV)
     check_env(load_env_class(f"{tmp_path / 'asks.py'}:Asks"))
+
+
+def test_a_hook_with_a_wrong_signature_is_named(tmp_path):
+    (tmp_path / "wrong.py").write_text(PLUGIN_FILE.replace("def agentrl_register_rewards(register)",
+                                                           "def agentrl_register_rewards(register, registry)"))
+    result = agentrl("plugins", "--plugin", "wrong.py", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    message = " ".join(result.stderr.split())
+    assert "plugin 'wrong.py' has an invalid hook implementation" in message and "registry" in message
