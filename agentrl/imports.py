@@ -10,7 +10,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, EnvError
 
 
 def import_module_or_file(where: str, what: str) -> ModuleType:
@@ -59,3 +59,12 @@ def absolute_spec(spec: str) -> str:
     if sep and where.endswith(".py"):
         return f"{Path(where).expanduser().resolve()}:{attr}"
     return spec
+
+
+def import_extra(module: str, install_hint: str) -> ModuleType:
+    """The optional library ``module`` an adapter needs, or EnvError(``install_hint``) when it is not
+    installed (the hint names the ``agentrl[EXTRA]`` that installs it)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise EnvError(install_hint) from exc

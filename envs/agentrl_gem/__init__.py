@@ -37,6 +37,7 @@ from typing import Any
 from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
 from agentrl.env import PrivateGlobalRandom, SeedTasks
 from agentrl.errors import one_line
+from agentrl.imports import import_extra
 
 TRAIN_SIZE = 1_000_000
 """Training seeds are 0 .. TRAIN_SIZE - 1."""
@@ -55,14 +56,11 @@ def import_gem() -> Any:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
-        import gem
-    except ImportError as exc:
-        raise EnvError(INSTALL_HINT) from exc
+        return import_extra("gem", INSTALL_HINT)
     finally:
         for handler in [h for h in root.handlers if h not in handlers]:
             root.removeHandler(handler)
         root.setLevel(level)
-    return gem
 
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from agentrl import ConfigError, Env, EnvError, LazyTasks, Message, Task, hookimpl
 from agentrl.answers import extract_answer as lenient_answer
+from agentrl.imports import import_extra
 
 TRAIN_SIZE = 100_000
 """Length of the training split (items are generated on demand)."""
@@ -52,11 +53,7 @@ INSTALL_HINT = "--env reasoning_gym needs the reasoning-gym package: pip install
 
 def import_reasoning_gym() -> Any:
     """The ``reasoning_gym`` module, or EnvError naming the extra that installs it."""
-    try:
-        import reasoning_gym
-    except ImportError as exc:
-        raise EnvError(INSTALL_HINT) from exc
-    return reasoning_gym
+    return import_extra("reasoning_gym", INSTALL_HINT)
 
 
 def task_names() -> list[str]:

@@ -36,6 +36,7 @@ from typing import Any
 from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
 from agentrl.env import PrivateGlobalRandom, SeedTasks
 from agentrl.errors import one_line
+from agentrl.imports import import_extra
 
 TRAIN_SIZE = 1_000_000
 """Training seeds are 0 .. TRAIN_SIZE - 1."""
@@ -51,11 +52,7 @@ INSTALL_HINT = "--env textarena needs the textarena package: pip install 'agentr
 
 def import_textarena() -> Any:
     """The ``textarena`` module, or EnvError naming the extra that installs it."""
-    try:
-        import textarena
-    except ImportError as exc:
-        raise EnvError(INSTALL_HINT) from exc
-    return textarena
+    return import_extra("textarena", INSTALL_HINT)
 
 
 

@@ -70,6 +70,8 @@ import numpy as np
 
 from agentrl import ConfigError, Env, EnvError, LazyTasks, Message, Task, hookimpl
 from agentrl.env import ROLES, describe
+from agentrl.errors import one_line
+from agentrl.imports import import_extra
 from agentrl.tools import parse_xml_json, render_tools_system_prompt
 
 DEFAULT_MAX_TURNS = 10
@@ -83,10 +85,7 @@ INSTALL_HINT = "--env verifiers needs the verifiers package (0.2 or 0.3): pip in
 
 def import_verifiers() -> Any:
     """The ``verifiers`` module with its classic API, or EnvError naming the extra that installs it."""
-    try:
-        import verifiers
-    except ImportError as exc:
-        raise EnvError(INSTALL_HINT) from exc
+    verifiers = import_extra("verifiers", INSTALL_HINT)
     version = str(getattr(verifiers, "__version__", "?"))
     try:
         for name in ("load_environment", "Environment", "Client"):  # lazy attributes: import them now
@@ -97,13 +96,8 @@ def import_verifiers() -> Any:
             raise EnvError(f"verifiers {version} has no classic API (load_environment, Environment, Client; "
                            "0.4 removed it): pip install 'agentrl[verifiers]' (verifiers>=0.2,<0.4)") from exc
         cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc  # 0.2 wraps a missing dependency
-        raise EnvError(f"verifiers {version}: its classic API failed to import: {_one_line(cause)}") from exc
+        raise EnvError(f"verifiers {version}: its classic API failed to import: {one_line(cause, limit=300)}") from exc
     return verifiers
-
-
-def _one_line(exc: BaseException) -> str:
-    """``exc`` as one short line."""
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
 
 
 # -- the private event loop ------------------------------------------------------------------------
@@ -278,7 +272,7 @@ def _load(vf: Any, env_id: str, env_kwargs: dict[str, Any], max_turns: int | Non
         vf_env = vf.load_environment(env_id, **env_kwargs)
     except Exception as exc:
         cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
-        raise EnvError(f"verifiers env {env_id!r} failed to load: {_one_line(cause)}") from exc
+        raise EnvError(f"verifiers env {env_id!r} failed to load: {one_line(cause, limit=300)}") from exc
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
@@ -382,7 +376,7 @@ class VerifiersEnv(Env):
         try:
             train, held_out = self.vf_env.build_dataset(), self.vf_env.build_eval_dataset()
         except Exception as exc:
-            raise EnvError(f"verifiers env {self.env_id!r} failed to build its dataset: {_one_line(exc)}") from exc
+            raise EnvError(f"verifiers env {self.env_id!r} failed to build its dataset: {one_line(exc, limit=300)}") from exc
         if train is None or len(train) == 0:
             raise EnvError(f"verifiers env {self.env_id!r} has no training dataset (only an eval_dataset, or an "
                            "empty one); agentrl trains on its dataset rows")
@@ -478,7 +472,7 @@ class VerifiersEnv(Env):
             self._abandon()
             if isinstance(exc, EnvError):
                 raise
-            raise EnvError(f"verifiers env {self.env_id!r} raised during its rollout: {_one_line(exc)}") from exc
+            raise EnvError(f"verifiers env {self.env_id!r} raised during its rollout: {one_line(exc, limit=300)}") from exc
 
     def _abandon(self) -> None:
         """Cancel the current rollout, if one is parked (an episode reset or closed before its end)."""
