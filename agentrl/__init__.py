@@ -5,9 +5,19 @@ The public API. Plugins, built-in or third-party, import only from here.
 
 from agentrl.algorithm import Algorithm, LossContext, LossOutput, SetupContext, StepTotals, TrainableModule
 from agentrl.chat import ChatTokenizer
-from agentrl.config import TrainConfig, build_plugin_config
+from agentrl.config import ConfigCheck, TrainConfig, build_plugin_config
 from agentrl.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
-from agentrl.env import Env, Message, MessagesSpace, Task
+from agentrl.env import (
+    CallGuard,
+    CallTimeout,
+    Env,
+    Message,
+    MessagesSpace,
+    Task,
+    check_reset_result,
+    check_step_result,
+    sample_label,
+)
 from agentrl.errors import (
     AgentRLError,
     ConfigError,
@@ -17,6 +27,9 @@ from agentrl.errors import (
     PluginError,
     RewardError,
     TemplateError,
+    TrainingError,
+    TrainingInterrupted,
+    one_line,
 )
 from agentrl.hookspecs import hookimpl
 from agentrl.objectives import (
@@ -39,9 +52,18 @@ __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "AgentRLError",
+    "CallGuard",
+    "CallTimeout",
+    "TrainingError",
+    "TrainingInterrupted",
+    "check_reset_result",
+    "check_step_result",
+    "one_line",
+    "sample_label",
     "IMPORTANCE_LEVELS",
     "Algorithm",
     "ChatTokenizer",
+    "ConfigCheck",
     "ConfigError",
     "Engine",
     "EngineError",

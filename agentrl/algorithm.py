@@ -150,6 +150,9 @@ class Algorithm(abc.ABC):
     """Base class of algorithm plugins. Subclasses set ``config_class`` to a frozen dataclass."""
 
     config_class: ClassVar[type[Any]]
+    min_group_size: ClassVar[int] = 1
+    """Smallest ``num_generations`` the algorithm can learn from (group-relative advantages
+    need 2); a smaller one is refused at start-up."""
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -195,3 +198,12 @@ class Algorithm(abc.ABC):
     @abc.abstractmethod
     def loss(self, context: LossContext) -> LossOutput:
         """This micro-batch's share of the optimizer step's loss (see :class:`LossContext`)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State kept across steps other than trainable modules (e.g. an adaptive KL
+        coefficient), saved in checkpoints; modules from ``trainable_modules`` are saved for you."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output on ``--resume``."""
+        return None

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, TrainingInterrupted
 
 app = typer.Typer(rich_markup_mode=None, help="Train LLM agents with reinforcement learning.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -123,16 +123,35 @@ def train(
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
     plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin to load: module.path or path/file.py."),
     disable_plugin: Optional[list[str]] = typer.Option(None, "--disable-plugin", help="Plugin not to load."),
+    resume: Optional[str] = typer.Option(
+        None, "--resume", help="Continue RUN_DIR from its newest checkpoint, with its own config "
+        "(only --max-steps may be given, to train longer; --plugin as the run had them)."),
 ) -> None:
     """Train a policy; ends with held-out accuracy before vs after and where the run was saved."""
     from agentrl.config import build_config
 
     def run() -> None:
-        rewards = _parse_rewards(reward) if reward else None
-        cfg = build_config(config, overrides={
-            "env": env, "algo": algo, "model": model, "engine": engine, "rewards": rewards,
-            "max_steps": max_steps, "num_generations": num_generations, "prompts_per_step": prompts_per_step,
-            "output_dir": output_dir, "seed": seed}, sets=set_)
+        checkpoint = None
+        if resume is not None:
+            from agentrl.checkpoint import resume_config
+
+            given = {"--env": env, "--algo": algo, "--model": model, "--engine": engine, "--reward": reward,
+                     "--num-generations": num_generations, "--prompts-per-step": prompts_per_step,
+                     "--output-dir": output_dir, "--seed": seed, "--config": config, "--set": set_}
+            extra = [flag for flag, value in given.items() if value]
+            if extra:
+                from agentrl.errors import ConfigError
+
+                raise ConfigError(f"--resume continues the run with its own config; drop {', '.join(extra)} "
+                                  "(only --max-steps may be given)")
+            cfg, checkpoint = resume_config(resume, max_steps)
+            console.print(f"resuming {resume} from {checkpoint.name}", highlight=False)
+        else:
+            rewards = _parse_rewards(reward) if reward else None
+            cfg = build_config(config, overrides={
+                "env": env, "algo": algo, "model": model, "engine": engine, "rewards": rewards,
+                "max_steps": max_steps, "num_generations": num_generations, "prompts_per_step": prompts_per_step,
+                "output_dir": output_dir, "seed": seed}, sets=set_)
         manager = _manager(disable_plugin or [], plugin or [])
         if print_config:
             import yaml
@@ -146,11 +165,17 @@ def train(
         console.print(f"[bold]agentrl[/] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.max_steps} steps x "
                       f"{cfg.prompts_per_step} tasks x {cfg.num_generations} episodes", highlight=False)
         _quiet_library_progress()
-        trainer = Trainer(cfg, manager)
+        trainer = Trainer(cfg, manager, resume=checkpoint)
         console.print(_rewards_line(cfg, trainer), highlight=False)
         progress = _Progress(cfg.max_steps)
-        with progress.bar:
-            result = trainer.train(progress=progress)
+        if trainer.resumed:
+            progress.bar.update(progress.task, completed=trainer.resumed["step"])
+        try:
+            with progress.bar:
+                result = trainer.train(progress=progress)
+        except TrainingInterrupted as exc:
+            error_console.print(f"[bold yellow]interrupted:[/] {escape(str(exc))}", highlight=False)
+            raise typer.Exit(code=130) from None
         before = result.eval_before.get("eval/accuracy")
         after = result.eval_after.get("eval/accuracy")
         if before is not None and after is not None:
@@ -231,6 +256,8 @@ def eval_(
     engine: str = typer.Option("hf", "--engine", help="Generation engine."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override key=value (e.g. env_args.difficulty=...)."),
     as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON."),
+    plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin to load: module.path or path/file.py."),
+    disable_plugin: Optional[list[str]] = typer.Option(None, "--disable-plugin", help="Plugin not to load."),
 ) -> None:
     """Accuracy of a model or run dir on an env's held-out split (a run dir: the env, env_args and
     rewards it trained with, unless --env is given)."""
@@ -240,8 +267,13 @@ def eval_(
         from agentrl.evaluate import evaluate
         from agentrl.models import load_model, load_tokenizer
         from agentrl.rewards import resolve_rewards
+        from agentrl.errors import ConfigError
         from agentrl.trainer import make_env
 
+        if num_tasks < 1:
+            raise ConfigError(f"--num-tasks must be >= 1, got {num_tasks}")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ConfigError(f"--temperature must be a finite number >= 0 (0: greedy), got {temperature}")
         run_config = _run_config(model)
         base = {k: run_config[k] for k in ("env", "env_args", "rewards", "env_reward_weight", "max_new_tokens",
                                            "reward_completion_format", "rollout", "max_total_tokens")
@@ -249,7 +281,7 @@ def eval_(
         given = {"model": model, "env": env, "engine": engine, "max_new_tokens": max_new_tokens,
                  "eval_tasks": num_tasks}
         cfg = build_config(overrides={**base, **{k: v for k, v in given.items() if v is not None}}, sets=set_)
-        manager = _manager([], [])
+        manager = _manager(disable_plugin or [], plugin or [])
         envs = [make_env(manager, cfg) for _ in range(min(max(num_tasks, 1), 64))]
         tasks = list(envs[0].eval_tasks())[:num_tasks]
         source = "the run's env" if run_config and env is None else "--env" if env else "the default env"
@@ -276,17 +308,17 @@ def _run_config(model: str) -> dict[str, Any]:
     """The saved config of a run dir (``model`` points at one), else {}."""
     from pathlib import Path
 
-    import yaml
+    from agentrl.config import load_yaml
+    from agentrl.errors import ConfigError
 
     path = Path(model).expanduser() / "config.yaml"
-    if not path.is_file():
+    if not model or not path.is_file():
         return {}
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        from agentrl.errors import ConfigError
-
-        raise ConfigError(f"run config {str(path)!r} is not valid YAML: {exc}") from exc
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"run config {str(path)!r} could not be read as UTF-8 text: {exc}") from None
+    data = load_yaml(text, f"run config {str(path)!r}")
     return data if isinstance(data, dict) else {}
 
 
@@ -317,9 +349,20 @@ def plugins(
 @app.command()
 def plot(run_dir: str = typer.Argument(..., help="Run directory with metrics.jsonl.")) -> None:
     """Write PNG plots of a run (training.png in the run dir)."""
-    from agentrl.plots import plot_run
 
-    console.print(f"wrote {plot_run(run_dir)}", highlight=False)
+    def run() -> None:
+        import warnings
+
+        from agentrl.plots import plot_run
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = plot_run(run_dir)
+        for warning in caught:
+            error_console.print(f"[bold yellow]warning:[/] {escape(str(warning.message))}", highlight=False)
+        console.print(f"wrote {out}", highlight=False)
+
+    _run(run)
 
 
 def _add_subcommands() -> None:

@@ -8,17 +8,19 @@ the resolved whole). Sections owned by plugins (``algorithm``, ``env_args``, ``e
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import types
 import typing
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import yaml
 
-from agentrl.errors import ConfigError
+from agentrl.errors import AgentRLError, ConfigError, one_line
 from agentrl.imports import absolute_spec
 
 
@@ -116,47 +118,79 @@ class TrainConfig:
     """Write sampled conversations to ``completions.jsonl`` every this many steps (0: never)."""
     save_model: bool = True
     """Save the trained policy to ``<run_dir>/model`` at the end."""
+    checkpoint_every: int = 10
+    """Write a resumable checkpoint (``<run_dir>/checkpoints/step-N``: policy, algorithm-owned
+    modules, optimizers, schedules, RNG states, task cursor, metrics position) every this many
+    steps (0: only on Ctrl-C and at the end); ``agentrl train --resume RUN_DIR`` continues."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (the newest); older ones are deleted after a new one is complete."""
+    max_nonfinite_steps: int = 3
+    """Stop the run when this many steps in a row were skipped for a non-finite loss, gradient
+    or reward (every episode unscored)."""
+    call_timeout_s: float = 60.0
+    """Limit on one call of a reward function or an env method (``reset``/``step``), in seconds."""
+    on_call_error: str = "skip"
+    """What a reward function or env call that raises or exceeds ``call_timeout_s`` does:
+    ``skip`` scores that episode as missing (no gradient from it), counts it in
+    ``errors/reward/<name>`` or ``errors/env`` and goes on; ``fail`` stops the run naming the plugin, the sample and
+    the exception."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        positive = ("max_steps", "prompts_per_step", "num_generations", "max_new_tokens",
-                    "max_total_tokens", "micro_batch_size", "micro_batch_tokens")
+        check_types(TrainConfig, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        for key in ("model", "env", "algo", "engine", "rollout"):
+            if not getattr(self, key).strip():
+                raise ConfigError(f"{key} must be a non-empty name, got {getattr(self, key)!r}")
+        if self.output_dir is not None and not self.output_dir.strip():
+            raise ConfigError("output_dir must be a folder path or null (runs/<env>-<algo>-<time>), got ''")
+        positive = ("max_steps", "prompts_per_step", "num_generations", "max_new_tokens", "max_total_tokens",
+                    "micro_batch_size", "micro_batch_tokens", "keep_checkpoints", "max_nonfinite_steps")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("eval_tasks", "eval_every", "warmup_steps", "log_completions_every", "top_k"):
+        for key in ("eval_tasks", "eval_every", "warmup_steps", "log_completions_every", "checkpoint_every"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0: off), got {self.top_k!r}")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
         if self.max_sampled_tokens is not None and self.max_sampled_tokens < 1:
             raise ConfigError(f"max_sampled_tokens must be >= 1 or null, got {self.max_sampled_tokens!r}")
-        if self.temperature < 0 or self.eval_temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
-        if self.temperature == 0:
-            raise ConfigError("temperature must be > 0 for training (greedy samples give identical groups)")
+        if self.max_total_tokens <= self.max_new_tokens:
+            # The prompt must fit too: that check needs the env and the tokenizer, so it belongs in the
+            # Trainer once both are built (tokenise a few ``env.start(task)`` and compare).
+            raise ConfigError(f"max_total_tokens={self.max_total_tokens} must be > max_new_tokens="
+                              f"{self.max_new_tokens}: an episode holds the prompt and the sampled tokens")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0 for training (greedy samples give identical groups), "
+                              f"got {self.temperature!r}")
+        if self.eval_temperature < 0:
+            raise ConfigError(f"eval_temperature must be >= 0 (0: greedy), got {self.eval_temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
-        if self.lr_scheduler not in ("constant", "linear", "cosine"):
-            raise ConfigError(
-                f"lr_scheduler must be one of constant, linear, cosine; got {self.lr_scheduler!r}"
-            )
-        if self.precision not in ("bf16", "fp32"):
-            raise ConfigError(f"precision must be 'bf16' or 'fp32', got {self.precision!r}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not all(0 <= beta < 1 for beta in self.adam_betas):
+            raise ConfigError(f"adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)!r}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ConfigError(f"max_grad_norm must be > 0 or null, got {self.max_grad_norm!r}")
+        if self.call_timeout_s <= 0:
+            raise ConfigError(f"call_timeout_s must be > 0, got {self.call_timeout_s!r}")
+        for key, allowed in (("lr_scheduler", ("constant", "linear", "cosine")), ("precision", ("bf16", "fp32")),
+                             ("reward_completion_format", ("conversational", "plain")),
+                             ("on_call_error", ("skip", "fail"))):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got {getattr(self, key)!r}")
+        if self.rewards is not None and "" in self.rewards:
+            raise ConfigError("rewards has an empty name: use a registered name, file.py:func or module:func")
+        if self.env_reward_weight == 0 and self.rewards is not None and not any(self.rewards.values()):
+            raise ConfigError(f"env_reward_weight=0 with rewards={self.rewards!r} leaves nothing to reward: every "
+                              "episode would score 0 and nothing would train")
+        object.__setattr__(self, "env", _absolute(self.env, "env"))  # frozen: set once, here
         if self.rewards is not None:
-            for name, weight in self.rewards.items():
-                if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-                    raise ConfigError(f"rewards.{name} must be a finite number, got {weight!r}")
-        if self.reward_completion_format not in ("conversational", "plain"):
-            raise ConfigError("reward_completion_format must be 'conversational' or 'plain', got "
-                              f"{self.reward_completion_format!r}")
-        object.__setattr__(self, "env", absolute_spec(self.env))  # frozen: set once, here
-        if self.rewards is not None:
-            object.__setattr__(self, "rewards", {absolute_spec(name): w for name, w in self.rewards.items()})
-        if not math.isfinite(self.env_reward_weight):
-            raise ConfigError(f"env_reward_weight must be a finite number, got {self.env_reward_weight!r}")
+            object.__setattr__(self, "rewards", {_absolute(name, "rewards"): w for name, w in self.rewards.items()})
 
     @property
     def batch_size(self) -> int:
@@ -181,43 +215,183 @@ _Loader.add_implicit_resolver(
 )
 
 
-def load_yaml(text: str) -> Any:
-    """Parse YAML text with the float rule above."""
-    return yaml.load(text, Loader=_Loader)
+def load_yaml(text: str, where: str = "YAML text") -> Any:
+    """Parse YAML text with the float rule above; anything unparsable (syntax, a bad tag, a date that
+    does not exist, an anchor that contains itself) is a ConfigError naming ``where``."""
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{where} is not valid YAML: {exc.problem or exc.context}{at}") from None
+    except Exception as exc:  # other yaml.YAMLErrors, and ValueError/RecursionError from its constructors
+        raise ConfigError(f"{where} is not valid YAML: {one_line(exc)}") from None
+    if _cyclic(data, set()):
+        raise ConfigError(f"{where}: an anchor that refers to itself (&a ... *a) is not supported")
+    return data
 
 
-def _check_types(config: TrainConfig) -> None:
-    hints = get_type_hints(TrainConfig)
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        expected = hints[f.name]
-        if not _matches(value, expected):
-            raise ConfigError(f"{f.name} must be {_type_name(expected)}, got {value!r}")
-
-
-def _matches(value: Any, expected: Any) -> bool:
-    origin, args = typing.get_origin(expected), typing.get_args(expected)
-    if expected is Any:
+def _cyclic(data: Any, open_ids: set[int]) -> bool:
+    if not isinstance(data, (dict, list)):
+        return False
+    if id(data) in open_ids:
         return True
+    open_ids.add(id(data))
+    found = any(_cyclic(item, open_ids) for item in (data.values() if isinstance(data, dict) else data))
+    open_ids.discard(id(data))
+    return found
+
+
+# -- type checks shared by TrainConfig and every plugin config class ----------------------------------
+def check_types(config_class: type[Any], values: Mapping[str, Any], section: str = "") -> None:
+    """Raise ConfigError unless each of ``values`` fits the type hint of the field it names in the
+    dataclass ``config_class``: bool is not a number, an int is a float, floats are finite, mappings
+    and pairs are checked item by item. ``section`` prefixes the key in the message."""
+    hints = get_type_hints(config_class)
+    for key, value in values.items():
+        if key in hints:
+            misfit = _misfit(value, hints[key], f"{section}.{key}" if section else key)
+            if misfit is not None:
+                name, expected, got = misfit
+                raise ConfigError(f"{name} must be {expected}, got {got!r}")
+
+
+def _misfit(value: Any, hint: Any, key: str) -> tuple[str, str, Any] | None:
+    """None if ``value`` fits ``hint``, else (key, what was expected, the value) of the innermost misfit."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return None
     if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, a) for a in args)
-    if expected is type(None):
-        return value is None
-    if expected is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if expected is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        if value is None and type(None) in args:
+            return None
+        misfits = [_misfit(value, a, key) for a in args if a is not type(None)]
+        if any(m is None for m in misfits):
+            return None
+        items = [m for m in misfits if m is not None and m[0] != key]  # a mapping's bad item: name the item
+        return items[0] if items else (key, _describe(hint), value)
     if origin is dict:
-        return isinstance(value, dict)
+        if not isinstance(value, dict):
+            return key, _describe(hint), value
+        for name, item in value.items():
+            if _misfit(name, args[0], key) is not None:
+                return key, _describe(hint), value
+            inner = _misfit(item, args[1], f"{key}.{name}")
+            if inner is not None:
+                return inner
+        return None
     if origin is tuple:
-        return isinstance(value, (tuple, list)) and len(value) == len(args)
-    if isinstance(expected, type):
-        return isinstance(value, expected)
-    return True
+        fits = isinstance(value, (tuple, list)) and len(value) == len(args)
+        return None if fits and all(_misfit(v, a, key) is None for v, a in zip(value, args)) else (
+            key, _describe(hint), value)
+    if hint is float:
+        fits = _is_number(value) and (isinstance(value, int) or math.isfinite(value))
+    elif hint is int:
+        fits = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        fits = not isinstance(hint, type) or isinstance(value, hint)
+    return None if fits else (key, _describe(hint), value)
 
 
-def _type_name(expected: Any) -> str:
-    return getattr(expected, "__name__", None) or str(expected).replace("typing.", "")
+_NAMES = {float: "a finite number", int: "an integer", bool: "true or false", str: "a string",
+          type(None): "null", Any: "anything"}
+
+
+def _describe(hint: Any) -> str:
+    """``hint`` in words: ``dict[str, float]`` is 'a mapping of names to finite numbers'."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is dict:
+        return f"a mapping of names to {_plural(_describe(args[1]))}"
+    if origin is tuple:
+        return f"a list of {len(args)} {_plural(_describe(args[0]))}"
+    return _NAMES.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _plural(words: str) -> str:
+    words = words.removeprefix("a ").removeprefix("an ")
+    if words.startswith("mapping"):
+        return "mappings"
+    return {"true or false": "booleans", "anything": "values"}.get(words, words + "s")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _with_int_floats(config_class: type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with integral floats (YAML reads ``1e9`` as a float) made ints for int fields."""
+    hints = get_type_hints(config_class)
+    out = dict(values)
+    for key, value in values.items():
+        hint = hints.get(key)
+        if (hint is int or int in typing.get_args(hint)) and isinstance(value, float) and value.is_integer():
+            out[key] = int(value)
+    return out
+
+
+def _absolute(spec: str, key: str) -> str:
+    try:
+        return absolute_spec(spec)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{key}: {spec!r} is not a usable path ({one_line(exc)})") from None
+
+
+class ConfigCheck:
+    """Range checks for a plugin config's ``__post_init__``; each raises ConfigError
+    ``SECTION.KEY=VALUE is invalid: expected ...`` (``allowed`` replaces the 'expected ...' text).
+    Type-safe on their own; :func:`build_plugin_config` also checks every value's type first.
+
+        check = ConfigCheck(self, "algorithm")
+        check.number("epsilon_low", low=0, high=1, high_open=True)
+        check.choice("loss_type", AGGREGATIONS)
+    """
+
+    def __init__(self, config: Any, section: str) -> None:
+        self.config, self.section = config, section
+
+    def fail(self, key: str, allowed: str) -> typing.NoReturn:
+        """Raise the ConfigError for ``key``'s current value."""
+        raise ConfigError(f"{self.section}.{key}={getattr(self.config, key)!r} is invalid: {allowed}")
+
+    def number(self, key: str, low: float | None = None, high: float | None = None, *, low_open: bool = False,
+               high_open: bool = False, optional: bool = False, allowed: str | None = None) -> None:
+        """A finite number within the bounds (``*_open``: the bound itself is excluded); None if ``optional``."""
+        value = getattr(self.config, key)
+        if value is None and optional:
+            return
+        finite = _is_number(value) and (isinstance(value, int) or math.isfinite(value))
+        if finite and (low is None or value > low or (value == low and not low_open)) and (
+                high is None or value < high or (value == high and not high_open)):
+            return
+        if low is not None and high is not None:
+            bounds = f" in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        elif low is not None:
+            bounds = f" {'>' if low_open else '>='} {low}"
+        else:
+            bounds = "" if high is None else f" {'<' if high_open else '<='} {high}"
+        kind = "a finite number" if _is_number(value) and not finite else "a number"
+        self.fail(key, allowed or f"expected {'None or ' if optional else ''}{kind}{bounds}")
+
+    def integer(self, key: str, low: int, *, optional: bool = False, allowed: str | None = None) -> None:
+        """An int (not a bool) >= ``low``; None if ``optional``."""
+        value = getattr(self.config, key)
+        if (value is None and optional) or (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+            return
+        self.fail(key, allowed or f"expected {'None or ' if optional else ''}an integer >= {low}")
+
+    def choice(self, key: str, choices: Iterable[Any], *, optional: bool = False, allowed: str | None = None) -> None:
+        """One of ``choices`` (same type too: ``True`` is not ``1``, a list is never a name); None if ``optional``."""
+        value, choices = getattr(self.config, key), list(choices)
+        if (value is None and optional) or any(type(value) is type(c) and value == c for c in choices):
+            return
+        listed = ", ".join(repr(c) for c in sorted(choices, key=str))
+        self.fail(key, allowed or f"expected {'None or ' if optional else ''}one of {listed}")
+
+    def flag(self, key: str) -> None:
+        """True or false."""
+        if not isinstance(getattr(self.config, key), bool):
+            self.fail(key, "expected true or false")
 
 
 def field_names() -> list[str]:
@@ -233,11 +407,13 @@ def build_config(file: str | Path | None = None, overrides: dict[str, Any] | Non
     if file is not None:
         path = Path(file)
         if not path.is_file():
-            raise ConfigError(f"config file {str(file)!r} does not exist")
+            what = "is a folder, not a file" if path.is_dir() else "does not exist"
+            raise ConfigError(f"config file {str(file)!r} {what}")
         try:
-            loaded = load_yaml(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(file)!r} is not valid YAML: {exc}") from exc
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {str(file)!r} could not be read as UTF-8 text: {one_line(exc)}") from None
+        loaded = load_yaml(text, f"config file {str(file)!r}") or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(file)!r} must hold a mapping, got {type(loaded).__name__}")
         data.update(loaded)
@@ -245,19 +421,17 @@ def build_config(file: str | Path | None = None, overrides: dict[str, Any] | Non
         key, sep, raw = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects key=value, got {item!r}")
-        _set_dotted(data, key.strip(), load_yaml(raw))
+        _set_dotted(data, key.strip(), load_yaml(raw, f"--set {item!r}"))
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     known = set(field_names())
     for key in data:
         if key not in known:
-            import difflib
-
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else " (`agentrl train --print-config` lists the keys)"
             raise ConfigError(f"unknown config key {key!r}{hint}")
     if isinstance(data.get("adam_betas"), list):
         data["adam_betas"] = tuple(data["adam_betas"])
-    return TrainConfig(**data)
+    return TrainConfig(**_with_int_floats(TrainConfig, data))
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -271,21 +445,57 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     _set_dotted(section, rest, value)
 
 
-def build_plugin_config(config_class: type[Any], values: dict[str, Any], section: str) -> Any:
-    """Instantiate a plugin's config dataclass from a dict, naming unknown keys and the section."""
+def build_plugin_config(config_class: type[Any], values: Any, section: str) -> Any:
+    """Instantiate a plugin's config dataclass from a mapping: unknown keys and values of the wrong
+    type (see :func:`check_types`) are refused naming the section, whatever the class checks itself."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{section} must be a mapping of options, got {values!r}")
     known = {f.name for f in dataclasses.fields(config_class)}
-    unknown = sorted(set(values) - known)
+    unknown = sorted(repr(key) for key in values if key not in known)
     if unknown:
         raise ConfigError(
-            f"unknown key(s) {', '.join(map(repr, unknown))} in {section}; "
+            f"unknown key(s) {', '.join(unknown)} in {section}; "
             f"{config_class.__name__} accepts: {', '.join(sorted(known))}"
         )
-    return config_class(**values)
+    values = _with_int_floats(config_class, values)
+    check_types(config_class, values, section)
+    try:
+        return config_class(**values)
+    except AgentRLError:
+        raise
+    except Exception as exc:  # a third-party class whose own checks assumed other types
+        raise ConfigError(f"{section}: {config_class.__name__} refused {values!r}: {one_line(exc)}") from exc
+
+
+def check_startup(config: TrainConfig, registry: Any) -> None:
+    """Refuse what the chosen algorithm cannot train: groups smaller than it compares (its class's
+    ``min_group_size``), a warm-up that lasts the whole run, a policy frozen until the last step;
+    build the engine's options (when its class has a ``config_class``) so they fail before any model loads."""
+    engine_cls = registry.get("engine", config.engine).factory
+    if dataclasses.is_dataclass(getattr(engine_cls, "config_class", None)):
+        build_plugin_config(engine_cls.config_class, config.engine_args, "engine_args")
+    algo_cls = registry.get("algorithm", config.algo).factory
+    algorithm = algo_cls(build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm"))
+    need = getattr(algo_cls, "min_group_size", 1)
+    if config.num_generations < need:
+        raise ConfigError(f"num_generations={config.num_generations} is too small for algorithm {config.algo!r}: it "
+                          f"compares the episodes of a task with each other, so it needs num_generations >= {need} "
+                          "(with fewer, every advantage is 0 and nothing trains)")
+    total = config.max_steps * algorithm.num_iterations * algorithm.num_mini_batches
+    if config.warmup_steps and config.warmup_steps >= total:
+        raise ConfigError(f"warmup_steps={config.warmup_steps} must be < the run's {total} optimizer steps "
+                          "(max_steps x the algorithm's epochs x mini-batches): the learning rate would never "
+                          "reach learning_rate")
+    if not algorithm.trains_policy(config.max_steps):
+        raise ConfigError(f"algorithm {config.algo!r} with these options never updates the policy within "
+                          f"max_steps={config.max_steps} (e.g. a critic warm-up as long as the run)")
 
 
 def resolve_settings(config: TrainConfig, registry: Any) -> dict[str, Any]:
     """Every registered plugin settings section, built from ``config.plugins`` (defaults where the
-    config is silent) by the class its plugin registered; an unknown section name is an error."""
+    config is silent) by the class its plugin registered; an unknown section name is an error. Runs
+    :func:`check_startup` first, so whatever builds a run refuses impossible combinations."""
+    check_startup(config, registry)
     known = registry.names("settings")
     for name, values in config.plugins.items():
         if name not in known:

@@ -76,6 +76,14 @@ class Engine(abc.ABC):
         """
         return None
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must hold to continue sampling exactly (e.g. a generator's state)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output on ``--resume``."""
+        return None
+
 
 def token_ids(value: Any) -> list[int]:
     """A config's token id field (None, an int or a list of ints) as a list."""

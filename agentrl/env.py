@@ -21,6 +21,20 @@ expected, instead of a failure deep inside gymnasium or the chat template.
 Env-specific figures: a ``step``'s ``info["metrics"]`` (name -> float) as it stands at the
 episode's last step is averaged over the batch's episodes and logged as ``env/NAME`` (training)
 and ``eval/env/NAME`` (evaluation); keep it a running summary of the whole episode.
+
+Failures during a run (the rollout calls ``reset``/``step`` through a :class:`CallGuard`):
+
+* A broken contract (wrong shapes, a reward that is None, NaN or infinite, any ``AgentRLError``
+  the env raises itself) is a programming error: the run stops with an EnvError naming the env
+  class, the method, what it returned and what was expected, whatever ``on_call_error`` says. An
+  env that cannot score an episode should raise, not return NaN.
+* Any other exception, or a call running past ``call_timeout_s``, follows ``on_call_error``:
+  ``skip`` ends that episode (``info["error"]`` says where and what), leaves it unscored (no
+  gradient), counts it in ``errors/env`` and warns once per env class; ``fail`` stops the run
+  with an EnvError naming the env, the method, the sample and the exception.
+* A Python call cannot be killed: a call past its time limit is abandoned, still running in a
+  daemon thread (the trainer gives that episode's slot a fresh env instance). Make a long
+  computation check its own deadline, or run it in a subprocess as the code sandbox does.
 """
 
 from __future__ import annotations
@@ -32,14 +46,19 @@ import math
 import numbers
 import random
 import reprlib
-from collections.abc import Iterator, Sequence
-from typing import Any, SupportsFloat
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, SupportsFloat, TypeVar
 
 import gymnasium
 import numpy as np
 
 from agentrl.errors import EnvError
 from agentrl.tasks import LazyTasks
+
+R = TypeVar("R")
 
 Message = dict[str, Any]
 Task = dict[str, Any]
@@ -175,8 +194,10 @@ class Env(gymnasium.Env, abc.ABC):
         method = f"{type(self).__name__}.{split}_tasks"
         tasks = self.train_tasks() if split == "train" else self.eval_tasks()
         if isinstance(tasks, (str, bytes, dict)) or not (hasattr(tasks, "__len__") and hasattr(tasks, "__getitem__")):
+            hint = (": an iterator can be read only once and has no length; return a list (or agentrl.LazyTasks "
+                    "to make tasks on demand)" if isinstance(tasks, Iterator) else "")
             raise EnvError(f"{method} must return an indexable sequence of task dicts (a list or "
-                           f"agentrl.LazyTasks); got {describe(tasks)}")
+                           f"agentrl.LazyTasks); got {describe(tasks)}{hint}")
         if split == "train" and len(tasks) == 0:
             raise EnvError(f"{method} returned an empty sequence; it must hold at least one task dict")
         return tasks
@@ -220,34 +241,173 @@ class Env(gymnasium.Env, abc.ABC):
             raise EnvError(f"{where} must return (messages, reward, terminated, info); got {describe(result)}")
         messages, reward, terminated, info = result
         self._check_messages("respond", messages, non_empty=False)
-        if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
-            raise EnvError(f"{where} must return a finite number as its reward (2nd value); got {describe(reward)}")
-        if not isinstance(terminated, (bool, np.bool_)):
-            raise EnvError(f"{where} must return a bool as terminated (3rd value); got {describe(terminated)}")
-        if not isinstance(info, dict):
-            raise EnvError(f"{where} must return a dict as info (4th value); got {describe(info)}")
+        _check_reward(where, reward, "2nd")
+        _check_flag(where, terminated, "terminated", "3rd")
+        _check_info(where, info, "4th")
         truncated = not terminated and self.turn >= self.max_turns
         return messages, float(reward), bool(terminated), bool(truncated), info
 
     def _check_messages(self, method: str, messages: Any, non_empty: bool) -> None:
         """Raise EnvError unless ``messages`` (returned by ``method``) is a valid message list."""
-        where = f"{type(self).__name__}.{method}"
-        if not isinstance(messages, list):
-            raise EnvError(f"{where} must return its messages as {MESSAGES_SHAPE}; got {describe(messages)}")
-        if non_empty and not messages:
-            raise EnvError(f"{where} must return at least one message ({MESSAGES_SHAPE}); got []")
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict):
-                problem = f"is {describe(message)}, not a dict"
-            elif message.get("role") not in ROLES:
-                problem = f"has role {message.get('role')!r}; allowed: {', '.join(ROLES)}"
-            elif "content" not in message:
-                problem = f"has no 'content' (a str): {_REPR.repr(message)}"
-            elif not isinstance(message["content"], str):
-                problem = f"has content {describe(message['content'])}; it must be a str"
-            else:
-                continue
-            raise EnvError(f"{where}: message {i} {problem} (expected {MESSAGES_SHAPE})")
+        check_messages(f"{type(self).__name__}.{method}", messages, non_empty)
+
+
+def check_messages(where: str, messages: Any, non_empty: bool) -> None:
+    """Raise EnvError unless ``messages`` (returned by ``where``, e.g. ``"MyEnv.start"``) is a
+    list of well-formed chat messages (at least one when ``non_empty``)."""
+    if not isinstance(messages, list):
+        raise EnvError(f"{where} must return its messages as {MESSAGES_SHAPE}; got {describe(messages)}")
+    if non_empty and not messages:
+        raise EnvError(f"{where} must return at least one message ({MESSAGES_SHAPE}); got []")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            problem = f"is {describe(message)}, not a dict"
+        elif message.get("role") not in ROLES:
+            problem = f"has role {message.get('role')!r}; allowed: {', '.join(ROLES)}"
+        elif "content" not in message:
+            problem = f"has no 'content' (a str): {_REPR.repr(message)}"
+        elif not isinstance(message["content"], str):
+            problem = f"has content {describe(message['content'])}; it must be a str"
+        else:
+            continue
+        raise EnvError(f"{where}: message {i} {problem} (expected {MESSAGES_SHAPE})")
+
+
+def _check_reward(where: str, reward: Any, position: str) -> None:
+    if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        raise EnvError(f"{where} must return a finite number as its reward ({position} value); got "
+                       f"{describe(reward)} (an env that cannot score an episode should raise)")
+
+
+def _check_flag(where: str, flag: Any, name: str, position: str) -> None:
+    if not isinstance(flag, (bool, np.bool_)):
+        raise EnvError(f"{where} must return a bool as {name} ({position} value); got {describe(flag)}")
+
+
+def _check_info(where: str, info: Any, position: str) -> None:
+    if not isinstance(info, dict):
+        raise EnvError(f"{where} must return a dict as info ({position} value); got {describe(info)}")
+
+
+def check_reset_result(env: gymnasium.Env, result: Any) -> tuple[list[Message], dict[str, Any]]:
+    """``result`` of ``env.reset`` as ``(messages, info)``; EnvError naming the env, the method,
+    what it returned and the expected shape otherwise (an env overriding ``reset`` included)."""
+    where = f"{type(env).__name__}.reset"
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise EnvError(f"{where} must return (messages, info); got {describe(result)}")
+    messages, info = result
+    check_messages(where, messages, non_empty=True)
+    _check_info(where, info, "2nd")
+    return messages, info
+
+
+def check_step_result(env: gymnasium.Env, result: Any) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+    """``result`` of ``env.step`` as ``(messages, reward, terminated, truncated, info)``; EnvError
+    naming the env, the method, what it returned and the expected shape otherwise."""
+    where = f"{type(env).__name__}.step"
+    if not (isinstance(result, tuple) and len(result) == 5):
+        raise EnvError(f"{where} must return (messages, reward, terminated, truncated, info); got {describe(result)}")
+    messages, reward, terminated, truncated, info = result
+    check_messages(where, messages, non_empty=False)
+    _check_reward(where, reward, "2nd")
+    _check_flag(where, terminated, "terminated", "3rd")
+    _check_flag(where, truncated, "truncated", "4th")
+    _check_info(where, info, "5th")
+    return messages, float(reward), bool(terminated), bool(truncated), info
+
+
+def task_label(task: Any) -> str:
+    """``task 'id-7': 'What is 2 + 2?'`` (its id and question or prompt, cut short) for messages."""
+    if not isinstance(task, dict):
+        return f"task {describe(task)}"
+    parts = [repr(task["id"])] if "id" in task else []
+    text = task.get("question", task.get("prompt"))
+    if text is not None:
+        parts.append(_REPR.repr(text if isinstance(text, str) else str(text)))
+    return f"task {': '.join(parts)}" if parts else f"task {_REPR.repr(task)}"
+
+
+def sample_label(index: int, task: Any) -> str:
+    """``sample 3 (task 'id-7': 'What is 2 + 2?')``: a batch sample for error messages."""
+    return f"sample {index} ({task_label(task)})"
+
+
+ON_CALL_ERROR = ("skip", "fail")
+"""Values of ``TrainConfig.on_call_error``."""
+
+
+class CallTimeout(TimeoutError):
+    """A call into user code ran past its time limit and was abandoned (it may still be running)."""
+
+
+def call_with_timeout(fn: Callable[..., R], timeout_s: float | None, *args: Any, **kwargs: Any) -> R:
+    """``fn(*args, **kwargs)``, raising :class:`CallTimeout` if it runs past ``timeout_s`` seconds.
+
+    The call runs in a daemon worker thread the caller waits on. Python cannot kill a thread: a
+    call past the limit is abandoned and keeps running in the background until it returns (a
+    daemon thread does not keep the process alive). ``timeout_s`` None or <= 0: no limit, the call
+    runs in the caller's thread. Exceptions from ``fn`` are re-raised in the caller.
+    """
+    if timeout_s is None or timeout_s <= 0:
+        return fn(*args, **kwargs)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller
+            outcome["error"] = exc
+
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    worker = threading.Thread(target=target, name=f"agentrl-call:{name}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise CallTimeout(f"no result within call_timeout_s={timeout_s:g} s; the call was abandoned and may still "
+                          "be running in a background thread")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+@dataclass
+class CallGuard:
+    """How a run calls user code (env methods, reward functions): a time limit per call, what an
+    exception or a timeout does (``on_error``: ``skip`` or ``fail``) and which plugins have
+    already been warned about (each once)."""
+
+    timeout_s: float | None = None
+    """``call_timeout_s``: seconds one call may take (None or <= 0: no limit)."""
+    on_error: str = "fail"
+    """``on_call_error``: ``skip`` (the sample is unscored and counted) or ``fail`` (stop the run)."""
+    warned: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_CALL_ERROR:
+            from agentrl.errors import ConfigError
+
+            raise ConfigError(f"on_call_error={self.on_error!r} is invalid: expected one of {', '.join(ON_CALL_ERROR)}")
+
+    @classmethod
+    def from_config(cls, config: Any) -> CallGuard:
+        """The guard of a run config (``call_timeout_s``, ``on_call_error``); a config without
+        them gets no time limit and ``fail``."""
+        return cls(getattr(config, "call_timeout_s", None), getattr(config, "on_call_error", "fail"))
+
+    @property
+    def skips(self) -> bool:
+        """True when a failed call leaves its sample unscored instead of stopping the run."""
+        return self.on_error == "skip"
+
+    def call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """``fn(*args, **kwargs)`` under the time limit (see :func:`call_with_timeout`)."""
+        return call_with_timeout(fn, self.timeout_s, *args, **kwargs)
+
+    def warn_once(self, plugin: str, message: str) -> None:
+        """A RuntimeWarning ``message`` the first time ``plugin`` fails in this run only."""
+        if plugin not in self.warned:
+            self.warned.add(plugin)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def load_env_class(spec: str) -> type[Env]:

@@ -35,6 +35,18 @@ class ModelError(AgentRLError):
     """A model could not be found, fetched, converted or loaded."""
 
 
+class TrainingError(AgentRLError):
+    """Training cannot go on (e.g. too many non-finite steps in a row); what was written is kept."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run; ``checkpoint`` is what ``--resume`` continues from (None: nothing)."""
+
+    def __init__(self, message: str, checkpoint: str | None) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
 class TemplateError(AgentRLError):
     """A chat template broke the prefix property multi-turn training relies on."""
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from agentrl.engine import SamplingParams
 from agentrl.metrics import env_metrics
-from agentrl.env import Env
+from agentrl.env import CallGuard, Env
 from agentrl.scoring import RewardFn, score
 from agentrl.trajectory import Trajectory
 
@@ -30,8 +30,9 @@ def episode_success(trajectory: Trajectory, success_threshold: float = Env.succe
 
 def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_new_tokens: int,
              temperature: float = 0.0, seed: int = 0, reward_fns: dict[str, tuple[RewardFn, float]] | None = None,
-             batch_size: int = 64) -> tuple[dict[str, float], list[Trajectory]]:
-    """Accuracy, mean env return and reward-function means on ``tasks`` (one episode each)."""
+             batch_size: int = 64, guard: CallGuard | None = None) -> tuple[dict[str, float], list[Trajectory]]:
+    """Accuracy, mean env return and reward-function means on ``tasks`` (one episode each);
+    ``guard`` (the run's ``call_timeout_s`` / ``on_call_error``) runs the reward functions."""
     trajectories: list[Trajectory] = []
     for start in range(0, len(tasks), batch_size):
         chunk = tasks[start:start + batch_size]
@@ -47,7 +48,7 @@ def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_
     if any(env.tool_schemas() for env in envs):
         metrics["eval/tool_success_frac"] = float(np.mean([t.num_tool_calls_ok > 0 for t in trajectories]))
     if reward_fns:
-        _, components = score(trajectories, reward_fns, env_weight=1.0)
+        _, components = score(trajectories, reward_fns, env_weight=1.0, guard=guard)
         for name, values in components.items():
             if name != "env" and not np.isnan(values).all():
                 metrics[f"eval/{name}_mean"] = float(np.nanmean(values))

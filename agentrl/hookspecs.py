@@ -207,6 +207,19 @@ def agentrl_on_step_end(step: int, metrics: dict[str, float]) -> None:
 
 
 @hookspec
+def agentrl_save_state(state: dict[str, Any]) -> None:
+    """Called when a checkpoint is written: add this plugin's resumable state to ``state`` under
+    a key of its own (anything ``torch.save`` can store). A plugin that keeps counters or
+    adaptive coefficients across steps needs this for ``--resume`` to continue it exactly."""
+
+
+@hookspec
+def agentrl_load_state(state: dict[str, Any]) -> None:
+    """Called on ``--resume`` with what :func:`agentrl_save_state` stored (read your own key;
+    it is absent when the checkpoint was written without your plugin)."""
+
+
+@hookspec
 def agentrl_on_train_end(run_dir: str, metrics: dict[str, float]) -> None:
     """Called once after the last step and the final evaluation, with the final metrics."""
 

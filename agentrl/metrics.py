@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +17,25 @@ from agentrl.trajectory import Trajectory
 class MetricsWriter:
     """Appends one JSON line per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, purge_step: int | None = None) -> None:
+        """``purge_step``: a resumed run's first step; TensorBoard hides events from it onwards
+        that an earlier, killed process wrote after its last checkpoint."""
         self.path = run_dir / "metrics.jsonl"
         self._tb: Any = None
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
         except ImportError:  # tensorboard is a dependency; tolerate a stripped install
             self._tb = None
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Record ``metrics`` for ``step``."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        with self.path.open("a") as f:
+        with self.path.open("a") as f:  # one write of a whole line, flushed to disk before the next step
             f.write(json.dumps({"step": step, **clean}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
@@ -44,7 +49,8 @@ class MetricsWriter:
 
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Lengths, turns, tool use and truncation over a batch of trajectories."""
+    """Lengths, turns, tool use and truncation over a batch of trajectories; ``errors/env``: how
+    many episodes an env failure ended (``info["error"]``, set by the rollout)."""
     sampled = np.array([t.num_sampled_tokens for t in trajectories], dtype=np.float64)
     turns = np.array([len(t.turns) for t in trajectories], dtype=np.float64)
     calls = np.array([t.num_tool_calls for t in trajectories], dtype=np.float64)
@@ -63,6 +69,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "rollout/truncated_frac": float(np.mean([t.truncated for t in trajectories])),
         "rollout/stopped_frac": float(np.mean(stopped)) if stopped else 0.0,
         "rollout/prompt_too_long_frac": float(np.mean([bool(t.info.get("prompt_too_long")) for t in trajectories])),
+        "errors/env": float(sum("error" in t.info for t in trajectories)),
         **env_metrics(trajectories, prefix="env/"),
     }
 
@@ -83,8 +90,10 @@ def env_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, float]
 
 
 def reward_metrics(totals: list[float], components: dict[str, np.ndarray]) -> dict[str, float]:
-    """Mean/std of the total reward and of each component (NaN-aware)."""
-    out: dict[str, float] = {}
+    """Mean/std of the total reward and of each component (NaN-aware), and
+    ``reward/scored_frac``: the share of episodes with a total (0.0: nothing to learn from)."""
+    scored = np.isfinite(np.array(totals, dtype=np.float64))
+    out: dict[str, float] = {"reward/scored_frac": float(scored.mean()) if len(scored) else 0.0}
     for name, values in [("total", np.array(totals, dtype=np.float64)), *components.items()]:
         if np.isnan(values).all():
             out[f"reward/{name}_mean"] = math.nan

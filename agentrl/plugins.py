@@ -169,6 +169,11 @@ class PluginManager:
         entry_points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
         if require_builtins and not any(_distribution_name(ep) == "agentrl" for ep in entry_points):
             raise PluginError(_MISSING_BUILTINS)
+        names = {ep.name for ep in entry_points}
+        unknown = sorted(disabled - names)
+        if unknown:  # a typo would otherwise leave the plugin loaded without a word
+            raise PluginError(unknown_name_message("plugin", unknown[0], names, "--disable-plugin takes a name "
+                                                   "that `agentrl plugins` lists."))
         for ep in sorted(entry_points, key=lambda e: (_distribution_name(e) != "agentrl", e.name)):
             if ep.name in disabled:
                 continue

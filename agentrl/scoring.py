@@ -1,4 +1,20 @@
-"""Score trajectories: the env's own return plus weighted reward functions, NaN-aware."""
+"""Score trajectories: the env's own return plus weighted reward functions, NaN-aware.
+
+Failures (a bad rollout is data, not a crash). Each reward function runs under the run's
+:class:`agentrl.env.CallGuard`: at most ``call_timeout_s`` per call, then ``on_call_error``.
+
+* A call that raises is retried one trajectory at a time, so only the samples it fails on are
+  lost; a call that times out is not retried (that would cost a timeout per sample): the whole
+  batch is lost for that function.
+* ``skip``: a sample a reward function failed on, or whose env raised (``info["error"]``, set
+  by the rollout; reward functions never see those episodes), gets a NaN total: it is unscored,
+  its advantage is 0 and :func:`agentrl.trajectory.collate` takes it out of the loss. Failures
+  are counted per function (``errors/reward/<name>`` in the trainer's metrics) and warned about
+  once per function.
+* ``fail``: a RewardError naming the function, the sample (index, task id and question) and
+  the exception.
+* Returning the wrong number of values or a non-number is a contract error and always fails.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.errors import RewardError
+from agentrl.env import CallGuard, CallTimeout, sample_label
+from agentrl.errors import AgentRLError, RewardError, one_line
 from agentrl.trajectory import Trajectory
 
 RewardFn = Callable[..., list[float | None]]
 
 
 def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, float]],
-          env_weight: float, nonfinite: dict[str, int] | None = None) -> tuple[list[float], dict[str, np.ndarray]]:
+          env_weight: float, nonfinite: dict[str, int] | None = None, *, guard: CallGuard | None = None,
+          errors: dict[str, int] | None = None) -> tuple[list[float], dict[str, np.ndarray]]:
     """Total reward per trajectory and each component's raw values (NaN = not scored).
 
     total = env_weight * env_return + sum(weight * reward) over the scored components; a
@@ -27,40 +45,111 @@ def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, 
     given, receives the number of such values per component, 0 included (``None`` from a reward
     function is an honest "not scored" and is not counted); the trainer logs the non-zero ones as
     ``reward/<name>_nonfinite``.
+
+    ``guard`` (default: no time limit, ``fail``) runs the reward functions; ``errors``, when
+    given, receives per function how many samples it failed on (module docstring). An episode
+    whose env failed (``info["error"]``) or a function failed on gets a NaN total and NaN in
+    every component.
     """
+    guard = guard if guard is not None else CallGuard()
+    broken = np.array(["error" in t.info for t in trajectories], dtype=bool)  # (N,) env failed
+    healthy = [t for t, bad in zip(trajectories, broken) if not bad]
     env = np.array([t.env_return for t in trajectories], dtype=np.float64)
+    env[broken] = np.nan
     components: dict[str, np.ndarray] = {"env": env}
-    counts = {"env": int((~np.isfinite(env)).sum())}
+    counts = {"env": int((~np.isfinite(env[~broken])).sum())}
     weights = {"env": env_weight}
+    failed = broken.copy()  # (N,) a sample some component could not score
     for name, (fn, weight) in reward_fns.items():
-        components[name], counts[name] = _call(name, fn, trajectories)
-        weights[name] = weight
+        values = np.full(len(trajectories), np.nan)
+        lost = np.zeros(len(trajectories), dtype=bool)
+        if healthy:
+            values[~broken], lost[~broken], counts[name] = _call(name, fn, healthy, np.flatnonzero(~broken), guard)
+        else:
+            counts[name] = 0
+        if errors is not None:
+            errors[name] = int(lost.sum())
+        components[name], weights[name] = values, weight
+        failed |= lost
     for name, values in components.items():
         values[~np.isfinite(values)] = np.nan
         if counts[name]:
             warnings.warn(f"reward {name!r} gave {counts[name]} non-finite value(s) (inf or NaN); they count "
                           "as not scored", RuntimeWarning, stacklevel=2)
+    for values in components.values():
+        values[failed] = np.nan
     if nonfinite is not None:
         nonfinite.update(counts)
-    stacked = np.stack([components[n] * weights[n] for n in components])  # (C, N)
+    # A component weighted 0 (e.g. env_reward_weight: 0) does not make an episode scored.
+    stacked = np.stack([components[n] * weights[n] for n in components if weights[n] != 0]
+                       or [np.full(len(trajectories), np.nan)])  # (C, N)
     scored = ~np.isnan(stacked)
     totals = np.where(scored.any(axis=0), np.nansum(stacked, axis=0), np.nan)
     return [float(x) for x in totals], components
 
 
-def _call(name: str, fn: RewardFn, trajectories: list[Trajectory]) -> tuple[np.ndarray, int]:
-    """``fn``'s values as floats (None -> NaN) and how many it gave as inf, -inf or NaN."""
+def _call(name: str, fn: RewardFn, trajectories: list[Trajectory], indices: np.ndarray,
+          guard: CallGuard) -> tuple[np.ndarray, np.ndarray, int]:
+    """``fn``'s values as floats (None -> NaN), which samples it failed on ``(n,)``, and how many
+    values were inf, -inf or NaN. ``indices``: the trajectories' positions in the batch."""
     try:
-        values: Any = fn(trajectories=trajectories)
+        raw = guard.call(fn, trajectories=trajectories)
+    except AgentRLError:
+        raise
     except Exception as exc:
-        raise RewardError(f"reward function {name!r} raised: {exc!r}") from exc
-    if not isinstance(values, (list, tuple)) or len(values) != len(trajectories):
+        return _isolate(name, fn, trajectories, indices, guard, exc)
+    values, nonfinite = _parse(name, raw, indices)
+    return values, np.zeros(len(trajectories), dtype=bool), nonfinite
+
+
+def _isolate(name: str, fn: RewardFn, trajectories: list[Trajectory], indices: np.ndarray,
+             guard: CallGuard, exc: Exception) -> tuple[np.ndarray, np.ndarray, int]:
+    """After a batch call failed with ``exc``: retry one trajectory at a time (not after a timeout),
+    then raise (``fail``) or warn once and mark the failed samples (``skip``)."""
+    n = len(trajectories)
+    values, lost, nonfinite = np.full(n, np.nan), np.zeros(n, dtype=bool), 0
+    first: tuple[int | None, Exception] | None = None
+    if isinstance(exc, CallTimeout):
+        lost[:], first = True, (None, exc)
+    for i, trajectory in enumerate(trajectories if first is None else []):
+        try:
+            raw = guard.call(fn, trajectories=[trajectory])
+        except AgentRLError:
+            raise
+        except Exception as single:
+            first = first or (i, single)
+            if not guard.skips:
+                break
+            if isinstance(single, CallTimeout):  # stop retrying: each retry could cost a timeout
+                lost[i:] = True
+                break
+            lost[i] = True
+            continue
+        one, bad = _parse(name, raw, indices[i:i + 1])
+        values[i], nonfinite = one[0], nonfinite + bad
+    if first is None:  # every sample scored alone: the failure needs the whole batch
+        values[:], lost[:], nonfinite, first = np.nan, True, 0, (None, exc)
+    index, error = first
+    verb = "timed out" if isinstance(error, CallTimeout) else "raised"
+    where = (f"{sample_label(int(indices[index]), trajectories[index].task)}" if index is not None else
+             f"the batch of {n} samples ({sample_label(int(indices[0]), trajectories[0].task)} first)")
+    what = f"reward function {name!r} {verb} on {where}: {one_line(error)}"
+    if not guard.skips:
+        raise RewardError(f"{what} (on_call_error=fail; with 'skip' the sample would be left unscored and "
+                          f"counted in errors/reward/{name})") from error
+    guard.warn_once(f"reward:{name}", f"{what}; the samples it fails on are left unscored (on_call_error=skip) "
+                    f"and counted in errors/reward/{name}; later failures are not warned about")
+    return values, lost, nonfinite
+
+
+def _parse(name: str, values: Any, indices: np.ndarray) -> tuple[np.ndarray, int]:
+    """A reward function's output for the samples at ``indices`` as floats (None -> NaN) and how
+    many were inf, -inf or NaN; RewardError for the wrong count or a non-number."""
+    n = len(indices)
+    if not isinstance(values, (list, tuple)) or len(values) != n:
         got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-        raise RewardError(
-            f"reward function {name!r} must return one float or None per trajectory "
-            f"({len(trajectories)}), got {got}"
-        )
-    out = np.empty(len(values), dtype=np.float64)
+        raise RewardError(f"reward function {name!r} must return one float or None per trajectory ({n}), got {got}")
+    out = np.empty(n, dtype=np.float64)
     nonfinite = 0
     for i, value in enumerate(values):
         if value is None:
@@ -69,5 +158,6 @@ def _call(name: str, fn: RewardFn, trajectories: list[Trajectory]) -> tuple[np.n
             out[i] = float(value)
             nonfinite += not math.isfinite(out[i])
         else:
-            raise RewardError(f"reward function {name!r} returned {value!r} for sample {i}: expected float or None")
+            raise RewardError(f"reward function {name!r} returned {value!r} for sample {int(indices[i])}: "
+                              "expected float or None")
     return out, nonfinite

@@ -20,8 +20,17 @@ from typing import Any
 import gymnasium
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
-from agentrl.env import Env, MessagesSpace, Task, boxed_reply
-from agentrl.errors import EnvError, RewardError
+from agentrl.env import (
+    Env,
+    MessagesSpace,
+    Task,
+    boxed_reply,
+    call_with_timeout,
+    check_reset_result,
+    describe,
+    task_label,
+)
+from agentrl.errors import AgentRLError, EnvError, RewardError, one_line
 from agentrl.trajectory import Trajectory, Turn
 
 RewardFn = Callable[..., list[float | None]]
@@ -176,6 +185,57 @@ def check_step_types(env: Env) -> None:
         raise EnvError(f"{type(env).__name__}.step: " + "; ".join(problems))
 
 
+def check_max_turns(env: Env) -> None:
+    """``env.max_turns`` is an integer >= 1."""
+    turns = env.max_turns
+    if isinstance(turns, bool) or not isinstance(turns, numbers.Integral) or turns < 1:
+        raise EnvError(f"{type(env).__name__}.max_turns is {turns!r}; it must be an integer >= 1 (the turns "
+                       "after which the rollout truncates an episode)")
+
+
+def check_task_source(env: Env, split: str = "train", required: bool = True) -> Sequence[Task]:
+    """``train_tasks()`` / ``eval_tasks()`` is an indexable sequence of task dicts (a list, tuple or
+    ``agentrl.LazyTasks``; not a generator), non-empty when ``required``; returns it."""
+    method = f"{type(env).__name__}.{split}_tasks"
+    try:
+        tasks = env.validated_tasks(split)
+    except AgentRLError:
+        raise
+    except Exception as exc:
+        raise EnvError(f"{method} raised {one_line(exc)}") from exc
+    if required and len(tasks) == 0:
+        needed = "to train on" if split == "train" else "to evaluate on (or set eval_tasks: 0)"
+        raise EnvError(f"{method} returned an empty sequence; it must hold at least one task dict {needed}")
+    if len(tasks) and not isinstance(tasks[0], dict):
+        raise EnvError(f"{method}()[0] is {describe(tasks[0])}; every task must be a dict")
+    return tasks
+
+
+def check_first_reset(env: Env, task: Task, timeout_s: float | None = None) -> None:
+    """``reset(options={"task": task})`` returns ``(messages, info)`` of the right shapes within
+    ``timeout_s`` seconds (None: no limit)."""
+    try:
+        result = call_with_timeout(env.reset, timeout_s, seed=0, options={"task": task})
+    except AgentRLError:
+        raise
+    except Exception as exc:
+        raise EnvError(f"{type(env).__name__}.reset raised on the first training task ({task_label(task)}): "
+                       f"{one_line(exc)}") from exc
+    check_reset_result(env, result)
+
+
+def check_env_startup(env: Env, need_eval: bool = True, timeout_s: float | None = None) -> None:
+    """The cheap checks a run makes once before any model loads: ``max_turns`` >= 1, the task
+    sources (train non-empty; eval non-empty when ``need_eval``) and one ``reset`` on the first
+    training task. Raises EnvError naming the env class, the method and what was wrong."""
+    if not isinstance(env, Env):
+        raise EnvError(f"{type(env).__name__} is not an agentrl.Env subclass")
+    check_max_turns(env)
+    tasks = check_task_source(env, "train")
+    check_task_source(env, "eval", required=need_eval)
+    check_first_reset(env, tasks[0], timeout_s)
+
+
 def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.Env],
               max_reward: float = 1.0) -> None:
     """Run every environment check; raise EnvError naming the first broken rule.
@@ -192,6 +252,7 @@ def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.E
     if not isinstance(env, gymnasium.Env):
         raise EnvError(f"check_env: the factory returned {type(env).__name__}, not a gymnasium.Env")
     inner = _agentrl_env(env)
+    check_env_startup(inner, need_eval=False)
     check_gymnasium_api(inner)
     check_reset_messages(inner)
     check_reset_uses_task(inner)
@@ -256,3 +317,20 @@ def build_tiny_model(vocab_size: int, seed: int = 0) -> Any:
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
     return LlamaForCausalLM(config).eval()
+
+
+class GradientRecorder:
+    """Stands in for a trainer's optimizer in tests: keeps each step's gradients (clones) in
+    ``steps`` instead of applying them, so gradients of two set-ups can be compared."""
+
+    def __init__(self, params: Any) -> None:
+        self.params, self.steps = list(params), []
+
+    def step(self) -> None:
+        """Record the current gradients."""
+        self.steps.append([p.grad.detach().clone() for p in self.params])
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradients."""
+        for p in self.params:
+            p.grad = None

@@ -8,7 +8,9 @@ model's does) get ``render_tools_system_prompt(tools)`` instead, the documented 
 ``ToolCall``s; the default, ``parse_xml_json``, reads
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A malformed call, an unknown tool,
 bad arguments or a tool that raises come back to the model as a tool message ``"Error: ..."``:
-a bad rollout is data, not a crash.
+a bad rollout is data, not a crash. The exception is an ``AgentRLError`` other than ``ToolError``
+(say a sandbox limit the config set wrong): that is the env's or the config's fault, not the
+model's, so it stops the run instead of reaching the model at every call.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from agentrl.env import Env, Message
-from agentrl.errors import EnvError
+from agentrl.errors import AgentRLError, EnvError
 
 
 class ToolError(EnvError):
-    """A tool was defined wrongly, or called with arguments that do not fit its signature."""
+    """A tool was defined wrongly, or called with arguments it cannot use (the model's fault)."""
 
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
@@ -357,7 +359,12 @@ class ToolEnv(Env):
         return messages, 0.0, False, {"tool_calls": len(calls), "tool_errors": errors}
 
     def run_tool_call(self, call: ToolCall) -> tuple[str, bool]:
-        """(tool message content, succeeded) for one parsed call; never raises for bad calls."""
+        """(tool message content, succeeded) for one parsed call; never raises for bad calls.
+
+        What the model did wrong (a malformed call, bad arguments, a ToolError, any other
+        exception the tool raises) comes back as ``"Error: ..."``; an ``AgentRLError`` that is
+        not a ToolError is the env's or the config's fault and is raised.
+        """
         if call.error is not None or call.arguments is None:
             return f"Error: {call.error or 'malformed tool call'}", False
         by_name = {t.name: t for t in self.tools}
@@ -368,6 +375,8 @@ class ToolEnv(Env):
             result = by_name[call.name](**call.arguments)
         except ToolError as exc:
             return f"Error: {exc}", False
+        except AgentRLError:  # e.g. a sandbox limit set wrong: fix the config, not the model
+            raise
         except Exception as exc:  # the tool's own failure is feedback for the model
             return f"Error: {type(exc).__name__}: {exc}", False
         return (result if isinstance(result, str) else json.dumps(result, default=str)), True

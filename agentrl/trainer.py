@@ -19,6 +19,8 @@ import contextlib
 import copy
 import json
 import math
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -34,20 +36,55 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from transformers import get_scheduler
 
+from agentrl import checkpoint as ckpt
 from agentrl.algorithm import Algorithm, LossContext, SetupContext, TrainableModule
 from agentrl.config import TrainConfig, build_plugin_config, resolve_settings
 from agentrl.engine import SamplingParams
-from agentrl.env import Env, load_env_class
-from agentrl.errors import ConfigError
+from agentrl.env import CallGuard, Env, load_env_class
+from agentrl.errors import ConfigError, TrainingError, TrainingInterrupted
 from agentrl.evaluate import evaluate
 from agentrl.metrics import MetricsWriter, reward_metrics, rollout_metrics
 from agentrl.models import load_model, load_tokenizer
+from agentrl.paths import check_output_dir
 from agentrl.objectives import step_totals
 from agentrl.plugins import PluginManager
 from agentrl.policy import TokenLogprobs
 from agentrl.rewards import resolve_rewards
 from agentrl.scoring import score
+from agentrl.testing import check_env_startup
 from agentrl.trajectory import TrainBatch, collate
+
+
+def run_dir_for(config: TrainConfig) -> Path:
+    """The run directory: ``output_dir``, else ``runs/<env>-<algo>-<timestamp>``."""
+    label = config.env.rpartition(":")[2].replace("/", "_")  # a file env: its class name
+    return Path(config.output_dir or f"runs/{label}-{config.algo}-{datetime.now():%Y%m%d-%H%M%S}")
+
+
+def refuse_existing_run(run_dir: Path) -> None:
+    """A ConfigError when ``run_dir`` is a file or already holds a run (its metrics would mix)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"output_dir {str(run_dir)!r} is a file, not a directory: pick another --output-dir")
+    held = [name for name in ("metrics.jsonl", ckpt.CHECKPOINTS, "model") if (run_dir / name).exists()]
+    if held:
+        raise ConfigError(f"output_dir {str(run_dir)!r} already holds a run ({', '.join(held)}): continue it with "
+                          f"`agentrl train --resume {run_dir}`, or pick another --output-dir")
+
+
+def check_prompt_room(env: Env, tokenizer: Any, max_total_tokens: int, num_tasks: int = 8) -> None:
+    """A ConfigError when one of the first training prompts alone fills ``max_total_tokens``
+    (such episodes end before the model speaks: a run of them trains nothing)."""
+    from agentrl.chat import ChatTokenizer
+
+    chat = ChatTokenizer(tokenizer)
+    tasks = env.train_tasks()
+    for task in [tasks[i] for i in range(min(num_tasks, len(tasks)))]:
+        native = bool(env.tool_schemas()) and chat.renders_tools
+        messages, _ = env.reset(seed=0, options={"task": task, "template_renders_tools": native})
+        length = len(chat.prompt_ids(messages, tools=list(env.tool_schemas()) if native else None))
+        if length >= max_total_tokens:
+            raise ConfigError(f"max_total_tokens={max_total_tokens} leaves no room to sample: the prompt of training "
+                              f"task {task.get('id', '?')!r} alone is {length} tokens; raise max_total_tokens")
 
 
 @dataclass
@@ -95,9 +132,14 @@ def make_env(manager: PluginManager, config: TrainConfig) -> Env:
 class Trainer:
     """Builds everything a run needs from a TrainConfig and a loaded PluginManager, then trains."""
 
-    def __init__(self, config: TrainConfig, manager: PluginManager, console: Any = None) -> None:
+    def __init__(self, config: TrainConfig, manager: PluginManager, console: Any = None,
+                 resume: Path | None = None) -> None:
         self.config, self.manager, self.hook = config, manager, manager.hook
         self.console = console
+        self.run_dir = run_dir_for(config)
+        if resume is None:
+            check_output_dir(self.run_dir)
+            refuse_existing_run(self.run_dir)
         set_seed(config.seed)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         algo_cls = manager.registry.get("algorithm", config.algo).factory
@@ -110,8 +152,11 @@ class Trainer:
                               f"but a rollout batch has only {config.batch_size} episodes "
                               "(prompts_per_step x num_generations): lower the mini-batch count")
         self.envs = [make_env(manager, config) for _ in range(max(config.batch_size, min(config.eval_tasks, 64), 1))]
+        check_env_startup(self.envs[0], need_eval=config.eval_tasks > 0, timeout_s=config.call_timeout_s)
+        self.call_guard = CallGuard.from_config(config)  # warns once per plugin per run
         self.reward_fns = resolve_rewards(config, manager.registry, self.envs[0])
         self.tokenizer = load_tokenizer(config.model)
+        check_prompt_room(self.envs[0], self.tokenizer, config.max_total_tokens)
         self.model = load_model(config.model)
         self.ref_model = self._frozen_copy(self.model) if self.algorithm.needs_reference else None
         self.policy = TokenLogprobs(self.model, temperature=config.temperature)
@@ -131,10 +176,12 @@ class Trainer:
                                           config=config, autocast=self.autocast,
                                           micro_batch_rows=self.micro_batch_rows))
         self.owned = self._prepare_owned(self.algorithm.trainable_modules())
-        self.nonfinite_skips = 0
+        self.nonfinite_skips = 0  # optimizer steps skipped over the run
+        self.skipped_in_a_row = 0  # rollout steps in a row whose update was skipped entirely
         self.tasks = self.envs[0].train_tasks()
         self.cursor = TaskCursor(len(self.tasks), config.seed)
         self.max_sampled = config.max_sampled_tokens or config.max_new_tokens * self.envs[0].max_turns
+        self.resumed: dict[str, Any] | None = self.load_checkpoint(resume) if resume is not None else None
 
     @property
     def optimizer_steps_per_run(self) -> int:
@@ -180,10 +227,17 @@ class Trainer:
                                   top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed * 1_000_003 + step)
         seeds = [cfg.seed * 1_000_003 + step * cfg.batch_size + i for i in range(len(tasks))]
         trajectories = self.rollout.run(self.envs[:len(tasks)], tasks, groups, sampling, seeds=seeds)
+        for i, trajectory in enumerate(trajectories):  # an abandoned env call may still touch its env
+            if (trajectory.info.get("error") or {}).get("timed_out"):
+                self.envs[i] = make_env(self.manager, cfg)
+        guard = self.call_guard
         nonfinite: dict[str, int] = {}
-        totals, components = score(trajectories, self.reward_fns, cfg.env_reward_weight, nonfinite)
+        errors: dict[str, int] = {}
+        totals, components = score(trajectories, self.reward_fns, cfg.env_reward_weight, nonfinite,
+                                   guard=guard, errors=errors)
         metrics = {**reward_metrics(totals, components), **rollout_metrics(trajectories),
-                   **{f"reward/{name}_nonfinite": float(n) for name, n in nonfinite.items() if n}}
+                   **{f"reward/{name}_nonfinite": float(n) for name, n in nonfinite.items() if n},
+                   **{f"errors/reward/{name}": float(n) for name, n in errors.items()}}
         self.hook.agentrl_on_rollout_end(trajectories=trajectories, step=step, metrics=metrics)
         batch = collate(trajectories, totals, self.tokenizer.pad_token_id,
                         env_reward_weight=cfg.env_reward_weight).to(self.accelerator.device)
@@ -214,6 +268,12 @@ class Trainer:
         """All of the algorithm's optimizer steps on one rollout batch (``step`` is 1-based)."""
         algo = self.algorithm
         batch.to(self.accelerator.device)  # a batch built by a caller may still be on the CPU
+        if not bool(torch.isfinite(batch.rewards).any()):  # nothing scored: no signal, only Adam momentum
+            self.skipped_in_a_row += 1
+            metrics["train/skipped_unscored_batch"] = 1.0
+            warnings.warn(f"step {step}: no episode of the batch has a finite reward; the update was skipped",
+                          RuntimeWarning, stacklevel=2)
+            return
         if self.needs_old_logprobs:
             batch.extras["old_logprobs"] = self.frozen_logprobs(self.model, batch)
         if self.ref_model is not None:
@@ -224,10 +284,12 @@ class Trainer:
         batch.extras["advantages"] = algo.compute_advantages(batch, metrics)
         train_policy = algo.trains_policy(step)
         stats = StepStats()
+        stepped = False
         for epoch in range(algo.num_iterations):
             for rows in self.mini_batch_rows(batch, step, epoch):
                 mini = batch.select(rows)
-                self.optimizer_step(mini, step, train_policy, stats, metrics)
+                stepped |= self.optimizer_step(mini, step, train_policy, stats, metrics)
+        self.skipped_in_a_row = 0 if stepped else self.skipped_in_a_row + 1
         metrics.update(stats.means())
         metrics["train/nonfinite_skipped_steps"] = float(self.nonfinite_skips)
         if train_policy:
@@ -244,9 +306,10 @@ class Trainer:
         return [chunk.tolist() for chunk in torch.tensor_split(order, parts) if len(chunk)]
 
     def optimizer_step(self, batch: TrainBatch, step: int, train_policy: bool, stats: StepStats,
-                       metrics: dict[str, float]) -> None:
+                       metrics: dict[str, float]) -> bool:
         """One optimizer step of every trained module on ``batch`` (a mini-batch): denominators
-        counted over its micro-batches first, then accumulate, clip, step; skipped if not finite."""
+        counted over its micro-batches first, then accumulate, clip, step; skipped if not finite
+        (returns whether it stepped)."""
         cfg, policy = self.config, self.policy
         micro = self.micro_batches(batch)
         totals = step_totals([mb.loss_mask for mb in micro],
@@ -301,6 +364,7 @@ class Trainer:
         if not train_policy:
             self.optimizer.zero_grad(set_to_none=True)
         stats.end_step()
+        return finite
 
     # -- the run -------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -309,7 +373,7 @@ class Trainer:
         eval_tasks = list(self.envs[0].eval_tasks())[: cfg.eval_tasks]
         metrics, _ = evaluate(self.rollout, self.envs, eval_tasks, max_new_tokens=cfg.max_new_tokens,
                               temperature=cfg.eval_temperature, seed=cfg.seed,
-                              reward_fns=self.reward_fns, batch_size=len(self.envs))
+                              reward_fns=self.reward_fns, batch_size=len(self.envs), guard=self.call_guard)
         if cfg.eval_sampled and cfg.eval_temperature != cfg.temperature:
             sampled, _ = evaluate(self.rollout, self.envs, eval_tasks, max_new_tokens=cfg.max_new_tokens,
                                   temperature=cfg.temperature, seed=cfg.seed, batch_size=len(self.envs))
@@ -317,23 +381,71 @@ class Trainer:
         return metrics
 
     def train(self, progress: Any = None) -> TrainResult:
-        """Run ``max_steps`` steps with evaluations before and after; writes the run dir."""
-        cfg = self.config
-        label = cfg.env.rpartition(":")[2].replace("/", "_")  # a file env: its class name
-        run_dir = Path(cfg.output_dir or f"runs/{label}-{cfg.algo}-{datetime.now():%Y%m%d-%H%M%S}")
+        """Run the steps left (all of them, or those after the resumed checkpoint) with
+        evaluations before and after, writing the run dir and periodic checkpoints.
+
+        Ctrl-C during a rollout or evaluation stops at once; during an update it stops when the
+        step is complete. Either way the last complete step is checkpointed and
+        :class:`TrainingInterrupted` names it; a second Ctrl-C during an update stops without it.
+        """
+        cfg, run_dir, resumed = self.config, self.run_dir, self.resumed
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        writer = MetricsWriter(run_dir)
+        if resumed is None:
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        else:  # drop what was written after the checkpoint (and a line torn by a kill)
+            ckpt.truncate(run_dir / "metrics.jsonl", resumed["metrics_bytes"])
+            ckpt.truncate(run_dir / "completions.jsonl", resumed["completions_bytes"])
+            ckpt.remove_partial(run_dir)
+        writer = MetricsWriter(run_dir, purge_step=resumed["step"] + 1 if resumed else None)
         self.hook.agentrl_on_train_start(config=cfg, run_dir=str(run_dir))
-        _phase(progress, "eval")
-        eval_before = self.evaluate() if cfg.eval_tasks else {}
-        _report(progress, "eval before", eval_before)
-        history: list[dict[str, float]] = []
-        for step in range(1, cfg.max_steps + 1):
-            t0 = time.perf_counter()
-            _phase(progress, "rollout")
+        guard = InterruptGuard()
+        self.completed_step = resumed["step"] if resumed else 0
+        try:
+            with guard.installed():
+                if resumed is None:
+                    _phase(progress, "eval")
+                    self.eval_before = self.evaluate() if cfg.eval_tasks else {}
+                else:
+                    self.eval_before = resumed["eval_before"]
+                _report(progress, "eval before", self.eval_before)
+                history = read_history(run_dir / "metrics.jsonl")
+                for step in range(self.completed_step + 1, cfg.max_steps + 1):
+                    history.append(self.train_step(step, writer, guard, progress))
+                if self.completed_step and cfg.checkpoint_every:
+                    self.save_checkpoint(self.completed_step)
+                _phase(progress, "eval")
+                eval_after = self.evaluate() if cfg.eval_tasks else {}
+        except KeyboardInterrupt:
+            writer.close()
+            raise self._interrupted(guard) from None
+        _report(progress, "eval after", eval_after)
+        if eval_after:
+            writer.write(cfg.max_steps, {f"final/{k}": v for k, v in eval_after.items()})
+        writer.close()
+        (run_dir / "eval.json").write_text(json.dumps({"before": self.eval_before, "after": eval_after}, indent=2))
+        if cfg.save_model:
+            self.export(run_dir)
+        from agentrl.plots import plot_run
+
+        plot_run(run_dir)
+        self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
+        return TrainResult(run_dir, self.eval_before, eval_after, history)
+
+    def train_step(self, step: int, writer: MetricsWriter, guard: InterruptGuard, progress: Any) -> dict[str, float]:
+        """One step: rollout (interruptible), then update, evaluation, records and checkpoint as
+        one unit Ctrl-C waits for; stops the run after too many skipped steps in a row."""
+        cfg = self.config
+        boundary = (self.cursor.position, ckpt.rng_states())
+        t0 = time.perf_counter()
+        _phase(progress, "rollout")
+        try:
             batch, trajectories, metrics = self.rollout_step(step)
-            t1 = time.perf_counter()
+        except KeyboardInterrupt:  # nothing trained yet: rewind to the step boundary
+            self.cursor.position = boundary[0]
+            ckpt.set_rng_states(boundary[1])
+            raise
+        t1 = time.perf_counter()
+        with guard.deferred():
             _phase(progress, "update")
             self.update(batch, metrics, step)
             t2 = time.perf_counter()
@@ -345,28 +457,165 @@ class Trainer:
                 _phase(progress, "eval")
                 metrics.update(self.evaluate())
             if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
-                _log_completions(run_dir, step, trajectories, batch)
+                _log_completions(self.run_dir, step, trajectories, batch)
             self.hook.agentrl_on_step_end(step=step, metrics=metrics)
             writer.write(step, metrics)
-            history.append(metrics)
-            if progress is not None:
-                progress(step, metrics)
-        _phase(progress, "eval")
-        eval_after = self.evaluate() if cfg.eval_tasks else {}
-        _report(progress, "eval after", eval_after)
-        writer.write(cfg.max_steps, {f"final/{k}": v for k, v in eval_after.items()})
-        writer.close()
-        (run_dir / "eval.json").write_text(json.dumps({"before": eval_before, "after": eval_after}, indent=2))
-        if cfg.save_model:
-            self.accelerator.unwrap_model(self.policy).model.save_pretrained(run_dir / "model")
-            self.tokenizer.save_pretrained(run_dir / "model")
-            for name, (spec, _, _) in self.owned.items():
-                save_module(self.accelerator.unwrap_model(spec.module), run_dir / name)
-        from agentrl.plots import plot_run
+            self.completed_step = step
+            too_many = self.skipped_in_a_row >= cfg.max_nonfinite_steps
+            if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or too_many):
+                self.save_checkpoint(step)
+        if progress is not None:
+            progress(step, metrics)
+        if too_many:
+            last_good = step - self.skipped_in_a_row
+            raise TrainingError(
+                f"steps {last_good + 1}-{step}: {self.skipped_in_a_row} steps in a row had a non-finite loss or "
+                f"gradient, or no scored episode (max_nonfinite_steps={cfg.max_nonfinite_steps}); stopping. The "
+                f"weights are those after step {last_good}; {self.run_dir}/metrics.jsonl shows the steps "
+                "(train/grad_norm, loss/total, reward/*). Lower learning_rate or check the rewards")
+        if guard.requested:  # deferred to here, or raised inside a callback that swallowed it
+            raise KeyboardInterrupt
+        return metrics
 
-        plot_run(run_dir)
-        self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
-        return TrainResult(run_dir, eval_before, eval_after, history)
+    def _interrupted(self, guard: InterruptGuard) -> TrainingInterrupted:
+        """Checkpoint the last complete step (unless a second Ctrl-C broke into an update)."""
+        step = self.completed_step
+        if guard.broke_unit:
+            return TrainingInterrupted(f"stopped inside step {step + 1}'s update without saving it (second Ctrl-C)",
+                                       _latest_or_none(self.run_dir))
+        if step == 0:
+            return TrainingInterrupted("interrupted before the first step completed: nothing to resume", None)
+        folder = self.save_checkpoint(step)
+        return TrainingInterrupted(f"interrupted after step {step}; checkpoint {folder}; continue with "
+                                   f"`agentrl train --resume {self.run_dir}`", str(folder))
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> Path:
+        """Write everything ``--resume`` needs to continue after ``step`` exactly (atomically)."""
+        unwrap = self.accelerator.unwrap_model
+
+        def write(folder: Path) -> None:
+            self.model.save_pretrained(folder / "model")
+            self.tokenizer.save_pretrained(folder / "model")
+            optim = {"policy": (self.optimizer.state_dict(), self.scheduler.state_dict())}
+            optim.update({name: (opt.state_dict(), sched.state_dict()) for name, (_, opt, sched) in self.owned.items()})
+            torch.save({name: unwrap(spec.module).state_dict() for name, (spec, _, _) in self.owned.items()},
+                       folder / "modules.pt")
+            torch.save(optim, folder / "optimizers.pt")
+            plugins: dict[str, Any] = {}
+            self.hook.agentrl_save_state(state=plugins)
+            torch.save({"rng": ckpt.rng_states(), "engine": self.engine.state_dict(),
+                        "algorithm": self.algorithm.state_dict(), "plugins": plugins}, folder / "state.pt")
+            (folder / "trainer_state.json").write_text(json.dumps({
+                "step": step, "task_cursor": self.cursor.position,
+                "metrics_bytes": ckpt.file_size(self.run_dir / "metrics.jsonl"),
+                "completions_bytes": ckpt.file_size(self.run_dir / "completions.jsonl"),
+                "nonfinite_skips": self.nonfinite_skips, "skipped_in_a_row": self.skipped_in_a_row,
+                "eval_before": self.eval_before, "config": self.config.to_dict()}, indent=1))
+
+        return ckpt.write_atomically(self.run_dir, step, write, self.config.keep_checkpoints)
+
+    def load_checkpoint(self, folder: Path) -> dict[str, Any]:
+        """Restore a checkpoint written by :meth:`save_checkpoint`; returns its trainer state."""
+        state = json.loads((folder / "trainer_state.json").read_text())
+        load_weights(self.model, folder / "model")
+        modules = torch.load(folder / "modules.pt", weights_only=False)
+        for name, (spec, _, _) in self.owned.items():
+            self.accelerator.unwrap_model(spec.module).load_state_dict(modules[name])
+        optim = torch.load(folder / "optimizers.pt", weights_only=False)
+        pairs = [("policy", self.optimizer, self.scheduler)] + [(n, o, s) for n, (_, o, s) in self.owned.items()]
+        for name, optimizer, scheduler in pairs:
+            optimizer.load_state_dict(optim[name][0])
+            scheduler.load_state_dict(optim[name][1])
+        extra = torch.load(folder / "state.pt", weights_only=False)
+        self.engine.load_state_dict(extra["engine"])
+        self.engine.sync_weights(self.model)
+        self.algorithm.load_state_dict(extra["algorithm"])
+        self.hook.agentrl_load_state(state=extra["plugins"])
+        ckpt.set_rng_states(extra["rng"])
+        self.cursor.position = state["task_cursor"]
+        self.nonfinite_skips, self.skipped_in_a_row = state["nonfinite_skips"], state["skipped_in_a_row"]
+        return state
+
+    def export(self, run_dir: Path) -> None:
+        """The final model (``from_pretrained``-loadable, with its tokenizer) and the algorithm's modules."""
+        self.accelerator.unwrap_model(self.policy).model.save_pretrained(run_dir / "model")
+        self.tokenizer.save_pretrained(run_dir / "model")
+        for name, (spec, _, _) in self.owned.items():
+            save_module(self.accelerator.unwrap_model(spec.module), run_dir / name)
+
+
+class InterruptGuard:
+    """SIGINT handling for a run: Ctrl-C raises KeyboardInterrupt at once, except inside a
+    :meth:`deferred` unit (an update and its records), where the first one is remembered
+    (``pending``) and the unit completes; a second one there raises (``broke_unit``). Every one
+    sets ``requested``: a KeyboardInterrupt raised inside a finalizer is swallowed by Python, so
+    the loop also stops at the step's end when it sees the request."""
+
+    def __init__(self) -> None:
+        self.pending = self.requested = self.broke_unit = self._deferring = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Install the handler (main thread only; elsewhere Python's default stays)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._handle)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A unit Ctrl-C does not break into (unless pressed twice)."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True  # seen at the step's end even if the raise below lands where it is swallowed
+        if self._deferring and not self.pending:
+            self.pending = True
+            warnings.warn("Ctrl-C: stopping after this step's update, then saving a checkpoint "
+                          "(Ctrl-C again to stop now without saving this step)", RuntimeWarning, stacklevel=2)
+            return
+        self.broke_unit = self._deferring
+        raise KeyboardInterrupt
+
+
+def _latest_or_none(run_dir: Path) -> str | None:
+    found = ckpt.complete_checkpoints(run_dir)
+    return str(found[-1]) if found else None
+
+
+def read_history(path: Path) -> list[dict[str, float]]:
+    """The per-step metrics rows already in ``metrics.jsonl`` (a resumed run's earlier steps)."""
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in row.items() if k != "step"} for row in rows
+            if not any(k.startswith("final/") for k in row)]
+
+
+def load_weights(model: torch.nn.Module, folder: Path) -> None:
+    """Load a ``save_pretrained`` folder's safetensors into ``model`` in place (exact values);
+    only keys tied to a loaded one (an LM head sharing the embedding) may be missing."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        weights.update(load_file(file))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    loaded = {p.data_ptr() for name, p in model.named_parameters(remove_duplicate=False) if name in weights}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    untied = [k for k in missing if k not in params or params[k].data_ptr() not in loaded]
+    if untied or unexpected:
+        raise ConfigError(f"checkpoint {str(folder)!r} does not fit the model: missing {untied[:5]}, "
+                          f"unexpected {unexpected[:5]}")
 
 
 def _phase(progress: Any, label: str) -> None:

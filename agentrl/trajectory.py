@@ -13,6 +13,7 @@ at position ``t - 1`` for token ``t``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,7 +190,12 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
             env_reward_weight: float = 1.0) -> TrainBatch:
     """Pad trajectories (right padding) into a TrainBatch; ``rewards`` is one total per trajectory,
     each turn's env reward times ``env_reward_weight`` goes to ``token_rewards`` (the weight the
-    totals were scored with, so the per-turn rewards add up to the env's part of the total)."""
+    totals were scored with, so the per-turn rewards add up to the env's part of the total).
+
+    A trajectory whose reward is NaN (not scored: no reward function scored it, or a reward
+    function or its env failed) gets an all-zero ``loss_mask`` row: it adds nothing to the loss,
+    its KL term or the loss denominators, exactly as if it were not in the batch; the group
+    statistics of the algorithms already leave NaN rewards out."""
     if len(rewards) != len(trajectories):
         raise ValueError(f"{len(rewards)} rewards for {len(trajectories)} trajectories")
     n = len(trajectories)
@@ -203,7 +209,8 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
         length = len(traj.token_ids)
         input_ids[i, :length] = torch.tensor(traj.token_ids, dtype=torch.long)
         attention_mask[i, :length] = 1
-        loss_mask[i, :length] = torch.tensor(traj.loss_mask, dtype=torch.float32)
+        if not math.isnan(rewards[i]):  # an unscored episode stays out of the loss
+            loss_mask[i, :length] = torch.tensor(traj.loss_mask, dtype=torch.float32)
         sampler_logprobs[i, :length] = torch.tensor(traj.sampler_logprobs, dtype=torch.float32)
         for turn in traj.turns:
             if turn.end > turn.start:

@@ -123,5 +123,5 @@ def test_custom_env_from_a_file(tiny_model_dir, tmp_path):
                  "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
                  "--set", "eval_tasks=2", "--set", "max_new_tokens=4")
     assert "held-out accuracy:" in result.stdout
-    bad = run("train", "--env", f"{path}:Nope", "--output-dir", str(out), check=False)
+    bad = run("train", "--env", f"{path}:Nope", "--output-dir", str(tmp_path / "other"), check=False)
     assert bad.returncode == 2 and "has no 'Nope'; it defines: Countdown, Env" in " ".join(bad.stderr.split())

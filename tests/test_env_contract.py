@@ -4,6 +4,7 @@ break it (checked by ``reset``/``step`` themselves, and seen through the CLI).""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -222,3 +223,44 @@ def test_cli_reports_a_broken_env_in_one_line(tiny_model_dir, tmp_path, cls: str
     assert result.returncode == 2, output
     assert message in " ".join(result.stderr.split()), output
     assert "Traceback" not in output
+
+
+# -- property-based: whatever a custom env returns, the outcome is its value or an EnvError ----------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from agentrl.errors import AgentRLError  # noqa: E402
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8), st.binary(max_size=4))
+_values = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.tuples(inner, inner), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=12)
+_messages = st.lists(st.one_of(_values, st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool", "system", "human", ""]), "content": _values})), max_size=3)
+_respond_results = st.one_of(_values, st.tuples(_messages, _values, _values, _values),
+                             st.tuples(_messages, st.floats(), st.booleans(), st.dictionaries(st.text(max_size=4),
+                                                                                              _values, max_size=2)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(result=_respond_results)
+def test_any_respond_result_is_accepted_or_an_env_error(result: Any) -> None:
+    env = broken(respond=respond_with(result))()
+    env.reset(options={"task": CACHED_TASKS[0]})
+    try:
+        messages, reward, terminated, truncated, info = env.step("4")
+    except AgentRLError:
+        return
+    assert isinstance(messages, list) and isinstance(info, dict)
+    assert isinstance(reward, float) and math.isfinite(reward)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(result=st.one_of(_values, _messages))
+def test_any_start_result_is_accepted_or_an_env_error(result: Any) -> None:
+    env = broken(start=lambda self, task: result)()
+    try:
+        messages, info = env.reset(options={"task": CACHED_TASKS[0]})
+    except AgentRLError:
+        return
+    assert messages and all(isinstance(m, dict) and isinstance(m["content"], str) for m in messages)

@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from agentrl.testing import GradientRecorder
 from agentrl import ConfigError, TrainBatch, Trajectory, Turn, collate
 from agentrl.config import TrainConfig
 from agentrl.plugins import load_plugins
@@ -200,20 +201,6 @@ def _config(model_dir, tmp_path, **overrides) -> TrainConfig:
                 save_model=False, precision="fp32", engine_args={"dtype": "float32"}, max_grad_norm=None)
     base.update(overrides)
     return TrainConfig(**base)
-
-
-class GradientRecorder:
-    """Stands in for an optimizer: keeps each step's gradients instead of applying them."""
-
-    def __init__(self, params):
-        self.params, self.steps = list(params), []
-
-    def step(self):
-        self.steps.append([None if p.grad is None else p.grad.detach().clone() for p in self.params])
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
 
 
 def _ragged(batch: TrainBatch) -> TrainBatch:

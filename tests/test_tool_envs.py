@@ -152,6 +152,16 @@ def test_python_tool_failures_are_tool_errors() -> None:
     assert info == {"tool_calls": 2, "tool_errors": 2}
 
 
+def test_python_code_that_is_not_text_is_a_tool_error_for_the_model() -> None:
+    env = PythonEnv()
+    env.reset(seed=0)
+    obs, _, terminated, _, info = env.step(tool_call("run_python", code="print('\ud800')"))
+    assert obs == [{"role": "tool", "name": "run_python", "content":
+                    "Error: run_python: the code is not valid text: character 7 is a lone "
+                    "surrogate ('\\ud800'), which UTF-8 cannot encode"}]
+    assert info == {"tool_calls": 1, "tool_errors": 1} and not terminated
+
+
 @pytest.mark.parametrize("text, value", [
     ("\\boxed{1,078}", "1078"), ("It is 12, no, 13.", "13"), ("\\boxed{x = -5}", "-5"),
     ("\\boxed{7} because 3 + 4", "7"), ("\\boxed{2.50}", "2.50"), ("no idea", None),

@@ -233,6 +233,24 @@ def test_bad_calls_come_back_as_error_messages() -> None:
     assert env.step(call("add", a=1))[3]  # the 4th turn still calling tools: truncated
 
 
+def test_an_agentrl_error_in_a_tool_stops_the_run_instead_of_reaching_the_model() -> None:
+    def sandboxed(code: str) -> str:
+        """Fail the way a sandbox limit set wrong in the config does."""
+        raise EnvError("run_python: timeout_s must be a number of seconds from 0.01 to 3600, got inf")
+
+    def picky(code: str) -> str:
+        """Refuse the model's argument."""
+        raise ToolError("picky: code must not be empty")
+
+    env = AddEnv(tools=[Tool(sandboxed), Tool(picky)])
+    env.reset(seed=0)
+    obs, *_ = env.step(call("picky", code=""))
+    assert obs[0]["content"] == "Error: picky: code must not be empty"  # the model's fault
+    with pytest.raises(EnvError, match=re.escape("timeout_s must be a number of seconds from 0.01 "
+                                                 "to 3600, got inf")):
+        env.step(call("sandboxed", code="print(1)"))  # the config's fault
+
+
 def test_tool_env_rejects_bad_settings() -> None:
     with pytest.raises(EnvError, match="max_turns must be a positive integer, got 0"):
         AddEnv(max_turns=0)

@@ -11,7 +11,7 @@ from agentrl.config import TrainConfig
 from agentrl.evaluate import evaluate
 from agentrl.models import load_model
 from agentrl.plugins import load_plugins
-from agentrl.testing import parity_reward
+from agentrl.testing import GradientRecorder, parity_reward
 from agentrl.trainer import Trainer, plan_micro_batches
 
 
@@ -21,20 +21,6 @@ def _config(model_dir, tmp_path, **overrides) -> TrainConfig:
                 precision="fp32", engine_args={"dtype": "float32"})
     base.update(overrides)
     return TrainConfig(**base)
-
-
-class GradientRecorder:
-    """Stands in for the optimizer: keeps each step's gradients instead of applying them."""
-
-    def __init__(self, params):
-        self.params, self.steps = list(params), []
-
-    def step(self):
-        self.steps.append([p.grad.detach().clone() for p in self.params])
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo"])
@@ -104,7 +90,8 @@ def test_in_process_eval_equals_fresh_load_of_saved_run(tiny_model_dir, tmp_path
 
 
 def test_warmup_steps_work_with_the_default_constant_schedule(tiny_model_dir, tmp_path):
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, warmup_steps=4, learning_rate=1e-3), load_plugins())
+    trainer = Trainer(_config(tiny_model_dir, tmp_path, max_steps=6, warmup_steps=4, learning_rate=1e-3),
+                      load_plugins())
     rates = []
     for _ in range(6):
         rates.append(trainer.scheduler.get_last_lr()[0])

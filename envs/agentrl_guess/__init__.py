@@ -94,8 +94,12 @@ class GuessEnv(Env):
                                  ("task_seed", task_seed, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise EnvError(f"GuessEnv: {name} must be an integer >= {low}, got {value!r}")
-        if not 0.0 <= turn_cost <= 1.0:
+        if n > 10**9:
+            raise EnvError(f"GuessEnv: n must be an integer in [2, 10**9], got {n!r}")
+        if isinstance(turn_cost, bool) or not isinstance(turn_cost, (int, float)) or not 0.0 <= turn_cost <= 1.0:
             raise EnvError(f"GuessEnv: turn_cost must be in [0, 1], got {turn_cost!r}")
+        if not isinstance(demonstration, bool):
+            raise EnvError(f"GuessEnv: demonstration must be true or false, got {demonstration!r}")
         if isinstance(consistency_bonus, bool) or not isinstance(consistency_bonus, (int, float)) \
                 or not 0.0 <= consistency_bonus <= 1.0:
             raise EnvError(f"GuessEnv: consistency_bonus must be a number in [0, 1], got {consistency_bonus!r}")

@@ -148,10 +148,12 @@ class MathEnv(Env):
     def __init__(self, difficulty: str = "single_digit", data_file: str | None = None, seed: int = 0,
                  num_eval: int = 128, system_prompt: str | None = None) -> None:
         super().__init__()
-        if difficulty not in LEVELS:
+        if not isinstance(difficulty, str) or difficulty not in LEVELS:
             raise ConfigError(f"math env: difficulty {difficulty!r} is not one of {', '.join(LEVELS)}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"math env: seed must be an int, got {seed!r}")
+        if seed < 0:
+            raise ConfigError(f"math env: seed must be an int >= 0, got {seed!r}")
         if isinstance(num_eval, bool) or not isinstance(num_eval, int) or num_eval < 1:
             raise ConfigError(f"math env: num_eval must be an int >= 1, got {num_eval!r}")
         if system_prompt is not None and not isinstance(system_prompt, str):

@@ -29,6 +29,8 @@ from agentrl.tools import Tool, ToolEnv, ToolError, format_tool_call, parse_xml_
 
 EVAL_SEED = 987_654_321
 TRAIN_SIZE = 1_000_000
+MAX_EVAL = 10_000
+"""Most held-out tasks: training tasks are redrawn away from all of them, so they are built up front."""
 MAX_EXPRESSION_CHARS = 300
 MAX_RESULT_DIGITS = 1000
 
@@ -60,11 +62,11 @@ class ProceduralTasks(LazyTasks):
 def task_splits(make: Callable[[np.random.Generator], Task], name: str, task_seed: int,
                 num_eval: int) -> tuple[ProceduralTasks, ProceduralTasks]:
     """(train, eval) procedural splits: eval from ``EVAL_SEED``, train redrawn away from it."""
-    if not isinstance(task_seed, int) or task_seed < 0 or task_seed == EVAL_SEED:
+    if not isinstance(task_seed, int) or isinstance(task_seed, bool) or task_seed < 0 or task_seed == EVAL_SEED:
         raise EnvError(f"task_seed must be a non-negative int other than {EVAL_SEED} "
                        f"(the eval split's), got {task_seed!r}")
-    if not isinstance(num_eval, int) or num_eval < 1:
-        raise EnvError(f"num_eval must be a positive int, got {num_eval!r}")
+    if not isinstance(num_eval, int) or isinstance(num_eval, bool) or not 1 <= num_eval <= MAX_EVAL:
+        raise EnvError(f"num_eval must be a positive int <= {MAX_EVAL:,}, got {num_eval!r}")
     eval_tasks = ProceduralTasks(make, name, EVAL_SEED, num_eval)
     return ProceduralTasks(make, name, task_seed, TRAIN_SIZE, exclude=eval_tasks), eval_tasks
 
@@ -182,6 +184,12 @@ class AnswerToolEnv(ToolEnv):
     _train: Sequence[Task]
     _eval: Sequence[Task]
 
+    def __init__(self, **kwargs: Any) -> None:
+        parser = kwargs.get("tool_parser")
+        if parser is not None and not (isinstance(parser, str) or callable(parser)):
+            raise EnvError(f"{type(self).__name__}: tool_parser must be a registered parser name, got {parser!r}")
+        super().__init__(**kwargs)
+
     def train_tasks(self) -> Sequence[Task]:
         """Procedural training tasks (1,000,000, made on demand)."""
         return self._train
@@ -269,6 +277,10 @@ class PythonEnv(AnswerToolEnv):
 
     def __init__(self, task_seed: int = 0, num_eval: int = 200, timeout_s: float = 5.0,
                  memory_mb: int = 512, **kwargs: Any) -> None:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0.01 <= timeout_s <= 3600:
+            raise EnvError(f"PythonEnv: timeout_s must be a number of seconds in [0.01, 3600], got {timeout_s!r}")
+        if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 64:
+            raise EnvError(f"PythonEnv: memory_mb must be an integer >= 64, got {memory_mb!r}")
         self.sandbox_limits = {"timeout_s": timeout_s, "memory_mb": memory_mb}
         super().__init__(tools=[Tool(self.run_python)], **kwargs)
         self._train, self._eval = task_splits(make_code_task, "python", task_seed, num_eval)

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -49,6 +48,7 @@ from agentrl import (
     IMPORTANCE_LEVELS,
     KL_ESTIMATORS,
     Algorithm,
+    ConfigCheck,
     ConfigError,
     LossContext,
     LossOutput,
@@ -57,18 +57,6 @@ from agentrl import (
     masked,
     policy_loss,
 )
-
-
-def _invalid(key: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"algorithm.{key}={value!r} is invalid: {allowed}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _choices(names: Any) -> str:
-    return "expected one of " + ", ".join(repr(n) for n in sorted(names))
 
 
 @dataclass(frozen=True)
@@ -102,32 +90,19 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
-        for key in ("epsilon_low", "epsilon_high", "beta", "std_epsilon"):
-            if not _is_number(getattr(self, key)):
-                raise _invalid(key, getattr(self, key), "expected a number")
-        if not 0 <= self.epsilon_low < 1:
-            raise _invalid("epsilon_low", self.epsilon_low, "expected a number in [0, 1)")
-        if self.epsilon_high < 0:
-            raise _invalid("epsilon_high", self.epsilon_high, "expected a number >= 0")
-        if self.delta is not None and not (_is_number(self.delta) and self.delta > 1 + self.epsilon_high):
-            allowed = f"expected None or a number > 1 + epsilon_high = {1 + self.epsilon_high}"
-            raise _invalid("delta", self.delta, allowed)
-        if self.beta < 0:
-            raise _invalid("beta", self.beta, "expected a number >= 0")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise _invalid("kl_estimator", self.kl_estimator, _choices(KL_ESTIMATORS))
-        if self.scale_rewards not in _SCALES:
-            raise _invalid("scale_rewards", self.scale_rewards, _choices(_SCALES))
-        if self.loss_type not in AGGREGATIONS:
-            raise _invalid("loss_type", self.loss_type, _choices(AGGREGATIONS))
-        for key in ("num_iterations", "mini_batches"):
-            count = getattr(self, key)
-            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-                raise _invalid(key, count, "expected an integer >= 1")
-        if self.importance_sampling_level not in IMPORTANCE_LEVELS:
-            raise _invalid("importance_sampling_level", self.importance_sampling_level, _choices(IMPORTANCE_LEVELS))
-        if self.std_epsilon <= 0:
-            raise _invalid("std_epsilon", self.std_epsilon, "expected a number > 0")
+        check = ConfigCheck(self, "algorithm")
+        check.number("epsilon_low", low=0, high=1, high_open=True)
+        check.number("epsilon_high", low=0)
+        check.number("delta", low=1 + self.epsilon_high, low_open=True, optional=True,
+                     allowed=f"expected None or a number > 1 + epsilon_high = {1 + self.epsilon_high}")
+        check.number("beta", low=0)
+        check.choice("kl_estimator", KL_ESTIMATORS)
+        check.choice("scale_rewards", _SCALES)
+        check.choice("loss_type", AGGREGATIONS)
+        check.integer("num_iterations", low=1)
+        check.integer("mini_batches", low=1)
+        check.choice("importance_sampling_level", IMPORTANCE_LEVELS)
+        check.number("std_epsilon", low=0, low_open=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,7 +155,8 @@ def group_advantages(
     exactly 0. Stats: ``frac_zero_std_groups``, ``frac_nan_rewards``, ``abs_mean``.
     """
     if scale not in _SCALES:
-        raise _invalid("scale_rewards", scale, _choices(_SCALES))
+        listed = ", ".join(map(repr, sorted(_SCALES)))
+        raise ConfigError(f"algorithm.scale_rewards={scale!r} is invalid: expected one of {listed}")
     if rewards.numel() == 0:
         return rewards.clone(), {"frac_zero_std_groups": 0.0, "frac_nan_rewards": 0.0, "abs_mean": 0.0}
     values = rewards.detach().double()  # (N,)
@@ -218,6 +194,8 @@ class GRPO(Algorithm):
 
     config_class = GRPOConfig
     config: GRPOConfig
+    min_group_size = 2
+    """Advantages compare a task's episodes with each other: one episode per task trains nothing."""
 
     @property
     def needs_reference(self) -> bool:

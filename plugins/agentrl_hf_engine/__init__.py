@@ -64,7 +64,7 @@ class HFEngineConfig:
     """Most prompts decoded together; larger requests are split."""
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             raise ConfigError(f"engine_args.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"engine_args.batch_size must be an integer >= 1, got {self.batch_size!r}")
@@ -135,6 +135,15 @@ class HFEngine(Engine):
                         continue
                     tensor.copy_(source[name])
                     copied[id(tensor)] = source[name]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The generator used for batches without a seed."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the generator (a checkpoint without one leaves it as seeded)."""
+        if "generator" in state:
+            self.generator.set_state(state["generator"])
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
         """Sample one completion per prompt, ``batch_size`` prompts at a time (shortest first)."""

@@ -46,7 +46,6 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -56,7 +55,7 @@ from agentrl import (
     IMPORTANCE_LEVELS,
     KL_ESTIMATORS,
     Algorithm,
-    ConfigError,
+    ConfigCheck,
     LossContext,
     LossOutput,
     SetupContext,
@@ -69,22 +68,6 @@ from agentrl import (
 
 CREDITS = ("episode", "turn")
 KL_PLACES = ("reward", "loss")
-
-
-def _invalid(key: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"algorithm.{key}={value!r} is invalid: {allowed}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
-
-
-def _is_count(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
-def _choices(names: Any) -> str:
-    return "expected one of " + ", ".join(repr(n) for n in sorted(names))
 
 
 @dataclass(frozen=True)
@@ -136,47 +119,29 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
-        numbers = ("gamma", "lam", "critic_learning_rate", "epsilon_low", "epsilon_high", "beta")
-        for key in numbers:
-            if not _is_number(getattr(self, key)):
-                raise _invalid(key, getattr(self, key), "expected a finite number")
-        for key in ("gamma", "lam"):
-            if not 0 <= getattr(self, key) <= 1:
-                raise _invalid(key, getattr(self, key), "expected a number in [0, 1]")
-        if self.credit not in CREDITS:
-            raise _invalid("credit", self.credit, _choices(CREDITS))
-        if self.critic_learning_rate <= 0:
-            raise _invalid("critic_learning_rate", self.critic_learning_rate, "expected a number > 0")
+        check = ConfigCheck(self, "algorithm")
+        check.number("gamma", low=0, high=1)
+        check.number("lam", low=0, high=1)
+        check.choice("credit", CREDITS)
+        check.number("critic_learning_rate", low=0, low_open=True)
         for key in ("critic_max_grad_norm", "value_clip"):
-            value = getattr(self, key)
-            if value is not None and not (_is_number(value) and value > 0):
-                raise _invalid(key, value, "expected None or a number > 0")
+            check.number(key, low=0, low_open=True, optional=True)
         for key, low in (("critic_lr_warmup_steps", 0), ("critic_warmup_steps", 0), ("ppo_epochs", 1),
                          ("mini_batches", 1)):
-            if not _is_count(getattr(self, key), low):
-                raise _invalid(key, getattr(self, key), f"expected an integer >= {low}")
-        if not isinstance(self.whiten_advantages, bool):
-            raise _invalid("whiten_advantages", self.whiten_advantages, "expected true or false")
-        if not 0 <= self.epsilon_low < 1:
-            raise _invalid("epsilon_low", self.epsilon_low, "expected a number in [0, 1)")
-        if self.epsilon_high < 0:
-            raise _invalid("epsilon_high", self.epsilon_high, "expected a number >= 0")
-        if self.delta is not None and not (_is_number(self.delta) and self.delta > 1 + self.epsilon_high):
-            raise _invalid("delta", self.delta, f"expected None or a number > 1 + epsilon_high = {1 + self.epsilon_high}")
-        if self.beta < 0:
-            raise _invalid("beta", self.beta, "expected a number >= 0")
-        if self.kl_in not in KL_PLACES:
-            raise _invalid("kl_in", self.kl_in, _choices(KL_PLACES))
-        if self.kl_estimator is not None and self.kl_estimator not in KL_ESTIMATORS:
-            raise _invalid("kl_estimator", self.kl_estimator, "expected None or " + _choices(KL_ESTIMATORS))
+            check.integer(key, low)
+        check.flag("whiten_advantages")
+        check.number("epsilon_low", low=0, high=1, high_open=True)
+        check.number("epsilon_high", low=0)
+        check.number("delta", low=1 + self.epsilon_high, low_open=True, optional=True,
+                     allowed=f"expected None or a number > 1 + epsilon_high = {1 + self.epsilon_high}")
+        check.number("beta", low=0)
+        check.choice("kl_in", KL_PLACES)
+        check.choice("kl_estimator", KL_ESTIMATORS, optional=True)
         if self.kl_in == "reward" and self.kl_estimator not in (None, "k1"):
-            raise _invalid("kl_estimator", self.kl_estimator,
-                           "KL in the reward is k1 with no gradient; set kl_in=loss to use "
-                           f"{self.kl_estimator} in the loss (KL in both places double-counts it)")
-        if self.loss_type not in AGGREGATIONS:
-            raise _invalid("loss_type", self.loss_type, _choices(AGGREGATIONS))
-        if self.importance_sampling_level not in IMPORTANCE_LEVELS:
-            raise _invalid("importance_sampling_level", self.importance_sampling_level, _choices(IMPORTANCE_LEVELS))
+            check.fail("kl_estimator", "KL in the reward is k1 with no gradient; set kl_in=loss to use "
+                       f"{self.kl_estimator} in the loss (KL in both places double-counts it)")
+        check.choice("loss_type", AGGREGATIONS)
+        check.choice("importance_sampling_level", IMPORTANCE_LEVELS)
 
 
 # ---------------------------------------------------------------------------------------------

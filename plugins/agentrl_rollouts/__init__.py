@@ -15,6 +15,15 @@ draws on every turn: episodes would no longer be samples of the policy.
 
 An episode whose prompt alone fills ``max_total_tokens`` ends before the model speaks: it has no
 turns (so it scores as an empty reply), ``info["prompt_too_long"]`` is set, and the rollout warns.
+
+Failures (a bad rollout is data, not a crash). ``reset`` and ``step`` run under the run's
+:class:`agentrl.env.CallGuard` (``call_timeout_s``, ``on_call_error``). An exception or a timeout
+inside env code ends that episode with ``skip``: ``info["error"]`` holds ``method``,
+``exception`` (``Type: message``) and ``timed_out``; the scorer leaves it unscored. A reset that
+failed leaves a placeholder prompt (one empty user message) and no turns. With ``fail``, or
+for a broken contract (wrong shapes, non-finite reward, an AgentRLError), the run stops with an
+EnvError naming the env, the method and the sample. An engine that raises stops the run with an
+EngineError naming the engine, the turn and the batch (prompt count and lengths).
 """
 
 from __future__ import annotations
@@ -23,7 +32,28 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl import ChatTokenizer, Engine, Env, EnvError, SamplingParams, Trajectory, Turn, hookimpl
+from agentrl import (
+    AgentRLError,
+    CallGuard,
+    CallTimeout,
+    ChatTokenizer,
+    Engine,
+    EngineError,
+    Env,
+    EnvError,
+    Generation,
+    SamplingParams,
+    Trajectory,
+    Turn,
+    check_reset_result,
+    check_step_result,
+    hookimpl,
+    one_line,
+    sample_label,
+)
+
+PLACEHOLDER = [{"role": "user", "content": ""}]
+"""The prompt of an episode whose ``reset`` failed (so its trajectory still has tokens)."""
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:
@@ -36,6 +66,7 @@ def turn_seed(seed: int | None, turn: int) -> int | None:
 
 @dataclass
 class _Episode:
+    index: int
     env: Env
     task: dict[str, Any]
     group: int
@@ -62,6 +93,7 @@ class MultiTurnRollout:
         self.engine = engine
         self.chat = ChatTokenizer(tokenizer)
         self.config = config
+        self.guard = CallGuard.from_config(config)
 
     def run(self, envs: list[Env], tasks: list[dict[str, Any]], groups: list[int],
             sampling: SamplingParams, seeds: list[int] | None = None) -> list[Trajectory]:
@@ -72,11 +104,17 @@ class MultiTurnRollout:
         for i, (env, task, group) in enumerate(zip(envs, tasks, groups)):
             schemas = env.tool_schemas()
             native = bool(schemas) and self.chat.renders_tools
-            messages, info = env.reset(seed=None if seeds is None else seeds[i],
-                                       options={"task": task, "template_renders_tools": native})
+            result, error = self._env_call(i, env, task, "reset", seed=None if seeds is None else seeds[i],
+                                           options={"task": task, "template_renders_tools": native})
+            if error is not None:  # the episode ends before it starts
+                ids = self.chat.prompt_ids(PLACEHOLDER)
+                episodes.append(_Episode(i, env, task, group, list(PLACEHOLDER), ids, [0] * len(ids),
+                                         [0.0] * len(ids), done=True, info={"error": error}))
+                continue
+            messages, info = check_reset_result(env, result)
             tools = list(schemas) if native else None
             ids = self.chat.prompt_ids(messages, tools=tools)
-            episodes.append(_Episode(env, task, group, list(messages), ids, [0] * len(ids),
+            episodes.append(_Episode(i, env, task, group, list(messages), ids, [0] * len(ids),
                                      [0.0] * len(ids), info=dict(info), tools=tools))
         max_sampled = self.config.max_sampled_tokens or self.config.max_new_tokens * max(
             env.max_turns for env in envs)
@@ -96,7 +134,7 @@ class MultiTurnRollout:
                 max_new_tokens=max(budget), temperature=sampling.temperature, top_p=sampling.top_p,
                 top_k=sampling.top_k, seed=turn_seed(sampling.seed, turn))
             turn += 1
-            generations = self.engine.generate([e.token_ids for e in live], turn_sampling)
+            generations = self._generate([e.token_ids for e in live], turn_sampling, turn)
             for episode, generation, cap in zip(live, generations, budget):
                 ids, logprobs, reason = generation.token_ids, generation.logprobs, generation.finish_reason
                 if len(ids) > cap:  # this episode had less budget than the batch's largest
@@ -109,6 +147,41 @@ class MultiTurnRollout:
                           "replies. Raise max_total_tokens or shorten the prompt.", RuntimeWarning, stacklevel=2)
         return [self._trajectory(e) for e in episodes]
 
+    def _generate(self, prompts: list[list[int]], sampling: SamplingParams, turn: int) -> list[Generation]:
+        """``engine.generate``; any failure becomes an EngineError naming the engine and the batch."""
+        try:
+            generations = self.engine.generate(prompts, sampling)
+            if len(generations) != len(prompts):
+                raise EngineError(f"returned {len(generations)} generations for {len(prompts)} prompts")
+            return generations
+        except Exception as exc:
+            name = getattr(self.config, "engine", None)
+            engine = f"{name!r} ({type(self.engine).__name__})" if name else type(self.engine).__name__
+            lengths = [len(p) for p in prompts]
+            detail = str(exc) if isinstance(exc, AgentRLError) else one_line(exc)
+            raise EngineError(f"engine {engine} failed at turn {turn} on {len(prompts)} prompts of "
+                              f"{min(lengths, default=0)}-{max(lengths, default=0)} tokens (max_new_tokens="
+                              f"{sampling.max_new_tokens}, temperature={sampling.temperature}): {detail}") from exc
+
+    def _env_call(self, index: int, env: Env, task: dict[str, Any], method: str, *args: Any,
+                  **kwargs: Any) -> tuple[Any, dict[str, Any] | None]:
+        """``env.<method>(...)`` under the guard: ``(result, None)``, or ``(None, error)`` when env
+        code raised or timed out and ``on_call_error`` is ``skip``. An AgentRLError (a broken
+        contract) always propagates; with ``fail`` the failure becomes an EnvError."""
+        where = f"{type(env).__name__}.{method}"
+        try:
+            return self.guard.call(getattr(env, method), *args, **kwargs), None
+        except AgentRLError:
+            raise
+        except Exception as exc:
+            what = f"{where} {'timed out' if isinstance(exc, CallTimeout) else 'raised'} on {sample_label(index, task)}"
+            if not self.guard.skips:
+                raise EnvError(f"{what}: {one_line(exc)} (on_call_error=fail; with 'skip' the episode would "
+                               "end unscored and count in errors/env)") from exc
+            self.guard.warn_once(f"env:{type(env).__name__}", f"{what}: {one_line(exc)}; the episode ends unscored "
+                                 "(on_call_error=skip). Later failures of this env are only counted in errors/env")
+            return None, {"method": where, "exception": one_line(exc), "timed_out": isinstance(exc, CallTimeout)}
+
     def _advance(self, episode: _Episode, ids: list[int], logprobs: list[float], reason: str,
                  max_sampled: int) -> None:
         """Append one model turn and the env's answer to ``episode``."""
@@ -119,7 +192,14 @@ class MultiTurnRollout:
         stopped = reason == "stop"
         history = list(episode.messages)
         assistant = {"role": "assistant", "content": self.chat.assistant_text(ids, stopped)}
-        new_messages, reward, terminated, truncated, info = episode.env.step(assistant["content"])
+        result, error = self._env_call(episode.index, episode.env, episode.task, "step", assistant["content"])
+        if error is not None:  # the env broke mid-episode: end it here, unscored
+            episode.messages.append(assistant)
+            episode.turns.append(Turn(start=start, end=len(episode.token_ids), finish_reason=reason))
+            episode.info["error"] = error
+            episode.done = True
+            return
+        new_messages, reward, terminated, truncated, info = check_step_result(episode.env, result)
         episode.messages += [assistant] + list(new_messages)
         episode.info = dict(info)
         episode.turns.append(Turn(start=start, end=len(episode.token_ids), reward=float(reward),

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from agentrl import ConfigError, TrainBatch, hookimpl, masked
+from agentrl import ConfigCheck, TrainBatch, hookimpl, masked
 
 MODES = ("off", "measure", "tis", "mis")
 LEVELS = ("token", "sequence", "geometric")
@@ -59,15 +59,11 @@ class SamplerCorrectionConfig:
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
-        if self.mode not in MODES:
-            raise ConfigError(f"plugins.{SECTION}.mode={self.mode!r} is invalid: expected one of {', '.join(MODES)}")
-        if self.level not in LEVELS:
-            raise ConfigError(f"plugins.{SECTION}.level={self.level!r} is invalid: expected one of {', '.join(LEVELS)}")
-        if isinstance(self.cap, bool) or not isinstance(self.cap, (int, float)) or not 1 < self.cap < math.inf:
-            raise ConfigError(f"plugins.{SECTION}.cap={self.cap!r} is invalid: expected a finite number > 1")
-        lower = self.lower
-        if lower is not None and (isinstance(lower, bool) or not isinstance(lower, (int, float)) or not 0 < lower < 1):
-            raise ConfigError(f"plugins.{SECTION}.lower={lower!r} is invalid: expected None or a number in (0, 1)")
+        check = ConfigCheck(self, f"plugins.{SECTION}")
+        check.choice("mode", MODES, allowed=f"expected one of {', '.join(MODES)}")
+        check.choice("level", LEVELS, allowed=f"expected one of {', '.join(LEVELS)}")
+        check.number("cap", low=1, low_open=True, allowed="expected a finite number > 1")
+        check.number("lower", low=0, high=1, low_open=True, high_open=True, optional=True)
 
     @property
     def low(self) -> float:

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from agentrl import (
+    ConfigCheck,
     ConfigError,
     Engine,
     EngineError,
@@ -52,6 +53,7 @@ from agentrl import (
     hookimpl,
     stop_token_ids,
 )
+from agentrl.errors import one_line
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -77,21 +79,13 @@ class VLLMEngineConfig:
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"engine_args.dtype={self.dtype!r} is invalid: expected one of {', '.join(DTYPES)}")
-        share = self.gpu_memory_utilization
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
-            raise ConfigError(f"engine_args.gpu_memory_utilization={share!r} is invalid: expected a number in (0, 1]")
-        kv = self.kv_cache_gb
-        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, (int, float)) or not kv > 0):
-            raise ConfigError(f"engine_args.kv_cache_gb={kv!r} is invalid: expected null or a number > 0")
-        length = self.max_model_len
-        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
-            raise ConfigError(f"engine_args.max_model_len={length!r} is invalid: expected null or an integer >= 1")
-        if not isinstance(self.enforce_eager, bool):
-            raise ConfigError(f"engine_args.enforce_eager={self.enforce_eager!r} is invalid: expected true or false")
-        if self.sleep_level not in (0, 1, 2) or isinstance(self.sleep_level, bool):
-            raise ConfigError(f"engine_args.sleep_level={self.sleep_level!r} is invalid: expected 0 (off), 1 or 2")
+        check = ConfigCheck(self, "engine_args")
+        check.choice("dtype", DTYPES, allowed=f"expected one of {', '.join(DTYPES)}")
+        check.number("gpu_memory_utilization", low=0, high=1, low_open=True)
+        check.number("kv_cache_gb", low=0, low_open=True, optional=True, allowed="expected null or a number > 0")
+        check.integer("max_model_len", low=1, optional=True, allowed="expected null or an integer >= 1")
+        check.flag("enforce_eager")
+        check.choice("sleep_level", (0, 1, 2), allowed="expected 0 (off), 1 or 2")
 
 
 def logprobs_mode(temperature: float, top_k: int, top_p: float) -> str:
@@ -196,10 +190,14 @@ class VLLMEngine(Engine):
         self.model = model
         self._wake(reload=False)
         state = model.state_dict()
-        with torch.no_grad():
-            self.llm.collective_rpc("reload_weights", kwargs={
-                "weights_iterator": ((name, tensor.detach()) for name, tensor in state.items())})
-        self.llm.reset_prefix_cache()
+        try:
+            with torch.no_grad():
+                self.llm.collective_rpc("reload_weights", kwargs={
+                    "weights_iterator": ((name, tensor.detach()) for name, tensor in state.items())})
+            self.llm.reset_prefix_cache()
+        except Exception as exc:
+            raise EngineError(f"engine 'vllm' could not load the trainer's weights ({len(state)} tensors, "
+                              f"{type(model).__name__}): {one_line(exc)}") from exc
 
     def _sleep(self) -> None:
         if self.options.sleep_level:

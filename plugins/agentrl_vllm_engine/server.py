@@ -43,7 +43,8 @@ from typing import Any
 
 import torch
 
-from agentrl import ConfigError, Engine, EngineError, Generation, SamplingParams, build_plugin_config, stop_token_ids
+from agentrl import (ConfigCheck, ConfigError, Engine, EngineError, Generation, SamplingParams, build_plugin_config,
+                     stop_token_ids)
 
 MODEL_NAME = "agentrl"
 
@@ -73,10 +74,9 @@ class VLLMServerConfig:
         if self.url is not None and self.weights_dir is None:
             raise ConfigError("engine_args.weights_dir is required with engine_args.url: a folder the server "
                               "can read, where the trainer writes the weights it pushes")
+        check = ConfigCheck(self, "engine_args")
         for key in ("kv_cache_gb", "startup_timeout", "request_timeout"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"engine_args.{key}={value!r} is invalid: expected a number > 0")
+            check.number(key, low=0, low_open=True)
 
 
 class VLLMServerEngine(Engine):
