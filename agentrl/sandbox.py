@@ -367,9 +367,9 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
             "disabled": sorted(_DISABLED),
             "hide": [d for d in _WORLD_WRITABLE if os.path.isdir(d)] + [b for b, _ in blocked or ()],
             "world_writable": list(_WORLD_WRITABLE), "hide_needed": bool(blocked),
-            "binds": [p for _, paths in blocked or () for p in paths],
+            "binds": [p for _, paths in blocked or () for p in paths] + list(_install_under_tmp()),
             "readable": list(_readable()), "devices": list(_DEVICES),
-            "python": sys.executable, "run": _RUN,
+            "python": os.path.realpath(sys.executable), "run": _RUN,
         }
         env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch,
                "PYTHONDONTWRITEBYTECODE": "1"}
@@ -406,6 +406,16 @@ def protections(isolation: Sequence[str] | None = None) -> dict[str, tuple[str, 
 def _probe() -> tuple[str, ...]:
     """The layers an empty script gets here."""
     return run_python("pass").isolation
+
+
+@functools.lru_cache(maxsize=1)
+def _install_under_tmp() -> tuple[str, ...]:
+    """Python installation paths inside a world-writable directory (a venv or interpreter under
+    ``/tmp``): bound back in over the private tmpfs, or the code's interpreter would vanish."""
+    python = os.path.realpath(sys.executable)
+    install = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(python))}
+    hidden = [os.path.realpath(d) for d in _WORLD_WRITABLE if os.path.isdir(d)]
+    return tuple(sorted(p for p in install if any(p == d or p.startswith(d + os.sep) for d in hidden)))
 
 
 @functools.lru_cache(maxsize=1)

@@ -7,6 +7,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,15 @@ from agentrl_grpo import group_advantages
 
 FAULTS = '''
 import math, time
+from pathlib import Path
 from agentrl import Env
+
+
+def hang(seconds=30.0):
+    """Sleep like a hung call, but end as soon as the test writes ``release`` (no thread outlives it)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not Path(__file__).with_name("release").exists():
+        time.sleep(0.05)
 
 TASKS = [{"id": "good", "question": "Say 1.", "answer": "1"}, {"id": "bad", "question": "Say 2.", "answer": "2"}]
 
@@ -55,7 +64,7 @@ class StepRaises(Tasks):
 class StepHangs(Tasks):
     def respond(self, text):
         if self.task["id"] == "bad":
-            time.sleep(30)
+            hang()
         return super().respond(text)
 
 
@@ -105,16 +114,18 @@ def fragile(trajectories):
 
 
 def slow(trajectories):
-    time.sleep(30)
+    hang()
     return [1.0 for _ in trajectories]
 '''
 
 
 @pytest.fixture
-def faults(tmp_path) -> Path:
+def faults(tmp_path) -> Iterator[Path]:
     path = tmp_path / "faults.py"
     path.write_text(FAULTS)
-    return path
+    yield path
+    (tmp_path / "release").write_text("")  # abandoned hung calls end now, not during later tests
+    time.sleep(0.2)
 
 
 def _config(model_dir: Path, tmp_path: Path, **overrides) -> TrainConfig:

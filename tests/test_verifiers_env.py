@@ -6,6 +6,7 @@ are one clear line, and it trains 2 steps through the CLI on the tiny model."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import re
@@ -234,6 +235,7 @@ def _parked() -> int:
 
 
 def test_abandoned_episodes_are_cancelled_and_leak_no_threads(env_dir: Path) -> None:
+    gc.collect()  # episodes earlier tests dropped: collected now, cancelled by the loop's next run below
     env = make("retry")
     task = env.train_tasks()[0]
     env.reset(options={"task": task})
