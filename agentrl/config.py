@@ -380,6 +380,16 @@ class ConfigCheck:
             return
         self.fail(key, allowed or f"expected {'None or ' if optional else ''}an integer >= {low}")
 
+    def clipping(self) -> None:
+        """The clipped-surrogate options a PPO-family config shares: ``epsilon_low`` in [0, 1),
+        ``epsilon_high`` >= 0, ``delta`` None or > 1 + epsilon_high (dual clip), ``beta`` >= 0."""
+        high = self.config.epsilon_high
+        self.number("epsilon_low", low=0, high=1, high_open=True)
+        self.number("epsilon_high", low=0)
+        self.number("delta", low=1 + high, low_open=True, optional=True,
+                    allowed=f"expected None or a number > 1 + epsilon_high = {1 + high}")
+        self.number("beta", low=0)
+
     def choice(self, key: str, choices: Iterable[Any], *, optional: bool = False, allowed: str | None = None) -> None:
         """One of ``choices`` (same type too: ``True`` is not ``1``, a list is never a name); None if ``optional``."""
         value, choices = getattr(self.config, key), list(choices)

@@ -91,11 +91,7 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
         check = ConfigCheck(self, "algorithm")
-        check.number("epsilon_low", low=0, high=1, high_open=True)
-        check.number("epsilon_high", low=0)
-        check.number("delta", low=1 + self.epsilon_high, low_open=True, optional=True,
-                     allowed=f"expected None or a number > 1 + epsilon_high = {1 + self.epsilon_high}")
-        check.number("beta", low=0)
+        check.clipping()
         check.choice("kl_estimator", KL_ESTIMATORS)
         check.choice("scale_rewards", _SCALES)
         check.choice("loss_type", AGGREGATIONS)

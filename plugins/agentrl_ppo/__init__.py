@@ -130,11 +130,7 @@ class PPOConfig:
                          ("mini_batches", 1)):
             check.integer(key, low)
         check.flag("whiten_advantages")
-        check.number("epsilon_low", low=0, high=1, high_open=True)
-        check.number("epsilon_high", low=0)
-        check.number("delta", low=1 + self.epsilon_high, low_open=True, optional=True,
-                     allowed=f"expected None or a number > 1 + epsilon_high = {1 + self.epsilon_high}")
-        check.number("beta", low=0)
+        check.clipping()
         check.choice("kl_in", KL_PLACES)
         check.choice("kl_estimator", KL_ESTIMATORS, optional=True)
         if self.kl_in == "reward" and self.kl_estimator not in (None, "k1"):
