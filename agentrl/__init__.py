@@ -6,6 +6,7 @@ The public API. Plugins, built-in or third-party, import only from here.
 from agentrl.algorithm import Algorithm, LossContext, LossOutput, SetupContext, StepTotals, TrainableModule
 from agentrl.chat import ChatTokenizer
 from agentrl.config import ConfigCheck, TrainConfig, build_plugin_config
+from agentrl.distributed import all_sum
 from agentrl.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
 from agentrl.env import (
     CallGuard,
@@ -93,6 +94,7 @@ __all__ = [
     "TrainableModule",
     "Trajectory",
     "Turn",
+    "all_sum",
     "build_plugin_config",
     "clipped_surrogate",
     "collate",

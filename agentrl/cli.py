@@ -126,9 +126,19 @@ def train(
     resume: Optional[str] = typer.Option(
         None, "--resume", help="Continue RUN_DIR from its newest checkpoint, with its own config "
         "(only --max-steps may be given, to train longer; --plugin as the run had them)."),
+    num_processes: Optional[int] = typer.Option(
+        None, "--num-processes", help="Train in N processes (accelerate launch; DDP over GPUs, or gloo on the CPU): "
+        "each rolls out prompts_per_step/N whole groups. [default: 1]"),
+    accelerate_config: Optional[str] = typer.Option(
+        None, "--accelerate-config", help="An accelerate config YAML (FSDP, DeepSpeed ZeRO; configs/accelerate/) "
+        "to launch with."),
 ) -> None:
     """Train a policy; ends with held-out accuracy before vs after and where the run was saved."""
     from agentrl.config import build_config
+    from agentrl.launch import inside_launch, process_rank
+
+    if process_rank() > 0:  # one process speaks for a multi-process run; errors still show everywhere
+        console.quiet = True
 
     def run() -> None:
         checkpoint = None
@@ -153,6 +163,14 @@ def train(
                 "max_steps": max_steps, "num_generations": num_generations, "prompts_per_step": prompts_per_step,
                 "output_dir": output_dir, "seed": seed}, sets=set_)
         manager = _manager(disable_plugin or [], plugin or [])
+        if (num_processes or accelerate_config) and not inside_launch() and not print_config:
+            given: dict[str, Any] = {
+                "--env": env, "--algo": algo, "--model": model, "--engine": engine, "--reward": reward,
+                "--max-steps": max_steps, "--num-generations": num_generations,
+                "--prompts-per-step": prompts_per_step, "--output-dir": output_dir, "--seed": seed,
+                "--config": config, "--set": set_, "--plugin": plugin, "--disable-plugin": disable_plugin,
+                "--resume": resume}
+            raise typer.Exit(code=_launch(cfg, num_processes or 1, accelerate_config, given))
         if print_config:
             import yaml
 
@@ -185,6 +203,31 @@ def train(
         console.print(f"run saved to {result.run_dir}", highlight=False)
 
     _run(run)
+
+
+def _launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: dict[str, Any]) -> int:
+    """Check the split and prepare the model here, then run this command in ``num_processes``
+    processes under ``accelerate launch``; their exit status."""
+    import torch
+
+    from agentrl.launch import launch_command, run_launched
+    from agentrl.models import resolve_model
+    from agentrl.trainer import check_process_split
+
+    check_process_split(cfg, num_processes)
+    if cfg.output_dir is None and not given["--resume"]:  # every process must agree on the run dir
+        from agentrl.trainer import run_dir_for
+
+        given["--output-dir"] = str(run_dir_for(cfg))
+    resolve_model(cfg.model)  # an alias is converted once, here, not by every process at once
+    args: list[str] = []
+    for flag, value in given.items():
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None:
+                args += [flag, str(item)]
+    command = launch_command(num_processes, accelerate_config, args, cpu=not torch.cuda.is_available())
+    console.print(f"launching {num_processes} processes: {' '.join(command[1:4])} ...", highlight=False)
+    return run_launched(command)
 
 
 def _rewards_line(cfg: Any, trainer: Any) -> str:

@@ -2,7 +2,8 @@
 
 The docstring under each field is the only help text (``agentrl train --print-config`` shows
 the resolved whole). Sections owned by plugins (``algorithm``, ``env_args``, ``engine_args`` and each entry of
-``plugins``) are plain dicts here and validated by the plugin's own config class at start-up.
+``plugins``) are plain dicts here and validated by the plugin's own config class at start-up;
+``lora`` is validated here, by ``agentrl.lora.LoRAConfig``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class TrainConfig:
     """Generation engine name."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Options of the engine (e.g. ``dtype: bfloat16``)."""
+    lora: dict[str, Any] | None = None
+    """LoRA options (validated by ``agentrl.lora.LoRAConfig``: ``r``, ``alpha``, ``target_modules``,
+    ...): train low-rank adapters on the frozen model instead of every weight. None: full
+    fine-tune; a mapping, ``{}`` included, turns LoRA on (``--set lora.r=16``). Needs peft."""
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Settings of step-hook plugins, one section per plugin (``plugins.sampler_correction.mode:
     tis``); each plugin registers and validates its own section, ``--print-config`` lists them all
@@ -188,6 +193,10 @@ class TrainConfig:
         if self.env_reward_weight == 0 and self.rewards is not None and not any(self.rewards.values()):
             raise ConfigError(f"env_reward_weight=0 with rewards={self.rewards!r} leaves nothing to reward: every "
                               "episode would score 0 and nothing would train")
+        if self.lora is not None:
+            from agentrl.lora import lora_options  # lora imports this module
+
+            lora_options(self.lora)
         object.__setattr__(self, "env", _absolute(self.env, "env"))  # frozen: set once, here
         if self.rewards is not None:
             object.__setattr__(self, "rewards", {_absolute(name, "rewards"): w for name, w in self.rewards.items()})
@@ -535,6 +544,10 @@ def resolved_dict(config: TrainConfig, manager: Any) -> dict[str, Any]:
         data["rewards"] = dict(getattr(env_factory, "default_rewards", {}))
     data["plugins"] = {name: dataclasses.asdict(section)
                        for name, section in resolve_settings(config, manager.registry).items()}
+    if config.lora is not None:
+        from agentrl.lora import lora_options
+
+        data["lora"] = dataclasses.asdict(lora_options(config.lora))
     engine_cls = manager.registry.get("engine", config.engine).factory
     if dataclasses.is_dataclass(getattr(engine_cls, "config_class", None)):  # an engine that declares its options
         data["engine_args"] = dataclasses.asdict(build_plugin_config(engine_cls.config_class, config.engine_args,

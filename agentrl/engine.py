@@ -29,6 +29,10 @@ class SamplingParams:
     """Keep only the k most likely tokens (0 = off)."""
     seed: int | None = None
     """Seed for this batch (None: continue the engine's generator)."""
+    prompt_seeds: tuple[int, ...] | None = None
+    """One seed per prompt (overrides ``seed``): each completion's random draws then depend on its
+    own seed only, not on which prompts share its batch, so an episode samples the same tokens
+    whether it runs in a batch of 32 on one process or of 16 on each of two."""
 
     def validate(self) -> None:
         """Raise EngineError naming a value out of range (engines call this before sampling)."""
@@ -40,6 +44,17 @@ class SamplingParams:
             raise EngineError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k < 0:
             raise EngineError(f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
+
+    def seeds_for(self, num_prompts: int) -> list[int] | None:
+        """One seed per prompt: ``prompt_seeds`` when given (checked against ``num_prompts``), else
+        derived from the batch ``seed`` and the prompt's index; None when unseeded."""
+        if self.prompt_seeds is not None:
+            if len(self.prompt_seeds) != num_prompts:
+                raise EngineError(f"{len(self.prompt_seeds)} prompt_seeds for {num_prompts} prompts: give one per prompt")
+            return [int(s) % 2**63 for s in self.prompt_seeds]
+        if self.seed is None:
+            return None
+        return [(self.seed * 1_000_003 + i) % 2**63 for i in range(num_prompts)]
 
 
 @dataclass

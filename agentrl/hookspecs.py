@@ -139,7 +139,8 @@ def agentrl_needs_old_logprobs(config: TrainConfig, settings: dict[str, Any]) ->
 
 @hookspec
 def agentrl_on_train_start(config: TrainConfig, run_dir: str) -> None:
-    """Called once before the first rollout, after models and plugins are set up."""
+    """Called once before the first rollout, after models and plugins are set up (on the main
+    process only in a multi-process run)."""
 
 
 @hookspec
@@ -147,7 +148,8 @@ def agentrl_on_rollout_end(trajectories: list[Trajectory], step: int, metrics: d
     """Called after each rollout is scored, before advantages are computed.
 
     ``metrics`` is the step's metric dict: add namespaced keys (``plugin/name``) to log them.
-    Loggers and curriculum plugins use this. Return value ignored.
+    Loggers and curriculum plugins use this. Return value ignored. In a multi-process run it is
+    called on the main process only, with every process's trajectories.
     """
 
 
@@ -203,7 +205,8 @@ def agentrl_per_token_loss_factors(
 
 @hookspec
 def agentrl_on_step_end(step: int, metrics: dict[str, float]) -> None:
-    """Called after each optimizer step with that step's metrics (loggers write them here)."""
+    """Called after each optimizer step with that step's metrics (loggers write them here); on
+    the main process only in a multi-process run."""
 
 
 @hookspec
@@ -221,5 +224,6 @@ def agentrl_load_state(state: dict[str, Any]) -> None:
 
 @hookspec
 def agentrl_on_train_end(run_dir: str, metrics: dict[str, float]) -> None:
-    """Called once after the last step and the final evaluation, with the final metrics."""
+    """Called once after the last step and the final evaluation, with the final metrics (on the
+    main process only in a multi-process run)."""
 

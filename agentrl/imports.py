@@ -10,7 +10,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from agentrl.errors import ConfigError, EnvError
+from agentrl.errors import AgentRLError, ConfigError, EnvError
 
 
 def import_module_or_file(where: str, what: str) -> ModuleType:
@@ -61,10 +61,10 @@ def absolute_spec(spec: str) -> str:
     return spec
 
 
-def import_extra(module: str, install_hint: str) -> ModuleType:
-    """The optional library ``module`` an adapter needs, or EnvError(``install_hint``) when it is not
+def import_extra(module: str, install_hint: str, error: type[AgentRLError] = EnvError) -> ModuleType:
+    """The optional library ``module`` an adapter needs, or ``error(install_hint)`` when it is not
     installed (the hint names the ``agentrl[EXTRA]`` that installs it)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise EnvError(install_hint) from exc
+        raise error(install_hint) from exc

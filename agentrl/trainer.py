@@ -37,6 +37,7 @@ from accelerate.utils import set_seed
 from transformers import get_scheduler
 
 from agentrl import checkpoint as ckpt
+from agentrl import distributed, lora, sharding
 from agentrl.algorithm import Algorithm, LossContext, SetupContext, TrainableModule
 from agentrl.config import TrainConfig, build_plugin_config, resolve_settings
 from agentrl.engine import SamplingParams
@@ -117,6 +118,24 @@ class TaskCursor:
         return out
 
 
+def check_sharded_run(config: TrainConfig, sharded: bool) -> None:
+    """What a run with sharded weights (FSDP, ZeRO-3) cannot do yet: a ConfigError naming it."""
+    if sharded and config.checkpoint_every:
+        raise ConfigError(f"checkpoint_every={config.checkpoint_every}: checkpoints of sharded weights and optimizer "
+                          "state (FSDP, ZeRO-3) are not supported yet; set checkpoint_every=0 (the final model is "
+                          "still saved) or use ddp / zero2")
+    if sharded and config.lora is not None:
+        raise ConfigError("lora with sharded weights (FSDP, ZeRO-3) is not supported yet: use ddp or zero2")
+
+
+def check_process_split(config: TrainConfig, num_processes: int) -> None:
+    """A ConfigError unless the step's groups split evenly over the processes (a group never
+    straddles two processes)."""
+    if config.prompts_per_step % num_processes:
+        raise ConfigError(f"prompts_per_step={config.prompts_per_step} does not split over {num_processes} processes: "
+                          "each process rolls out whole groups; use a multiple of the process count")
+
+
 def make_env(manager: PluginManager, config: TrainConfig) -> Env:
     """An env instance: a registered name or ``path/file.py:ClassName``."""
     factory = load_env_class(config.env) if ":" in config.env else manager.registry.get("env", config.env).factory
@@ -140,39 +159,52 @@ class Trainer:
         if resume is None:
             check_output_dir(self.run_dir)
             refuse_existing_run(self.run_dir)
-        set_seed(config.seed)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        self.num_processes, self.is_main = self.accelerator.num_processes, self.accelerator.is_main_process
+        set_seed(config.seed + self.accelerator.process_index)  # process 0 seeds as a one-process run
+        check_process_split(config, self.num_processes)
         algo_cls = manager.registry.get("algorithm", config.algo).factory
         self.algorithm: Algorithm = algo_cls(build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm"))
         self.settings = resolve_settings(config, manager.registry)
         asked = self.hook.agentrl_needs_old_logprobs(config=config, settings=self.settings)
         self.needs_old_logprobs = self.algorithm.needs_old_logprobs or any(bool(a) for a in asked)
-        if self.algorithm.num_mini_batches > config.batch_size:
+        if self.algorithm.num_mini_batches > config.batch_size // self.num_processes:
             raise ConfigError(f"algorithm {config.algo!r} asks for {self.algorithm.num_mini_batches} mini-batches "
-                              f"but a rollout batch has only {config.batch_size} episodes "
-                              "(prompts_per_step x num_generations): lower the mini-batch count")
-        self.envs = [make_env(manager, config) for _ in range(max(config.batch_size, min(config.eval_tasks, 64), 1))]
+                              f"but a rollout batch has only {config.batch_size // self.num_processes} episodes "
+                              f"(prompts_per_step x num_generations, over {self.num_processes} process(es)): "
+                              "lower the mini-batch count")
+        self.local_batch_size = config.batch_size // self.num_processes
+        self.envs = [make_env(manager, config)
+                     for _ in range(max(self.local_batch_size, min(config.eval_tasks, 64), 1))]
         check_env_startup(self.envs[0], need_eval=config.eval_tasks > 0, timeout_s=config.call_timeout_s)
         self.call_guard = CallGuard.from_config(config)  # warns once per plugin per run
         self.reward_fns = resolve_rewards(config, manager.registry, self.envs[0])
         self.tokenizer = load_tokenizer(config.model)
         check_prompt_room(self.envs[0], self.tokenizer, config.max_total_tokens)
-        self.model = load_model(config.model)
-        self.ref_model = self._frozen_copy(self.model) if self.algorithm.needs_reference else None
+        self.model = lora.with_adapter(load_model(config.model), config.lora)  # unchanged without LoRA
+        # With LoRA the reference is the policy itself, its adapter off (lora.adapter_disabled): no copy.
+        self.ref_model = None if not self.algorithm.needs_reference else (
+            self.model if lora.is_adapted(self.model) else self._frozen_copy(self.model))
+        self.replica = sharding.sampling_replica(self.accelerator, self.model)  # FSDP / ZeRO-3 only
+        check_sharded_run(config, self.replica is not None)
         self.policy = TokenLogprobs(self.model, temperature=config.temperature)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate,
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
+                                           lr=config.learning_rate,
                                            betas=config.adam_betas, weight_decay=config.weight_decay)
+        self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
+        # The schedule is not prepared: accelerate's wrapper would step it once per process per step.
         self.scheduler = build_scheduler(self.optimizer, config.lr_scheduler, config.warmup_steps,
                                          self.optimizer_steps_per_run)
-        self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(
-            self.policy, self.optimizer, self.scheduler)
         if self.ref_model is not None:  # not prepared (no grads, no optimizer): place it by hand
             self.ref_model.to(self.accelerator.device)
         engine_cls = manager.registry.get("engine", config.engine).factory
-        self.engine = engine_cls(model=self.model, tokenizer=self.tokenizer, config=config)
+        self.engine = engine_cls(model=self.replica if self.replica is not None else lora.sampling_model(self.model),
+                                 tokenizer=self.tokenizer, config=config)
         rollout_cls = manager.registry.get("rollout", config.rollout).factory
         self.rollout = rollout_cls(engine=self.engine, tokenizer=self.tokenizer, config=config)
-        self.algorithm.setup(SetupContext(model=self.model, tokenizer=self.tokenizer, accelerator=self.accelerator,
+        # The base model (with LoRA, its plain view: the adapter is zero at setup) for e.g. a critic's copy.
+        self.algorithm.setup(SetupContext(model=lora.sampling_model(self.model), tokenizer=self.tokenizer,
+                                          accelerator=self.accelerator,
                                           config=config, autocast=self.autocast,
                                           micro_batch_rows=self.micro_batch_rows))
         self.owned = self._prepare_owned(self.algorithm.trainable_modules())
@@ -199,8 +231,8 @@ class Trainer:
             params = [p for p in spec.module.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, betas=spec.betas,
                                           weight_decay=spec.weight_decay)
+            spec.module, optimizer = self.accelerator.prepare(spec.module, optimizer)
             scheduler = build_scheduler(optimizer, spec.lr_scheduler, spec.warmup_steps, self.optimizer_steps_per_run)
-            spec.module, optimizer, scheduler = self.accelerator.prepare(spec.module, optimizer, scheduler)
             owned[name] = (spec, optimizer, scheduler)
         return owned
 
@@ -218,14 +250,20 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------------
     def rollout_step(self, step: int) -> tuple[TrainBatch, list[Any], dict[str, float]]:
-        """Sample tasks, run episodes, score them; returns the collated batch and metrics."""
+        """Sample tasks, run this process's share of the episodes, score them; returns this
+        process's collated batch, the whole batch's trajectories (every process's, in group order)
+        and the step's metrics (over the whole batch)."""
         cfg = self.config
-        indices = self.cursor.take(cfg.prompts_per_step)
-        tasks = [self.tasks[i] for i in indices for _ in range(cfg.num_generations)]
-        groups = [g for g in range(cfg.prompts_per_step) for _ in range(cfg.num_generations)]
+        indices = self.cursor.take(cfg.prompts_per_step)  # every process walks the same cursor
+        share = cfg.prompts_per_step // self.num_processes
+        first = self.accelerator.process_index * share  # this process's groups: first .. first + share - 1
+        tasks = [self.tasks[i] for i in indices[first:first + share] for _ in range(cfg.num_generations)]
+        groups = [g for g in range(first, first + share) for _ in range(cfg.num_generations)]
         sampling = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                   top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed * 1_000_003 + step)
-        seeds = [cfg.seed * 1_000_003 + step * cfg.batch_size + i for i in range(len(tasks))]
+        # one seed per episode of the global batch: an episode samples the same on any process count
+        offset = first * cfg.num_generations
+        seeds = [cfg.seed * 1_000_003 + step * cfg.batch_size + offset + i for i in range(len(tasks))]
         trajectories = self.rollout.run(self.envs[:len(tasks)], tasks, groups, sampling, seeds=seeds)
         for i, trajectory in enumerate(trajectories):  # an abandoned env call may still touch its env
             if (trajectory.info.get("error") or {}).get("timed_out"):
@@ -235,12 +273,21 @@ class Trainer:
         errors: dict[str, int] = {}
         totals, components = score(trajectories, self.reward_fns, cfg.env_reward_weight, nonfinite,
                                    guard=guard, errors=errors)
+        batch = collate(trajectories, totals, self.tokenizer.pad_token_id,
+                        env_reward_weight=cfg.env_reward_weight).to(self.accelerator.device)
+        # Metrics and hooks see the whole batch: every process's share, in group order.
+        shares = distributed.gather_objects((trajectories, totals, components, nonfinite, errors))
+        if len(shares) > 1:
+            trajectories = [t for share in shares for t in share[0]]
+            totals = [x for share in shares for x in share[1]]
+            components = {name: np.concatenate([share[2][name] for share in shares]) for name in components}
+            nonfinite, errors = _summed([share[3] for share in shares]), _summed([share[4] for share in shares])
         metrics = {**reward_metrics(totals, components), **rollout_metrics(trajectories),
                    **{f"reward/{name}_nonfinite": float(n) for name, n in nonfinite.items() if n},
                    **{f"errors/reward/{name}": float(n) for name, n in errors.items()}}
-        self.hook.agentrl_on_rollout_end(trajectories=trajectories, step=step, metrics=metrics)
-        batch = collate(trajectories, totals, self.tokenizer.pad_token_id,
-                        env_reward_weight=cfg.env_reward_weight).to(self.accelerator.device)
+        if self.is_main:
+            self.hook.agentrl_on_rollout_end(trajectories=trajectories, step=step, metrics=metrics)
+        self.step_rewards = torch.tensor(totals, dtype=torch.float32).tolist()  # the whole batch's, as collated
         return batch, trajectories, metrics
 
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
@@ -268,7 +315,9 @@ class Trainer:
         """All of the algorithm's optimizer steps on one rollout batch (``step`` is 1-based)."""
         algo = self.algorithm
         batch.to(self.accelerator.device)  # a batch built by a caller may still be on the CPU
-        if not bool(torch.isfinite(batch.rewards).any()):  # nothing scored: no signal, only Adam momentum
+        logged_before = set(metrics)
+        scored = distributed.all_sum(torch.isfinite(batch.rewards).sum().double())  # over every process
+        if not bool(scored > 0):  # nothing scored: no signal, only Adam momentum
             self.skipped_in_a_row += 1
             metrics["train/skipped_unscored_batch"] = 1.0
             warnings.warn(f"step {step}: no episode of the batch has a finite reward; the update was skipped",
@@ -277,7 +326,8 @@ class Trainer:
         if self.needs_old_logprobs:
             batch.extras["old_logprobs"] = self.frozen_logprobs(self.model, batch)
         if self.ref_model is not None:
-            batch.extras["ref_logprobs"] = self.frozen_logprobs(self.ref_model, batch)
+            with lora.adapter_disabled(self.ref_model):
+                batch.extras["ref_logprobs"] = self.frozen_logprobs(self.ref_model, batch)
         for factor in self.hook.agentrl_adjust_loss_mask(batch=batch, config=self.config, settings=self.settings,
                                                          metrics=metrics):
             batch.loss_mask = batch.loss_mask * factor.to(batch.loss_mask.device)
@@ -290,10 +340,12 @@ class Trainer:
                 mini = batch.select(rows)
                 stepped |= self.optimizer_step(mini, step, train_policy, stats, metrics)
         self.skipped_in_a_row = 0 if stepped else self.skipped_in_a_row + 1
-        metrics.update(stats.means())
+        # What hooks and the algorithm logged here is this process's: the mean over processes.
+        metrics.update(_mean_over_processes({k: v for k, v in metrics.items() if k not in logged_before}))
+        metrics.update(stats.means(combine=distributed.gather_objects))
         metrics["train/nonfinite_skipped_steps"] = float(self.nonfinite_skips)
         if train_policy:
-            self.engine.sync_weights(self.model)
+            self.engine.sync_weights(self.sampling_model())
 
     def mini_batch_rows(self, batch: TrainBatch, step: int, epoch: int) -> list[list[int]]:
         """The algorithm's mini-batches of ``batch``: all rows when it asks for one, else a seeded
@@ -347,11 +399,12 @@ class Trainer:
         trained += [(name, spec.module, opt, sched, spec.max_grad_norm) for name, (spec, opt, sched) in self.owned.items()]
         norms = {name: float(self.accelerator.clip_grad_norm_(module.parameters(), max_norm or float("inf")))
                  for name, module, _, _, max_norm in trained}
-        finite = math.isfinite(step_loss) and all(math.isfinite(n) for n in norms.values())
+        step_loss = float(distributed.all_sum(torch.tensor(step_loss, dtype=torch.float64)))  # every process agrees
+        finite = math.isfinite(step_loss) and all(math.isfinite(n) for n in norms.values())  # norms: global already
         for name, _, optimizer, scheduler, _ in trained:
             prefix = "train" if name == "policy" else name
-            stats.add_scalar(f"{prefix}/grad_norm", norms[name])
-            stats.add_scalar(f"{prefix}/learning_rate", float(scheduler.get_last_lr()[0]))
+            stats.add_scalar(f"{prefix}/grad_norm", norms[name], shared=True)
+            stats.add_scalar(f"{prefix}/learning_rate", float(scheduler.get_last_lr()[0]), shared=True)
             if finite:
                 optimizer.step()
                 scheduler.step()
@@ -388,47 +441,50 @@ class Trainer:
         step is complete. Either way the last complete step is checkpointed and
         :class:`TrainingInterrupted` names it; a second Ctrl-C during an update stops without it.
         """
-        cfg, run_dir, resumed = self.config, self.run_dir, self.resumed
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if resumed is None:
-            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        else:  # drop what was written after the checkpoint (and a line torn by a kill)
-            ckpt.truncate(run_dir / "metrics.jsonl", resumed["metrics_bytes"])
-            ckpt.truncate(run_dir / "completions.jsonl", resumed["completions_bytes"])
-            ckpt.remove_partial(run_dir)
-        writer = MetricsWriter(run_dir, purge_step=resumed["step"] + 1 if resumed else None)
-        self.hook.agentrl_on_train_start(config=cfg, run_dir=str(run_dir))
+        cfg, run_dir, resumed, main = self.config, self.run_dir, self.resumed, self.is_main
+        if main:  # one process writes the run dir, logs, evaluates and saves
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if resumed is None:
+                (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            else:  # drop what was written after the checkpoint (and a line torn by a kill)
+                ckpt.truncate(run_dir / "metrics.jsonl", resumed["metrics_bytes"])
+                ckpt.truncate(run_dir / "completions.jsonl", resumed["completions_bytes"])
+                ckpt.remove_partial(run_dir)
+            self.hook.agentrl_on_train_start(config=cfg, run_dir=str(run_dir))
+        writer = MetricsWriter(run_dir, purge_step=resumed["step"] + 1 if resumed else None) if main else _NoWriter()
         guard = InterruptGuard()
         self.completed_step = resumed["step"] if resumed else 0
         try:
             with guard.installed():
                 if resumed is None:
                     _phase(progress, "eval")
-                    self.eval_before = self.evaluate() if cfg.eval_tasks else {}
+                    self.eval_before = self.evaluate() if cfg.eval_tasks and main else {}
                 else:
                     self.eval_before = resumed["eval_before"]
                 _report(progress, "eval before", self.eval_before)
-                history = read_history(run_dir / "metrics.jsonl")
+                history = read_history(run_dir / "metrics.jsonl") if main else []
                 for step in range(self.completed_step + 1, cfg.max_steps + 1):
                     history.append(self.train_step(step, writer, guard, progress))
                 if self.completed_step and cfg.checkpoint_every:
                     self.save_checkpoint(self.completed_step)
                 _phase(progress, "eval")
-                eval_after = self.evaluate() if cfg.eval_tasks else {}
+                eval_after = self.evaluate() if cfg.eval_tasks and main else {}
         except KeyboardInterrupt:
             writer.close()
             raise self._interrupted(guard) from None
         _report(progress, "eval after", eval_after)
-        if eval_after:
-            writer.write(cfg.max_steps, {f"final/{k}": v for k, v in eval_after.items()})
-        writer.close()
-        (run_dir / "eval.json").write_text(json.dumps({"before": self.eval_before, "after": eval_after}, indent=2))
-        if cfg.save_model:
-            self.export(run_dir)
-        from agentrl.plots import plot_run
+        if main:
+            if eval_after:
+                writer.write(cfg.max_steps, {f"final/{k}": v for k, v in eval_after.items()})
+            writer.close()
+            (run_dir / "eval.json").write_text(json.dumps({"before": self.eval_before, "after": eval_after}, indent=2))
+            if cfg.save_model:
+                self.export(run_dir)
+            from agentrl.plots import plot_run
 
-        plot_run(run_dir)
-        self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
+            plot_run(run_dir)
+            self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
+        distributed.barrier()  # the run dir is complete when any process returns
         return TrainResult(run_dir, self.eval_before, eval_after, history)
 
     def train_step(self, step: int, writer: MetricsWriter, guard: InterruptGuard, progress: Any) -> dict[str, float]:
@@ -453,12 +509,14 @@ class Trainer:
                             "perf/step_seconds": t2 - t0,
                             "perf/episodes_per_second": len(trajectories) / (t2 - t0),
                             "perf/peak_rss_gb": peak_rss_gb()})
-            if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks:
+            if (cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks
+                    and self.is_main):
                 _phase(progress, "eval")
                 metrics.update(self.evaluate())
-            if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
-                _log_completions(self.run_dir, step, trajectories, batch)
-            self.hook.agentrl_on_step_end(step=step, metrics=metrics)
+            if self.is_main:
+                if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
+                    _log_completions(self.run_dir, step, trajectories, self.step_rewards)
+                self.hook.agentrl_on_step_end(step=step, metrics=metrics)
             writer.write(step, metrics)
             self.completed_step = step
             too_many = self.skipped_in_a_row >= cfg.max_nonfinite_steps
@@ -491,12 +549,20 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> Path:
-        """Write everything ``--resume`` needs to continue after ``step`` exactly (atomically)."""
+        """Write everything ``--resume`` needs to continue after ``step`` exactly (atomically).
+        Every process calls it (each one's RNG and engine state is kept); the main one writes."""
         unwrap = self.accelerator.unwrap_model
+        processes = distributed.gather_objects({"rng": ckpt.rng_states(), "engine": self.engine.state_dict()})
+        if not self.is_main:
+            distributed.barrier()  # returns once the checkpoint is complete on disk
+            return ckpt.checkpoint_dir(self.run_dir, step)
 
         def write(folder: Path) -> None:
-            self.model.save_pretrained(folder / "model")
-            self.tokenizer.save_pretrained(folder / "model")
+            if lora.is_adapted(self.model):  # the adapter alone: the base is config.model, unchanged
+                lora.save_adapter(self.model, folder / "adapter")
+            else:
+                self.model.save_pretrained(folder / "model")
+                self.tokenizer.save_pretrained(folder / "model")
             optim = {"policy": (self.optimizer.state_dict(), self.scheduler.state_dict())}
             optim.update({name: (opt.state_dict(), sched.state_dict()) for name, (_, opt, sched) in self.owned.items()})
             torch.save({name: unwrap(spec.module).state_dict() for name, (spec, _, _) in self.owned.items()},
@@ -504,7 +570,7 @@ class Trainer:
             torch.save(optim, folder / "optimizers.pt")
             plugins: dict[str, Any] = {}
             self.hook.agentrl_save_state(state=plugins)
-            torch.save({"rng": ckpt.rng_states(), "engine": self.engine.state_dict(),
+            torch.save({"rng": processes[0]["rng"], "engine": processes[0]["engine"], "processes": processes,
                         "algorithm": self.algorithm.state_dict(), "plugins": plugins}, folder / "state.pt")
             (folder / "trainer_state.json").write_text(json.dumps({
                 "step": step, "task_cursor": self.cursor.position,
@@ -513,12 +579,17 @@ class Trainer:
                 "nonfinite_skips": self.nonfinite_skips, "skipped_in_a_row": self.skipped_in_a_row,
                 "eval_before": self.eval_before, "config": self.config.to_dict()}, indent=1))
 
-        return ckpt.write_atomically(self.run_dir, step, write, self.config.keep_checkpoints)
+        folder = ckpt.write_atomically(self.run_dir, step, write, self.config.keep_checkpoints)
+        distributed.barrier()
+        return folder
 
     def load_checkpoint(self, folder: Path) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save_checkpoint`; returns its trainer state."""
         state = json.loads((folder / "trainer_state.json").read_text())
-        load_weights(self.model, folder / "model")
+        if lora.is_adapted(self.model):
+            lora.load_adapter(self.model, folder / "adapter")
+        else:
+            load_weights(self.model, folder / "model")
         modules = torch.load(folder / "modules.pt", weights_only=False)
         for name, (spec, _, _) in self.owned.items():
             self.accelerator.unwrap_model(spec.module).load_state_dict(modules[name])
@@ -527,22 +598,51 @@ class Trainer:
         for name, optimizer, scheduler in pairs:
             optimizer.load_state_dict(optim[name][0])
             scheduler.load_state_dict(optim[name][1])
+            reapply_schedule(scheduler)  # --resume --max-steps N: the rate of the schedule as now configured
         extra = torch.load(folder / "state.pt", weights_only=False)
-        self.engine.load_state_dict(extra["engine"])
-        self.engine.sync_weights(self.model)
+        processes = extra.get("processes", [{"rng": extra["rng"], "engine": extra["engine"]}])
+        if len(processes) != self.num_processes:
+            raise ConfigError(f"checkpoint {str(folder)!r} was written by {len(processes)} process(es); resume it with "
+                              f"the same count, not {self.num_processes} (each process's sampling state is in it)")
+        own = processes[self.accelerator.process_index]
+        self.engine.load_state_dict(own["engine"])
+        self.engine.sync_weights(self.sampling_model())
         self.algorithm.load_state_dict(extra["algorithm"])
         self.hook.agentrl_load_state(state=extra["plugins"])
-        ckpt.set_rng_states(extra["rng"])
+        ckpt.set_rng_states(own["rng"])
         self.cursor.position = state["task_cursor"]
         self.nonfinite_skips, self.skipped_in_a_row = state["nonfinite_skips"], state["skipped_in_a_row"]
         return state
 
+    def sampling_model(self) -> torch.nn.Module:
+        """The weights the engine samples from now: with LoRA a plain view holding the merged
+        weights, under FSDP / ZeRO-3 the full replica gathered from the shards (every process
+        calls this), else the trained model itself."""
+        if self.replica is not None:
+            sharding.gather_into(self.accelerator, self.policy, self.replica, prefix="model.")
+            return self.replica
+        return lora.sampling_model(self.model)
+
     def export(self, run_dir: Path) -> None:
-        """The final model (``from_pretrained``-loadable, with its tokenizer) and the algorithm's modules."""
-        self.accelerator.unwrap_model(self.policy).model.save_pretrained(run_dir / "model")
+        """The final model (``from_pretrained``-loadable, with its tokenizer; with LoRA merged, plus
+        the adapter alone in ``adapter/``) and the algorithm's modules."""
+        policy = self.accelerator.unwrap_model(self.policy).model
+        (self.replica if self.replica is not None else lora.sampling_model(policy)).save_pretrained(run_dir / "model")
         self.tokenizer.save_pretrained(run_dir / "model")
+        if lora.is_adapted(policy):
+            lora.save_adapter(policy, run_dir / "adapter")
         for name, (spec, _, _) in self.owned.items():
             save_module(self.accelerator.unwrap_model(spec.module), run_dir / name)
+
+
+class _NoWriter:
+    """The metrics writer of a process other than the main one: writes nothing."""
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 class InterruptGuard:
@@ -585,6 +685,24 @@ class InterruptGuard:
             return
         self.broke_unit = self._deferring
         raise KeyboardInterrupt
+
+
+def _mean_over_processes(values: dict[str, float]) -> dict[str, float]:
+    """Each key's mean over the processes that logged it (the value itself in a one-process run)."""
+    parts = distributed.gather_objects(values)
+    if len(parts) == 1:
+        return values
+    keys = {k for part in parts for k in part}
+    return {k: sum(p[k] for p in parts if k in p) / sum(k in p for p in parts) for k in sorted(keys)}
+
+
+def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
+    """Per-name counts added over processes."""
+    out: dict[str, int] = {}
+    for part in counts:
+        for name, n in part.items():
+            out[name] = out.get(name, 0) + n
+    return out
 
 
 def _latest_or_none(run_dir: Path) -> str | None:
@@ -654,6 +772,15 @@ def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> li
     return groups
 
 
+def reapply_schedule(scheduler: Any) -> None:
+    """Set each group's rate to what the schedule gives at its current step. A loaded state keeps
+    the rate it was saved with, which for a run resumed with more steps is the old schedule's."""
+    scheduler.last_epoch -= 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "step() before optimizer.step()": no update here
+        scheduler.step()
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, name: str, warmup_steps: int, total_steps: int) -> Any:
     """A transformers LR schedule; ``constant`` with warm-up is ``constant_with_warmup`` (the plain
     ``constant`` schedule ignores ``num_warmup_steps``)."""
@@ -664,12 +791,15 @@ def build_scheduler(optimizer: torch.optim.Optimizer, name: str, warmup_steps: i
 
 class StepStats:
     """Metrics of a rollout batch's optimizer steps: token statistics as loss-mask-weighted means
-    over all of them, scalars summed within an optimizer step and averaged over the steps."""
+    over all of them, scalars summed within an optimizer step and averaged over the steps. Over
+    several processes, token sums and scalars add up (each process's loss is its share of the
+    global loss) except ``shared`` scalars, the same on every process (grad norm, learning rate)."""
 
     def __init__(self) -> None:
         self.tokens: dict[str, list[float]] = {}
         self.scalars: dict[str, float] = {}
         self.current: dict[str, float] = {}
+        self.shared: set[str] = set()
         self.steps = 0
 
     def add_tokens(self, key: str, value: torch.Tensor, mask: torch.Tensor) -> None:
@@ -677,9 +807,12 @@ class StepStats:
         num, den = self.tokens.get(key, (0.0, 0.0))
         self.tokens[key] = [num + float((value * mask).sum()), den + float(mask.sum())]
 
-    def add_scalar(self, key: str, value: float) -> None:
-        """Add ``value`` to this optimizer step's sum for ``key``."""
+    def add_scalar(self, key: str, value: float, shared: bool = False) -> None:
+        """Add ``value`` to this optimizer step's sum for ``key`` (``shared``: every process
+        logs the same value, so processes do not add up)."""
         self.current[key] = self.current.get(key, 0.0) + value
+        if shared:
+            self.shared.add(key)
 
     def end_step(self) -> None:
         """Close one optimizer step."""
@@ -687,10 +820,16 @@ class StepStats:
             self.scalars[key] = self.scalars.get(key, 0.0) + value
         self.current, self.steps = {}, self.steps + 1
 
-    def means(self) -> dict[str, float]:
-        """Name -> value over all closed optimizer steps."""
-        out = {key: value / max(self.steps, 1) for key, value in self.scalars.items()}
-        out.update({key: num / max(den, 1.0) for key, (num, den) in self.tokens.items()})
+    def means(self, combine: Any = None) -> dict[str, float]:
+        """Name -> value over all closed optimizer steps; ``combine`` gathers every process's
+        ``(tokens, scalars)`` (``distributed.gather_objects``) to report the whole batch's."""
+        tokens, scalars = dict(self.tokens), dict(self.scalars)
+        parts = combine((self.tokens, self.scalars)) if combine is not None else [(tokens, scalars)]
+        if len(parts) > 1:
+            tokens = {k: [sum(p[0][k][i] for p in parts if k in p[0]) for i in (0, 1)] for k in tokens}
+            scalars = {k: v if k in self.shared else sum(p[1].get(k, 0.0) for p in parts) for k, v in scalars.items()}
+        out = {key: value / max(self.steps, 1) for key, value in scalars.items()}
+        out.update({key: num / max(den, 1.0) for key, (num, den) in tokens.items()})
         return out
 
 
@@ -699,9 +838,9 @@ def _report(progress: Any, label: str, metrics: dict[str, float]) -> None:
         progress.report(label, metrics)
 
 
-def _log_completions(run_dir: Path, step: int, trajectories: list[Any], batch: TrainBatch) -> None:
+def _log_completions(run_dir: Path, step: int, trajectories: list[Any], rewards: list[float]) -> None:
     with (run_dir / "completions.jsonl").open("a") as f:
-        for traj, reward in zip(trajectories, batch.rewards.tolist()):
+        for traj, reward in zip(trajectories, rewards):
             f.write(json.dumps({"step": step, "group": traj.group, "reward": reward,
                                 "answer": traj.task.get("answer"), "messages": traj.messages}) + "\n")
 

@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (
 
 from agentrl import ConfigError, EngineError, Generation, SamplingParams
 from agentrl.config import TrainConfig
-from agentrl_hf_engine import HFEngine, HFEngineConfig, agentrl_register_engines
+from agentrl_hf_engine import HFEngine, HFEngineConfig, agentrl_register_engines, inverse_cdf_sample
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8, 9, 10, 11], [1], [1, 40, 41], [1, 60, 61, 62, 63, 64]]
 
@@ -162,6 +162,42 @@ def test_seeds_reproduce_and_leave_the_global_rng_alone() -> None:
     b1 = b.generate(PROMPTS, unseeded)
     b.generate(PROMPTS, sampling)
     assert a1 != a2 and b1 == a1 and b.generate(PROMPTS, unseeded) == a2
+
+
+def test_prompt_seeds_make_each_completion_independent_of_its_batch() -> None:
+    """An episode's tokens depend on its own seed only: alone, in another order, split over two
+    engines (two processes) or in batches of 2, it samples the same completion."""
+    model = tiny_model()
+    seeds = tuple(range(100, 100 + len(PROMPTS)))
+    whole = make_engine(model).generate(PROMPTS, SamplingParams(max_new_tokens=12, prompt_seeds=seeds))
+    assert len({tuple(g.token_ids) for g in whole}) > 1
+    for i, prompt in enumerate(PROMPTS):
+        alone = make_engine(model).generate([prompt], SamplingParams(max_new_tokens=12, prompt_seeds=(seeds[i],)))
+        assert alone[0].token_ids == whole[i].token_ids
+    half = len(PROMPTS) // 2
+    first = make_engine(model).generate(PROMPTS[:half], SamplingParams(max_new_tokens=12, prompt_seeds=seeds[:half]))
+    second = make_engine(model, batch_size=2).generate(
+        PROMPTS[half:][::-1], SamplingParams(max_new_tokens=12, prompt_seeds=seeds[half:][::-1]))
+    assert [g.token_ids for g in first + second[::-1]] == [g.token_ids for g in whole]
+    shifted = make_engine(model).generate(PROMPTS, SamplingParams(max_new_tokens=12, prompt_seeds=seeds[1:] + (7,)))
+    assert [g.token_ids for g in shifted] != [g.token_ids for g in whole]
+    with pytest.raises(EngineError, match="2 prompt_seeds for 6 prompts"):
+        make_engine(model).generate(PROMPTS, SamplingParams(prompt_seeds=(1, 2)))
+
+
+def test_inverse_cdf_sampling_draws_the_distribution_and_never_an_impossible_token() -> None:
+    """Hand-checked picks at the CDF's edges, and 20,000 draws matching the probabilities."""
+    probs = torch.tensor([[0.5, 0.0, 0.25, 0.25]], dtype=torch.float64)
+    log_probs = probs.log()  # log(0) = -inf: masked by top_k/top_p
+    picks = [int(inverse_cdf_sample(log_probs, torch.tensor([u], dtype=torch.float64))) for u in
+             (0.0, 0.4999, 0.5, 0.7499, 0.75, 1 - 2**-53)]
+    assert picks == [0, 0, 2, 2, 3, 3]
+    generator = torch.Generator().manual_seed(0)
+    uniforms = torch.rand(20_000, generator=generator, dtype=torch.float64)
+    drawn = inverse_cdf_sample(log_probs.expand(20_000, 4), uniforms)
+    frequencies = torch.bincount(drawn, minlength=4).double() / 20_000
+    assert frequencies[1] == 0
+    torch.testing.assert_close(frequencies, probs[0], atol=0.015, rtol=0)  # ~4.5 standard errors
 
 
 def test_duplicate_prompts_are_sampled_independently() -> None:

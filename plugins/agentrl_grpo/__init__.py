@@ -53,6 +53,7 @@ from agentrl import (
     LossContext,
     LossOutput,
     TrainBatch,
+    all_sum,
     hookimpl,
     masked,
     policy_loss,
@@ -120,9 +121,14 @@ def _group_std(deviation: torch.Tensor, rewards: torch.Tensor, valid: torch.Tens
 
 def _batch_std(deviation: torch.Tensor, rewards: torch.Tensor, valid: torch.Tensor,
                group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Population std of all scored rewards in the batch, per episode ``(N,)``."""
+    """Population std of all scored rewards in the batch, per episode ``(N,)``; over every
+    process's share of the batch in a multi-process run (two-pass, global sums)."""
     scored = rewards[valid]  # (V,)
-    std = scored.std(unbiased=False) if scored.numel() else rewards.new_zeros(())
+    count = all_sum(scored.new_tensor(float(scored.numel())))
+    if count == 0:
+        return rewards.new_zeros(()).expand_as(rewards)
+    mean = all_sum(scored.sum()) / count
+    std = (all_sum(((scored - mean) ** 2).sum()) / count).sqrt()
     return std.expand_as(rewards)  # (N,)
 
 

@@ -20,7 +20,8 @@ forward of prompt + completion to ~1e-5; ``bfloat16`` gives the bf16 sampler's o
 behaviour policy): on SmolLM2 a mean |difference| of ~0.04 to the trainer's.
 
 The decode loop is written out rather than calling ``model.generate``: it owns its
-``torch.Generator`` (a seed never touches the global RNG), never inherits sampling defaults from
+``torch.Generator`` (a seed never touches the global RNG; a seeded batch gives every prompt its
+own generator and draws by inverse CDF, so a prompt samples the same tokens in any batch), never inherits sampling defaults from
 the model's ``generation_config`` (transformers fills an unset ``top_k`` with 50), computes each
 step's logprobs on the fly instead of keeping every step's (B, V) scores, prefills each distinct
 prompt once (a GRPO group shares its prompt) and drops finished rows from the batch.
@@ -155,10 +156,10 @@ class HFEngine(Engine):
             if min(prompt) < 0 or max(prompt) >= vocab:
                 raise EngineError(f"prompt {i} has token ids outside [0, {vocab}): "
                                   f"min {min(prompt)}, max {max(prompt)}")
-        generator = self.generator
-        if sampling.seed is not None:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(sampling.seed)
+        seeds = sampling.seeds_for(len(prompts))
+        generators: list[torch.Generator] | None = None
+        if seeds is not None:  # one stream per prompt: its draws do not depend on its batch-mates
+            generators = [torch.Generator(device=self.device).manual_seed(seed) for seed in seeds]
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding per chunk
         results: list[Generation | None] = [None] * len(prompts)
         modes = [(module, module.training) for module in self.model.modules()]
@@ -167,7 +168,8 @@ class HFEngine(Engine):
             with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
                 for start in range(0, len(order), self.options.batch_size):
                     chunk = order[start:start + self.options.batch_size]
-                    generations = self._decode([prompts[i] for i in chunk], sampling, generator)
+                    streams = [generators[i] for i in chunk] if generators is not None else None
+                    generations = self._decode([prompts[i] for i in chunk], sampling, streams)
                     for i, generation in zip(chunk, generations):
                         results[i] = generation
         finally:
@@ -176,8 +178,9 @@ class HFEngine(Engine):
         return [r for r in results if r is not None]  # every slot is filled
 
     def _decode(self, prompts: list[list[int]], sampling: SamplingParams,
-                generator: torch.Generator) -> list[Generation]:
-        """One KV-cached decode of ``prompts`` (B of them, U distinct)."""
+                streams: list[torch.Generator] | None) -> list[Generation]:
+        """One KV-cached decode of ``prompts`` (B of them, U distinct); ``streams`` holds one
+        generator per prompt (None: the engine's own generator draws for the whole batch)."""
         distinct: dict[tuple[int, ...], int] = {}
         rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         width = max(len(p) for p in distinct)
@@ -208,8 +211,12 @@ class HFEngine(Engine):
             log_probs = scores.log_softmax(dim=-1)  # (A, V)
             if sampling.temperature == 0:
                 sampled = scores.argmax(dim=-1)  # (A,)
+            elif streams is None:
+                sampled = torch.multinomial(log_probs.exp(), 1, generator=self.generator).squeeze(-1)  # (A,)
             else:
-                sampled = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)  # (A,)
+                uniforms = torch.stack([torch.rand((), generator=streams[seq], device=self.device,
+                                                   dtype=torch.float64) for seq in active])  # (A,)
+                sampled = inverse_cdf_sample(log_probs, uniforms)  # (A,)
             picked = log_probs.gather(-1, sampled[:, None]).squeeze(-1)  # (A,) drawn with
             full = picked  # (A,) full-vocabulary log_softmax(logits / T) at the sampled token
             if truncates:
@@ -237,6 +244,18 @@ class HFEngine(Engine):
             logits = out.logits[:, -1]  # (A, V)
         return [Generation(token_ids=t, logprobs=lp, kept_logmass=k, finish_reason=r)
                 for t, lp, k, r in zip(tokens, logprobs, kept, reasons)]
+
+
+def inverse_cdf_sample(log_probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Row ``a``'s token for the uniform draw ``uniforms[a]``: the first index whose float64
+    cumulative probability exceeds ``u x total`` (a zero-probability token is never picked).
+    Each row is sampled from its own draw alone, whatever else is in the batch."""
+    probs = log_probs.double().exp()  # (A, V)
+    cdf = probs.cumsum(dim=-1)  # (A, V)
+    picked = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(-1)  # (A,)
+    picked = picked.clamp(max=probs.shape[-1] - 1)
+    possible = probs.gather(-1, picked[:, None]).squeeze(-1) > 0  # False only when u x total rounds to total
+    return torch.where(possible, picked, cdf.argmax(dim=-1))
 
 
 def _pad_id(model: torch.nn.Module, tokenizer: Any, stop_ids: set[int]) -> int:

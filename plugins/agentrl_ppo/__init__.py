@@ -61,6 +61,7 @@ from agentrl import (
     SetupContext,
     TrainableModule,
     TrainBatch,
+    all_sum,
     hookimpl,
     masked,
     policy_loss,
@@ -181,23 +182,37 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, ga
 
 def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """``(values - mean) / max(std, eps)`` with the mean and population std over ``mask`` only
-    (TRAPS 35); 0 off the mask. Float64 inside."""
+    (TRAPS 35), over every process's share of the batch in a multi-process run; 0 off the mask.
+    Float64 inside."""
     on = mask > 0
-    count = on.sum().clamp(min=1)
+    count = all_sum(on.sum().double()).clamp(min=1)
     x = values.double()
-    mean = torch.where(on, x, 0.0).sum() / count
-    std = (torch.where(on, (x - mean) ** 2, 0.0).sum() / count).sqrt()
+    mean = all_sum(torch.where(on, x, 0.0).sum()) / count
+    std = (all_sum(torch.where(on, (x - mean) ** 2, 0.0).sum()) / count).sqrt()
     return torch.where(on, (x - mean) / std.clamp(min=eps), 0.0).to(values.dtype)
 
 
+def batch_mean(values: torch.Tensor, on: torch.Tensor) -> float:
+    """Mean of ``values`` where ``on``, over every process's share of the batch (0.0 if none)."""
+    total = all_sum(torch.where(on, values.double(), 0.0).sum())
+    return float(total / all_sum(on.sum().double()).clamp(min=1))
+
+
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """``1 - Var(R - V) / Var(R)`` over the mask (population variances); NaN when Var(R) is 0."""
+    """``1 - Var(R - V) / Var(R)`` over the mask (population variances, over every process's
+    share of the batch); NaN when Var(R) is 0."""
     on = mask > 0
-    if not bool(on.any()):
+    count = all_sum(on.sum().double())
+    if not bool(count > 0):
         return float("nan")
     r, v = returns.double()[on], values.double()[on]
-    variance = r.var(unbiased=False)
-    return float("nan") if variance == 0 else float(1 - (r - v).var(unbiased=False) / variance)
+
+    def variance(x: torch.Tensor) -> torch.Tensor:
+        mean = all_sum(x.sum()) / count
+        return all_sum(((x - mean) ** 2).sum()) / count
+
+    of_returns, of_errors = variance(r), variance(r - v)
+    return float("nan") if of_returns == 0 else float(1 - of_errors / of_returns)
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
@@ -354,15 +369,15 @@ class PPO(Algorithm):
         if config.beta > 0 and config.kl_in == "reward":
             kl = masked(batch.extras["old_logprobs"] - batch.extras["ref_logprobs"], mask).double()  # (N, T) k1
             rewards = rewards - config.beta * kl
-            metrics["kl/reward_k1_mean"] = float(kl.sum() / mask.sum().clamp(min=1))
+            metrics["kl/reward_k1_mean"] = batch_mean(kl, mask > 0)
         advantages, returns = gae(rewards, values, mask, config.gamma, config.lam)  # (N, T)
         metrics["critic/explained_variance"] = explained_variance(values, returns, mask)
         on = mask > 0
-        metrics["critic/values_mean"] = float(values[on].mean()) if on.any() else 0.0
-        metrics["critic/returns_mean"] = float(returns[on].mean()) if on.any() else 0.0
+        metrics["critic/values_mean"] = batch_mean(values, on)
+        metrics["critic/returns_mean"] = batch_mean(returns, on)
         if config.whiten_advantages:
             advantages = whiten(advantages, mask)
-        metrics["advantage/abs_mean"] = float(advantages[on].abs().mean()) if on.any() else 0.0
+        metrics["advantage/abs_mean"] = batch_mean(advantages.abs(), on)
         batch.extras["values"] = values
         batch.extras["returns"] = returns.to(torch.float32)
         batch.extras["value_mask"] = mask

@@ -11,7 +11,10 @@ Limits, kept apart (TRAPS 27): ``max_new_tokens`` per turn, ``max_sampled_tokens
 Randomness (TRAPS 40): turn 0 samples with ``sampling.seed``; turn k > 0 with a seed derived from
 ``(sampling.seed, k)`` (:func:`turn_seed`), so every turn draws fresh random numbers and a whole
 rollout stays reproducible from the one seed. Reusing the seed each turn would repeat turn 0's
-draws on every turn: episodes would no longer be samples of the policy.
+draws on every turn: episodes would no longer be samples of the policy. With per-episode
+``seeds`` (the trainer's: one per episode of the global batch), each episode also samples from its
+own seed (``SamplingParams.prompt_seeds``, turn-derived the same way), so its tokens do not depend
+on which episodes share its batch or its process.
 
 An episode whose prompt alone fills ``max_total_tokens`` ends before the model speaks: it has no
 turns (so it scores as an empty reply), ``info["prompt_too_long"]`` is set, and the rollout warns.
@@ -132,7 +135,8 @@ class MultiTurnRollout:
                 break
             turn_sampling = SamplingParams(
                 max_new_tokens=max(budget), temperature=sampling.temperature, top_p=sampling.top_p,
-                top_k=sampling.top_k, seed=turn_seed(sampling.seed, turn))
+                top_k=sampling.top_k, seed=turn_seed(sampling.seed, turn),
+                prompt_seeds=None if seeds is None else tuple(turn_seed(seeds[e.index], turn) for e in live))
             turn += 1
             generations = self._generate([e.token_ids for e in live], turn_sampling, turn)
             for episode, generation, cap in zip(live, generations, budget):

@@ -16,7 +16,8 @@ torchaudio and torchcodec builds it pulls: they break ``import transformers``) o
 * **Sampling.** The ``hf`` engine's semantics: temperature (0 = greedy), top_k (0 = off), top_p,
   ``max_new_tokens``, stop ids = the eos ids of the model's generation config and tokenizer. A
   batch seed gives every prompt its own seed derived from (seed, index), so a batch is
-  reproducible; without one, the seeds continue a generator seeded from the run's seed.
+  reproducible; ``prompt_seeds`` give them directly; without either, the seeds continue a
+  generator seeded from the run's seed.
 * **Logprobs** (TRAPS 8, 28). ``Generation.logprobs`` must be the full-vocabulary
   ``log_softmax(logits / T)`` of the sampled token, the trainer's support. vLLM fixes one
   ``logprobs_mode`` per ``LLM``: ``processed_logprobs`` (after temperature and after top_k/top_p,
@@ -171,10 +172,7 @@ class VLLMEngine(Engine):
         if not prompts:
             return []
         self._wake()
-        if sampling.seed is not None:
-            seeds = [(sampling.seed * 1_000_003 + i) % 2**63 for i in range(len(prompts))]
-        else:
-            seeds = [self.seeds.getrandbits(63) for _ in prompts]
+        seeds = sampling.seeds_for(len(prompts)) or [self.seeds.getrandbits(63) for _ in prompts]
         params = [self.vllm.SamplingParams(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
                                            top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, logprobs=0,
                                            stop_token_ids=self.stop_ids, detokenize=False)

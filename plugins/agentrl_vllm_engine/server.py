@@ -167,10 +167,7 @@ class VLLMServerEngine(Engine):
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
         """One completion per prompt, requested concurrently; ids in, ids and logprobs out."""
         sampling.validate()
-        if sampling.seed is not None:
-            seeds = [(sampling.seed * 1_000_003 + i) % 2**63 for i in range(len(prompts))]
-        else:
-            seeds = [self.seeds.getrandbits(63) for _ in prompts]
+        seeds = sampling.seeds_for(len(prompts)) or [self.seeds.getrandbits(63) for _ in prompts]
         bodies = [{"model": MODEL_NAME, "prompt": list(p), "max_tokens": sampling.max_new_tokens,
                    "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                    "seed": seed, "logprobs": 0, "stop_token_ids": self.stop_ids, "return_token_ids": True,

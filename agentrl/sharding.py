@@ -1,0 +1,73 @@
+"""Sampling from a sharded policy (FSDP, DeepSpeed ZeRO-3): a full-weight replica per process.
+
+Under FSDP or ZeRO-3 no process holds the whole policy, so the engine cannot sample from the
+trained object. Each process then keeps one plain replica of the model (made before sharding)
+for its engine, and after every update the full weights are gathered from the shards into it
+(:func:`gather_into`), a collective every process calls. DDP and ZeRO-2 replicate the weights:
+no replica is made and the engine samples from the trained model as on one process.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+
+def shards_weights(accelerator: Any) -> bool:
+    """Whether ``accelerator`` splits the model's parameters over processes (FSDP, ZeRO-3)."""
+    from accelerate.utils import DistributedType
+
+    kind = accelerator.distributed_type
+    if kind == DistributedType.FSDP:
+        return True
+    if kind == DistributedType.DEEPSPEED:
+        return int(accelerator.state.deepspeed_plugin.zero_stage) == 3
+    return False
+
+
+def sampling_replica(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module | None:
+    """A frozen full copy of ``model`` for the engine when the run shards weights, else None
+    (call before ``accelerator.prepare``)."""
+    if not shards_weights(accelerator):
+        return None
+    replica = copy.deepcopy(model).eval()
+    for p in replica.parameters():
+        p.requires_grad_(False)
+    return replica
+
+
+def full_state_dict(accelerator: Any, prepared: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every entry of the prepared module's state dict, whole, on every process (names as the
+    unwrapped module's). A collective: every process calls it."""
+    from accelerate.utils import DistributedType
+
+    unwrapped = accelerator.unwrap_model(prepared)
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        import deepspeed
+
+        params = list(unwrapped.parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return {k: v.detach().clone() for k, v in unwrapped.state_dict().items()}
+    if getattr(accelerator, "is_fsdp2", False):
+        from torch.distributed.tensor import DTensor
+
+        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach()
+                for k, v in unwrapped.state_dict().items()}
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    whole = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
+    with FSDP.state_dict_type(prepared, StateDictType.FULL_STATE_DICT, whole):
+        return {k: v.detach() for k, v in prepared.state_dict().items()}
+
+
+def gather_into(accelerator: Any, prepared: torch.nn.Module, replica: torch.nn.Module, prefix: str = "") -> None:
+    """Copy the full weights of ``prepared`` (entries under ``prefix``, stripped) into ``replica``."""
+    state = {k[len(prefix):]: v for k, v in full_state_dict(accelerator, prepared).items() if k.startswith(prefix)}
+    missing, unexpected = replica.load_state_dict(state, strict=False)
+    tied = {name for name, _ in replica.named_parameters(remove_duplicate=False)} - set(dict(replica.named_parameters()))
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"gathered weights do not fit the sampling replica: missing {sorted(missing)[:5]}, "
+                           f"unexpected {sorted(unexpected)[:5]}")

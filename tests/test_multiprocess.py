@@ -1,0 +1,126 @@
+"""Several processes (``agentrl train --num-processes 2``: accelerate launch, gloo on this CPU)
+train exactly like one: the same global batch gives the same weights, metrics and completions.
+
+Each process rolls out whole groups (its share of ``prompts_per_step``), episodes sample from
+per-episode seeds (so an episode's tokens do not depend on its process), gradients are summed
+with global loss denominators, batch-wide statistics (GRPO ``scale_rewards=batch``, PPO
+whitening) go through ``all_sum``, and the LR schedule steps once per optimizer step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REWARD = '''
+def vowels(completions, **kwargs):
+    """A reward that varies between episodes of a tiny random model: its share of vowels."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
+'''
+
+WEIGHT_TOLERANCE = 1e-6
+"""Summing gradients over two processes changes float rounding only: Adam steps of lr=1e-3 land
+within this of the one-process weights (measured: 0.0)."""
+
+
+def agentrl(*args: str) -> subprocess.CompletedProcess[str]:
+    """The ``agentrl`` CLI in a subprocess (``--num-processes`` launches more processes)."""
+    env = {**os.environ, "AGENTRL_LAUNCHED": ""}
+    result = subprocess.run([sys.executable, "-m", "agentrl", *args], capture_output=True, text=True,
+                            timeout=600, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def common(tiny_model_dir: Path, tmp_path: Path, algo: str, *sets: str) -> list[str]:
+    reward = tmp_path / "vowels.py"
+    reward.write_text(REWARD)
+    args = ["train", "--env", "math", "--algo", algo, "--model", str(tiny_model_dir), "--prompts-per-step", "4",
+            "--num-generations", "4", "--reward", f"{reward}:vowels", "--set", "eval_tasks=0",
+            "--set", "max_new_tokens=12", "--set", "learning_rate=1e-3", "--set", "precision=fp32",
+            "--set", "engine_args.dtype=float32", "--set", "log_completions_every=1",
+            "--set", "lr_scheduler=cosine", "--set", "warmup_steps=1"]
+    for item in sets:
+        args += ["--set", item]
+    return args
+
+
+def weights(run_dir: Path, part: str = "model") -> dict[str, torch.Tensor]:
+    return load_file(run_dir / part / "model.safetensors")
+
+
+def metric_rows(run_dir: Path) -> list[dict[str, float]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
+
+
+def assert_same_run(one: Path, two: Path, parts: tuple[str, ...] = ("model",)) -> None:
+    """Weights within WEIGHT_TOLERANCE, every metric equal up to float rounding, same completions."""
+    for part in parts:
+        a, b = weights(one, part), weights(two, part)
+        assert a.keys() == b.keys()
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], atol=WEIGHT_TOLERANCE, rtol=0, msg=f"{part}/{key}")
+    rows_one, rows_two = metric_rows(one), metric_rows(two)
+    assert len(rows_one) == len(rows_two) > 0
+    for row_one, row_two in zip(rows_one, rows_two):
+        assert row_one.keys() == row_two.keys()
+        for key in row_one:
+            assert row_two[key] == pytest.approx(row_one[key], rel=1e-5, abs=1e-6), (row_one["step"], key)
+    assert (one / "completions.jsonl").read_text() == (two / "completions.jsonl").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_grpo_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = common(tiny_model_dir, tmp_path, "grpo", "algorithm.scale_rewards=batch", "checkpoint_every=0")
+    agentrl(*args, "--max-steps", "2", "--output-dir", str(tmp_path / "one"))
+    launched = agentrl(*args, "--max-steps", "2", "--output-dir", str(tmp_path / "two"), "--num-processes", "2")
+    assert "launching 2 processes" in launched.stdout
+    base = load_file(tiny_model_dir / "model.safetensors")
+    trained = weights(tmp_path / "one")
+    assert max(float((trained[k] - base[k]).abs().max()) for k in base) > 1e-4  # the steps moved the weights
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    lrs = [row["train/learning_rate"] for row in metric_rows(tmp_path / "two")]
+    assert lrs[0] == 0.0 and lrs[1] == pytest.approx(1e-3)  # warm-up step 0, then once per optimizer step
+
+
+@pytest.mark.timeout(900)
+def test_ppo_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """PPO's critic is a second DDP module and its advantages are whitened over both processes;
+    a two-process checkpoint resumes (each process's sampling state restored) to the same run."""
+    args = common(tiny_model_dir, tmp_path, "ppo", "checkpoint_every=1", "algorithm.mini_batches=1",
+                  "algorithm.ppo_epochs=2")
+    agentrl(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
+    two = tmp_path / "two"
+    agentrl(*args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2")
+    assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
+    state = torch.load(two / "checkpoints" / "step-000003" / "state.pt", weights_only=False)
+    assert len(state["processes"]) == 2
+    # Drop the last step and the final outputs, then resume the two-process run from step 2.
+    shutil.rmtree(two / "checkpoints" / "step-000003")
+    for leftover in ("model", "critic", "eval.json"):
+        path = two / leftover
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    agentrl("train", "--resume", str(two), "--num-processes", "2")
+    assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
+    refused = subprocess.run([sys.executable, "-m", "agentrl", "train", "--resume", str(two)],
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "written by 2 process(es)" in refused.stderr
+
+
+def test_groups_must_split_evenly_over_the_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "agentrl", "train", "--model", str(tiny_model_dir),
+                             "--prompts-per-step", "3", "--num-processes", "2",
+                             "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "prompts_per_step=3 does not split over 2 processes" in result.stderr
+    assert not (tmp_path / "run").exists()
