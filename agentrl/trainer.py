@@ -44,6 +44,7 @@ from agentrl.engine import SamplingParams
 from agentrl.env import CallGuard, Env, load_env_class
 from agentrl.errors import ConfigError, TrainingError, TrainingInterrupted
 from agentrl.evaluate import evaluate
+from agentrl.memory import limit_kernel_caches, peak_rss_gb, rss_gb
 from agentrl.metrics import MetricsWriter, reward_metrics, rollout_metrics
 from agentrl.models import load_model, load_tokenizer
 from agentrl.paths import check_output_dir
@@ -153,6 +154,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, manager: PluginManager, console: Any = None,
                  resume: Path | None = None) -> None:
+        limit_kernel_caches()  # bounds oneDNN's per-shape caches (the RSS growth of long bf16 runs on a CPU)
         self.config, self.manager, self.hook = config, manager, manager.hook
         self.console = console
         self.run_dir = run_dir_for(config)
@@ -508,7 +510,7 @@ class Trainer:
             metrics.update({"perf/rollout_seconds": t1 - t0, "perf/update_seconds": t2 - t1,
                             "perf/step_seconds": t2 - t0,
                             "perf/episodes_per_second": len(trajectories) / (t2 - t0),
-                            "perf/peak_rss_gb": peak_rss_gb()})
+                            "perf/rss_gb": rss_gb(), "perf/peak_rss_gb": peak_rss_gb()})
             if (cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks
                     and self.is_main):
                 _phase(progress, "eval")
@@ -740,13 +742,6 @@ def _phase(progress: Any, label: str) -> None:
     """Tell a progress display what the run is doing now (``eval``, ``rollout``, ``update``)."""
     if progress is not None and hasattr(progress, "phase"):
         progress.phase(label)
-
-
-def peak_rss_gb() -> float:
-    """This process's peak resident memory so far, in GB (Linux reports kilobytes)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
 
 
 def save_module(module: torch.nn.Module, folder: Path) -> None:

@@ -120,3 +120,25 @@ def test_trainer_trains_on_cuda_with_a_reference_and_two_iterations(tiny_model_d
     assert all(math.isfinite(v) for step in result.history for v in step.values())
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     assert (result.run_dir / "model" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("accelerate_config", ["ddp", "fsdp"])
+def test_one_gpu_process_trains_under_each_shipped_config(accelerate_config, tiny_model_dir, tmp_path) -> None:
+    """The shipped accelerate configs launch and train on one GPU: under FSDP the engine samples
+    from the replica gathered from the shards, and the exported model is the trained one."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "agentrl", "train", "--model", str(tiny_model_dir), "--max-steps", "2",
+         "--prompts-per-step", "2", "--num-generations", "4", "--output-dir", str(run), "--num-processes", "1",
+         "--accelerate-config", accelerate_config, "--set", "eval_tasks=0", "--set", "checkpoint_every=0",
+         "--set", "learning_rate=1e-3", "--set", "max_new_tokens=8"],
+        capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    before, after = load_file(tiny_model_dir / "model.safetensors"), load_file(run / "model" / "model.safetensors")
+    assert after.keys() == before.keys()
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2

@@ -1,0 +1,105 @@
+"""agentrl.memory measures the process's real memory, and release_free_memory returns freed heap."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl import memory
+
+MB = 1e6
+glibc_only = pytest.mark.skipif(memory.malloc_stats() is None, reason="needs glibc (mallinfo2, malloc_trim)")
+
+
+def test_rss_follows_a_buffer_allocated_and_freed() -> None:
+    before = memory.rss_gb()
+    buffer = b"\x01" * 300_000_000  # written, so resident (a big block: mapped on its own)
+    during = memory.rss_gb()
+    del buffer
+    after = memory.rss_gb()
+    assert during - before > 0.25, (before, during)
+    assert during - after > 0.25, (during, after)
+
+
+def test_peak_rss_is_at_least_current_and_remembers_a_freed_buffer() -> None:
+    buffer = b"\x01" * int(memory.peak_rss_gb() * 1e9 + 200 * MB)  # beyond every earlier peak
+    current = memory.rss_gb()
+    del buffer
+    peak = memory.peak_rss_gb()
+    assert peak >= current * 0.99, (peak, current)  # same unit (GB) as rss_gb
+    assert peak - memory.rss_gb() > 0.15, "the freed buffer is no longer resident but stays in the peak"
+
+
+@glibc_only
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc")
+def test_release_free_memory_returns_fragmented_heap_to_the_os() -> None:
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size, count = 1000, 250_000  # 250 MB in small blocks: heap, not mmap
+    blocks = [libc.malloc(size) for _ in range(count)]
+    for block in blocks:
+        ctypes.memset(block, 1, size)
+    kept = blocks[::16]  # one live block every 16 KB pins the heap: free() alone cannot shrink it
+    for block in [b for i, b in enumerate(blocks) if i % 16]:
+        libc.free(block)
+    try:
+        stats = memory.malloc_stats()
+        assert stats is not None and stats.free_gb > 0.2, stats  # freed, yet kept by malloc
+        before = memory.rss_gb()
+        assert memory.release_free_memory()
+        after = memory.rss_gb()
+        assert before - after > 0.1, f"malloc_trim released only {1000 * (before - after):.0f} MB"
+    finally:
+        for block in kept:
+            libc.free(block)
+
+
+KERNEL_CACHE_PROBE = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("agentrl_memory", sys.argv[1])
+memory = importlib.util.module_from_spec(spec)
+sys.modules["agentrl_memory"] = memory
+spec.loader.exec_module(memory)
+if sys.argv[2] != "default":
+    memory.limit_kernel_caches(int(sys.argv[2]))
+import torch
+weight = torch.randn(1536, 576, dtype=torch.bfloat16)
+torch.nn.functional.linear(torch.randn(8, 576, dtype=torch.bfloat16), weight)
+before = memory.malloc_stats().in_use_gb
+for rows in range(16, 16 + 8 * 100, 8):  # 100 shapes, as the varying batch lengths of training
+    torch.nn.functional.linear(torch.randn(rows, 576, dtype=torch.bfloat16), weight)
+print(1000 * (memory.malloc_stats().in_use_gb - before))
+"""
+
+
+def _live_mb_after_100_shapes(capacity: str) -> float:
+    env = {k: v for k, v in os.environ.items() if k not in memory.KERNEL_CACHE_VARIABLES}
+    out = subprocess.run([sys.executable, "-c", KERNEL_CACHE_PROBE, str(Path(memory.__file__)), capacity],
+                         capture_output=True, text=True, env=env, timeout=120, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+@glibc_only
+def test_limit_kernel_caches_stops_live_memory_growing_with_each_new_shape() -> None:
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("torch built without oneDNN")
+    grown = _live_mb_after_100_shapes("default")
+    limited = _live_mb_after_100_shapes("8")
+    assert grown > 30, f"the default caches kept only {grown:.1f} MB for 100 shapes: nothing to limit?"
+    assert limited < grown / 4, f"limited caches still grew {limited:.1f} MB (default {grown:.1f} MB)"
+
+
+def test_limit_kernel_caches_keeps_what_the_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    assert memory.limit_kernel_caches(32) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "32", "LRU_CACHE_CAPACITY": "512"}
+    with pytest.raises(ValueError):
+        memory.limit_kernel_caches(0)
