@@ -104,6 +104,14 @@ class TrainConfig:
     default model in bf16 autocast). A row longer than this goes alone."""
     precision: str = "bf16"
     """``bf16`` (autocast, fp32 master weights; fast on CPUs with AMX/AVX512-BF16) or ``fp32``."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: train only on groups whose rewards differ (a group all solved, or all
+    failed, has zero group-relative advantage) by rolling out more tasks, up to
+    ``max_sampling_rounds`` rounds per step, until ``prompts_per_step`` such groups are found; if
+    the rounds run out the batch is filled with zero-spread groups. Logs ``sampling/*``."""
+    max_sampling_rounds: int = 3
+    """Rollout rounds per step at most with ``dynamic_sampling`` (the first one included); a refill
+    round rolls out only the missing groups."""
     mask_truncated_completions: bool = False
     """Drop episodes cut by a length/turn limit from the loss (DAPO overlong filtering)."""
 
@@ -119,6 +127,11 @@ class TrainConfig:
     """Temperature for evaluation (0: greedy)."""
     eval_sampled: bool = True
     """Also report accuracy at the training temperature (``eval/accuracy_sampled``)."""
+    keep_best: bool = True
+    """Save the policy with the best held-out greedy accuracy (``eval/accuracy``; at step 0, every
+    ``eval_every`` steps and at the end; ties go to the later one) as ``<run_dir>/model``; the last
+    step's policy goes to ``<run_dir>/last`` when it is not the best. ``eval.json`` records which.
+    False: ``model/`` is always the last policy. Needs ``eval_tasks`` > 0."""
     log_completions_every: int = 10
     """Write sampled conversations to ``completions.jsonl`` every this many steps (0: never)."""
     save_model: bool = True
@@ -148,7 +161,8 @@ class TrainConfig:
         if self.output_dir is not None and not self.output_dir.strip():
             raise ConfigError("output_dir must be a folder path or null (runs/<env>-<algo>-<time>), got ''")
         positive = ("max_steps", "prompts_per_step", "num_generations", "max_new_tokens", "max_total_tokens",
-                    "micro_batch_size", "micro_batch_tokens", "keep_checkpoints", "max_nonfinite_steps")
+                    "micro_batch_size", "micro_batch_tokens", "keep_checkpoints", "max_nonfinite_steps",
+                    "max_sampling_rounds")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")

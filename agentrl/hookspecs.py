@@ -149,7 +149,8 @@ def agentrl_on_rollout_end(trajectories: list[Trajectory], step: int, metrics: d
 
     ``metrics`` is the step's metric dict: add namespaced keys (``plugin/name``) to log them.
     Loggers and curriculum plugins use this. Return value ignored. In a multi-process run it is
-    called on the main process only, with every process's trajectories.
+    called on the main process only, with every process's trajectories. With ``dynamic_sampling``
+    they are the groups the step trains on (the dropped ones are counted in ``metrics``).
     """
 
 

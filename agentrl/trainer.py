@@ -19,6 +19,7 @@ import contextlib
 import copy
 import json
 import math
+import shutil
 import signal
 import threading
 import time
@@ -39,7 +40,9 @@ from transformers import get_scheduler
 from agentrl import checkpoint as ckpt
 from agentrl import distributed, lora, sharding
 from agentrl.algorithm import Algorithm, LossContext, SetupContext, TrainableModule
+from agentrl.best_model import BestModel
 from agentrl.config import TrainConfig, build_plugin_config, resolve_settings
+from agentrl.dynamic_sampling import GroupSelector, has_spread
 from agentrl.engine import SamplingParams
 from agentrl.env import CallGuard, Env, load_env_class
 from agentrl.errors import ConfigError, TrainingError, TrainingInterrupted
@@ -54,7 +57,7 @@ from agentrl.policy import TokenLogprobs
 from agentrl.rewards import resolve_rewards
 from agentrl.scoring import score
 from agentrl.testing import check_env_startup
-from agentrl.trajectory import TrainBatch, collate
+from agentrl.trajectory import TrainBatch, Trajectory, collate
 
 
 def run_dir_for(config: TrainConfig) -> Path:
@@ -97,6 +100,8 @@ class TrainResult:
     eval_before: dict[str, float]
     eval_after: dict[str, float]
     history: list[dict[str, float]]
+    best: dict[str, Any] | None = None
+    """The best evaluation (``BestModel.summary``) with ``keep_best``; None without it."""
 
 
 class TaskCursor:
@@ -215,6 +220,7 @@ class Trainer:
         self.tasks = self.envs[0].train_tasks()
         self.cursor = TaskCursor(len(self.tasks), config.seed)
         self.max_sampled = config.max_sampled_tokens or config.max_new_tokens * self.envs[0].max_turns
+        self.best = BestModel(self.run_dir) if config.keep_best and config.eval_tasks and config.save_model else None
         self.resumed: dict[str, Any] | None = self.load_checkpoint(resume) if resume is not None else None
 
     @property
@@ -254,43 +260,86 @@ class Trainer:
     def rollout_step(self, step: int) -> tuple[TrainBatch, list[Any], dict[str, float]]:
         """Sample tasks, run this process's share of the episodes, score them; returns this
         process's collated batch, the whole batch's trajectories (every process's, in group order)
-        and the step's metrics (over the whole batch)."""
+        and the step's metrics. With ``dynamic_sampling`` the batch holds the groups with a reward
+        spread found over up to ``max_sampling_rounds`` rounds (:mod:`agentrl.dynamic_sampling`);
+        reward and rollout metrics cover every episode sampled, kept or not."""
         cfg = self.config
-        indices = self.cursor.take(cfg.prompts_per_step)  # every process walks the same cursor
         share = cfg.prompts_per_step // self.num_processes
         first = self.accelerator.process_index * share  # this process's groups: first .. first + share - 1
-        tasks = [self.tasks[i] for i in indices[first:first + share] for _ in range(cfg.num_generations)]
-        groups = [g for g in range(first, first + share) for _ in range(cfg.num_generations)]
+        selector = GroupSelector(share, cfg.num_generations, filter_groups=cfg.dynamic_sampling)
+        sampled: list[Trajectory] = []
+        sampled_totals: list[float] = []
+        sampled_components: list[dict[str, np.ndarray]] = []
+        nonfinite: dict[str, int] = {}
+        errors: dict[str, int] = {}
+        rounds = 0
+        for round_index in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+            if round_index and not sum(distributed.gather_objects(selector.missing)):
+                break  # every process has its groups
+            indices = self.cursor.take(cfg.prompts_per_step)  # every process walks the same cursor
+            mine = indices[first:first + selector.missing]  # a refill round samples only what is missing
+            rounds += 1
+            if not mine:
+                continue
+            trajectories, totals, components = self._sample_groups(step, round_index, first, mine,
+                                                                   nonfinite, errors)
+            selector.add(trajectories, totals, components)
+            sampled += trajectories
+            sampled_totals += totals
+            sampled_components.append(components)
+        filled = selector.filled
+        kept, kept_totals, _ = selector.batch(first)
+        batch = collate(kept, kept_totals, self.tokenizer.pad_token_id,
+                        env_reward_weight=cfg.env_reward_weight).to(self.accelerator.device)
+        components = {name: np.concatenate([c[name] for c in sampled_components]) for name in sampled_components[0]}
+        # Metrics and hooks see the whole batch: every process's share, in group order.
+        shares = distributed.gather_objects((sampled, sampled_totals, components, nonfinite, errors,
+                                             kept, kept_totals, filled))
+        if len(shares) > 1:
+            sampled = [t for share in shares for t in share[0]]
+            sampled_totals = [x for share in shares for x in share[1]]
+            components = {name: np.concatenate([share[2][name] for share in shares]) for name in components}
+            nonfinite, errors = _summed([share[3] for share in shares]), _summed([share[4] for share in shares])
+            kept = [t for share in shares for t in share[5]]
+            kept_totals = [x for share in shares for x in share[6]]
+        metrics = {**reward_metrics(sampled_totals, components), **rollout_metrics(sampled),
+                   **{f"reward/{name}_nonfinite": float(n) for name, n in nonfinite.items() if n},
+                   **{f"errors/reward/{name}": float(n) for name, n in errors.items()}}
+        if cfg.dynamic_sampling:
+            spread = [has_spread(sampled_totals[i:i + cfg.num_generations])
+                      for i in range(0, len(sampled_totals), cfg.num_generations)]
+            metrics.update({"sampling/rounds": float(rounds), "sampling/groups_sampled": float(len(spread)),
+                            "sampling/spread_frac": float(np.mean(spread)),
+                            "sampling/filled_groups": float(sum(share[7] for share in shares))})
+        if self.is_main:
+            self.hook.agentrl_on_rollout_end(trajectories=kept, step=step, metrics=metrics)
+        self.step_rewards = list(kept_totals)  # the whole batch's, as collated
+        return batch, kept, metrics
+
+    def _sample_groups(self, step: int, round_index: int, first: int, task_indices: list[int],
+                       nonfinite: dict[str, int], errors: dict[str, int]) -> tuple[list[Trajectory], list[float],
+                                                                                    dict[str, np.ndarray]]:
+        """Roll out and score ``num_generations`` episodes of each task; the groups are numbered from
+        ``first`` (renumbered when the batch is chosen). Every episode samples from its own seed,
+        derived from its place in the global batch: the same on any process count."""
+        cfg = self.config
+        tasks = [self.tasks[i] for i in task_indices for _ in range(cfg.num_generations)]
+        groups = [first + g for g in range(len(task_indices)) for _ in range(cfg.num_generations)]
         sampling = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                   top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed * 1_000_003 + step)
-        # one seed per episode of the global batch: an episode samples the same on any process count
         offset = first * cfg.num_generations
-        seeds = [cfg.seed * 1_000_003 + step * cfg.batch_size + offset + i for i in range(len(tasks))]
+        if round_index == 0:
+            seeds = [cfg.seed * 1_000_003 + step * cfg.batch_size + offset + i for i in range(len(tasks))]
+        else:  # refill rounds: seeds from their own stream
+            seeds = [int(np.random.SeedSequence([cfg.seed, step, round_index, offset + i]).generate_state(1)[0])
+                     for i in range(len(tasks))]
         trajectories = self.rollout.run(self.envs[:len(tasks)], tasks, groups, sampling, seeds=seeds)
         for i, trajectory in enumerate(trajectories):  # an abandoned env call may still touch its env
             if (trajectory.info.get("error") or {}).get("timed_out"):
                 self.envs[i] = make_env(self.manager, cfg)
-        guard = self.call_guard
-        nonfinite: dict[str, int] = {}
-        errors: dict[str, int] = {}
         totals, components = score(trajectories, self.reward_fns, cfg.env_reward_weight, nonfinite,
-                                   guard=guard, errors=errors)
-        batch = collate(trajectories, totals, self.tokenizer.pad_token_id,
-                        env_reward_weight=cfg.env_reward_weight).to(self.accelerator.device)
-        # Metrics and hooks see the whole batch: every process's share, in group order.
-        shares = distributed.gather_objects((trajectories, totals, components, nonfinite, errors))
-        if len(shares) > 1:
-            trajectories = [t for share in shares for t in share[0]]
-            totals = [x for share in shares for x in share[1]]
-            components = {name: np.concatenate([share[2][name] for share in shares]) for name in components}
-            nonfinite, errors = _summed([share[3] for share in shares]), _summed([share[4] for share in shares])
-        metrics = {**reward_metrics(totals, components), **rollout_metrics(trajectories),
-                   **{f"reward/{name}_nonfinite": float(n) for name, n in nonfinite.items() if n},
-                   **{f"errors/reward/{name}": float(n) for name, n in errors.items()}}
-        if self.is_main:
-            self.hook.agentrl_on_rollout_end(trajectories=trajectories, step=step, metrics=metrics)
-        self.step_rewards = torch.tensor(totals, dtype=torch.float32).tolist()  # the whole batch's, as collated
-        return batch, trajectories, metrics
+                                   guard=self.call_guard, errors=errors)
+        return trajectories, totals, components
 
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         """Micro-batches of similar lengths (less padding; the loss is invariant to the split)."""
@@ -461,8 +510,11 @@ class Trainer:
                 if resumed is None:
                     _phase(progress, "eval")
                     self.eval_before = self.evaluate() if cfg.eval_tasks and main else {}
+                    self.offer_best(0, self.eval_before)
                 else:
                     self.eval_before = resumed["eval_before"]
+                    if self.best is not None and main:
+                        self.best.resume(resumed["step"])
                 _report(progress, "eval before", self.eval_before)
                 history = read_history(run_dir / "metrics.jsonl") if main else []
                 for step in range(self.completed_step + 1, cfg.max_steps + 1):
@@ -479,15 +531,26 @@ class Trainer:
             if eval_after:
                 writer.write(cfg.max_steps, {f"final/{k}": v for k, v in eval_after.items()})
             writer.close()
-            (run_dir / "eval.json").write_text(json.dumps({"before": self.eval_before, "after": eval_after}, indent=2))
+            kept_best = self.best is not None and self.best.step is not None and eval_after and not (
+                eval_after.get(self.best.metric, -math.inf) >= self.best.score)
+            record = {"before": self.eval_before, "after": eval_after}
+            if self.best is not None and self.best.step is not None:
+                record["best"] = {**self.best.summary(), "saved_as_model": bool(kept_best)}
+            (run_dir / "eval.json").write_text(json.dumps(record, indent=2))
             if cfg.save_model:
-                self.export(run_dir)
+                self.export(run_dir, "last" if kept_best else "model")
+            if kept_best:  # the best evaluated policy is the run's model; the last one is in last/
+                shutil.rmtree(run_dir / "model", ignore_errors=True)
+                self.best.folder.rename(run_dir / "model")
+            elif self.best is not None:
+                shutil.rmtree(self.best.folder, ignore_errors=True)
             from agentrl.plots import plot_run
 
             plot_run(run_dir)
             self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
         distributed.barrier()  # the run dir is complete when any process returns
-        return TrainResult(run_dir, self.eval_before, eval_after, history)
+        best = self.best.summary() if main and self.best is not None and self.best.step is not None else None
+        return TrainResult(run_dir, self.eval_before, eval_after, history, best)
 
     def train_step(self, step: int, writer: MetricsWriter, guard: InterruptGuard, progress: Any) -> dict[str, float]:
         """One step: rollout (interruptible), then update, evaluation, records and checkpoint as
@@ -514,7 +577,9 @@ class Trainer:
             if (cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks
                     and self.is_main):
                 _phase(progress, "eval")
-                metrics.update(self.evaluate())
+                evaluation = self.evaluate()
+                metrics.update(evaluation)
+                self.offer_best(step, evaluation)
             if self.is_main:
                 if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
                     _log_completions(self.run_dir, step, trajectories, self.step_rewards)
@@ -625,12 +690,22 @@ class Trainer:
             return self.replica
         return lora.sampling_model(self.model)
 
-    def export(self, run_dir: Path) -> None:
-        """The final model (``from_pretrained``-loadable, with its tokenizer; with LoRA merged, plus
-        the adapter alone in ``adapter/``) and the algorithm's modules."""
+    def offer_best(self, step: int, evaluation: dict[str, float]) -> None:
+        """Keep the policy evaluated after ``step`` in ``best/`` if it is the best so far (``keep_best``)."""
+        if self.best is not None and self.is_main and evaluation:
+            self.best.offer(step, evaluation, self.save_policy)
+
+    def save_policy(self, folder: Path) -> None:
+        """The policy as a ``from_pretrained``-loadable folder with its tokenizer (LoRA merged)."""
         policy = self.accelerator.unwrap_model(self.policy).model
-        (self.replica if self.replica is not None else lora.sampling_model(policy)).save_pretrained(run_dir / "model")
-        self.tokenizer.save_pretrained(run_dir / "model")
+        (self.replica if self.replica is not None else lora.sampling_model(policy)).save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+
+    def export(self, run_dir: Path, name: str = "model") -> None:
+        """The final model in ``run_dir/name`` (``from_pretrained``-loadable, with its tokenizer; with
+        LoRA merged, plus the adapter alone in ``adapter/``) and the algorithm's modules."""
+        policy = self.accelerator.unwrap_model(self.policy).model
+        self.save_policy(run_dir / name)
         if lora.is_adapted(policy):
             lora.save_adapter(policy, run_dir / "adapter")
         for name, (spec, _, _) in self.owned.items():

@@ -11,7 +11,7 @@ from typing import Any
 import gymnasium
 import pytest
 from agentrl.answers import answers_match, extract_answer, extract_boxed, is_correct
-from agentrl_math import LEVELS, MathEnv
+from agentrl_math import DEMONSTRATION, LEVELS, MathEnv
 
 import agentrl
 from agentrl import ConfigError, Env, EnvError
@@ -124,9 +124,11 @@ def test_episode_messages_reward_and_info() -> None:
     messages, info = env.reset(options={"task": task})
     assert messages == [{"role": "user", "content": task["question"]}]
     assert info["task"] == task
-    assert env.step("7 + 5 = 12") == ([], 1.0, True, False, {"correct": True, "parsed": "12", "boxed": False})
+    assert env.step("7 + 5 = 12") == ([], 1.0, True, False, {"correct": True, "parsed": "12", "boxed": False,
+                                                              "metrics": {"boxed": 0.0}})
     env.reset(options={"task": task})
-    assert env.step("\\boxed{13}") == ([], 0.0, True, False, {"correct": False, "parsed": "13", "boxed": True})
+    assert env.step("\\boxed{13}") == ([], 0.0, True, False, {"correct": False, "parsed": "13", "boxed": True,
+                                                              "metrics": {"boxed": 1.0}})
     env.reset(options={"task": task})
     assert env.step("I don't know")[1:3] == (0.0, True)
 
@@ -136,6 +138,17 @@ def test_system_prompt_and_instruction_appended_once() -> None:
     messages, _ = env.reset(options={"task": {"question": "What is 2 + 2?", "answer": "4"}})
     assert messages == [{"role": "system", "content": "Be brief."},
                         {"role": "user", "content": "What is 2 + 2? Put the final answer in \\boxed{}."}]
+
+
+def test_the_demonstration_is_never_a_generated_task() -> None:
+    env = MathEnv(system_prompt="Be brief.", demonstration=True)
+    messages, _ = env.reset(options={"task": {"question": "What is 2 + 2?", "answer": "4"}})
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert extract_boxed(DEMONSTRATION[1]["content"]) == "107"
+    questions = {level.problem(i)["question"] for level in LEVELS.values() for i in range(level.size)}
+    assert DEMONSTRATION[0]["content"] not in questions
+    with pytest.raises(ConfigError, match="demonstration must be true or false, got 'yes'"):
+        MathEnv(demonstration="yes")
 
 
 def test_task_without_answer_is_refused() -> None:
@@ -256,3 +269,35 @@ def test_check_env_names_broken_rules() -> None:
         check_gold_answer(LeakyEnv())
     with pytest.raises(EnvError, match=re.escape("check_env: the factory returned dict, not a gymnasium.Env")):
         check_env(dict)
+
+
+@pytest.mark.parametrize(("reply", "total"), [
+    ("7 + 5 = \\boxed{12}", 2.0),  # correct and boxed: env 1 + format 0.5 + accuracy 0.5
+    ("The answer is \\boxed{12.0}.", 2.0),  # math-verify: 12.0 is 12
+    ("7 + 5 = 12", 1.0),  # correct, not boxed: env 1 only
+    ("7 + 5 = \\boxed{13}", 0.5),  # boxed but wrong: format 0.5 only, less than any correct answer
+    ("7 + 5 = 13", 0.0),
+    ("\\boxed{13}, I mean 12", 0.5),  # the boxed answer is the answer, for the env too
+    ("\\boxed{}", 0.0),  # an empty box is not an answer: no format bonus
+    ("\\boxed{twelve}", 0.0),
+])
+def test_default_rewards_pay_a_correct_boxed_answer_most_and_a_wrong_one_less_than_any_correct(
+        reply: str, total: float) -> None:
+    """Hand-derived totals of the default run's rewards (env x1 + format x0.5 + accuracy x0.5) on "7 + 5"."""
+    from agentrl.config import TrainConfig
+    from agentrl.plugins import load_plugins
+    from agentrl.rewards import resolve_rewards
+    from agentrl.scoring import score
+    from agentrl.testing import make_trajectory
+
+    env = MathEnv()
+    task = {"question": "What is 7 + 5? Put the final answer in \\boxed{}.", "answer": "12"}
+    env.reset(options={"task": task})
+    _, env_reward, _, _, _ = env.step(reply)
+    trajectory = make_trajectory([{"role": "user", "content": task["question"]},
+                                  {"role": "assistant", "content": reply}], task)
+    trajectory.turns[0].reward = env_reward
+    reward_fns = resolve_rewards(TrainConfig(), load_plugins().registry, env)
+    assert {name: weight for name, (_, weight) in reward_fns.items()} == {"format": 0.5, "accuracy": 0.5}
+    totals, _ = score([trajectory], reward_fns, env_weight=1.0)
+    assert totals == [total]

@@ -2,9 +2,29 @@
 
 The model sees one question ("What is 7 + 5? Put the final answer in \\boxed{}.") and answers
 once. The env's reward is lenient correctness: the answer in the last ``\\boxed{}`` if there is
-one, else the last number in the reply, checked against the gold answer with math-verify. The
-tiny default model almost never writes ``\\boxed{}`` (DESIGN.md, measured facts), so the
-``\\boxed{}`` habit is taught by the separate ``format`` reward in ``default_rewards``.
+one, else the last number in the reply, checked against the gold answer with math-verify.
+
+Told to, the tiny default model rarely writes ``\\boxed{}`` (greedy: 0 of 64 held-out problems;
+about 3% of its samples at T=1), so ``default_rewards`` add two terms to the env's reward:
+``format`` (0.5 for a number in ``\\boxed{}``, right or wrong) and ``accuracy`` (0.5 more when that
+boxed number is correct):
+
+==========================  =====  ======  ========  =====
+reply                        env   format  accuracy  total
+==========================  =====  ======  ========  =====
+correct, in ``\\boxed{}``    1.0     0.5      0.5      2.0
+correct, not boxed            1.0     0.0      0.0      1.0
+wrong, in ``\\boxed{}``      0.0     0.5      0.0      0.5
+wrong, not boxed              0.0     0.0      0.0      0.0
+==========================  =====  ======  ========  =====
+
+A wrong answer earns less than any correct one, and once every reply is boxed the total is 0.5
++ 1.5 x correct: pure correctness. The ungated part is what makes the habit learnable: with only the
+gated bonus (``--reward accuracy:1``) boxed samples were too rare to pay and the model stopped
+boxing altogether (README "Learning", measured). ``demonstration`` shows one solved problem first
+instead: every greedy answer is then boxed from the start, but the policy's entropy collapsed within
+ten steps and held-out accuracy stopped improving (same section). Every episode reports
+``info["metrics"]["boxed"]`` (``env/boxed``, ``eval/env/boxed``: the share of replies with a ``\\boxed{}``).
 
 Tasks come from a procedural generator (``difficulty``) or a JSONL file (``data_file``). The
 held-out eval split is fixed by :data:`SPLIT_SEED`, not by ``seed``: a model trained with any
@@ -35,6 +55,12 @@ NUM_TRAIN_TASKS = 100_000
 """Length of the generated training sequence (problems repeat; order is seeded)."""
 DATA_EVAL_FRACTION = 0.1
 """Share of a data file's distinct questions held out for eval (at least one)."""
+DEMONSTRATION: list[Message] = [
+    {"role": "user", "content": f"What is 104 + 3? {INSTRUCTION}"},
+    {"role": "assistant", "content": "104 + 3 = 107. The final answer is \\boxed{107}."},
+]
+"""The worked example shown before the question (``demonstration=True``): a problem outside every
+generated level, so it is never a training or held-out task."""
 
 # -- task sources --------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -138,15 +164,17 @@ class MathEnv(Env):
             third of their problems, at most 1,024 (single_digit: 66); asking for more gives
             all of them. Training never sees any held-out problem, whatever ``num_eval``.
         system_prompt: if set, a system message opens each episode.
+        demonstration: show one solved problem (:data:`DEMONSTRATION`, answer in ``\\boxed{}``)
+            before the question (off by default: see above).
 
     Raises ConfigError for a bad argument and EnvError for a bad data file (naming file and line).
     """
 
     max_turns = 1
-    default_rewards = {"format": 0.2}
+    default_rewards = {"format": 0.5, "accuracy": 0.5}
 
     def __init__(self, difficulty: str = "single_digit", data_file: str | None = None, seed: int = 0,
-                 num_eval: int = 128, system_prompt: str | None = None) -> None:
+                 num_eval: int = 128, system_prompt: str | None = None, demonstration: bool = False) -> None:
         super().__init__()
         if not isinstance(difficulty, str) or difficulty not in LEVELS:
             raise ConfigError(f"math env: difficulty {difficulty!r} is not one of {', '.join(LEVELS)}")
@@ -158,10 +186,12 @@ class MathEnv(Env):
             raise ConfigError(f"math env: num_eval must be an int >= 1, got {num_eval!r}")
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ConfigError(f"math env: system_prompt must be a string or None, got {system_prompt!r}")
+        if not isinstance(demonstration, bool):
+            raise ConfigError(f"math env: demonstration must be true or false, got {demonstration!r}")
         if data_file is not None and not isinstance(data_file, (str, Path)):
             raise ConfigError(f"math env: data_file must be a path string or None, got {data_file!r}")
         self.difficulty, self.data_file, self.seed = difficulty, data_file, seed
-        self.num_eval, self.system_prompt = num_eval, system_prompt
+        self.num_eval, self.system_prompt, self.demonstration = num_eval, system_prompt, demonstration
         self._train: Sequence[Task]
         self._eval: Sequence[Task]
         if data_file is not None:
@@ -190,7 +220,7 @@ class MathEnv(Env):
             raise EnvError(f"math env: a task needs a string 'question' and an 'answer', got keys "
                            f"{sorted(task)}")
         content = question if "\\boxed" in question else f"{question} {INSTRUCTION}"
-        messages = [{"role": "user", "content": content}]
+        messages = [*(dict(m) for m in DEMONSTRATION if self.demonstration), {"role": "user", "content": content}]
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
@@ -201,7 +231,8 @@ class MathEnv(Env):
             raise EnvError("math env: respond() called before reset()")
         parsed = extract_answer(text)
         correct = answers_match(parsed, str(self.task["answer"]))
-        info = {"correct": correct, "parsed": parsed, "boxed": extract_boxed(text) is not None}
+        boxed = extract_boxed(text) is not None
+        info = {"correct": correct, "parsed": parsed, "boxed": boxed, "metrics": {"boxed": float(boxed)}}
         return [], 1.0 if correct else 0.0, True, info
 
 
