@@ -13,10 +13,11 @@ from decimal import Decimal, InvalidOperation
 
 from math_verify import parse, verify
 
-__all__ = ["answers_match", "extract_answer", "extract_boxed", "is_correct", "is_number"]
+__all__ = ["answer_value", "answers_match", "extract_answer", "extract_boxed", "is_correct", "is_number"]
 
 _BOXED = "\\boxed{"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_FRACTION = re.compile(r"-?\d+\s*/\s*\d+|-?\\[dt]?frac\{\d+\}\{\d+\}")
 _LAST_NUMBER = re.compile(r"(?:(?<![\w)\]])-)?\d+(?:\.\d+)?")
 
 
@@ -54,15 +55,31 @@ def is_number(text: str) -> bool:
     return _NUMBER.fullmatch(text.strip()) is not None
 
 
+def answer_value(text: str) -> str:
+    """What an answer states as its value: the part after its last ``=`` ("8 + 8 = 16" -> "16"),
+    without a trailing full stop."""
+    return text.rpartition("=")[2].strip().rstrip(".").strip()
+
+
 def answers_match(predicted: str | None, gold: str) -> bool:
     """True if ``predicted`` equals ``gold`` mathematically ("12.0" matches "12").
 
-    Plain numbers compare exactly as decimals; anything else goes to math-verify (with its
-    signal-based timeout on the main thread only, where signals work).
+    Against a plain-number gold answer, ``predicted`` must state a value after its last ``=``: a
+    number, or for a gold answer that is not an integer also a fraction of two integers ("1/2",
+    ``\\frac{1}{2}`` for 0.5; "24/2" is not 12 but a division left undone). An unevaluated expression is
+    not an answer: math-verify would accept "7 - 8" for -1, and a model trained on it learned to
+    box the question (``\\boxed{7 - 8}``) for full marks. Plain numbers compare exactly as
+    decimals; anything else goes to math-verify (with its signal-based timeout on the main thread
+    only, where signals work).
     """
     if predicted is None:
         return False
     gold = str(gold).strip()
+    if is_number(gold):
+        predicted = answer_value(predicted)
+        fraction_allowed = "." in gold and Decimal(gold) != Decimal(gold).to_integral_value()
+        if not (is_number(predicted) or (fraction_allowed and _FRACTION.fullmatch(predicted))):
+            return False
     if is_number(predicted) and is_number(gold):
         try:
             return Decimal(predicted.strip()) == Decimal(gold)

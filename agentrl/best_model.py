@@ -1,7 +1,8 @@
 """Keep the policy that evaluated best, so the run's saved model is its best one, not its last.
 
 Every held-out evaluation (before training, every ``eval_every`` steps, after the last step) is
-offered to :class:`BestModel`; a score at least as high as the best so far (ties go to the later
+offered to :class:`BestModel`; its score is ``eval/reward_mean`` by default (the run's own reward on
+the held-out tasks: for math, correctness and the ``\\boxed{}`` format together), and a score at least as high as the best so far (ties go to the later
 policy) saves that policy to ``<run_dir>/best/`` with ``best.json`` (step, score, the evaluation's
 metrics). At the end the trainer exports the best policy as ``model/`` and, when it is not the
 last one, the last policy as ``last/``.
@@ -26,7 +27,7 @@ BEST_FILE = "best.json"
 class BestModel:
     """The best evaluation so far of a run and its saved policy (``run_dir/best``)."""
 
-    def __init__(self, run_dir: Path, metric: str = "eval/accuracy") -> None:
+    def __init__(self, run_dir: Path, metric: str = "eval/reward_mean") -> None:
         self.folder, self.metric = run_dir / BEST_DIR, metric
         self.step: int | None = None
         self.score = float("-inf")

@@ -201,9 +201,11 @@ def train(
             console.print(f"[bold]held-out accuracy: {before:.3f} -> {after:.3f}[/]{noise_note(before, after, n)}",
                           highlight=False)
         best = result.best
-        if best is not None and after is not None and best["score"] > after:
-            console.print(f"model/ holds the best evaluated policy: step {best['step']}, held-out accuracy "
-                          f"{best['score']:.3f} (the last step's policy: last/)", highlight=False)
+        if best is not None and best["saved_as_model"]:
+            accuracy = best["metrics"].get("eval/accuracy", math.nan)
+            console.print(f"model/ holds the best evaluated policy: step {best['step']}, held-out mean reward "
+                          f"{best['score']:.3f}, accuracy {accuracy:.3f} (the last step's policy: last/)",
+                          highlight=False)
         console.print(f"run saved to {result.run_dir}", highlight=False)
 
     _run(run)

@@ -128,8 +128,11 @@ class TrainConfig:
     eval_sampled: bool = True
     """Also report accuracy at the training temperature (``eval/accuracy_sampled``)."""
     keep_best: bool = True
-    """Save the policy with the best held-out greedy accuracy (``eval/accuracy``; at step 0, every
-    ``eval_every`` steps and at the end; ties go to the later one) as ``<run_dir>/model``; the last
+    """Save the policy with the best held-out mean reward (``eval/reward_mean``: the run's own
+    objective, env return and reward functions with their weights, on the greedy evaluation; at
+    step 0, every ``eval_every`` steps and at the end; ties go to the later one) as
+    ``<run_dir>/model``. Not ``eval/accuracy`` alone: the most accurate math policy may not box its
+    answers, which the run is also rewarded for. The last
     step's policy goes to ``<run_dir>/last`` when it is not the best. ``eval.json`` records which.
     False: ``model/`` is always the last policy. Needs ``eval_tasks`` > 0."""
     log_completions_every: int = 10

@@ -30,9 +30,12 @@ def episode_success(trajectory: Trajectory, success_threshold: float = Env.succe
 
 def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_new_tokens: int,
              temperature: float = 0.0, seed: int = 0, reward_fns: dict[str, tuple[RewardFn, float]] | None = None,
-             batch_size: int = 64, guard: CallGuard | None = None) -> tuple[dict[str, float], list[Trajectory]]:
-    """Accuracy, mean env return and reward-function means on ``tasks`` (one episode each);
-    ``guard`` (the run's ``call_timeout_s`` / ``on_call_error``) runs the reward functions."""
+             batch_size: int = 64, guard: CallGuard | None = None,
+             env_weight: float = 1.0) -> tuple[dict[str, float], list[Trajectory]]:
+    """Accuracy, mean env return, reward-function means and ``eval/reward_mean`` (the mean total
+    reward, env return x ``env_weight`` + weighted reward functions: the training objective on
+    held-out tasks) on ``tasks`` (one episode each); ``guard`` (the run's ``call_timeout_s`` /
+    ``on_call_error``) runs the reward functions."""
     trajectories: list[Trajectory] = []
     for start in range(0, len(tasks), batch_size):
         chunk = tasks[start:start + batch_size]
@@ -47,9 +50,10 @@ def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_
     }
     if any(env.tool_schemas() for env in envs):
         metrics["eval/tool_success_frac"] = float(np.mean([t.num_tool_calls_ok > 0 for t in trajectories]))
-    if reward_fns:
-        _, components = score(trajectories, reward_fns, env_weight=1.0, guard=guard)
-        for name, values in components.items():
-            if name != "env" and not np.isnan(values).all():
-                metrics[f"eval/{name}_mean"] = float(np.nanmean(values))
+    totals, components = score(trajectories, reward_fns or {}, env_weight=env_weight, guard=guard)
+    if not np.isnan(totals).all():
+        metrics["eval/reward_mean"] = float(np.nanmean(totals))
+    for name, values in components.items():
+        if name != "env" and not np.isnan(values).all():
+            metrics[f"eval/{name}_mean"] = float(np.nanmean(values))
     return metrics, trajectories

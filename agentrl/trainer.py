@@ -101,7 +101,8 @@ class TrainResult:
     eval_after: dict[str, float]
     history: list[dict[str, float]]
     best: dict[str, Any] | None = None
-    """The best evaluation (``BestModel.summary``) with ``keep_best``; None without it."""
+    """With ``keep_best``: the best evaluation (``BestModel.summary``) and ``saved_as_model``
+    (whether ``model/`` holds it rather than the last policy); None without it."""
 
 
 class TaskCursor:
@@ -220,7 +221,8 @@ class Trainer:
         self.tasks = self.envs[0].train_tasks()
         self.cursor = TaskCursor(len(self.tasks), config.seed)
         self.max_sampled = config.max_sampled_tokens or config.max_new_tokens * self.envs[0].max_turns
-        self.best = BestModel(self.run_dir) if config.keep_best and config.eval_tasks and config.save_model else None
+        self.best_record: dict[str, Any] | None = None  # what eval.json says about the best policy
+        self.best = BestModel(self.run_dir, metric="eval/reward_mean") if config.keep_best and config.eval_tasks and config.save_model else None
         self.resumed: dict[str, Any] | None = self.load_checkpoint(resume) if resume is not None else None
 
     @property
@@ -477,7 +479,8 @@ class Trainer:
         eval_tasks = list(self.envs[0].eval_tasks())[: cfg.eval_tasks]
         metrics, _ = evaluate(self.rollout, self.envs, eval_tasks, max_new_tokens=cfg.max_new_tokens,
                               temperature=cfg.eval_temperature, seed=cfg.seed,
-                              reward_fns=self.reward_fns, batch_size=len(self.envs), guard=self.call_guard)
+                              reward_fns=self.reward_fns, batch_size=len(self.envs), guard=self.call_guard,
+                              env_weight=cfg.env_reward_weight)
         if cfg.eval_sampled and cfg.eval_temperature != cfg.temperature:
             sampled, _ = evaluate(self.rollout, self.envs, eval_tasks, max_new_tokens=cfg.max_new_tokens,
                                   temperature=cfg.temperature, seed=cfg.seed, batch_size=len(self.envs))
@@ -535,7 +538,7 @@ class Trainer:
                 eval_after.get(self.best.metric, -math.inf) >= self.best.score)
             record = {"before": self.eval_before, "after": eval_after}
             if self.best is not None and self.best.step is not None:
-                record["best"] = {**self.best.summary(), "saved_as_model": bool(kept_best)}
+                record["best"] = self.best_record = {**self.best.summary(), "saved_as_model": bool(kept_best)}
             (run_dir / "eval.json").write_text(json.dumps(record, indent=2))
             if cfg.save_model:
                 self.export(run_dir, "last" if kept_best else "model")
@@ -549,8 +552,7 @@ class Trainer:
             plot_run(run_dir)
             self.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
         distributed.barrier()  # the run dir is complete when any process returns
-        best = self.best.summary() if main and self.best is not None and self.best.step is not None else None
-        return TrainResult(run_dir, self.eval_before, eval_after, history, best)
+        return TrainResult(run_dir, self.eval_before, eval_after, history, self.best_record)
 
     def train_step(self, step: int, writer: MetricsWriter, guard: InterruptGuard, progress: Any) -> dict[str, float]:
         """One step: rollout (interruptible), then update, evaluation, records and checkpoint as

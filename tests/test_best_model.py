@@ -22,7 +22,7 @@ def _save(marker: str):
 
 
 def test_best_keeps_the_highest_score_and_ties_go_to_the_later_policy(tmp_path):
-    best = BestModel(tmp_path)
+    best = BestModel(tmp_path, metric="eval/accuracy")
     assert best.offer(0, {"eval/accuracy": 0.5}, _save("step 0"))
     assert not best.offer(10, {"eval/accuracy": 0.25}, _save("step 10"))
     assert not best.offer(15, {"eval/other": 0.9}, _save("step 15"))  # no score: nothing changes
@@ -34,7 +34,7 @@ def test_best_keeps_the_highest_score_and_ties_go_to_the_later_policy(tmp_path):
 
 
 def test_resume_drops_a_best_saved_after_the_checkpoint(tmp_path):
-    BestModel(tmp_path).offer(30, {"eval/accuracy": 0.7}, _save("step 30"))
+    BestModel(tmp_path).offer(30, {"eval/reward_mean": 0.7}, _save("step 30"))
     earlier = BestModel(tmp_path)
     earlier.resume(completed_step=30)
     assert (earlier.step, earlier.score) == (30, 0.7)
@@ -54,7 +54,8 @@ def _scripted_trainer(tiny_model_dir, tmp_path, scores, **overrides):
 
     def evaluate():  # the held-out scores are scripted; the weights each one belongs to are recorded
         weights.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
-        return {"eval/accuracy": scores[len(weights) - 1], "eval/num_tasks": 2.0}
+        score = scores[len(weights) - 1]
+        return {"eval/accuracy": 0.5, "eval/reward_mean": score, "eval/num_tasks": 2.0}
 
     trainer.evaluate = evaluate
     return trainer, weights
@@ -72,7 +73,7 @@ def test_the_run_model_is_the_best_evaluated_policy(tiny_model_dir, tmp_path):
     assert any(not torch.equal(weights[1][k], weights[2][k]) for k in weights[1])  # it did train
     assert _same_weights(run / "model", weights[1]) and _same_weights(run / "last", weights[2])
     recorded = json.loads((run / "eval.json").read_text())
-    assert recorded["after"]["eval/accuracy"] == 0.25
+    assert recorded["after"]["eval/reward_mean"] == 0.25
     assert recorded["best"]["step"] == 2 and recorded["best"]["score"] == 0.75
     assert recorded["best"]["saved_as_model"] is True
     assert result.best["step"] == 2 and not (run / "best").exists()
@@ -94,3 +95,18 @@ def test_without_keep_best_nothing_extra_is_saved(tiny_model_dir, tmp_path, over
     assert "best" not in json.loads((run / "eval.json").read_text())
     if overrides.get("save_model", True):
         assert _same_weights(run / "model", weights[2])
+
+
+def test_eval_reward_mean_is_the_weighted_total_on_held_out_tasks(tiny_model_dir, tmp_path):
+    from agentrl.evaluate import evaluate
+    from agentrl.testing import parity_reward
+
+    trainer, _ = _scripted_trainer(tiny_model_dir, tmp_path, scores=[0.0])
+    tasks = [*trainer.envs[0].eval_tasks()][:2] * 2  # as many as the trainer has envs
+    metrics, episodes = evaluate(trainer.rollout, trainer.envs, tasks, max_new_tokens=4, temperature=1.0,
+                                 reward_fns={"parity": (parity_reward, 0.5)}, env_weight=2.0, batch_size=4)
+    parity = parity_reward(episodes)
+    expected = sum(2.0 * t.env_return + 0.5 * p for t, p in zip(episodes, parity)) / len(episodes)
+    assert 0 < sum(parity) < len(parity)  # both kinds of episode, so the weights matter
+    assert metrics["eval/reward_mean"] == pytest.approx(expected, abs=1e-12)
+    assert metrics["eval/parity_mean"] == pytest.approx(sum(parity) / len(parity))

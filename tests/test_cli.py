@@ -30,7 +30,7 @@ def test_train_two_steps_on_tiny_model_writes_the_run(tiny_model_dir, tmp_path):
     assert (out / "model" / "config.json").is_file() and (out / "training.png").is_file()
     recorded = json.loads((out / "eval.json").read_text())
     assert set(recorded) == {"before", "after", "best"}  # keep_best: which evaluated policy model/ holds
-    assert recorded["best"]["step"] in (0, 2) and recorded["best"]["metric"] == "eval/accuracy"
+    assert recorded["best"]["step"] in (0, 2) and recorded["best"]["metric"] == "eval/reward_mean"
     evaluated = run("eval", "--model", str(out), "--num-tasks", "4", "--max-new-tokens", "8", "--json")
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["eval/num_tasks"] == 4
 

@@ -60,6 +60,16 @@ def test_extract_boxed_ignores_unboxed_numbers() -> None:
     ("\\boxed{\\frac{1}{2}}", "0.5", True),
     ("12 apples, 3 left over", "12", False),
     ("\\boxed{twelve}", "12", False),
+    # an unevaluated expression is not an answer (a trained model boxed the question for full marks)
+    ("\\boxed{7 - 8}", "-1", False),
+    ("\\boxed{6 + 5}", "11", False),
+    ("\\boxed{3 \\times 4}", "12", False),
+    ("\\boxed{24/2}", "12", False),
+    ("\\boxed{\\frac{24}{2}}", "12", False),
+    ("\\boxed{8 + 8 = 16}", "16", True),  # the value after the last "="
+    ("\\boxed{8 + 8 = 15}", "16", False),
+    ("7 - 8 = -1.", "-1", True),
+    ("\\boxed{-1}.", "-1", True),
 ])
 def test_is_correct(text: str, answer: str, expected: bool) -> None:
     assert is_correct(text, answer) is expected
@@ -280,6 +290,7 @@ def test_check_env_names_broken_rules() -> None:
     ("\\boxed{13}, I mean 12", 0.5),  # the boxed answer is the answer, for the env too
     ("\\boxed{}", 0.0),  # an empty box is not an answer: no format bonus
     ("\\boxed{twelve}", 0.0),
+    ("\\boxed{7 + 5}", 0.0),  # the question boxed is not an answer (math-verify alone would say 12)
 ])
 def test_default_rewards_pay_a_correct_boxed_answer_most_and_a_wrong_one_less_than_any_correct(
         reply: str, total: float) -> None:
