@@ -10,9 +10,11 @@ with the same options and waits for it. ``accelerate launch -m agentrl train ...
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from agentrl.errors import ConfigError
@@ -66,9 +68,33 @@ def config_file(name: str) -> Path:
     raise ConfigError(f"--accelerate-config {name!r} is neither a shipped config ({names}) nor a file")
 
 
+SHUTDOWN_TIMEOUT_S = 900
+"""How long torchrun waits for the processes after Ctrl-C before it kills them (its own default,
+30 s, is shorter than a step's update plus a checkpoint of a real model). A set
+``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` wins."""
+
+
 def run_launched(command: list[str]) -> int:
-    """Run ``command`` with :data:`LAUNCHED` set; its exit status."""
-    return subprocess.run(command, env={**os.environ, LAUNCHED: "1"}, check=False).returncode
+    """Run ``command`` with :data:`LAUNCHED` set; its exit status (130 after Ctrl-C).
+
+    Ctrl-C reaches the launcher (torchrun), which passes it on to the training processes (each in
+    a session of its own) and waits for them to save and stop; this process waits with it instead
+    of being interrupted (Python's default would kill the launcher and return while they run on)."""
+    env = {**os.environ, LAUNCHED: "1"}
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
+    interrupted = False
+
+    def note(signum: int, frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+
+    previous = signal.signal(signal.SIGINT, note) if threading.current_thread() is threading.main_thread() else None
+    try:
+        returncode = subprocess.Popen(command, env=env).wait()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return 130 if interrupted and returncode != 0 else returncode
 
 
 def _free_port() -> int:

@@ -506,7 +506,7 @@ class Trainer:
                 ckpt.remove_partial(run_dir)
             self.hook.agentrl_on_train_start(config=cfg, run_dir=str(run_dir))
         writer = MetricsWriter(run_dir, purge_step=resumed["step"] + 1 if resumed else None) if main else _NoWriter()
-        guard = InterruptGuard()
+        guard = InterruptGuard(collective=distributed.world_size() > 1)
         self.completed_step = resumed["step"] if resumed else 0
         try:
             with guard.installed():
@@ -563,6 +563,8 @@ class Trainer:
         _phase(progress, "rollout")
         try:
             batch, trajectories, metrics = self.rollout_step(step)
+            if _any_process(guard.requested):  # every process stops here together (several processes)
+                raise KeyboardInterrupt
         except KeyboardInterrupt:  # nothing trained yet: rewind to the step boundary
             self.cursor.position = boundary[0]
             ckpt.set_rng_states(boundary[1])
@@ -600,7 +602,7 @@ class Trainer:
                 f"gradient, or no scored episode (max_nonfinite_steps={cfg.max_nonfinite_steps}); stopping. The "
                 f"weights are those after step {last_good}; {self.run_dir}/metrics.jsonl shows the steps "
                 "(train/grad_norm, loss/total, reward/*). Lower learning_rate or check the rewards")
-        if guard.requested:  # deferred to here, or raised inside a callback that swallowed it
+        if _any_process(guard.requested):  # deferred to here, or raised inside a callback that swallowed it
             raise KeyboardInterrupt
         return metrics
 
@@ -729,9 +731,15 @@ class InterruptGuard:
     :meth:`deferred` unit (an update and its records), where the first one is remembered
     (``pending``) and the unit completes; a second one there raises (``broke_unit``). Every one
     sets ``requested``: a KeyboardInterrupt raised inside a finalizer is swallowed by Python, so
-    the loop also stops at the step's end when it sees the request."""
+    the loop also stops at the step's end when it sees the request.
 
-    def __init__(self) -> None:
+    ``collective`` (several processes): Ctrl-C never raises, it only sets ``requested``; the
+    processes agree after each rollout and at each step's end whether any of them saw one, and
+    stop there together. Raising at once would leave the others waiting in (or pairing wrongly
+    with) a collective operation the interrupted process never reaches."""
+
+    def __init__(self, collective: bool = False) -> None:
+        self.collective = collective
         self.pending = self.requested = self.broke_unit = self._deferring = False
 
     @contextlib.contextmanager
@@ -756,6 +764,12 @@ class InterruptGuard:
             self._deferring = False
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.collective:
+            if not self.requested:
+                warnings.warn("Ctrl-C: every process stops at the end of this step's rollout or update, then "
+                              "saves a checkpoint", RuntimeWarning, stacklevel=2)
+            self.requested = True
+            return
         self.requested = True  # seen at the step's end even if the raise below lands where it is swallowed
         if self._deferring and not self.pending:
             self.pending = True
@@ -764,6 +778,12 @@ class InterruptGuard:
             return
         self.broke_unit = self._deferring
         raise KeyboardInterrupt
+
+
+def _any_process(flag: bool) -> bool:
+    """Whether ``flag`` is set on any process (the flag itself in a one-process run); every
+    process must call it at the same point."""
+    return any(distributed.gather_objects(bool(flag)))
 
 
 def _mean_over_processes(values: dict[str, float]) -> dict[str, float]:

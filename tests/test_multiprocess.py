@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,55 @@ def test_groups_must_split_evenly_over_the_processes(tiny_model_dir: Path, tmp_p
     assert result.returncode == 2
     assert "prompts_per_step=3 does not split over 2 processes" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+SLOW_ON_RANK_1 = '''
+import os, time
+from pathlib import Path
+CALLS = []
+
+def vowels(completions, **kwargs):
+    """The vowel share; on process 1 the second call (step 2) first marks MARKER and waits, so
+    that process 0 is already inside the step's collectives when Ctrl-C comes."""
+    CALLS.append(1)
+    if os.environ.get("RANK") == "1" and len(CALLS) == 2:
+        Path(MARKER).write_text("scoring")
+        time.sleep(6)
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
+'''
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_stops_every_process_at_one_step_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Ctrl-C in a terminal (SIGINT to the launcher's process group) while the processes are in
+    different phases of step 2 (process 1 still scoring, process 0 already waiting in the step's
+    collectives): every process stops at the same step boundary, the last complete step is saved,
+    the exit status is 130, and ``--resume`` continues to the same result as one process."""
+    marker = tmp_path / "scoring"
+    args = common(tiny_model_dir, tmp_path, "grpo", "checkpoint_every=0")
+    reward = tmp_path / "slow.py"
+    reward.write_text(f"MARKER = {str(marker)!r}\n" + SLOW_ON_RANK_1)
+    args[args.index(f"{tmp_path / 'vowels.py'}:vowels")] = f"{reward}:vowels"
+    agentrl(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
+    two = tmp_path / "two"
+    launcher = subprocess.Popen([sys.executable, "-m", "agentrl", *args, "--max-steps", "3", "--output-dir", str(two),
+                                 "--num-processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "AGENTRL_LAUNCHED": ""}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists() and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), "process 1 never reached step 2's scoring"
+        time.sleep(2)  # process 0 is past its own rollout, waiting for process 1
+        os.killpg(launcher.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        out, err = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 130, out[-3000:] + err[-3000:]
+    assert "interrupted after step 1" in err, err[-3000:]
+    assert (two / "checkpoints" / "step-000001" / "COMPLETE").exists()
+    assert [row["step"] for row in metric_rows(two)] == [1]
+    agentrl("train", "--resume", str(two), "--num-processes", "2")
+    assert_same_run(tmp_path / "one", two)
