@@ -101,7 +101,8 @@ class SetupContext:
     """What ``Algorithm.setup`` receives: the run's models, tools and config."""
 
     model: torch.nn.Module
-    """The policy (a HF causal LM, fp32 master weights, not yet wrapped by accelerate)."""
+    """The policy (a HF causal LM, fp32 master weights, not yet prepared by accelerate: ``setup`` runs
+    before the policy is wrapped, so under FSDP it is still whole and a copy of it is a plain module)."""
     tokenizer: Any
     """The policy's tokenizer."""
     accelerator: Any

@@ -178,6 +178,7 @@ def train(
 
             console.print(yaml.safe_dump(resolved_dict(cfg, manager), sort_keys=False), highlight=False)
             return
+        from agentrl import sharding
         from agentrl.trainer import Trainer
 
         console.print(f"[bold]agentrl[/] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.max_steps} steps x "
@@ -185,6 +186,8 @@ def train(
         _quiet_library_progress()
         trainer = Trainer(cfg, manager, resume=checkpoint)
         console.print(_rewards_line(cfg, trainer), highlight=False)
+        if trainer.num_processes > 1:
+            console.print(sharding.layout(trainer.accelerator), highlight=False)
         progress = _Progress(cfg.max_steps)
         if trainer.resumed:
             progress.bar.update(progress.task, completed=trainer.resumed["step"])

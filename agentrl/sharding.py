@@ -5,14 +5,37 @@ trained object. Each process then keeps one plain replica of the model (made bef
 for its engine, and after every update the full weights are gathered from the shards into it
 (:func:`gather_into`), a collective every process calls. DDP and ZeRO-2 replicate the weights:
 no replica is made and the engine samples from the trained model as on one process.
+
+On a machine without a GPU accelerate would run an FSDP config as plain DDP, silently;
+:func:`make_accelerator` keeps it FSDP (PyTorch shards over gloo on a CPU), so the sharded
+path is the one tested on a CPU and the config a user names is the one that runs.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import torch
+
+
+def make_accelerator() -> Any:
+    """The run's ``Accelerator``: on a CPU (gloo) when no GPU is present, FSDP when the launch asked
+    for it (``ACCELERATE_USE_FSDP``, set by ``accelerate launch`` from an FSDP config) even on a CPU."""
+    from accelerate import Accelerator
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    asked_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if asked_fsdp and accelerator.distributed_type == DistributedType.MULTI_CPU:
+        # accelerate enables FSDP for GPU process groups only; its FSDP preparation runs over gloo too.
+        # Set as accelerate sets it on GPUs: the plugin from the launch's env, the type in both states.
+        accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin()
+        accelerator.state.distributed_type = DistributedType.FSDP
+        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    return accelerator
 
 
 def shards_weights(accelerator: Any) -> bool:
@@ -25,6 +48,15 @@ def shards_weights(accelerator: Any) -> bool:
     if kind == DistributedType.DEEPSPEED:
         return int(accelerator.state.deepspeed_plugin.zero_stage) == 3
     return False
+
+
+def layout(accelerator: Any) -> str:
+    """One line on how the processes hold the policy's weights (printed at start-up)."""
+    kind = accelerator.distributed_type.value
+    if shards_weights(accelerator):
+        return (f"{accelerator.num_processes} processes ({kind}): weights sharded; each samples from a full "
+                "replica gathered after every update")
+    return f"{accelerator.num_processes} processes ({kind}): weights replicated"
 
 
 def sampling_replica(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module | None:
@@ -71,3 +103,16 @@ def gather_into(accelerator: Any, prepared: torch.nn.Module, replica: torch.nn.M
     if unexpected or set(missing) - tied:
         raise RuntimeError(f"gathered weights do not fit the sampling replica: missing {sorted(missing)[:5]}, "
                            f"unexpected {sorted(unexpected)[:5]}")
+
+
+def shape_template(module: torch.nn.Module) -> torch.nn.Module:
+    """A weightless copy of ``module`` (on the meta device) to save its gathered weights into later
+    (call before ``accelerator.prepare``: FSDP shards the module in place)."""
+    return copy.deepcopy(module).to("meta")
+
+
+def unsharded(template: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """``template`` (from :func:`shape_template`) holding ``state``, a full state dict, on the CPU."""
+    module = template.to_empty(device="cpu")
+    module.load_state_dict({k: v.cpu() for k, v in state.items()})
+    return module

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from accelerate import Accelerator
 from accelerate.utils import set_seed
 from transformers import get_scheduler
 
@@ -167,7 +166,7 @@ class Trainer:
         if resume is None:
             check_output_dir(self.run_dir)
             refuse_existing_run(self.run_dir)
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        self.accelerator = sharding.make_accelerator()
         self.num_processes, self.is_main = self.accelerator.num_processes, self.accelerator.is_main_process
         set_seed(config.seed + self.accelerator.process_index)  # process 0 seeds as a one-process run
         check_process_split(config, self.num_processes)
@@ -195,6 +194,12 @@ class Trainer:
             self.model if lora.is_adapted(self.model) else self._frozen_copy(self.model))
         self.replica = sharding.sampling_replica(self.accelerator, self.model)  # FSDP / ZeRO-3 only
         check_sharded_run(config, self.replica is not None)
+        # The base model (with LoRA, its plain view: the adapter is zero at setup) for e.g. a critic's copy,
+        # before accelerate prepares the policy (FSDP shards the model in place; a copy of it would be sharded).
+        self.algorithm.setup(SetupContext(model=lora.sampling_model(self.model), tokenizer=self.tokenizer,
+                                          accelerator=self.accelerator,
+                                          config=config, autocast=self.autocast,
+                                          micro_batch_rows=self.micro_batch_rows))
         self.policy = TokenLogprobs(self.model, temperature=config.temperature)
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                            lr=config.learning_rate,
@@ -210,11 +215,7 @@ class Trainer:
                                  tokenizer=self.tokenizer, config=config)
         rollout_cls = manager.registry.get("rollout", config.rollout).factory
         self.rollout = rollout_cls(engine=self.engine, tokenizer=self.tokenizer, config=config)
-        # The base model (with LoRA, its plain view: the adapter is zero at setup) for e.g. a critic's copy.
-        self.algorithm.setup(SetupContext(model=lora.sampling_model(self.model), tokenizer=self.tokenizer,
-                                          accelerator=self.accelerator,
-                                          config=config, autocast=self.autocast,
-                                          micro_batch_rows=self.micro_batch_rows))
+        self.owned_templates: dict[str, torch.nn.Module] = {}  # FSDP / ZeRO-3 only
         self.owned = self._prepare_owned(self.algorithm.trainable_modules())
         self.nonfinite_skips = 0  # optimizer steps skipped over the run
         self.skipped_in_a_row = 0  # rollout steps in a row whose update was skipped entirely
@@ -238,6 +239,8 @@ class Trainer:
             if name in ("model", "policy") or not name.isidentifier():
                 raise ConfigError(f"algorithm {self.config.algo!r} owns a module named {name!r}: use an identifier "
                                   "other than 'model' and 'policy' (it names a folder in the run dir)")
+            if self.replica is not None:  # sharded: its shape, to save the gathered weights into at the end
+                self.owned_templates[name] = sharding.shape_template(spec.module)
             params = [p for p in spec.module.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, betas=spec.betas,
                                           weight_decay=spec.weight_decay)
@@ -348,14 +351,18 @@ class Trainer:
         return [batch.select(rows) for rows in self.micro_batch_rows(batch)]
 
     def micro_batch_rows(self, batch: TrainBatch) -> list[list[int]]:
-        """Row groups, longest rows first, within ``micro_batch_size`` and ``micro_batch_tokens``."""
-        return plan_micro_batches(batch.lengths.tolist(), self.config.micro_batch_size,
+        """Row groups, longest rows first, within ``micro_batch_size`` and ``micro_batch_tokens``; with
+        sharded weights as many groups on every process (each forward gathers the shards: a collective)."""
+        plan = plan_micro_batches(batch.lengths.tolist(), self.config.micro_batch_size,
                                   self.config.micro_batch_tokens)
+        if self.replica is None:
+            return plan
+        return split_to_count(plan, max(distributed.gather_objects(len(plan))))
 
     @torch.no_grad()
-    def frozen_logprobs(self, module: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
-        """Logprobs of ``module`` (policy snapshot or reference) for the whole batch, no grad."""
-        scorer = TokenLogprobs(module, temperature=self.config.temperature)
+    def frozen_logprobs(self, scorer: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+        """Logprobs of ``scorer`` (a ``TokenLogprobs``: the policy's or the reference's) for the whole
+        batch, no grad."""
         out = torch.zeros_like(batch.loss_mask)
         for rows in self.micro_batch_rows(batch):
             mb = batch.select(rows)
@@ -377,10 +384,12 @@ class Trainer:
                           RuntimeWarning, stacklevel=2)
             return
         if self.needs_old_logprobs:
-            batch.extras["old_logprobs"] = self.frozen_logprobs(self.model, batch)
+            # The prepared policy's own module: under FSDP its hooks gather the shards (self.model's alone do not).
+            batch.extras["old_logprobs"] = self.frozen_logprobs(self.accelerator.unwrap_model(self.policy), batch)
         if self.ref_model is not None:
             with lora.adapter_disabled(self.ref_model):
-                batch.extras["ref_logprobs"] = self.frozen_logprobs(self.ref_model, batch)
+                reference = TokenLogprobs(self.ref_model, temperature=self.config.temperature)
+                batch.extras["ref_logprobs"] = self.frozen_logprobs(reference, batch)
         for factor in self.hook.agentrl_adjust_loss_mask(batch=batch, config=self.config, settings=self.settings,
                                                          metrics=metrics):
             batch.loss_mask = batch.loss_mask * factor.to(batch.loss_mask.device)
@@ -530,6 +539,7 @@ class Trainer:
             writer.close()
             raise self._interrupted(guard) from None
         _report(progress, "eval after", eval_after)
+        owned_states = self.gather_owned() if cfg.save_model else {}  # a collective under FSDP / ZeRO-3
         if main:
             if eval_after:
                 writer.write(cfg.max_steps, {f"final/{k}": v for k, v in eval_after.items()})
@@ -541,7 +551,7 @@ class Trainer:
                 record["best"] = self.best_record = {**self.best.summary(), "saved_as_model": bool(kept_best)}
             (run_dir / "eval.json").write_text(json.dumps(record, indent=2))
             if cfg.save_model:
-                self.export(run_dir, "last" if kept_best else "model")
+                self.export(run_dir, "last" if kept_best else "model", owned_states)
             if kept_best:  # the best evaluated policy is the run's model; the last one is in last/
                 shutil.rmtree(run_dir / "model", ignore_errors=True)
                 self.best.folder.rename(run_dir / "model")
@@ -705,15 +715,23 @@ class Trainer:
         (self.replica if self.replica is not None else lora.sampling_model(policy)).save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
 
-    def export(self, run_dir: Path, name: str = "model") -> None:
+    def gather_owned(self) -> dict[str, torch.nn.Module]:
+        """The algorithm's modules whole, by name, when the run shards weights (every process calls
+        this: the gather is a collective); empty otherwise (they are whole already)."""
+        return {name: sharding.unsharded(self.owned_templates[name], sharding.full_state_dict(self.accelerator, spec.module))
+                for name, (spec, _, _) in self.owned.items() if name in self.owned_templates}
+
+    def export(self, run_dir: Path, name: str = "model", gathered: dict[str, torch.nn.Module] | None = None) -> None:
         """The final model in ``run_dir/name`` (``from_pretrained``-loadable, with its tokenizer; with
-        LoRA merged, plus the adapter alone in ``adapter/``) and the algorithm's modules."""
+        LoRA merged, plus the adapter alone in ``adapter/``) and the algorithm's modules (``gathered``:
+        their whole copies under FSDP / ZeRO-3, from :meth:`gather_owned`)."""
         policy = self.accelerator.unwrap_model(self.policy).model
         self.save_policy(run_dir / name)
         if lora.is_adapted(policy):
             lora.save_adapter(policy, run_dir / "adapter")
         for name, (spec, _, _) in self.owned.items():
-            save_module(self.accelerator.unwrap_model(spec.module), run_dir / name)
+            whole = (gathered or {}).get(name)
+            save_module(whole if whole is not None else self.accelerator.unwrap_model(spec.module), run_dir / name)
 
 
 class _NoWriter:
@@ -848,6 +866,20 @@ def save_module(module: torch.nn.Module, folder: Path) -> None:
         module.save_pretrained(folder)
     else:
         torch.save(module.state_dict(), folder / "state_dict.pt")
+
+
+def split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
+    """``groups`` split further, largest first, into ``count`` groups (each split halves a group in
+    order, so every limit a group met still holds)."""
+    groups = [list(g) for g in groups]
+    while len(groups) < count:
+        i = max(range(len(groups)), key=lambda j: len(groups[j]))
+        if len(groups[i]) < 2:
+            raise RuntimeError(f"cannot run {count} micro-batches on {sum(map(len, groups))} rows: under FSDP / ZeRO-3 "
+                               "every process needs as many rows as the process with the most micro-batches")
+        half = (len(groups[i]) + 1) // 2
+        groups[i:i + 1] = [groups[i][:half], groups[i][half:]]
+    return groups
 
 
 def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[list[int]]:

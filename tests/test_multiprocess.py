@@ -119,6 +119,41 @@ def test_ppo_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp_path:
     assert refused.returncode == 2 and "written by 2 process(es)" in refused.stderr
 
 
+PREAMBLE = "Read this slowly and with great care, because every word of it matters a great deal to the person who is asking: "
+
+
+def mixed_length_questions(path: Path) -> Path:
+    """A math data file whose questions are short (a row of about 60 tokens) or long (about 130)."""
+    rows = [{"question": (PREAMBLE * 3 if i % 2 else "") + f"What is {i} + 3?", "answer": str(i + 3)}
+            for i in range(40)]
+    path.write_text("\n".join(json.dumps(row) for row in rows))
+    return path
+
+
+@pytest.mark.timeout(900)
+def test_fsdp_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``--accelerate-config fsdp`` on this CPU: FSDP2 shards the policy and PPO's critic over gloo,
+    each process samples from a replica gathered after every update, and the run equals one process
+    (weights of both modules, metrics, completions). Questions of two lengths and a token budget that
+    fits one long row or four short ones give the processes different micro-batch counts in a step;
+    every forward gathers the shards, so they must run as many (split_to_count)."""
+    data = mixed_length_questions(tmp_path / "questions.jsonl")
+    args = common(tiny_model_dir, tmp_path, "ppo", "checkpoint_every=0", "algorithm.mini_batches=1",
+                  "algorithm.ppo_epochs=2", f"env_args.data_file={data}", "micro_batch_tokens=263")
+    agentrl(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
+    two = tmp_path / "two"
+    launched = agentrl(*args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2",
+                       "--accelerate-config", "fsdp")
+    assert "2 processes (FSDP): weights sharded" in launched.stdout
+    assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
+    long_groups: dict[tuple[int, int], int] = {}  # (step, process) -> groups with a long question
+    for line in (two / "completions.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        key = (row["step"], row["group"] // 2)  # 4 groups a step, 2 per process, in order
+        long_groups[key] = long_groups.get(key, 0) + (PREAMBLE in row["messages"][0]["content"]) / 4
+    assert any(long_groups[(step, 0)] != long_groups[(step, 1)] for step in (1, 2, 3)), long_groups
+
+
 def test_groups_must_split_evenly_over_the_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "agentrl", "train", "--model", str(tiny_model_dir),
                              "--prompts-per-step", "3", "--num-processes", "2",

@@ -42,7 +42,7 @@ def _forged_batch(trainer: Trainer, offsets: list[float]):
     """A rollout batch whose sampler logprobs are the trainer's own plus a known offset per row,
     so that log(pi_old / pi_sampler) = -offset on every sampled token of that row."""
     batch, _, metrics = trainer.rollout_step(1)
-    old = trainer.frozen_logprobs(trainer.model, batch)
+    old = trainer.frozen_logprobs(trainer.accelerator.unwrap_model(trainer.policy), batch)
     shift = torch.tensor(offsets, dtype=old.dtype)[:, None]
     batch.sampler_logprobs = (old + shift) * batch.loss_mask
     return batch, metrics
