@@ -116,3 +116,37 @@ def unsharded(template: torch.nn.Module, state: dict[str, torch.Tensor]) -> torc
     module = template.to_empty(device="cpu")
     module.load_state_dict({k: v.cpu() for k, v in state.items()})
     return module
+
+
+def whole_optimizer_state(prepared: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+    """The optimizer state of an FSDP-prepared module, whole and keyed by parameter name, on the
+    main process (empty on the others). A collective: every process calls it. Independent of
+    the process count, so a checkpoint holds one copy, not one per process."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(prepared, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def whole_module_state(prepared: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of an FSDP-prepared module, whole, on the main process (empty on the others).
+    A collective: every process calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(prepared, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_whole_state(prepared: torch.nn.Module, optimizer: Any, module_state: dict[str, torch.Tensor],
+                     optimizer_state: dict[str, Any]) -> None:
+    """Shard whole state dicts (from :func:`whole_module_state` and :func:`whole_optimizer_state`,
+    read by every process) back into an FSDP-prepared module and its optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(prepared, optimizer, model_state_dict=module_state, optim_state_dict=optimizer_state,
+                   options=StateDictOptions(full_state_dict=True))
+
+
+def is_fsdp(accelerator: Any) -> bool:
+    """Whether the run is sharded by FSDP (its checkpoints go through :func:`whole_optimizer_state`)."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type == DistributedType.FSDP

@@ -124,12 +124,11 @@ class TaskCursor:
         return out
 
 
-def check_sharded_run(config: TrainConfig, sharded: bool) -> None:
+def check_sharded_run(config: TrainConfig, sharded: bool, fsdp: bool) -> None:
     """What a run with sharded weights (FSDP, ZeRO-3) cannot do yet: a ConfigError naming it."""
-    if sharded and config.checkpoint_every:
-        raise ConfigError(f"checkpoint_every={config.checkpoint_every}: checkpoints of sharded weights and optimizer "
-                          "state (FSDP, ZeRO-3) are not supported yet; set checkpoint_every=0 (the final model is "
-                          "still saved) or use ddp / zero2")
+    if sharded and not fsdp and config.checkpoint_every:
+        raise ConfigError(f"checkpoint_every={config.checkpoint_every}: checkpoints of DeepSpeed ZeRO-3 runs are not "
+                          "supported yet; set checkpoint_every=0 (the final model is still saved) or use fsdp / zero2")
     if sharded and config.lora is not None:
         raise ConfigError("lora with sharded weights (FSDP, ZeRO-3) is not supported yet: use ddp or zero2")
 
@@ -193,7 +192,7 @@ class Trainer:
         self.ref_model = None if not self.algorithm.needs_reference else (
             self.model if lora.is_adapted(self.model) else self._frozen_copy(self.model))
         self.replica = sharding.sampling_replica(self.accelerator, self.model)  # FSDP / ZeRO-3 only
-        check_sharded_run(config, self.replica is not None)
+        check_sharded_run(config, self.replica is not None, sharding.is_fsdp(self.accelerator))
         # The base model (with LoRA, its plain view: the adapter is zero at setup) for e.g. a critic's copy,
         # before accelerate prepares the policy (FSDP shards the model in place; a copy of it would be sharded).
         self.algorithm.setup(SetupContext(model=lora.sampling_model(self.model), tokenizer=self.tokenizer,
@@ -634,6 +633,17 @@ class Trainer:
         Every process calls it (each one's RNG and engine state is kept); the main one writes."""
         unwrap = self.accelerator.unwrap_model
         processes = distributed.gather_objects({"rng": ckpt.rng_states(), "engine": self.engine.state_dict()})
+        sharded = self.replica is not None  # FSDP (check_sharded_run): whole states, gathered by every process
+        if sharded:
+            self.sampling_model()  # the replica now holds the whole policy
+            optim_states = {"policy": sharding.whole_optimizer_state(self.policy, self.optimizer)}
+            optim_states.update({name: sharding.whole_optimizer_state(spec.module, opt)
+                                 for name, (spec, opt, _) in self.owned.items()})
+            module_states = {name: sharding.whole_module_state(spec.module) for name, (spec, _, _) in self.owned.items()}
+        else:
+            optim_states = {"policy": self.optimizer.state_dict()}
+            optim_states.update({name: opt.state_dict() for name, (_, opt, _) in self.owned.items()})
+            module_states = {name: unwrap(spec.module).state_dict() for name, (spec, _, _) in self.owned.items()}
         if not self.is_main:
             distributed.barrier()  # returns once the checkpoint is complete on disk
             return ckpt.checkpoint_dir(self.run_dir, step)
@@ -642,13 +652,12 @@ class Trainer:
             if lora.is_adapted(self.model):  # the adapter alone: the base is config.model, unchanged
                 lora.save_adapter(self.model, folder / "adapter")
             else:
-                self.model.save_pretrained(folder / "model")
+                (self.replica if sharded else self.model).save_pretrained(folder / "model")
                 self.tokenizer.save_pretrained(folder / "model")
-            optim = {"policy": (self.optimizer.state_dict(), self.scheduler.state_dict())}
-            optim.update({name: (opt.state_dict(), sched.state_dict()) for name, (_, opt, sched) in self.owned.items()})
-            torch.save({name: unwrap(spec.module).state_dict() for name, (spec, _, _) in self.owned.items()},
-                       folder / "modules.pt")
-            torch.save(optim, folder / "optimizers.pt")
+            schedules = {"policy": self.scheduler.state_dict()}
+            schedules.update({name: sched.state_dict() for name, (_, _, sched) in self.owned.items()})
+            torch.save(module_states, folder / "modules.pt")
+            torch.save({name: (optim_states[name], schedules[name]) for name in optim_states}, folder / "optimizers.pt")
             plugins: dict[str, Any] = {}
             self.hook.agentrl_save_state(state=plugins)
             torch.save({"rng": processes[0]["rng"], "engine": processes[0]["engine"], "processes": processes,
@@ -658,7 +667,7 @@ class Trainer:
                 "metrics_bytes": ckpt.file_size(self.run_dir / "metrics.jsonl"),
                 "completions_bytes": ckpt.file_size(self.run_dir / "completions.jsonl"),
                 "nonfinite_skips": self.nonfinite_skips, "skipped_in_a_row": self.skipped_in_a_row,
-                "eval_before": self.eval_before, "config": self.config.to_dict()}, indent=1))
+                "eval_before": self.eval_before, "sharded": sharded, "config": self.config.to_dict()}, indent=1))
 
         folder = ckpt.write_atomically(self.run_dir, step, write, self.config.keep_checkpoints)
         distributed.barrier()
@@ -667,17 +676,30 @@ class Trainer:
     def load_checkpoint(self, folder: Path) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save_checkpoint`; returns its trainer state."""
         state = json.loads((folder / "trainer_state.json").read_text())
+        sharded = self.replica is not None
+        if bool(state.get("sharded", False)) != sharded:
+            written, needed = ("an FSDP run", "--accelerate-config fsdp") if state.get("sharded") else (
+                "a run without sharded weights", "the accelerate config it was written with (not fsdp)")
+            raise ConfigError(f"checkpoint {str(folder)!r} was written by {written}; resume it with {needed}")
+        modules = torch.load(folder / "modules.pt", weights_only=False)
+        optim = torch.load(folder / "optimizers.pt", weights_only=False)
         if lora.is_adapted(self.model):
             lora.load_adapter(self.model, folder / "adapter")
+        elif sharded:  # whole states, sharded again as this run's processes hold them
+            load_weights(self.replica, folder / "model")
+            policy_state = {f"model.{key}": value for key, value in self.replica.state_dict().items()}
+            sharding.load_whole_state(self.policy, self.optimizer, policy_state, optim["policy"][0])
         else:
             load_weights(self.model, folder / "model")
-        modules = torch.load(folder / "modules.pt", weights_only=False)
-        for name, (spec, _, _) in self.owned.items():
-            self.accelerator.unwrap_model(spec.module).load_state_dict(modules[name])
-        optim = torch.load(folder / "optimizers.pt", weights_only=False)
+        for name, (spec, opt, _) in self.owned.items():
+            if sharded:
+                sharding.load_whole_state(spec.module, opt, modules[name], optim[name][0])
+            else:
+                self.accelerator.unwrap_model(spec.module).load_state_dict(modules[name])
         pairs = [("policy", self.optimizer, self.scheduler)] + [(n, o, s) for n, (_, o, s) in self.owned.items()]
         for name, optimizer, scheduler in pairs:
-            optimizer.load_state_dict(optim[name][0])
+            if not sharded:
+                optimizer.load_state_dict(optim[name][0])
             scheduler.load_state_dict(optim[name][1])
             reapply_schedule(scheduler)  # --resume --max-steps N: the rate of the schedule as now configured
         extra = torch.load(folder / "state.pt", weights_only=False)

@@ -138,7 +138,7 @@ def test_fsdp_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
     fits one long row or four short ones give the processes different micro-batch counts in a step;
     every forward gathers the shards, so they must run as many (split_to_count)."""
     data = mixed_length_questions(tmp_path / "questions.jsonl")
-    args = common(tiny_model_dir, tmp_path, "ppo", "checkpoint_every=0", "algorithm.mini_batches=1",
+    args = common(tiny_model_dir, tmp_path, "ppo", "checkpoint_every=1", "algorithm.mini_batches=1",
                   "algorithm.ppo_epochs=2", f"env_args.data_file={data}", "micro_batch_tokens=263")
     agentrl(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
     two = tmp_path / "two"
@@ -152,6 +152,18 @@ def test_fsdp_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
         key = (row["step"], row["group"] // 2)  # 4 groups a step, 2 per process, in order
         long_groups[key] = long_groups.get(key, 0) + (PREAMBLE in row["messages"][0]["content"]) / 4
     assert any(long_groups[(step, 0)] != long_groups[(step, 1)] for step in (1, 2, 3)), long_groups
+    # Checkpoints hold whole states (gathered from the shards): resume from step 2, sharded again.
+    state = json.loads((two / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
+    assert state["sharded"] is True
+    shutil.rmtree(two / "checkpoints" / "step-000003")
+    for leftover in ("model", "critic", "eval.json"):
+        path = two / leftover
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    agentrl("train", "--resume", str(two), "--num-processes", "2", "--accelerate-config", "fsdp")
+    assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
+    refused = subprocess.run([sys.executable, "-m", "agentrl", "train", "--resume", str(two)],
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "resume it with --accelerate-config fsdp" in refused.stderr, refused.stderr[-2000:]
 
 
 def test_groups_must_split_evenly_over_the_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
