@@ -100,6 +100,18 @@ def test_warmup_steps_work_with_the_default_constant_schedule(tiny_model_dir, tm
     assert rates == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
 
 
+def test_wsd_schedule_warms_up_holds_then_decays_linearly_to_zero(tiny_model_dir, tmp_path):
+    """Hand-derived: 2 warm-up steps (0, lr/2), 4 steps at lr, then 4 decay steps of lr/4 each."""
+    trainer = Trainer(_config(tiny_model_dir, tmp_path, max_steps=10, warmup_steps=2, learning_rate=1e-3,
+                              lr_scheduler="wsd", lr_decay_steps=4), load_plugins())
+    rates = []
+    for _ in range(11):
+        rates.append(trainer.scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+    assert rates == pytest.approx([0.0, 5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0], abs=1e-12)
+
+
 def test_a_non_finite_loss_never_reaches_the_weights(tiny_model_dir, tmp_path):
     from agentrl_grpo import GRPO
 
