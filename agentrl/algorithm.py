@@ -89,7 +89,8 @@ class TrainableModule:
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
     lr_scheduler: str = "constant"
-    """``constant``, ``linear`` or ``cosine`` (as ``TrainConfig.lr_scheduler``)."""
+    """``constant``, ``linear``, ``cosine`` or ``wsd`` (as ``TrainConfig.lr_scheduler``; ``wsd``
+    decays over the last 0.375 of the run)."""
     warmup_steps: int = 0
     """Linear warm-up, in this module's optimizer steps."""
     max_grad_norm: float | None = 1.0

@@ -86,13 +86,15 @@ class TrainConfig:
 
     learning_rate: float = 2e-5
     """AdamW peak learning rate."""
-    lr_scheduler: str = "constant"
-    """``constant``, ``linear`` (decay to 0), ``cosine`` or ``wsd`` (warm-up, stable, decay: constant,
-    then linear to 0 over the last ``lr_decay_steps``); after ``warmup_steps``."""
+    lr_scheduler: str = "wsd"
+    """``wsd`` (warm-up, stable, decay: constant, then linear to 0 over the last
+    ``lr_decay_fraction`` of the run), ``constant``, ``linear`` (decay to 0) or ``cosine``; after
+    ``warmup_steps``."""
     warmup_steps: int = 0
     """Linear warm-up steps."""
-    lr_decay_steps: int = 0
-    """``wsd`` only: optimizer steps of the final linear decay to 0 (>= 1 there)."""
+    lr_decay_fraction: float = 0.375
+    """``wsd`` only: share of the optimizer steps after warm-up that decay the learning rate
+    linearly to 0 (rounded, at least one step); 0.375 is the last 15 of the default 40 steps."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     adam_betas: tuple[float, float] = (0.9, 0.99)
@@ -172,7 +174,7 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("eval_tasks", "eval_every", "warmup_steps", "lr_decay_steps", "log_completions_every",
+        for key in ("eval_tasks", "eval_every", "warmup_steps", "log_completions_every",
                     "checkpoint_every"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
@@ -196,6 +198,9 @@ class TrainConfig:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        if not 0 < self.lr_decay_fraction <= 1:
+            raise ConfigError(f"lr_decay_fraction must be in (0, 1] (the share of the run the wsd decay lasts), "
+                              f"got {self.lr_decay_fraction!r}")
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if not all(0 <= beta < 1 for beta in self.adam_betas):
@@ -204,7 +209,7 @@ class TrainConfig:
             raise ConfigError(f"max_grad_norm must be > 0 or null, got {self.max_grad_norm!r}")
         if self.call_timeout_s <= 0:
             raise ConfigError(f"call_timeout_s must be > 0, got {self.call_timeout_s!r}")
-        for key, allowed in (("lr_scheduler", ("constant", "linear", "cosine", "wsd")), ("precision", ("bf16", "fp32")),
+        for key, allowed in (("lr_scheduler", ("wsd", "constant", "linear", "cosine")), ("precision", ("bf16", "fp32")),
                              ("reward_completion_format", ("conversational", "plain")),
                              ("on_call_error", ("skip", "fail"))):
             if getattr(self, key) not in allowed:
@@ -526,10 +531,6 @@ def check_startup(config: TrainConfig, registry: Any) -> None:
         raise ConfigError(f"warmup_steps={config.warmup_steps} must be < the run's {total} optimizer steps "
                           "(max_steps x the algorithm's epochs x mini-batches): the learning rate would never "
                           "reach learning_rate")
-    if config.lr_scheduler == "wsd" and not 1 <= config.lr_decay_steps <= total - config.warmup_steps:
-        raise ConfigError(f"lr_scheduler=wsd needs 1 <= lr_decay_steps <= {total - config.warmup_steps} (the run's {total} "
-                          f"optimizer steps after warmup_steps={config.warmup_steps}), got lr_decay_steps="
-                          f"{config.lr_decay_steps}")
     if not algorithm.trains_policy(config.max_steps):
         raise ConfigError(f"algorithm {config.algo!r} with these options never updates the policy within "
                           f"max_steps={config.max_steps} (e.g. a critic warm-up as long as the run)")

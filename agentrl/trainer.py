@@ -206,7 +206,7 @@ class Trainer:
         self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
         # The schedule is not prepared: accelerate's wrapper would step it once per process per step.
         self.scheduler = build_scheduler(self.optimizer, config.lr_scheduler, config.warmup_steps,
-                                         self.optimizer_steps_per_run, config.lr_decay_steps)
+                                         self.optimizer_steps_per_run, config.lr_decay_fraction)
         if self.ref_model is not None:  # not prepared (no grads, no optimizer): place it by hand
             self.ref_model.to(self.accelerator.device)
         engine_cls = manager.registry.get("engine", config.engine).factory
@@ -927,16 +927,23 @@ def reapply_schedule(scheduler: Any) -> None:
         scheduler.step()
 
 
+def wsd_decay_steps(fraction: float, steps_after_warmup: int) -> int:
+    """Optimizer steps of the wsd decay: ``fraction`` of the steps after warm-up, rounded, at least
+    one and at most all of them (0.375 of 40 is 15)."""
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"lr_decay_fraction must be in (0, 1], got {fraction!r}")
+    return min(max(1, round(fraction * steps_after_warmup)), max(1, steps_after_warmup))
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, name: str, warmup_steps: int, total_steps: int,
-                    decay_steps: int = 0) -> Any:
+                    decay_fraction: float = 0.375) -> Any:
     """A transformers LR schedule; ``constant`` with warm-up is ``constant_with_warmup`` (the plain
     ``constant`` schedule ignores ``num_warmup_steps``); ``wsd`` is transformers' warm-up, stable,
-    decay schedule with a linear decay to 0 over the last ``decay_steps``."""
+    decay schedule, decaying linearly to 0 over :func:`wsd_decay_steps` of the steps."""
     if name == "constant" and warmup_steps > 0:
         name = "constant_with_warmup"
     if name == "wsd":
-        if not 1 <= decay_steps <= total_steps - warmup_steps:
-            raise ConfigError(f"lr_scheduler=wsd needs 1 <= lr_decay_steps <= {total_steps - warmup_steps}, got {decay_steps}")
+        decay_steps = wsd_decay_steps(decay_fraction, total_steps - warmup_steps)
         return get_scheduler("warmup_stable_decay", optimizer, num_warmup_steps=warmup_steps,
                              num_training_steps=total_steps,
                              scheduler_specific_kwargs={"num_decay_steps": decay_steps, "decay_type": "linear"})

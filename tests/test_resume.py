@@ -165,6 +165,21 @@ def test_resume_refuses_what_cannot_be_continued(tiny_model_dir, tmp_path):
     assert config.max_steps == 3
 
 
+
+def test_training_longer_replans_the_wsd_decay(tiny_model_dir, tmp_path):
+    """Hand-derived: 2 steps with half decaying run at lr, lr (the decay's first step is still lr);
+    resumed to 4 steps, the decay moves to the last 2: lr, lr/2. The saved schedule state is the
+    step count; the rates come from the new length."""
+    out = tmp_path / "run"
+    Trainer(_config(tiny_model_dir, out, max_steps=2, warmup_steps=0, eval_tasks=0, save_model=False,
+                    lr_scheduler="wsd", lr_decay_fraction=0.5), load_plugins()).train()
+    config, checkpoint = resume_config(out, max_steps=4)
+    Trainer(config, load_plugins(), resume=checkpoint).train()
+    rates = [json.loads(line)["train/learning_rate"] for line in (out / "metrics.jsonl").read_text().splitlines()
+             if "train/learning_rate" in json.loads(line)]
+    assert rates == pytest.approx([1e-3, 1e-3, 1e-3, 5e-4], abs=1e-12)
+
+
 NAN_FACTORS = '''
 import torch
 from agentrl import hookimpl

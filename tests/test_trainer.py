@@ -12,7 +12,7 @@ from agentrl.evaluate import evaluate
 from agentrl.models import load_model
 from agentrl.plugins import load_plugins
 from agentrl.testing import GradientRecorder, parity_reward
-from agentrl.trainer import Trainer, plan_micro_batches
+from agentrl.trainer import Trainer, plan_micro_batches, wsd_decay_steps
 
 
 def _config(model_dir, tmp_path, **overrides) -> TrainConfig:
@@ -101,15 +101,27 @@ def test_warmup_steps_work_with_the_default_constant_schedule(tiny_model_dir, tm
 
 
 def test_wsd_schedule_warms_up_holds_then_decays_linearly_to_zero(tiny_model_dir, tmp_path):
-    """Hand-derived: 2 warm-up steps (0, lr/2), 4 steps at lr, then 4 decay steps of lr/4 each."""
+    """Hand-derived: 2 warm-up steps (0, lr/2), 4 steps at lr, then 4 decay steps (half of the 8 after
+    warm-up) of lr/4 each."""
     trainer = Trainer(_config(tiny_model_dir, tmp_path, max_steps=10, warmup_steps=2, learning_rate=1e-3,
-                              lr_scheduler="wsd", lr_decay_steps=4), load_plugins())
+                              lr_scheduler="wsd", lr_decay_fraction=0.5), load_plugins())
     rates = []
     for _ in range(11):
         rates.append(trainer.scheduler.get_last_lr()[0])
         trainer.optimizer.step()
         trainer.scheduler.step()
     assert rates == pytest.approx([0.0, 5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0], abs=1e-12)
+
+
+@pytest.mark.parametrize(("fraction", "steps", "expected"), [
+    (0.375, 40, 15),  # the default run: constant for 25 steps, then 15 decay steps
+    (0.375, 12, 4),  # 4.5 rounds to even
+    (0.375, 2, 1),  # never fewer than one step
+    (0.01, 10, 1),
+    (1.0, 7, 7),  # the whole run decays: a linear schedule
+])
+def test_wsd_decay_steps_are_a_rounded_share_of_the_run(fraction: float, steps: int, expected: int) -> None:
+    assert wsd_decay_steps(fraction, steps) == expected
 
 
 def test_a_non_finite_loss_never_reaches_the_weights(tiny_model_dir, tmp_path):
