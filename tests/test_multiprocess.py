@@ -33,6 +33,13 @@ WEIGHT_TOLERANCE = 1e-6
 """Summing gradients over two processes changes float rounding only: Adam steps of lr=1e-3 land
 within this of the one-process weights (measured: 0.0)."""
 
+FSDP_WEIGHT_TOLERANCE = 1e-5
+"""FSDP reduce-scatters each gradient shard (summed in another order than one process sums its
+micro-batches). Adam divides a gradient by its own running RMS, so where a gradient is near zero a
+rounding-level difference becomes a visible part of a step: 3.75e-6 on 1 of the 2048 weights of one
+matrix, after 6 Adam steps of lr=1e-3 (measured on a Xeon, 2026-11-25; 0.0 on another CPU). This
+is 1% of one step; a lost or doubled shard moves weights by whole steps (~1e-3)."""
+
 
 def agentrl(*args: str) -> subprocess.CompletedProcess[str]:
     """The ``agentrl`` CLI in a subprocess (``--num-processes`` launches more processes)."""
@@ -65,13 +72,14 @@ def metric_rows(run_dir: Path) -> list[dict[str, float]]:
     return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
 
 
-def assert_same_run(one: Path, two: Path, parts: tuple[str, ...] = ("model",)) -> None:
-    """Weights within WEIGHT_TOLERANCE, every metric equal up to float rounding, same completions."""
+def assert_same_run(one: Path, two: Path, parts: tuple[str, ...] = ("model",),
+                    tolerance: float = WEIGHT_TOLERANCE) -> None:
+    """Weights within ``tolerance``, every metric equal up to float rounding, same completions."""
     for part in parts:
         a, b = weights(one, part), weights(two, part)
         assert a.keys() == b.keys()
         for key in a:
-            torch.testing.assert_close(a[key], b[key], atol=WEIGHT_TOLERANCE, rtol=0, msg=f"{part}/{key}")
+            torch.testing.assert_close(a[key], b[key], atol=tolerance, rtol=0, msg=f"{part}/{key}")
     rows_one, rows_two = metric_rows(one), metric_rows(two)
     assert len(rows_one) == len(rows_two) > 0
     for row_one, row_two in zip(rows_one, rows_two):
@@ -145,7 +153,7 @@ def test_fsdp_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
     launched = agentrl(*args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2",
                        "--accelerate-config", "fsdp")
     assert "2 processes (FSDP): weights sharded" in launched.stdout
-    assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
+    assert_same_run(tmp_path / "one", two, parts=("model", "critic"), tolerance=FSDP_WEIGHT_TOLERANCE)
     long_groups: dict[tuple[int, int], int] = {}  # (step, process) -> groups with a long question
     for line in (two / "completions.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -160,7 +168,7 @@ def test_fsdp_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
         path = two / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     agentrl("train", "--resume", str(two), "--num-processes", "2", "--accelerate-config", "fsdp")
-    assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
+    assert_same_run(tmp_path / "one", two, parts=("model", "critic"), tolerance=FSDP_WEIGHT_TOLERANCE)
     refused = subprocess.run([sys.executable, "-m", "agentrl", "train", "--resume", str(two)],
                              capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "resume it with --accelerate-config fsdp" in refused.stderr, refused.stderr[-2000:]
