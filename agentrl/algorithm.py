@@ -90,7 +90,7 @@ class TrainableModule:
     """AdamW betas."""
     lr_scheduler: str = "constant"
     """``constant``, ``linear``, ``cosine`` or ``wsd`` (as ``TrainConfig.lr_scheduler``; ``wsd``
-    decays over the last 0.375 of the run)."""
+    decays over the default ``TrainConfig.lr_decay_fraction`` of the run)."""
     warmup_steps: int = 0
     """Linear warm-up, in this module's optimizer steps."""
     max_grad_norm: float | None = 1.0

@@ -936,7 +936,7 @@ def wsd_decay_steps(fraction: float, steps_after_warmup: int) -> int:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, name: str, warmup_steps: int, total_steps: int,
-                    decay_fraction: float = 0.375) -> Any:
+                    decay_fraction: float = TrainConfig.lr_decay_fraction) -> Any:
     """A transformers LR schedule; ``constant`` with warm-up is ``constant_with_warmup`` (the plain
     ``constant`` schedule ignores ``num_warmup_steps``); ``wsd`` is transformers' warm-up, stable,
     decay schedule, decaying linearly to 0 over :func:`wsd_decay_steps` of the steps."""

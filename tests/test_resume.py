@@ -165,7 +165,6 @@ def test_resume_refuses_what_cannot_be_continued(tiny_model_dir, tmp_path):
     assert config.max_steps == 3
 
 
-
 def test_training_longer_replans_the_wsd_decay(tiny_model_dir, tmp_path):
     """Hand-derived: 2 steps with half decaying run at lr, lr (the decay's first step is still lr);
     resumed to 4 steps, the decay moves to the last 2: lr, lr/2. The saved schedule state is the
