@@ -5,10 +5,18 @@ complete, then renamed (a rename is atomic on one filesystem), so a process kill
 leaves either the previous checkpoints or the new one, never half of one. Only the newest
 ``keep`` complete checkpoints stay. What goes inside is the trainer's business
 (:meth:`agentrl.trainer.Trainer.save_checkpoint`); this module only knows folders.
+
+A run that finishes normally keeps only its last checkpoint, slimmed by :func:`slim_finished`
+(unless ``keep_finished_checkpoints``): without the optimizer moments (AdamW holds twice the weights),
+and without the policy's weights when the exported ``model/`` (or ``last/``) holds the same files.
+Resuming it with a larger ``--max-steps`` restarts the moments. Interrupted runs keep whole
+checkpoints, so their resume stays exact.
 """
 
 from __future__ import annotations
 
+import filecmp
+import json
 import os
 import random
 import re
@@ -25,6 +33,9 @@ from agentrl.errors import ConfigError
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
+WEIGHTS = "model"  # the policy's weights inside a checkpoint (a save_pretrained folder)
+OPTIMIZERS = "optimizers.pt"  # {name: (optimizer state or None when slimmed, schedule state)}
+STATE = "trainer_state.json"
 _NAME = re.compile(r"^step-(\d+)$")
 
 
@@ -132,13 +143,11 @@ def _fsync_tree(root: Path) -> None:
 def resume_config(run_dir: str | Path, max_steps: int | None = None) -> tuple[Any, Path]:
     """The config a run dir was started with (``max_steps`` may be raised to train longer) and its
     newest complete checkpoint; a ConfigError when the two disagree or nothing can be resumed."""
-    from agentrl.config import build_config, load_yaml
+    from agentrl.config import TrainConfig, build_config, load_yaml
 
     run_dir = Path(run_dir)
     folder = latest_checkpoint(run_dir)
-    import json
-
-    saved = json.loads((folder / "trainer_state.json").read_text())
+    saved = json.loads((folder / STATE).read_text())
     data = load_yaml((run_dir / "config.yaml").read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"--resume {str(run_dir)!r}: config.yaml does not hold a mapping")
@@ -146,7 +155,8 @@ def resume_config(run_dir: str | Path, max_steps: int | None = None) -> tuple[An
     if max_steps is not None:
         data["max_steps"] = max_steps
     config = build_config(overrides=data)
-    stored = {k: v for k, v in saved["config"].items() if k not in ("output_dir", "max_steps")}
+    written = {**TrainConfig().to_dict(), **saved["config"]}  # a key newer than the checkpoint counts at its default
+    stored = {k: v for k, v in written.items() if k not in ("output_dir", "max_steps")}
     now = {k: v for k, v in config.to_dict().items() if k not in ("output_dir", "max_steps")}
     changed = sorted(k for k in stored.keys() | now.keys() if stored.get(k) != now.get(k))
     if changed:
@@ -156,3 +166,51 @@ def resume_config(run_dir: str | Path, max_steps: int | None = None) -> tuple[An
         raise ConfigError(f"--resume {str(run_dir)!r}: max_steps {config.max_steps} is below the checkpoint's "
                           f"step {saved['step']}")
     return config, folder
+
+
+def slim_finished(run_dir: Path, folder: Path, weights_in: str | None) -> None:
+    """Shrink a finished run to what ``--resume --max-steps`` needs: delete every checkpoint but
+    ``folder`` (its last), drop the optimizer moments from it (the schedules stay) and its policy
+    weights when ``run_dir/weights_in`` (the export) holds the same files, naming that folder in
+    its trainer state. Each change is atomic: a kill at any moment leaves a loadable checkpoint."""
+    for old in complete_checkpoints(run_dir):
+        if old.name != folder.name:
+            shutil.rmtree(old, ignore_errors=True)
+    optimizers = torch.load(folder / OPTIMIZERS, weights_only=False, mmap=True)
+    slim = {name: (None, schedule) for name, (_, schedule) in optimizers.items()}
+    del optimizers  # release the mapped file before it is replaced
+    _replace(folder / OPTIMIZERS, lambda tmp: torch.save(slim, tmp))
+    if weights_in is not None and _same_weights(folder / WEIGHTS, run_dir / weights_in):
+        state = json.loads((folder / STATE).read_text())
+        _replace(folder / STATE, lambda tmp: tmp.write_text(json.dumps({**state, "weights_in": weights_in}, indent=1)))
+        gone = folder / f".{WEIGHTS}.deleting"
+        shutil.rmtree(gone, ignore_errors=True)  # left by a kill during an earlier attempt
+        os.rename(folder / WEIGHTS, gone)  # atomic: the weights are here or in run_dir/weights_in, never half
+        shutil.rmtree(gone)
+
+
+def _replace(path: Path, write: Callable[[Path], None]) -> None:
+    """Write ``path`` anew through a temporary file beside it, renamed over it when flushed."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    _fsync(tmp)
+    os.replace(tmp, path)
+
+
+def weights_folder(run_dir: Path, folder: Path) -> Path:
+    """Where the policy weights of checkpoint ``folder`` are: inside it, or (a finished run's
+    slimmed checkpoint) the export its trainer state names; a ConfigError when that is gone."""
+    if (folder / WEIGHTS).is_dir():
+        return folder / WEIGHTS
+    name = json.loads((folder / STATE).read_text()).get("weights_in")
+    if name is None or not (run_dir / name).is_dir():
+        raise ConfigError(f"checkpoint {str(folder)!r} holds no weights and the run's {name or WEIGHTS}/ folder they "
+                          f"were left in is missing from {str(run_dir)!r}: start the run again")
+    return run_dir / name
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    """Whether folders ``a`` and ``b`` hold the same ``*.safetensors`` files, byte for byte."""
+    names = sorted(p.name for p in a.glob("*.safetensors"))
+    return (bool(names) and names == sorted(p.name for p in b.glob("*.safetensors"))
+            and all(filecmp.cmp(a / n, b / n, shallow=False) for n in names))

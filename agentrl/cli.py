@@ -296,64 +296,91 @@ def _looks_numeric(text: str) -> bool:
     return True
 
 
+# What ``agentrl eval RUN_DIR`` takes from the run's config.yaml (below --set and the flags): how it
+# evaluated (env, rewards, lengths, rollout, engine and its dtype, precision, seed, temperature).
+RUN_EVAL_KEYS = ("env", "env_args", "rewards", "env_reward_weight", "reward_completion_format", "rollout",
+                 "max_new_tokens", "max_sampled_tokens", "max_total_tokens", "engine", "engine_args", "precision",
+                 "seed", "eval_temperature", "call_timeout_s", "on_call_error")
+ENV_KEYS = ("env", "env_args", "rewards")  # not taken from the run when --env names another env
+
+
 @app.command("eval")
 def eval_(
-    model: str = typer.Option("smollm2-135m", "--model", help="HF folder, run dir, hub id or alias."),
+    run_dir: Optional[str] = typer.Argument(None, metavar="RUN_DIR", show_default=False,
+                                            help="Run dir (or HF folder, hub id, alias) to evaluate; as --model."),
+    model: Optional[str] = typer.Option(None, "--model", help="HF folder, run dir, hub id or alias. "
+                                        "[default: smollm2-135m]"),
     env: Optional[str] = typer.Option(None, "--env", help="Environment name or path/file.py:Class. "
                                       "[default: the run's env for a run dir, else math]"),
     num_tasks: int = typer.Option(64, "--num-tasks", help="Held-out tasks to evaluate."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens",
                                                  help="Tokens per turn. [default: the run's, else 64]"),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
-    engine: str = typer.Option("hf", "--engine", help="Generation engine."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override key=value (e.g. env_args.difficulty=...)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy. "
+                                                "[default: the run's eval_temperature, else 0]"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Generation engine. [default: the run's, else hf]"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override key=value (e.g. env_args.difficulty=..., "
+                                             "engine_args.dtype=float32)."),
     as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON."),
     plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin to load: module.path or path/file.py."),
     disable_plugin: Optional[list[str]] = typer.Option(None, "--disable-plugin", help="Plugin not to load."),
 ) -> None:
-    """Accuracy of a model or run dir on an env's held-out split (a run dir: the env, env_args and
-    rewards it trained with, unless --env is given)."""
+    """Accuracy of a model or run dir on an env's held-out split. A run dir (agentrl eval RUN_DIR)
+    is evaluated as the run evaluated it: its env, env_args and rewards (unless --env is given),
+    engine and engine_args (dtype included), precision, lengths, seed and eval temperature, from its
+    config.yaml; --set and the flags override them."""
 
     def run() -> None:
         from agentrl.config import build_config
+        from agentrl.env import CallGuard
         from agentrl.evaluate import evaluate
-        from agentrl.models import load_model, load_tokenizer
+        from agentrl.models import DEFAULT_MODEL, load_model, load_tokenizer
         from agentrl.rewards import resolve_rewards
         from agentrl.errors import ConfigError
         from agentrl.trainer import make_env
 
+        if run_dir is not None and model is not None and run_dir != model:
+            raise ConfigError(f"eval: give the model once, as RUN_DIR or --model, not both ({run_dir!r}, {model!r})")
+        target = run_dir or model or DEFAULT_MODEL
         if num_tasks < 1:
             raise ConfigError(f"--num-tasks must be >= 1, got {num_tasks}")
-        if not (math.isfinite(temperature) and temperature >= 0):
+        if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
             raise ConfigError(f"--temperature must be a finite number >= 0 (0: greedy), got {temperature}")
-        run_config = _run_config(model)
-        base = {k: run_config[k] for k in ("env", "env_args", "rewards", "env_reward_weight", "max_new_tokens",
-                                           "reward_completion_format", "rollout", "max_total_tokens")
-                if k in run_config and (env is None or k not in ("env", "env_args", "rewards"))}
-        given = {"model": model, "env": env, "engine": engine, "max_new_tokens": max_new_tokens,
+        run_config = _run_config(target)
+        base = {k: run_config[k] for k in RUN_EVAL_KEYS if k in run_config and (env is None or k not in ENV_KEYS)}
+        given = {"model": target, "env": env, "engine": engine, "max_new_tokens": max_new_tokens,
                  "eval_tasks": num_tasks}
-        cfg = build_config(overrides={**base, **{k: v for k, v in given.items() if v is not None}}, sets=set_)
+        cfg = build_config(overrides={k: v for k, v in given.items() if v is not None},
+                           sets=[*_as_sets(base), *(set_ or [])])  # the run's values, then --set, then flags
+        heat = cfg.eval_temperature if temperature is None else temperature
         manager = _manager(disable_plugin or [], plugin or [])
         envs = [make_env(manager, cfg) for _ in range(min(max(num_tasks, 1), 64))]
         tasks = list(envs[0].eval_tasks())[:num_tasks]
         source = "the run's env" if run_config and env is None else "--env" if env else "the default env"
         args = f" {cfg.env_args}" if cfg.env_args else ""
-        typer.echo(f"evaluating {model} on {cfg.env}{args} ({source}): {len(tasks)} held-out tasks, "
-                   f"temperature {temperature:g}", err=as_json)
+        engine_args = f" {cfg.engine_args}" if cfg.engine_args else ""
+        typer.echo(f"evaluating {target} on {cfg.env}{args} ({source}): {len(tasks)} held-out tasks, "
+                   f"temperature {heat:g}, engine {cfg.engine}{engine_args}, precision {cfg.precision}", err=as_json)
         _quiet_library_progress()
         tokenizer, policy = load_tokenizer(cfg.model), load_model(cfg.model)
         eng = manager.registry.get("engine", cfg.engine).factory(model=policy, tokenizer=tokenizer, config=cfg)
         rollout = manager.registry.get("rollout", cfg.rollout).factory(engine=eng, tokenizer=tokenizer, config=cfg)
-        metrics, _ = evaluate(rollout, envs, tasks, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
+        metrics, _ = evaluate(rollout, envs, tasks, max_new_tokens=cfg.max_new_tokens, temperature=heat,
                               seed=cfg.seed, reward_fns=resolve_rewards(cfg, manager.registry, envs[0]),
-                              batch_size=len(envs))
+                              batch_size=len(envs), guard=CallGuard.from_config(cfg), env_weight=cfg.env_reward_weight)
         if as_json:
-            print(json.dumps({"model": model, "env": cfg.env, "env_args": cfg.env_args, **metrics}))
+            print(json.dumps({"model": target, "env": cfg.env, "env_args": cfg.env_args, "engine": cfg.engine,
+                              "engine_args": cfg.engine_args, "precision": cfg.precision, **metrics}))
         else:
             for key, value in metrics.items():
                 console.print(f"{key}: {value:.4f}", highlight=False)
 
     _run(run)
+
+
+def _as_sets(values: dict[str, Any]) -> list[str]:
+    """``values`` as ``--set key=value`` items (JSON is YAML), so that later --set items refine
+    them key by key (``--set engine_args.dtype=float32`` keeps the run's other engine_args)."""
+    return [f"{key}={json.dumps(value)}" for key, value in values.items()]
 
 
 def _run_config(model: str) -> dict[str, Any]:

@@ -150,6 +150,13 @@ class TrainConfig:
     steps (0: only on Ctrl-C and at the end); ``agentrl train --resume RUN_DIR`` continues."""
     keep_checkpoints: int = 2
     """Checkpoints kept on disk (the newest); older ones are deleted after a new one is complete."""
+    keep_finished_checkpoints: bool = False
+    """Leave a finished run's checkpoints as written (the newest ``keep_checkpoints``, whole), so
+    that ``agentrl train --resume RUN_DIR --max-steps N`` continues exactly as one longer run would.
+    False: a run that ends normally keeps only its last checkpoint, without the optimizer moments
+    (AdamW's are twice the weights) and without the policy's weights when ``model/`` (or
+    ``last/``) holds the same; ``--resume --max-steps N`` still continues it, its moments starting
+    afresh. A run stopped by Ctrl-C or an error always keeps its checkpoints whole."""
     max_nonfinite_steps: int = 3
     """Stop the run when this many steps in a row were skipped for a non-finite loss, gradient
     or reward (every episode unscored)."""

@@ -136,13 +136,18 @@ def whole_module_state(prepared: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_whole_state(prepared: torch.nn.Module, optimizer: Any, module_state: dict[str, torch.Tensor],
-                     optimizer_state: dict[str, Any]) -> None:
+                     optimizer_state: dict[str, Any] | None) -> None:
     """Shard whole state dicts (from :func:`whole_module_state` and :func:`whole_optimizer_state`,
-    read by every process) back into an FSDP-prepared module and its optimizer."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    read by every process) back into an FSDP-prepared module and its optimizer (``optimizer_state``
+    None: a finished run's slimmed checkpoint, the optimizer starts afresh)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
-    set_state_dict(prepared, optimizer, model_state_dict=module_state, optim_state_dict=optimizer_state,
-                   options=StateDictOptions(full_state_dict=True))
+    options = StateDictOptions(full_state_dict=True)
+    if optimizer_state is None:
+        set_model_state_dict(prepared, module_state, options=options)
+    else:
+        set_state_dict(prepared, optimizer, model_state_dict=module_state, optim_state_dict=optimizer_state,
+                       options=options)
 
 
 def is_fsdp(accelerator: Any) -> bool:

@@ -556,6 +556,7 @@ class Trainer:
                 self.best.folder.rename(run_dir / "model")
             elif self.best is not None:
                 shutil.rmtree(self.best.folder, ignore_errors=True)
+            self.finish_checkpoints(("last" if kept_best else "model") if cfg.save_model else None)
             from agentrl.plots import plot_run
 
             plot_run(run_dir)
@@ -682,15 +683,18 @@ class Trainer:
                 "a run without sharded weights", "the accelerate config it was written with (not fsdp)")
             raise ConfigError(f"checkpoint {str(folder)!r} was written by {written}; resume it with {needed}")
         modules = torch.load(folder / "modules.pt", weights_only=False)
-        optim = torch.load(folder / "optimizers.pt", weights_only=False)
+        optim = torch.load(folder / ckpt.OPTIMIZERS, weights_only=False)  # a state None: slimmed (finished run)
+        if self.is_main and any(state is None for state, _ in optim.values()):
+            print(f"note: {folder.name} is a finished run's checkpoint without optimizer state: the AdamW moments "
+                  "restart from zero (keep_finished_checkpoints: true keeps them)", flush=True)
         if lora.is_adapted(self.model):
             lora.load_adapter(self.model, folder / "adapter")
         elif sharded:  # whole states, sharded again as this run's processes hold them
-            load_weights(self.replica, folder / "model")
+            load_weights(self.replica, ckpt.weights_folder(self.run_dir, folder))
             policy_state = {f"model.{key}": value for key, value in self.replica.state_dict().items()}
             sharding.load_whole_state(self.policy, self.optimizer, policy_state, optim["policy"][0])
         else:
-            load_weights(self.model, folder / "model")
+            load_weights(self.model, ckpt.weights_folder(self.run_dir, folder))
         for name, (spec, opt, _) in self.owned.items():
             if sharded:
                 sharding.load_whole_state(spec.module, opt, modules[name], optim[name][0])
@@ -698,7 +702,7 @@ class Trainer:
                 self.accelerator.unwrap_model(spec.module).load_state_dict(modules[name])
         pairs = [("policy", self.optimizer, self.scheduler)] + [(n, o, s) for n, (_, o, s) in self.owned.items()]
         for name, optimizer, scheduler in pairs:
-            if not sharded:
+            if not sharded and optim[name][0] is not None:
                 optimizer.load_state_dict(optim[name][0])
             scheduler.load_state_dict(optim[name][1])
             reapply_schedule(scheduler)  # --resume --max-steps N: the rate of the schedule as now configured
@@ -716,6 +720,14 @@ class Trainer:
         self.cursor.position = state["task_cursor"]
         self.nonfinite_skips, self.skipped_in_a_row = state["nonfinite_skips"], state["skipped_in_a_row"]
         return state
+
+    def finish_checkpoints(self, exported: str | None) -> None:
+        """At the end of a run that finished normally: keep only the checkpoint of its last step
+        (when one was written), slimmed by :func:`agentrl.checkpoint.slim_finished`, unless
+        ``keep_finished_checkpoints``; ``exported``: the run dir's folder the last policy went to."""
+        final = ckpt.checkpoint_dir(self.run_dir, self.completed_step)
+        if (final / ckpt.COMPLETE).is_file() and not self.config.keep_finished_checkpoints:
+            ckpt.slim_finished(self.run_dir, final, exported)
 
     def sampling_model(self) -> torch.nn.Module:
         """The weights the engine samples from now: with LoRA a plain view holding the merged

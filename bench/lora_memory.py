@@ -30,7 +30,7 @@ def child(variant: str, rank: int, steps: int, model: str, sets: list[str], out:
     lora = [f"lora.r={rank}"] if variant == "lora" else []
     config = build_config(overrides={"model": model, "max_steps": steps, "output_dir": str(out / "run")},
                           sets=["eval_tasks=0", f"checkpoint_every={steps}", "log_completions_every=0",
-                                "save_model=false", *lora, *sets])
+                                "save_model=false", "keep_finished_checkpoints=true", *lora, *sets])
     trainer = Trainer(config, load_plugins())
     trainable = trainable_count(trainer.model)
     trainer.train()

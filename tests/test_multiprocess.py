@@ -108,7 +108,7 @@ def test_ppo_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp_path:
     """PPO's critic is a second DDP module and its advantages are whitened over both processes;
     a two-process checkpoint resumes (each process's sampling state restored) to the same run."""
     args = common(tiny_model_dir, tmp_path, "ppo", "checkpoint_every=1", "algorithm.mini_batches=1",
-                  "algorithm.ppo_epochs=2")
+                  "algorithm.ppo_epochs=2", "keep_finished_checkpoints=true")  # step 2's stays: resumed below
     agentrl(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
     two = tmp_path / "two"
     agentrl(*args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2")
@@ -147,7 +147,8 @@ def test_fsdp_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
     every forward gathers the shards, so they must run as many (split_to_count)."""
     data = mixed_length_questions(tmp_path / "questions.jsonl")
     args = common(tiny_model_dir, tmp_path, "ppo", "checkpoint_every=1", "algorithm.mini_batches=1",
-                  "algorithm.ppo_epochs=2", f"env_args.data_file={data}", "micro_batch_tokens=263")
+                  "algorithm.ppo_epochs=2", f"env_args.data_file={data}", "micro_batch_tokens=263",
+                  "keep_finished_checkpoints=true")  # step 2's checkpoint stays: resumed below
     agentrl(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
     two = tmp_path / "two"
     launched = agentrl(*args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2",

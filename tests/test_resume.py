@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.checkpoint import complete_checkpoints, latest_checkpoint, resume_config
+from agentrl.checkpoint import complete_checkpoints, latest_checkpoint, resume_config, weights_folder
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigError, TrainingError, TrainingInterrupted
 from agentrl.plugins import load_plugins
@@ -108,6 +108,8 @@ def test_interrupted_then_resumed_equals_straight_bit_for_bit(tiny_model_dir, tm
     monkeypatch.delenv("AGENTRL_TEST_SIGINT_AT")
     config, checkpoint = resume_config(split)
     assert checkpoint.name == f"step-{saved:06d}"
+    optimizers = torch.load(checkpoint / "optimizers.pt", weights_only=False)
+    assert (checkpoint / "model").is_dir() and all(state["state"] for state, _ in optimizers.values())  # whole
     result = Trainer(config, _manager(tmp_path / "c"), resume=checkpoint).train()
 
     assert _lines(split) == _lines(straight)  # every step once, identical values, plugin counter included
@@ -117,7 +119,7 @@ def test_interrupted_then_resumed_equals_straight_bit_for_bit(tiny_model_dir, tm
         _assert_same_weights(straight / "critic", split / "critic")
     assert (split / "completions.jsonl").read_text() == (straight / "completions.jsonl").read_text()
     assert result.eval_before == json.loads((straight / "eval.json").read_text())["before"]
-    assert [p.name for p in complete_checkpoints(split)] == ["step-000003", "step-000004"]  # keep-last-2
+    assert [p.name for p in complete_checkpoints(split)] == ["step-000004"]  # a finished run keeps its last one
 
 
 def test_final_export_loads_with_from_pretrained(tiny_model_dir, tmp_path):
@@ -128,8 +130,7 @@ def test_final_export_loads_with_from_pretrained(tiny_model_dir, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(out / "model")
     AutoTokenizer.from_pretrained(out / "model")
     checkpoint = complete_checkpoints(out)[-1]
-    for name, tensor in AutoModelForCausalLM.from_pretrained(checkpoint / "model").state_dict().items():
-        assert torch.equal(tensor, model.state_dict()[name])  # the last checkpoint is the exported model
+    assert weights_folder(out, checkpoint) == out / "model"  # the finished run's checkpoint: model/ holds its weights
 
 
 def test_rerun_into_an_existing_run_dir_is_refused(tiny_model_dir, tmp_path):

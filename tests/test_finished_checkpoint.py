@@ -1,0 +1,123 @@
+"""A finished run keeps only what ``--resume --max-steps`` needs: its last checkpoint, without the
+optimizer moments and, when ``model/`` holds them, without the weights; resuming it trains the
+extra steps from those weights with fresh moments. ``keep_finished_checkpoints`` keeps them as written;
+interrupted runs keep whole checkpoints (their bitwise resume is tested in test_resume.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from agentrl import checkpoint as ckpt
+from agentrl.checkpoint import complete_checkpoints, resume_config
+from agentrl.config import TrainConfig
+from agentrl.errors import ConfigError, TrainingInterrupted
+from agentrl.plugins import load_plugins
+from agentrl.trainer import Trainer
+
+
+def _config(model_dir: Path, out: Path, **overrides) -> TrainConfig:
+    """A tiny run rewarded by its replies' length (a random model's math rewards are all 0: no update)."""
+    reward = out.parent / "length_reward.py"
+    reward.write_text("def reply_length(completions, **kwargs):\n"
+                      "    return [len(c[-1]['content']) / 100 for c in completions]\n")
+    base = dict(model=str(model_dir), max_steps=3, prompts_per_step=2, num_generations=2, max_new_tokens=8,
+                eval_tasks=0, output_dir=str(out), checkpoint_every=1, keep_checkpoints=2, learning_rate=1e-3,
+                rewards={f"{reward}:reply_length": 1.0})
+    return TrainConfig(**{**base, **overrides})
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    return {k: v for file in sorted(folder.glob("*.safetensors")) for k, v in load_file(file).items()}
+
+
+def _moments(folder: Path) -> dict[str, object]:
+    return {name: state for name, (state, _) in torch.load(folder / "optimizers.pt", weights_only=False).items()}
+
+
+def test_a_finished_run_keeps_its_last_checkpoint_slim_and_resumes_with_more_steps(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    Trainer(_config(tiny_model_dir, out), load_plugins()).train()
+    [last] = complete_checkpoints(out)  # step-1 and step-2 are gone
+    assert last.name == "step-000003"
+    assert _moments(last) == {"policy": None}  # the schedule stays, the AdamW moments go
+    assert not (last / "model").exists()  # model/ holds the same weights
+    assert json.loads((last / "trainer_state.json").read_text())["weights_in"] == "model"
+    assert sum(p.stat().st_size for p in last.rglob("*") if p.is_file()) < 0.2 * sum(
+        p.stat().st_size for p in (out / "model").glob("*.safetensors"))
+
+    config, folder = resume_config(out, max_steps=5)
+    trainer = Trainer(config, load_plugins(), resume=folder)
+    assert "the AdamW moments restart from zero" in capsys.readouterr().out
+    finished = _weights(out / "model")
+    assert all(torch.equal(trainer.model.state_dict()[k], v) for k, v in finished.items())  # continues from model/
+    assert not trainer.optimizer.state and trainer.scheduler.last_epoch == 3  # fresh moments, schedule at step 3
+    trainer.train()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+    assert not all(torch.equal(finished[k], v) for k, v in _weights(out / "model").items())  # it trained
+    assert [p.name for p in complete_checkpoints(out)] == ["step-000005"]
+    assert _moments(complete_checkpoints(out)[0]) == {"policy": None}
+
+
+def test_keep_finished_checkpoints_leaves_them_whole_and_resume_restores_the_moments(tiny_model_dir, tmp_path,
+                                                                                     capsys):
+    out = tmp_path / "run"
+    Trainer(_config(tiny_model_dir, out, keep_finished_checkpoints=True), load_plugins()).train()
+    assert [p.name for p in complete_checkpoints(out)] == ["step-000002", "step-000003"]  # keep_checkpoints=2
+    last = complete_checkpoints(out)[-1]
+    assert (last / "model").is_dir() and _moments(last)["policy"]["state"]
+    config, folder = resume_config(out, max_steps=4)
+    trainer = Trainer(config, load_plugins(), resume=folder)
+    assert "restart" not in capsys.readouterr().out
+    saved = _moments(last)["policy"]["state"]
+    assert all(torch.equal(trainer.optimizer.state_dict()["state"][i]["exp_avg"], saved[i]["exp_avg"]) for i in saved)
+
+
+def test_an_interrupted_run_keeps_its_checkpoint_whole(tiny_model_dir, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    trainer = Trainer(_config(tiny_model_dir, out, max_steps=4), load_plugins())
+    real_step = trainer.train_step
+
+    def stop_after_two(step, *args):
+        if step == 3:
+            raise KeyboardInterrupt
+        return real_step(step, *args)
+
+    monkeypatch.setattr(trainer, "train_step", stop_after_two)
+    with pytest.raises(TrainingInterrupted):
+        trainer.train()
+    assert [p.name for p in complete_checkpoints(out)] == ["step-000001", "step-000002"]
+    for folder in complete_checkpoints(out):
+        assert (folder / "model").is_dir() and _moments(folder)["policy"]["state"]
+
+
+def test_slimming_drops_only_weights_the_export_holds_byte_for_byte(tmp_path):
+    run_dir = tmp_path / "run"
+    tensor = {"w": torch.arange(4.0)}
+    for step in (1, 2):
+        folder = ckpt.checkpoint_dir(run_dir, step)
+        (folder / "model").mkdir(parents=True)
+        save_file(tensor, folder / "model" / "model.safetensors")
+        torch.save({"policy": ({"state": {0: {"exp_avg": torch.ones(4)}}}, {"last_epoch": step})},
+                   folder / "optimizers.pt")
+        (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
+        (folder / ckpt.COMPLETE).write_text(f"{step}\n")
+    (run_dir / "last").mkdir()
+    save_file({"w": torch.arange(4.0) + 1}, run_dir / "last" / "model.safetensors")  # not the checkpoint's
+    last = ckpt.checkpoint_dir(run_dir, 2)
+    ckpt.slim_finished(run_dir, last, "last")
+    assert complete_checkpoints(run_dir) == [last] and _moments(last) == {"policy": None}
+    assert ckpt.weights_folder(run_dir, last) == last / "model"  # kept: the export differs
+    save_file(tensor, run_dir / "last" / "model.safetensors")
+    ckpt.slim_finished(run_dir, last, "last")
+    assert ckpt.weights_folder(run_dir, last) == run_dir / "last" and not (last / "model").exists()
+    assert torch.load(last / "optimizers.pt", weights_only=False)["policy"][1] == {"last_epoch": 2}
+    (run_dir / "last" / "model.safetensors").unlink()
+    (run_dir / "last").rmdir()
+    with pytest.raises(ConfigError, match=r"holds no weights and the run's last/ folder .* is missing"):
+        ckpt.weights_folder(run_dir, last)
