@@ -24,6 +24,7 @@ from agentrl.errors import (
     ConfigError,
     EngineError,
     EnvError,
+    EnvLibraryError,
     ModelError,
     PluginError,
     RewardError,
@@ -45,6 +46,7 @@ from agentrl.objectives import (
     step_totals,
 )
 from agentrl.plugins import PluginManager, load_plugins
+from agentrl.precision import Precision, resolve_precision
 from agentrl.tasks import LazyTasks
 from agentrl.tools import Tool, ToolCall, ToolEnv, ToolError, format_tool_call, tool
 from agentrl.trajectory import TrainBatch, Trajectory, Turn, collate
@@ -70,6 +72,7 @@ __all__ = [
     "EngineError",
     "Env",
     "EnvError",
+    "EnvLibraryError",
     "Generation",
     "LazyTasks",
     "LossContext",
@@ -79,6 +82,7 @@ __all__ = [
     "ModelError",
     "PluginError",
     "PluginManager",
+    "Precision",
     "RewardError",
     "SamplingParams",
     "SetupContext",
@@ -105,6 +109,7 @@ __all__ = [
     "masked",
     "masked_mean",
     "policy_loss",
+    "resolve_precision",
     "step_totals",
     "stop_token_ids",
     "token_ids",

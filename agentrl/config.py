@@ -107,8 +107,16 @@ class TrainConfig:
     """Padded tokens per forward/backward at most (rows x longest row): long multi-turn episodes
     go fewer to a micro-batch, which bounds activation memory (about 1.8 MB per token for the
     default model in bf16 autocast). A row longer than this goes alone."""
-    precision: str = "bf16"
-    """``bf16`` (autocast, fp32 master weights; fast on CPUs with AMX/AVX512-BF16) or ``fp32``."""
+    precision: str = "auto"
+    """``auto``: ``bf16`` where the hardware computes bf16 natively (a CPU with AMX or AVX512-BF16,
+    a GPU with bf16), ``fp32`` elsewhere (on an AVX2-only CPU bf16 is ~30x slower), decided at
+    start-up and printed with its reason (:mod:`agentrl.precision`); ``bf16`` (autocast, fp32
+    master weights) or ``fp32`` as given. The hf engine's ``dtype: auto`` follows it."""
+    pack_sequences: bool = True
+    """Run each training micro-batch as one prefix-tree sequence (:mod:`agentrl.packing`): tokens
+    that rows share (a group's prompt, common openings) are computed once and padding never, with
+    micro-batches planned group by group. Same logprobs to float rounding (checked at start-up;
+    off with a warning where the model's attention takes no custom mask). False: padded rows."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: train only on groups whose rewards differ (a group all solved, or all
     failed, has zero group-relative advantage) by rolling out more tasks, up to
@@ -216,7 +224,7 @@ class TrainConfig:
             raise ConfigError(f"max_grad_norm must be > 0 or null, got {self.max_grad_norm!r}")
         if self.call_timeout_s <= 0:
             raise ConfigError(f"call_timeout_s must be > 0, got {self.call_timeout_s!r}")
-        for key, allowed in (("lr_scheduler", ("wsd", "constant", "linear", "cosine")), ("precision", ("bf16", "fp32")),
+        for key, allowed in (("lr_scheduler", ("wsd", "constant", "linear", "cosine")), ("precision", ("auto", "bf16", "fp32")),
                              ("reward_completion_format", ("conversational", "plain")),
                              ("on_call_error", ("skip", "fail"))):
             if getattr(self, key) not in allowed:

@@ -53,6 +53,7 @@ from agentrl.paths import check_output_dir
 from agentrl.objectives import step_totals
 from agentrl.plugins import PluginManager
 from agentrl.policy import TokenLogprobs
+from agentrl.precision import resolve_precision
 from agentrl.rewards import resolve_rewards
 from agentrl.scoring import score
 from agentrl.testing import check_env_startup
@@ -166,6 +167,7 @@ class Trainer:
             check_output_dir(self.run_dir)
             refuse_existing_run(self.run_dir)
         self.accelerator = sharding.make_accelerator()
+        self.precision = resolve_precision(config.precision, self.accelerator.device)
         self.num_processes, self.is_main = self.accelerator.num_processes, self.accelerator.is_main_process
         set_seed(config.seed + self.accelerator.process_index)  # process 0 seeds as a one-process run
         check_process_split(config, self.num_processes)
@@ -199,7 +201,8 @@ class Trainer:
                                           accelerator=self.accelerator,
                                           config=config, autocast=self.autocast,
                                           micro_batch_rows=self.micro_batch_rows))
-        self.policy = TokenLogprobs(self.model, temperature=config.temperature)
+        self.policy = TokenLogprobs(self.model, temperature=config.temperature, pack=config.pack_sequences)
+        self.policy_pack = check_packing(self.policy, config.pack_sequences)
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                            lr=config.learning_rate,
                                            betas=config.adam_betas, weight_decay=config.weight_decay)
@@ -256,9 +259,8 @@ class Trainer:
         return ref
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bf16 autocast when ``precision: bf16`` (fp32 master weights), else nothing."""
-        return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16,
-                              enabled=self.config.precision == "bf16")
+        """bf16 autocast when the run computes in bf16 (fp32 master weights), else nothing."""
+        return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16, enabled=self.precision.bf16)
 
     # -- one step ----------------------------------------------------------------------------------
     def rollout_step(self, step: int) -> tuple[TrainBatch, list[Any], dict[str, float]]:
@@ -352,8 +354,9 @@ class Trainer:
     def micro_batch_rows(self, batch: TrainBatch) -> list[list[int]]:
         """Row groups, longest rows first, within ``micro_batch_size`` and ``micro_batch_tokens``; with
         sharded weights as many groups on every process (each forward gathers the shards: a collective)."""
+        groups = batch.groups.tolist() if self.config.pack_sequences else None
         plan = plan_micro_batches(batch.lengths.tolist(), self.config.micro_batch_size,
-                                  self.config.micro_batch_tokens)
+                                  self.config.micro_batch_tokens, groups)
         if self.replica is None:
             return plan
         return split_to_count(plan, max(distributed.gather_objects(len(plan))))
@@ -387,7 +390,8 @@ class Trainer:
             batch.extras["old_logprobs"] = self.frozen_logprobs(self.accelerator.unwrap_model(self.policy), batch)
         if self.ref_model is not None:
             with lora.adapter_disabled(self.ref_model):
-                reference = TokenLogprobs(self.ref_model, temperature=self.config.temperature)
+                reference = TokenLogprobs(self.ref_model, temperature=self.config.temperature,
+                                          pack=self.policy_pack)
                 batch.extras["ref_logprobs"] = self.frozen_logprobs(reference, batch)
         for factor in self.hook.agentrl_adjust_loss_mask(batch=batch, config=self.config, settings=self.settings,
                                                          metrics=metrics):
@@ -916,18 +920,47 @@ def split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
     return groups
 
 
-def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[list[int]]:
-    """Split row indices into groups, longest first, each with at most ``max_rows`` rows and
-    ``rows x longest <= max_tokens`` padded tokens (a row longer than ``max_tokens`` alone)."""
-    groups: list[list[int]] = []
-    for row in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
-        group = groups[-1] if groups else None
-        # rows come longest first, so a group's first row is its longest
-        if group and len(group) < max_rows and (len(group) + 1) * lengths[group[0]] <= max_tokens:
-            group.append(row)
+def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int,
+                       groups: list[int] | None = None) -> list[list[int]]:
+    """Split row indices into micro-batches, longest first, each with at most ``max_rows`` rows and
+    ``rows x longest <= max_tokens`` padded tokens (a row longer than ``max_tokens`` alone).
+
+    With ``groups`` (the rows' GRPO group ids, for packed forwards) rows of a group stay together:
+    group by group, longest first within each, so a micro-batch shares its prompt."""
+    if groups is None:
+        order = sorted(range(len(lengths)), key=lambda r: -lengths[r])
+    else:
+        order = sorted(range(len(lengths)), key=lambda r: (groups[r], -lengths[r]))
+    plan: list[list[int]] = []
+    longest = 0
+    for row in order:
+        current = plan[-1] if plan else None
+        if current and len(current) < max_rows and (len(current) + 1) * max(longest, lengths[row]) <= max_tokens:
+            current.append(row)
+            longest = max(longest, lengths[row])
         else:
-            groups.append([row])
-    return groups
+            plan.append([row])
+            longest = lengths[row]
+    return plan
+
+
+def check_packing(policy: TokenLogprobs, asked: bool) -> bool:
+    """Whether the policy's forward packs shared prefixes: asked, supported by the model's
+    attention, and agreeing with the padded forward (max |logprob difference| <= 1e-3 in fp32 on a
+    test batch); otherwise turned off with a warning saying why."""
+    if not asked:
+        return False
+    attention = getattr(policy.model.config, "_attn_implementation", None)
+    if not policy.pack:
+        warnings.warn(f"pack_sequences: the model's attention {attention!r} takes no custom mask; the training "
+                      "forward runs padded rows", RuntimeWarning, stacklevel=2)
+        return False
+    error = policy.packing_error()
+    if not error <= 1e-3:
+        policy.pack = False
+        warnings.warn(f"pack_sequences: the packed forward differs from the padded one by {error:.2g} on this model "
+                      f"(attention {attention!r}); the training forward runs padded rows", RuntimeWarning, stacklevel=2)
+    return policy.pack
 
 
 def reapply_schedule(scheduler: Any) -> None:

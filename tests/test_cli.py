@@ -28,6 +28,7 @@ def test_train_two_steps_on_tiny_model_writes_the_run(tiny_model_dir, tmp_path):
     assert [line["step"] for line in lines] == [1, 2, 2]
     assert "kl" in lines[0] and lines[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
     assert (out / "model" / "config.json").is_file() and (out / "training.png").is_file()
+    assert "FutureWarning" not in result.stderr, result.stderr  # nothing a user cannot act on
     recorded = json.loads((out / "eval.json").read_text())
     assert set(recorded) == {"before", "after", "best"}  # keep_best: which evaluated policy model/ holds
     assert recorded["best"]["step"] in (0, 2) and recorded["best"]["metric"] == "eval/reward_mean"
@@ -53,7 +54,7 @@ def test_print_config_shows_resolved_values(tmp_path):
     result = run("train", "--algo", "gspo", "--set", "plugins.sampler_correction.mode=tis", "--print-config")
     assert "importance_sampling_level: sequence" in result.stdout and "epsilon_high: 0.0004" in result.stdout
     assert "sampler_correction:\n    mode: tis\n    level: token\n    cap: 2.0" in result.stdout
-    assert "engine_args:\n  dtype: bfloat16\n  batch_size: 64" in result.stdout  # the engine's options
+    assert "engine_args:\n  dtype: auto\n  batch_size: 64" in result.stdout  # the engine's options
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -70,6 +71,45 @@ def test_bad_input_is_one_clear_line(args, message, tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in " ".join(result.stderr.split())
     assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("reward", "message"), [
+    ("tiny_rm", "error: unknown reward 'tiny_rm'; Installed: "),
+    ("no_such_file.py:score", "no_such_file.py' does not exist"),
+])
+def test_print_config_refuses_a_reward_as_train_does(reward, message, tiny_model_dir, tmp_path):
+    printed = run("train", "--reward", reward, "--print-config", check=False)
+    trained = run("train", "--reward", reward, "--model", str(tiny_model_dir), "--max-steps", "1",
+                  "--set", "eval_tasks=0", "--output-dir", str(tmp_path / "r"), check=False)
+    for result in (printed, trained):
+        assert result.returncode == 2 and message in result.stderr, result.stdout + result.stderr
+    assert printed.stderr.splitlines()[-1] == trained.stderr.splitlines()[-1]  # the same one line
+    assert "rewards:" not in printed.stdout
+
+
+# What the hf engine's decode does on transformers >= 5.24 (``past_key_values`` renamed ``cache``),
+# through transformers' own deprecation machinery.
+OLD_CACHE_NAME = """
+from transformers.utils.deprecation import deprecate_kwarg
+
+
+@deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+def forward(cache=None):
+    return cache
+
+
+forward(past_key_values=None)
+"""
+
+
+def test_library_warnings_no_user_can_act_on_are_hidden(tmp_path):
+    plugin = tmp_path / "old_cache_name.py"
+    plugin.write_text(OLD_CACHE_NAME)
+    bare = subprocess.run([sys.executable, str(plugin)], capture_output=True, text=True, timeout=300)
+    assert "FutureWarning: `past_key_values` is deprecated" in bare.stderr  # what a run printed
+    result = run("plugins", "--plugin", str(plugin), "--json")  # the same call, inside the CLI
+    assert any(row["name"].endswith("old_cache_name.py") for row in json.loads(result.stdout))  # it ran
+    assert "Warning" not in result.stderr, result.stderr
 
 
 @pytest.mark.slow

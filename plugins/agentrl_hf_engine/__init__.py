@@ -2,9 +2,12 @@
 
 Which policy samples (``engine_args.dtype``):
 
-* ``bfloat16`` (default): a bf16 copy of the trainer's weights (1.5x the tokens/s of fp32 on a
-  CPU with AMX). ``sync_weights(model)`` copies the trainer's parameters into it in place after
-  every optimizer step; a tied LM head is the same tensor as the embedding, so it follows.
+* ``auto`` (default): ``bfloat16`` when the run computes in bf16 (``precision``, whose ``auto``
+  asks the hardware: :func:`agentrl.resolve_precision`), else ``float32``.
+* ``bfloat16``: a bf16 copy of the trainer's weights (1.5x the tokens/s of fp32 on a CPU with
+  AMX; far slower than fp32 on an AVX2-only CPU). ``sync_weights(model)`` copies the trainer's
+  parameters into it in place after every optimizer step; a tied LM head is the same tensor as
+  the embedding, so it follows.
 * ``float32``: the trainer's own model object, put in eval mode for the call and restored after.
 
 Logprob semantics. Tokens are drawn from ``softmax(warp(logits / T))`` in float32 (logits upcast
@@ -47,6 +50,7 @@ from agentrl import (
     SamplingParams,
     build_plugin_config,
     hookimpl,
+    resolve_precision,
     stop_token_ids,
     token_ids,
 )
@@ -58,17 +62,26 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class HFEngineConfig:
     """Options of the ``hf`` engine (``engine_args`` in the run config)."""
 
-    dtype: str = "bfloat16"
-    """``bfloat16``: sample from a bf16 copy of the weights, synced after each step (faster);
-    ``float32``: sample from the trainer's own model object (exact logprob parity)."""
+    dtype: str = "auto"
+    """``auto``: ``bfloat16`` when the run's ``precision`` resolves to bf16, else ``float32``;
+    ``bfloat16``: sample from a bf16 copy of the weights, synced after each step (faster where the
+    CPU has native bf16); ``float32``: sample from the trainer's own model object (exact logprob
+    parity)."""
     batch_size: int = 64
     """Most prompts decoded together; larger requests are split."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
-            raise ConfigError(f"engine_args.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if not isinstance(self.dtype, str) or self.dtype not in ("auto", *DTYPES):
+            raise ConfigError(f"engine_args.dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"engine_args.batch_size must be an integer >= 1, got {self.batch_size!r}")
+
+
+def sampling_dtype(asked: str, precision: str, device: torch.device) -> str:
+    """The dtype the engine samples in: ``asked`` unless ``auto``, which follows the run's precision."""
+    if asked != "auto":
+        return asked
+    return "bfloat16" if resolve_precision(precision, device).bf16 else "float32"
 
 
 def warp_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -106,10 +119,11 @@ class HFEngine(Engine):
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(getattr(config, "seed", 0)))
-        if self.options.dtype == "float32":
+        self.dtype = sampling_dtype(self.options.dtype, getattr(config, "precision", "auto"), self.device)
+        if self.dtype == "float32":
             self.model = model
         else:
-            self.model = _low_precision_copy(model, DTYPES[self.options.dtype])
+            self.model = _low_precision_copy(model, DTYPES[self.dtype])
         self._keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -117,7 +131,7 @@ class HFEngine(Engine):
 
         Parameters tied in the copy (SmolLM2's LM head and embedding) must be tied in ``model`` too.
         """
-        if self.options.dtype == "float32":
+        if self.dtype == "float32":
             self.model = model  # sampling uses the trainer's object itself
             return
         for kind in ("parameters", "buffers"):

@@ -1,0 +1,125 @@
+"""Prefix-tree packing: the tree by hand, and packed logprobs/gradients equal the padded forward."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from agentrl.config import TrainConfig
+from agentrl.models import load_model
+from agentrl.packing import pack_prefix_tree
+from agentrl.plugins import load_plugins
+from agentrl.policy import TokenLogprobs
+from agentrl.testing import GradientRecorder
+from agentrl.trainer import Trainer, plan_micro_batches
+
+
+def _rows(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row)
+        mask[i, :len(row)] = 1
+    return ids, mask
+
+
+def test_prefix_tree_by_hand():
+    ids, mask = _rows([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 6, 7]])
+    packed = pack_prefix_tree(ids, mask)
+    # nodes in creation order: 1 2 3 4 | 5 (after 1 2) | 6 7 (after 1 2 3)
+    assert packed.input_ids.tolist() == [[1, 2, 3, 4, 5, 6, 7]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2, 3, 4]]
+    assert packed.node_index.tolist() == [[0, 1, 2, 3, -1], [0, 1, 4, -1, -1], [0, 1, 2, 5, 6]]
+    ancestors = {q: [k for k in range(7) if packed.attend[0, 0, q, k]] for q in range(7)}
+    assert ancestors == {0: [0], 1: [0, 1], 2: [0, 1, 2], 3: [0, 1, 2, 3], 4: [0, 1, 4], 5: [0, 1, 2, 5],
+                         6: [0, 1, 2, 5, 6]}
+
+
+def test_rows_with_nothing_in_common_stay_apart():
+    ids, mask = _rows([[5, 6], [7, 8, 9]])
+    packed = pack_prefix_tree(ids, mask)
+    assert packed.length == 5 and not packed.attend[0, 0, 2:, :2].any() and not packed.attend[0, 0, :2, 2:].any()
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model(str(tiny_model_dir))
+
+
+def _group(vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Six rows sharing a 20-token prompt, two of them also sharing their first sampled tokens."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, vocab, (20,), generator=g).tolist()
+    rows = [prompt + torch.randint(3, vocab, (n,), generator=g).tolist() for n in (9, 4, 12, 1, 7, 7)]
+    rows[5][20:24] = rows[4][20:24]
+    ids, mask = _rows(rows)
+    loss_mask = mask.float()
+    loss_mask[:, :20] = 0
+    return ids, mask, loss_mask
+
+
+def test_packed_logprobs_entropy_and_gradients_equal_padded(tiny):
+    ids, mask, loss_mask = _group(tiny.config.vocab_size, 0)
+    results = {}
+    for pack in (False, True):
+        tiny.zero_grad()
+        policy = TokenLogprobs(tiny, temperature=0.7, pack=pack)
+        logprobs, entropy = policy(ids, mask, loss_mask)
+        weights = torch.linspace(-1, 1, logprobs.numel()).reshape(logprobs.shape)  # a loss that weighs every token
+        (logprobs * weights * loss_mask).sum().backward()
+        grads = [p.grad.clone() for p in tiny.parameters() if p.grad is not None]
+        results[pack] = (logprobs.detach(), entropy, grads)
+    packed_length = pack_prefix_tree(ids, mask).length
+    assert packed_length == 20 + 9 + 4 + 12 + 1 + 7 + 3  # the prompt once, rows 4 and 5 share 4 more
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=2e-5)
+    torch.testing.assert_close(results[True][1], results[False][1], rtol=0, atol=2e-5)
+    assert (results[True][0][loss_mask == 0] == 0).all()
+    assert len(results[True][2]) == len(results[False][2])
+    for packed, padded in zip(results[True][2], results[False][2]):
+        torch.testing.assert_close(packed, padded, rtol=1e-4, atol=1e-6)
+
+
+def test_packing_error_is_small_and_unsupported_attention_is_refused(tiny):
+    assert TokenLogprobs(tiny, pack=True).packing_error() < 1e-4
+    original = tiny.config._attn_implementation
+    tiny.config._attn_implementation = "flash_attention_2"
+    try:
+        assert TokenLogprobs(tiny, pack=True).pack is False
+    finally:
+        tiny.config._attn_implementation = original
+
+
+def test_micro_batch_plan_keeps_groups_together():
+    lengths = [30, 100, 10, 60, 60, 50, 20, 5]
+    groups = [0, 1, 0, 1, 0, 1, 0, 1]
+    plan = plan_micro_batches(lengths, max_rows=4, max_tokens=10**6, groups=groups)
+    assert plan == [[4, 0, 6, 2], [1, 3, 5, 7]]  # group by group, longest first
+    plan = plan_micro_batches(lengths, max_rows=4, max_tokens=200, groups=groups)
+    assert plan == [[4, 0, 6], [2, 1], [3, 5, 7]]
+    for rows in plan:
+        assert len(rows) * max(lengths[r] for r in rows) <= 200 or len(rows) == 1
+
+
+def test_a_training_step_packed_equals_padded(tiny_model_dir, tmp_path):
+    config = TrainConfig(model=str(tiny_model_dir), max_steps=1, prompts_per_step=2, num_generations=4,
+                         max_new_tokens=8, eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0,
+                         save_model=False, precision="fp32", engine_args={"dtype": "float32"}, max_grad_norm=None,
+                         algorithm={"beta": 0.05})
+    trainer = Trainer(config, load_plugins())
+    assert trainer.policy_pack
+    batch, _, _ = trainer.rollout_step(1)
+    grads = {}
+    for pack in (True, False):
+        trainer.config = dataclasses.replace(config, pack_sequences=pack)
+        trainer.accelerator.unwrap_model(trainer.policy).pack = pack
+        trainer.policy_pack = pack
+        trainer.optimizer = GradientRecorder(trainer.model.parameters())
+        metrics: dict[str, float] = {}
+        trainer.update(batch, metrics)
+        grads[pack] = (trainer.optimizer.steps[0], metrics["loss/total"])
+    assert grads[True][1] == pytest.approx(grads[False][1], abs=1e-6)
+    for a, b in zip(grads[True][0], grads[False][0]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
