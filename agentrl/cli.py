@@ -27,6 +27,23 @@ _state = {"debug": False}
 def main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:
     """agentrl: plugin-based RL for LLM agents."""
     _state["debug"] = debug
+    filter_library_warnings()
+
+
+LIBRARY_WARNINGS = (
+    (FutureWarning, r"`past_key_values` is deprecated"),
+)
+"""(category, message start) of library warnings no agentrl user can act on. transformers >= 5.24
+renamed a causal LM's ``past_key_values`` argument ``cache`` and warns at every decode of the hf
+engine, which passes the old name (accepted until 5.40)."""
+
+
+def filter_library_warnings() -> None:
+    """Hide the warnings in ``LIBRARY_WARNINGS`` (and only those) for this process."""
+    import warnings
+
+    for category, message in LIBRARY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
 
 
 def _run(fn: Callable[[], Any]) -> Any:
@@ -175,8 +192,12 @@ def train(
             import yaml
 
             from agentrl.config import resolved_dict
+            from agentrl.rewards import find_reward
 
-            console.print(yaml.safe_dump(resolved_dict(cfg, manager), sort_keys=False), highlight=False)
+            resolved = resolved_dict(cfg, manager)
+            for name in resolved["rewards"] or {}:  # refused here as train refuses them
+                find_reward(name, manager.registry)
+            console.print(yaml.safe_dump(resolved, sort_keys=False), highlight=False)
             return
         from agentrl import sharding
         from agentrl.trainer import Trainer

@@ -3,20 +3,44 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import ConfigError
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One subplot of ``training.png``."""
+
+    title: str
+    keys: tuple[str, ...]
+    """Metric keys drawn against the left y axis."""
+    right: tuple[str, ...] = ()
+    """Keys drawn against a second, right y axis (another scale, e.g. explained variance beside a loss)."""
+    optional: bool = False
+    """Drawn only when the run logged one of its keys (PPO's critic: GRPO has none)."""
+    undefined: str = ""
+    """Written in the panel when one of its keys was logged at every step without a number (a
+    NaN, which metrics.jsonl holds as null)."""
+
+
 PANELS = (
-    ("reward", ("reward/total_mean", "reward/env_mean", "reward/format_mean", "reward/tool_use_mean")),
-    ("held-out accuracy", ("eval/accuracy", "eval/accuracy_sampled")),
-    ("sampled tokens", ("rollout/sampled_tokens_mean",)),
-    ("policy", ("policy/entropy", "kl", "clip/region")),
-    ("turns and tools", ("rollout/turns_mean", "rollout/tool_calls_mean", "rollout/tool_error_rate",
-                         "rollout/tool_success_frac", "eval/tool_success_frac")),
-    ("seconds per step", ("perf/step_seconds", "perf/rollout_seconds", "perf/update_seconds")),
+    Panel("reward", ("reward/total_mean", "reward/env_mean", "reward/format_mean", "reward/tool_use_mean")),
+    Panel("held-out accuracy", ("eval/accuracy", "eval/accuracy_sampled")),
+    Panel("sampled tokens", ("rollout/sampled_tokens_mean",)),
+    Panel("policy", ("policy/entropy", "kl", "clip/region")),
+    Panel("critic (PPO)", ("loss/value",), right=("critic/explained_variance",), optional=True,
+          undefined="explained variance undefined:\nthe returns never varied"),
+    Panel("turns and tools", ("rollout/turns_mean", "rollout/tool_calls_mean", "rollout/tool_error_rate",
+                              "rollout/tool_success_frac", "eval/tool_success_frac")),
+    Panel("seconds per step", ("perf/step_seconds", "perf/rollout_seconds", "perf/update_seconds")),
 )
 
 
@@ -65,8 +89,25 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def plot_run(run_dir: str | Path) -> Path:
-    """Write ``<run_dir>/training.png`` from ``metrics.jsonl`` and return its path."""
+def _eval_note(run_dir: Path, rows: list[dict[str, Any]]) -> str:
+    """What the held-out panel says when it has no point: why there is no evaluation ("" if there is)."""
+    if any(_is_number(r.get("eval/accuracy")) for r in rows):
+        return ""
+    try:
+        import yaml
+
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, ValueError):
+        config = None
+    if isinstance(config, dict) and config.get("eval_tasks") == 0:
+        return "no evaluation: eval_tasks=0"
+    return "no evaluation recorded yet"
+
+
+def run_figure(run_dir: str | Path) -> Figure:
+    """The figure of ``training.png``: one panel per entry of ``PANELS`` (an optional one only when
+    the run logged its metrics), then one for the env's own ``env/`` figures if it logged any; two
+    rows of panels, 5 inches a column."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,23 +118,55 @@ def plot_run(run_dir: str | Path) -> Path:
     evals = _read_evals(run_dir / "eval.json")  # before training at step 0, after it at the last step
     rows = [*([{**evals["before"], "step": 0}] if "before" in evals else []), *rows,
             *([{**evals["after"], "step": rows[-1]["step"]}] if "after" in evals else [])]
-    env_keys = sorted({k for r in rows for k in r if k.startswith(("env/", "eval/env/"))})
-    panels = [*PANELS, ("env figures", tuple(env_keys))] if env_keys else list(PANELS)
-    fig, axes = plt.subplots(2, 4 if env_keys else 3, figsize=(20 if env_keys else 15, 8))
+    logged = {k for r in rows for k, v in r.items() if _is_number(v)}
+    null = {k for r in rows for k in r} - logged
+    panels = [p for p in PANELS if not p.optional or logged & {*p.keys, *p.right}]
+    env_keys = tuple(sorted(k for k in logged if k.startswith(("env/", "eval/env/"))))
+    if env_keys:
+        panels.append(Panel("env figures", env_keys))
+    columns = max(3, math.ceil(len(panels) / 2))
+    fig, axes = plt.subplots(2, columns, figsize=(5 * columns, 8))
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
-    for ax, (title, keys) in zip(axes.flat, panels):
-        for key in keys:
-            points = [(r["step"], r[key]) for r in rows if _is_number(r.get(key))]
-            if points:
-                ax.plot(*zip(*points), marker="." if len(points) < 60 else None, label=key)
-        ax.set_title(title)
+    for ax, panel in zip(axes.flat, panels):
+        lines = _draw(ax, rows, panel.keys, first_color=0)
+        if panel.right:  # each axis labelled with its keys, in its lines' colour: no legend over the lines
+            right = ax.twinx()
+            right_lines = _draw(right, rows, panel.right, first_color=len(lines))
+            for side, keys, drawn in ((ax, panel.keys, lines), (right, panel.right, right_lines)):
+                side.set_ylabel(", ".join(keys), fontsize=9, color=drawn[0].get_color() if drawn else "black")
+        ax.set_title(panel.title)
         ax.set_xlabel("step")
-        if ax.lines:
-            ax.legend(fontsize=7)
+        if lines and not panel.right:
+            ax.legend(handles=lines, fontsize=7)
+        note = _eval_note(run_dir, rows) if panel.title == "held-out accuracy" else ""
+        if panel.undefined and null & {*panel.keys, *panel.right}:
+            note = panel.undefined
+        if note:
+            ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", color="dimgray",
+                    bbox={"facecolor": "white", "edgecolor": "lightgray"})
     fig.suptitle(run_dir.name)
     fig.tight_layout()
-    out = run_dir / "training.png"
+    return fig
+
+
+def _draw(ax: Any, rows: list[dict[str, Any]], keys: tuple[str, ...], first_color: int) -> list[Any]:
+    """Plot each of ``keys`` that has numbers in ``rows`` on ``ax``; the lines drawn."""
+    lines = []
+    for key in keys:
+        points = [(r["step"], r[key]) for r in rows if _is_number(r.get(key))]
+        if points:
+            lines += ax.plot(*zip(*points), marker="." if len(points) < 60 else None, label=key,
+                             color=f"C{first_color + len(lines)}")
+    return lines
+
+
+def plot_run(run_dir: str | Path) -> Path:
+    """Write ``<run_dir>/training.png`` (:func:`run_figure`) and return its path."""
+    import matplotlib.pyplot as plt
+
+    fig = run_figure(run_dir)
+    out = Path(run_dir) / "training.png"
     try:
         fig.savefig(out, dpi=90)
     except OSError as exc:

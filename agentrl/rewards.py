@@ -135,11 +135,19 @@ def _await(awaitable: Any) -> Any:
         return pool.submit(asyncio.run, wrapped()).result()
 
 
+def find_reward(name: str, registry: Any) -> tuple[Callable[..., Any], str]:
+    """(function, ``"agentrl"`` or ``"trl"``) for reward ``name``, a registered name or an import
+    spec: the error for an unknown name, a missing file or a wrong signature, without an env or a
+    model (``--print-config`` checks the rewards with it)."""
+    fn = load_object(name, "reward") if is_import_spec(name) else registry.get("reward", name).factory
+    return fn, reward_style(fn, name)
+
+
 def load_reward(name: str, registry: Any, columns: Sequence[str], completion_format: str = "conversational") -> RewardFn:
     """The callable for reward ``name`` (registered name or import spec), adapted to the agentrl
     signature and checked against the env's task ``columns``."""
-    fn = load_object(name, "reward") if is_import_spec(name) else registry.get("reward", name).factory
-    if reward_style(fn, name) == "agentrl":
+    fn, style = find_reward(name, registry)
+    if style == "agentrl":
         return fn
     check_trl_parameters(fn, name, columns)
     return TRLReward(fn, name, completion_format)

@@ -1,6 +1,6 @@
 """``agentrl new``: scaffold an installable plugin package for an env or a reward function.
 
-``agentrl new env NAME [--dir DIR] [--multi-turn]`` and ``agentrl new reward NAME [--dir DIR]`` write a
+``agentrl new env NAME [--dir DIR] [--multi-turn | --tools]`` and ``agentrl new reward NAME [--dir DIR]`` write a
 package ``agentrl-env-NAME`` / ``agentrl-reward-NAME`` (default directory: that name, in the current
 directory) holding:
 
@@ -67,18 +67,28 @@ def class_name(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
 
 
-def new_env(name: str, directory: str | Path | None = None, multi_turn: bool = False) -> Scaffold:
-    """Write the package ``agentrl-env-NAME`` into ``directory`` (default ``./agentrl-env-NAME``)."""
+def new_env(name: str, directory: str | Path | None = None, multi_turn: bool = False,
+            tools: bool = False) -> Scaffold:
+    """Write the package ``agentrl-env-NAME`` into ``directory`` (default ``./agentrl-env-NAME``):
+    a single-turn env, a multi-turn one (``multi_turn``) or a tool-using ``ToolEnv`` (``tools``)."""
     check_name("env", name)
+    if multi_turn and tools:
+        raise ConfigError("--multi-turn and --tools are exclusive: a tool env is multi-turn already "
+                          "(one turn per round of tool calls); pick one")
     module = f"agentrl_env_{name}"
     values = {"name": name, "module": module, "dist": f"agentrl-env-{name}", "Class": f"{class_name(name)}Env",
               "kind": "env", "entry": f"{name}_env"}
-    source = _MULTI_TURN_ENV if multi_turn else _SINGLE_TURN_ENV
-    summary = ("a multi-turn environment (feedback and another try after a wrong reply)" if multi_turn
-               else "a single-turn environment")
+    if tools:
+        source, test, howto = _TOOL_ENV, _TOOL_ENV_TEST, _TOOL_ENV_HOWTO
+        summary = "a tool-using environment (a typed tool the reward needs)"
+    else:
+        source, test, howto = (_MULTI_TURN_ENV if multi_turn else _SINGLE_TURN_ENV), _ENV_TEST, _ENV_HOWTO
+        summary = ("a multi-turn environment (feedback and another try after a wrong reply)" if multi_turn
+                   else "a single-turn environment")
+    readme = Template(_ENV_README).safe_substitute(howto=howto)
     return _write("env", name, directory, module, values, {
-        "pyproject.toml": _PYPROJECT, f"{module}/__init__.py": source, "README.md": _ENV_README,
-        f"tests/test_{name}.py": _ENV_TEST,
+        "pyproject.toml": _PYPROJECT, f"{module}/__init__.py": source, "README.md": readme,
+        f"tests/test_{name}.py": test,
     }, summary)
 
 
@@ -156,9 +166,11 @@ def env_command(
     name: str = typer.Argument(..., help="Env name, a Python identifier: what --env NAME selects."),
     directory: str = typer.Option(None, "--dir", help="Package directory to create. [default: ./agentrl-env-NAME]"),
     multi_turn: bool = typer.Option(False, "--multi-turn", help="A multi-turn example (feedback, another try)."),
+    tools: bool = typer.Option(False, "--tools", help="A tool-using example: a ToolEnv with a typed tool the "
+                               "reward needs."),
 ) -> None:
     """Scaffold an installable env package: pyproject entry point, module, README, passing test."""
-    _scaffold_command("env", name, lambda: new_env(name, directory, multi_turn))
+    _scaffold_command("env", name, lambda: new_env(name, directory, multi_turn, tools))
 
 
 @app.command("reward")
@@ -442,9 +454,8 @@ agentrl train --env $name
 agentrl eval --model runs/<run> --env $name
 ```
 
-The env is `$Class` in `$module/__init__.py`: replace the example's tasks (`train_tasks`,
-`eval_tasks`, kept disjoint), opening messages (`start`) and scoring (`respond`). Constructor
-arguments come from the run config: `agentrl train --env $name --set env_args.KEY=VALUE`.
+$howto
+Constructor arguments come from the run config: `agentrl train --env $name --set env_args.KEY=VALUE`.
 '''
 
 _REWARD_README = '''# $dist
@@ -461,4 +472,188 @@ The reward is `$fn` in `$module/__init__.py`: it receives whole episodes
 (`list[agentrl.Trajectory]`: messages, task, turns, tool calls) and returns one `float` or `None`
 (not scored) per episode. `--reward` replaces the env's default rewards, so list those again to
 keep them; the weight after the colon multiplies this reward in the total.
+'''
+
+_ENV_HOWTO = '''The env is `$Class` in `$module/__init__.py`: replace the example's tasks (`train_tasks`,
+`eval_tasks`, kept disjoint), opening messages (`start`) and scoring (`respond`).'''
+
+_TOOL_ENV_HOWTO = '''The env is `$Class` in `$module/__init__.py`, an `agentrl.ToolEnv`: the model calls the
+typed tool `price` with `<tool_call>{"name": "price", "arguments": {...}}</tool_call>`, gets its result
+as a `tool` message, and ends the episode with an answer that calls no tool, which `score_answer`
+scores. Each task carries its own prices and the prompt never shows them, so only the tool can tell
+the model what it needs. Replace the tool (any function with type hints and an `Args:` docstring),
+the tasks (`train_tasks`, `eval_tasks`, kept disjoint), `instructions` and `score_answer`. Its
+default rewards add `tool_use` (0.2), a small bonus for a tool call that ran, so a model that
+rarely calls tools at first still gets a signal.'''
+
+_TOOL_ENV = r'''"""$dist: the ``$name`` environment for agentrl, a tool-using env.
+
+Installed (``pip install -e .``), it is found through the ``agentrl`` entry point in
+pyproject.toml: ``agentrl train --env $name``. The example is a ``ToolEnv``: the model asks the
+typed tool ``price`` for what the question leaves out, gets each result back as a ``tool``
+message, and ends the episode with an answer that calls no tool (reward 1.0 if its final number
+is the right total). Every task has its own prices and the prompt never shows them, so the
+reward needs the tool: without it the model can only guess. Replace the tool, the tasks and
+``score_answer`` with yours, and keep ``tests/`` passing (``agentrl.testing.check_env``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentrl import Task, Tool, ToolEnv, ToolError, format_tool_call, hookimpl
+
+ITEMS = ("apple", "bottle", "candle", "lemon", "notebook", "pencil", "rope", "towel")
+NUM_EVAL = 64
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_INTEGER = re.compile(r"-?\d+")
+
+
+def _units(count: int, item: str) -> str:
+    return f"{count} {item}" + ("s" if count != 1 else "")
+
+
+def make_tasks(seed: int = 0) -> list[Task]:
+    """Every task, shuffled: two items, how many of each, and that task's own prices."""
+    rng = random.Random(seed)
+    tasks = []
+    for (first, second), a, b in itertools.product(itertools.combinations(ITEMS, 2), range(1, 6), range(1, 6)):
+        prices = {item: rng.randint(2, 30) for item in ITEMS}
+        question = (f"What do {_units(a, first)} and {_units(b, second)} cost in total at today's prices? "
+                    "Give the final answer as \\boxed{N}.")
+        tasks.append({"id": f"$name-{first}-{a}-{second}-{b}", "question": question, "order": {first: a, second: b},
+                      "prices": prices, "answer": str(a * prices[first] + b * prices[second])})
+    rng.shuffle(tasks)
+    return tasks
+
+
+def final_number(text: str) -> str | None:
+    """The last integer in the last ``\\boxed{}``, else in the whole text; None if there is none."""
+    boxed = _BOXED.findall(text)
+    numbers = _INTEGER.findall(boxed[-1] if boxed else text)
+    return numbers[-1] if numbers else None
+
+
+class $Class(ToolEnv):
+    """Example: the total price of two items, whose prices only the ``price`` tool knows.
+
+    A turn with tool calls gets one ``tool`` message per call (a bad call: ``"Error: ..."``) and
+    reward 0; the first turn without one is the answer: 1.0 if right, else 0. At most
+    ``max_turns`` (4) turns.
+    """
+
+    instructions = ("Answer the question. Prices change every day: look each one up with the price "
+                    "tool, then give the total as \\boxed{N}.")
+    demonstrations = ((
+        {"role": "user", "content": "What do 2 lemons and 1 towel cost in total at today's prices? "
+                                    "Give the final answer as \\boxed{N}."},
+        {"role": "assistant", "content": format_tool_call("price", item="lemon", quantity=2) + "\n"
+                                         + format_tool_call("price", item="towel", quantity=1)},
+        {"role": "tool", "name": "price", "content": "14"},
+        {"role": "tool", "name": "price", "content": "9"},
+        {"role": "assistant", "content": "14 + 9 = 23, so the total is \\boxed{23}."},
+    ),)
+    """A worked example in the prompt: a small model copies a call format it has seen."""
+    default_rewards = {"tool_use": 0.2}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(tools=[Tool(self.price)], **kwargs)
+        tasks = make_tasks()
+        self._eval, self._train = tasks[:NUM_EVAL], tasks[NUM_EVAL:]
+
+    def train_tasks(self) -> Sequence[Task]:
+        """Tasks to train on (any indexable sequence of dicts)."""
+        return self._train
+
+    def eval_tasks(self) -> Sequence[Task]:
+        """Held-out tasks, never trained on."""
+        return self._eval
+
+    def price(self, item: str, quantity: int = 1) -> int:
+        """Look up what some units of an item cost at today's prices.
+
+        Args:
+            item: The item, e.g. "apple".
+            quantity: How many units of it.
+        """
+        prices = self.task["prices"] if self.task else {}
+        name = item.strip().lower()
+        name = name if name in prices else name.removesuffix("s")
+        if name not in prices:
+            raise ToolError(f"no item {item!r}; the shop sells {', '.join(prices)}")
+        if quantity < 1:
+            raise ToolError(f"quantity must be at least 1, got {quantity}")
+        return quantity * prices[name]
+
+    def score_answer(self, text: str) -> float:
+        """1.0 if the final number is the total at this task's prices, else 0.0."""
+        return float(self.task is not None and final_number(text) == self.task["answer"])
+
+
+@hookimpl
+def agentrl_register_envs(register: Callable[..., None]) -> None:
+    """Register the env under the name ``--env`` selects."""
+    register("$name", $Class)
+'''
+
+_TOOL_ENV_TEST = r'''"""$dist meets agentrl's env contract, and its reward needs its tool."""
+
+from agentrl import PluginManager, format_tool_call
+from agentrl.testing import check_env
+
+import $module
+from $module import $Class
+
+
+def test_passes_check_env():
+    check_env($Class)
+
+
+def test_the_prompt_describes_the_tool_but_not_the_prices():
+    env = $Class()
+    task = env.eval_tasks()[0]
+    messages, _ = env.reset(seed=0, options={"task": task})
+    assert "- price(item: string, quantity: integer): Look up" in messages[0]["content"]
+    assert messages[-1]["content"] == task["question"]
+    repriced = {**task, "prices": {item: price + 1 for item, price in task["prices"].items()}}
+    assert env.reset(seed=0, options={"task": repriced})[0] == messages  # only the tool tells the prices
+
+
+def test_asking_the_tool_then_answering_earns_full_marks():
+    env = $Class()
+    task = env.eval_tasks()[0]
+    env.reset(seed=0, options={"task": task})
+    calls = "\n".join(format_tool_call("price", item=item, quantity=n) for item, n in task["order"].items())
+    messages, reward, terminated, truncated, info = env.step(calls)
+    assert [m["role"] for m in messages] == ["tool", "tool"] and (reward, terminated, truncated) == (0.0, False, False)
+    assert (info["tool_calls"], info["tool_errors"]) == (2, 0)
+    total = sum(int(m["content"]) for m in messages)
+    assert env.step(f"The total is \\boxed{{{total}}}.")[1:3] == (1.0, True)
+
+
+def test_bad_calls_come_back_as_errors_and_a_wrong_total_earns_nothing():
+    env = $Class()
+    task = env.eval_tasks()[0]
+    env.reset(seed=0, options={"task": task})
+    messages, reward, _, _, info = env.step(format_tool_call("price", item="unicorn")
+                                            + format_tool_call("price", item="apple", quantity="two"))
+    assert messages[0]["content"].startswith("Error: no item 'unicorn'; the shop sells apple")
+    assert messages[1]["content"] == "Error: price: argument 'quantity' must be integer, got 'two'"
+    assert (reward, info["tool_errors"]) == (0.0, 2)
+    assert env.step(f"\\boxed{{{int(task['answer']) + 1}}}")[1:3] == (0.0, True)
+
+
+def test_each_task_has_its_own_prices():
+    tasks = $Class().train_tasks()
+    assert len({tuple(t["prices"].values()) for t in tasks[:50]}) == 50
+
+
+def test_registers_the_env_by_name():
+    manager = PluginManager()
+    manager.register_plugin($module, name="$entry")
+    assert manager.registry.get("env", "$name").factory is $Class
 '''

@@ -38,6 +38,7 @@ def generated_tests_pass(*args: str, cwd: Path) -> str:
 @pytest.mark.parametrize(("command", "module", "tests"), [
     (["env", "countdown"], "agentrl_env_countdown", 3),
     (["env", "spelling", "--multi-turn"], "agentrl_env_spelling", 3),
+    (["env", "shop", "--tools"], "agentrl_env_shop", 6),
     (["reward", "politeness"], "agentrl_reward_politeness", 3),
 ])
 def test_new_package_is_complete_and_its_test_passes_as_generated(command, module, tests, tmp_path):
@@ -70,6 +71,8 @@ def test_printed_pytest_command_works_from_the_parent_directory(tmp_path):
     (["reward", "accuracy"], "error: reward name 'accuracy' is taken: plugin 'rewards' already registers it"),
     (["env", "fresh", "--dir", "existing"], "error: directory 'existing' already exists; agentrl new never "
                                             "overwrites: pass another --dir or remove it"),
+    (["env", "fresh", "--tools", "--multi-turn"], "error: --multi-turn and --tools are exclusive: a tool env is "
+                                                  "multi-turn already (one turn per round of tool calls); pick one"),
 ])
 def test_bad_requests_are_one_line_errors_with_exit_status_2(args, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -78,6 +81,24 @@ def test_bad_requests_are_one_line_errors_with_exit_status_2(args, message, tmp_
     assert result.exit_code == 2, result.output
     assert result.output.startswith(message) and result.output.count("\n") == 1, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]  # nothing written
+
+
+def test_tool_env_package_is_a_tool_env_whose_reward_needs_its_tool_and_trains(tmp_path, tiny_model_dir):
+    folder = tmp_path / "shop"
+    assert agentrl("new", "env", "shop", "--tools", "--dir", str(folder)).returncode == 0
+    source = (folder / "agentrl_env_shop" / "__init__.py").read_text()
+    assert "class ShopEnv(ToolEnv):" in source and "def price(self, item: str, quantity: int = 1) -> int:" in source
+    readme = (folder / "README.md").read_text()
+    assert "`ShopEnv` in `agentrl_env_shop/__init__.py`, an `agentrl.ToolEnv`" in readme and "$" not in readme
+    spec = f"{folder / 'agentrl_env_shop' / '__init__.py'}:ShopEnv"  # no install: the file itself
+    result = agentrl("train", "--env", spec, "--model", str(tiny_model_dir), "--max-steps", "2", "--prompts-per-step",
+                     "2", "--num-generations", "2", "--set", "eval_tasks=0", "--set", "max_new_tokens=8",
+                     "--set", "save_model=false", "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rewards: env return x1 + tool_use x0.2 (the env's defaults)" in result.stdout
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "loss/policy" in m] == [1, 2]
+    assert all("rollout/tool_calls_mean" in m and "reward/tool_use_mean" in m for m in metrics)
 
 
 def test_installed_env_package_is_listed_trains_and_is_gone_after_uninstall(tmp_path, tiny_model_dir):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,6 +160,49 @@ def test_top_k_at_temperature_one_reports_full_vocabulary_logprobs():
         full = _recompute(model, prompt, g.token_ids, 1.0)
         torch.testing.assert_close(torch.tensor(g.logprobs, dtype=torch.float64), full, atol=1e-3, rtol=0)
     del engine
+
+
+_BUILD_AND_SAMPLE = """
+import sys
+sys.path.insert(0, "tests")
+from test_vllm_engine import _tiny
+from agentrl import SamplingParams
+from agentrl.config import TrainConfig
+from agentrl_vllm_engine import VLLMEngine
+engine = VLLMEngine(model=_tiny(), tokenizer=None, config=TrainConfig(max_total_tokens=256, engine_args={"kv_cache_gb": 0.25}))
+out = engine.generate([[1, 5, 6, 7]], SamplingParams(max_new_tokens=4, temperature=1.0, seed=0))
+print("sampled", len(out[0].token_ids))
+"""
+
+
+@needs_vllm
+def test_building_and_sampling_prints_only_what_a_user_can_act_on():
+    """vLLM's INFO/WARNING chatter (a harmless tokenizer traceback among it), its FutureWarnings
+    and its loading bar are hidden. A fresh process: vLLM reads its logging level once, at import."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", _BUILD_AND_SAMPLE], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=Path(__file__).resolve().parents[1])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "sampled 4" in output, output
+    for noise in (" INFO ", " WARNING ", "Traceback", "FutureWarning", "Loading safetensors"):
+        assert noise not in output, output
+
+
+def test_the_users_vllm_logging_level_wins(monkeypatch):
+    import logging
+
+    from agentrl_vllm_engine import _quiet_vllm
+
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "info")
+    monkeypatch.setattr(logging.getLogger("vllm"), "level", logging.NOTSET)
+    _quiet_vllm()
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "info" and logging.getLogger("vllm").level == logging.INFO
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL")
+    _quiet_vllm()
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR" and logging.getLogger("vllm").level == logging.ERROR
 
 
 @needs_vllm

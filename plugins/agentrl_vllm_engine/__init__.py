@@ -27,6 +27,9 @@ torchaudio and torchcodec builds it pulls: they break ``import transformers``) o
   Greedy calls (evaluation) report the temperature-1 logprob. ``kept_logmass`` is not reported.
 * **Threads.** vLLM's CPU worker would drop torch to one thread and disable
   ``torch.set_num_threads`` for the whole process, the trainer included; the engine restores both.
+* **Logs.** vLLM's INFO and WARNING lines (~30 per engine, one a harmless traceback about the
+  tokenizer it runs without) are hidden: ``VLLM_LOGGING_LEVEL`` defaults to ``ERROR`` here, so its
+  errors still show; ``VLLM_LOGGING_LEVEL=INFO`` brings the rest back.
 * **Sleep** (``engine_args.sleep_level`` 1 or 2, GPU only): the engine sleeps after each
   generate, freeing its GPU memory for the update, and wakes before the next one; level 2
   discards the weights, so waking reloads all of them from the trainer's model (TRAPS 31).
@@ -34,10 +37,12 @@ torchaudio and torchcodec builds it pulls: they break ``import transformers``) o
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,8 +107,26 @@ def logprobs_mode(temperature: float, top_k: int, top_p: float) -> str:
                       "turn top_k/top_p off, or use --engine hf")
 
 
+def _quiet_vllm() -> None:
+    """Keep vLLM to what a user can act on: its errors, not its INFO/WARNING chatter.
+
+    vLLM logs ~30 INFO and WARNING lines per engine, among them a whole traceback
+    (``Tokenizer not available when skip_tokenizer_init=True``, from a chat-template warm-up this
+    engine never needs: it runs without a tokenizer by design) and FutureWarnings about vLLM's own
+    use of torch APIs. ``VLLM_LOGGING_LEVEL`` (default here ``ERROR``; set it to ``INFO`` to see them
+    again) must be set before vLLM is imported, which reads it once; the ``vllm`` logger's level
+    covers the lines logged before vLLM configures its handler.
+    """
+    level = os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR").upper()
+    number = logging.getLevelName(level)  # the level's number; a string for a name logging does not know
+    logging.getLogger("vllm").setLevel(number if isinstance(number, int) else logging.ERROR)
+    if level == "ERROR":
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+
+
 def _import_vllm() -> Any:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    _quiet_vllm()
     try:
         import vllm
     except ImportError as exc:
@@ -148,6 +171,7 @@ class VLLMEngine(Engine):
                                  max_model_len=max_model_len, enforce_eager=self.options.enforce_eager,
                                  logprobs_mode=self.mode, enable_sleep_mode=bool(self.options.sleep_level),
                                  kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * 2**30),
+                                 use_tqdm_on_load=False,  # no progress bar through agentrl's own display
                                  skip_tokenizer_init=True)  # ids in, ids out: vLLM never needs text
         except Exception as exc:
             raise EngineError(f"vLLM could not load the model saved from the trainer ({self.folder}): {exc!r}") from exc
