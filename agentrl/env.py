@@ -28,7 +28,9 @@ Failures during a run (the rollout calls ``reset``/``step`` through a :class:`Ca
   the env raises itself) is a programming error: the run stops with an EnvError naming the env
   class, the method, what it returned and what was expected, whatever ``on_call_error`` says. An
   env that cannot score an episode should raise, not return NaN.
-* Any other exception, or a call running past ``call_timeout_s``, follows ``on_call_error``:
+* Any other exception, an :class:`agentrl.EnvLibraryError` (what an adapter raises, through
+  :func:`library_call`, when the library it wraps fails), or a call running past ``call_timeout_s``,
+  follows ``on_call_error``:
   ``skip`` ends that episode (``info["error"]`` says where and what), leaves it unscored (no
   gradient), counts it in ``errors/env`` and warns once per env class; ``fail`` stops the run
   with an EnvError naming the env, the method, the sample and the exception.
@@ -55,7 +57,7 @@ from typing import Any, SupportsFloat, TypeVar
 import gymnasium
 import numpy as np
 
-from agentrl.errors import EnvError
+from agentrl.errors import AgentRLError, EnvError, EnvLibraryError, one_line
 from agentrl.tasks import LazyTasks
 
 R = TypeVar("R")
@@ -462,6 +464,21 @@ class SeedTasks(LazyTasks):
     def make(self, index: int) -> Task:
         """Task ``index``: its id and seed."""
         return {"id": f"{self.name}-{self.split}-{index}", "seed": self.first_seed + index}
+
+
+@contextlib.contextmanager
+def library_call(library: str, env_id: str, call: str) -> Iterator[None]:
+    """Run a block of calls into the library an env adapter wraps (and the adapter's conversion of
+    what it returns): an exception raised there becomes an :class:`EnvLibraryError` whose one line
+    names the library, the env id and the call, e.g. ``textarena env 'Countdown-v0' failed in
+    step: ValueError: ...``; during a run ``on_call_error`` then skips the episode or stops the run.
+    An agentrl error raised in the block passes through unchanged."""
+    try:
+        yield
+    except AgentRLError:
+        raise
+    except Exception as exc:
+        raise EnvLibraryError(f"{library} env {env_id!r} failed in {call}: {one_line(exc)}") from exc
 
 
 class PrivateGlobalRandom:

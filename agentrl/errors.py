@@ -23,6 +23,10 @@ class EnvError(AgentRLError):
     """An environment was misused or broke its contract."""
 
 
+class EnvLibraryError(EnvError):
+    """The library an env adapter wraps raised inside ``reset`` or ``step``: ``on_call_error`` applies."""
+
+
 class RewardError(AgentRLError):
     """A reward function raised or returned something unusable."""
 

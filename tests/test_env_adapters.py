@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agentrl import ConfigError, Env, EnvError
+from agentrl import ConfigError, Env, EnvError, EnvLibraryError
 from agentrl.testing import check_env
 
 pytest.importorskip("reasoning_gym")
@@ -90,6 +90,24 @@ def test_reasoning_gym_bad_settings_are_one_clear_line(kwargs: dict[str, Any], m
         ReasoningGymEnv(**kwargs)
 
 
+def test_reasoning_gym_redraws_an_item_the_library_fails_to_make() -> None:
+    """codeio's training item 9775 (seed 0) makes reasoning-gym ``json.dumps`` a sympy Integer."""
+    import reasoning_gym
+
+    with pytest.raises(TypeError, match="Object of type Integer is not JSON serializable"):
+        reasoning_gym.create_dataset("codeio", seed=0, size=10**5)[9775]
+    task = ReasoningGymEnv(task="codeio", num_eval=1).train_tasks()[9775]
+    assert json.dumps(task) and task["question"]
+
+
+def test_reasoning_gym_item_failing_on_every_redraw_is_one_clear_line(monkeypatch) -> None:
+    monkeypatch.setattr("agentrl_reasoning_gym.RETRIES", 1)
+    with pytest.raises(EnvLibraryError, match=re.escape(
+            "reasoning_gym env 'codeio' failed in training item 9775: TypeError: Object of type Integer is not JSON "
+            "serializable (1 draw for training item 9775: each failed or was held out)")):
+        ReasoningGymEnv(task="codeio", num_eval=1).train_tasks()[9775]
+
+
 # -- TextArena and GEM: multi-turn games ----------------------------------------------------------
 
 def test_textarena_sends_only_the_new_part_of_its_cumulative_observation() -> None:
@@ -121,6 +139,39 @@ def test_textarena_win_pays_one_and_counts_as_success() -> None:
         else:
             high = guess - 1
     assert terminated and reward == 1.0 and info["success"] and info["metrics"] == {"won": 1.0}
+
+
+@pytest.mark.parametrize(("game", "move", "reason"), [
+    ("Countdown-v0", "hello", "Invalid action format. Use `[i j op]` where i,j are indices and op is +,-,*,/"),
+    ("Cryptarithm-v0", "hello", "Bad action format. Use `[A 5]`."),
+    ("Slitherlink-v0", "hello", "Bad action format. Use [h row col] or [v row col]."),
+    ("ThreeCardMonte-v0", "[7]", "Index out of range 0-2."),
+])
+def test_textarena_games_with_swapped_invalid_move_arguments_end_with_their_progress(game: str, move: str,
+                                                                                     reason: str) -> None:
+    """These games call ``set_invalid_move(progress, reason)`` with the arguments swapped: their
+    reward is the reason's text (``float()`` of it raised ValueError); the adapter swaps them back."""
+    env = TextArenaEnv(game, num_eval=1)
+    env.reset(options={"task": {"id": "t", "seed": 1}})
+    _, reward, terminated, _, _ = env.step(move)  # one invalid move is forgiven
+    assert not terminated and reward == 0.0
+    _, reward, terminated, _, info = env.step(move)
+    assert terminated and 0.0 <= reward < 1.0 and not info["success"] and info["invalid_move"]
+    assert info["reason"] == f"Invalid Move: {reason}"
+
+
+def test_a_library_failure_in_reset_or_step_is_one_line_naming_the_library_the_env_and_the_call() -> None:
+    textarena = TextArenaEnv("GuessTheNumber-v0", num_eval=1)
+    textarena.reset(options={"task": {"id": "t", "seed": 3}})
+    with pytest.raises(EnvLibraryError, match=re.escape(  # TextArena's int() of a 5,000-digit guess
+            "textarena env 'GuessTheNumber-v0' failed in step: ValueError: Exceeds the limit (4300 digits) for "
+            "integer string conversion")) as caught:
+        textarena.step("[" + "9" * 5000 + "]")
+    gem = GemEnv("game:GuessTheNumber-v0-easy", num_eval=1)
+    with pytest.raises(EnvLibraryError, match=re.escape(  # GEM seeds numpy's global RNG with the task's seed
+            "gem env 'game:GuessTheNumber-v0-easy' failed in reset: ValueError: Seed must be between 0 and 2")):
+        gem.reset(options={"task": {"id": "t", "seed": 2**32}})
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize("make, moves", [
@@ -164,6 +215,22 @@ def test_gem_per_turn_messages_and_win() -> None:
         else:
             high = guess - 1
     assert terminated and reward == 1.0 and info["success"]
+
+
+def test_gem_extra_installs_what_every_gem_env_imports() -> None:
+    """The ``gem`` extra adds what gem-llm leaves out (``pylatexenc`` for ``math:*``, ``datasets``):
+    every registered GEM env's module imports; the dataset ids still download their data when built."""
+    import importlib
+
+    from agentrl_gem import import_gem
+
+    import_gem()
+    from gem.envs.registration import ENV_REGISTRY
+
+    modules = {str(spec.entry_point).split(":")[0] for spec in ENV_REGISTRY.values()}
+    assert "gem.envs.math_env" in modules
+    for module in sorted(modules):
+        importlib.import_module(module)
 
 
 @pytest.mark.parametrize(("make", "error", "message"), [

@@ -61,6 +61,18 @@ class StepRaises(Tasks):
         return super().respond(text)
 
 
+class LibraryStepFails(Tasks):
+    """An adapter whose wrapped library raises on the 'bad' task (agentrl.env.library_call names it)."""
+
+    def respond(self, text):
+        from agentrl.env import library_call
+
+        with library_call("somelib", "Game-v0", "step"):
+            if self.task["id"] == "bad":
+                float("Invalid action format")
+        return super().respond(text)
+
+
 class StepHangs(Tasks):
     def respond(self, text):
         if self.task["id"] == "bad":
@@ -238,6 +250,29 @@ def test_a_raising_env_step_with_fail_names_the_env_the_sample_and_the_exception
                       load_plugins())
     with pytest.raises(EnvError, match=r"^StepRaises\.step raised on sample \d \(task 'bad': 'Say 2\.'\): "
                                        r"ValueError: env bug on the bad task \(on_call_error=fail"):
+        trainer.rollout_step(1)
+
+
+LIBRARY_FAILED = "somelib env 'Game-v0' failed in step: ValueError: could not convert string to float: " \
+                 "'Invalid action format'"
+
+
+def test_a_wrapped_library_failure_is_skipped_and_counted_not_a_contract_error(tiny_model_dir, tmp_path, faults):
+    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:LibraryStepFails", on_call_error="skip")
+    trainer = Trainer(config, load_plugins())
+    with pytest.warns(RuntimeWarning, match=re.escape("LibraryStepFails.step raised on sample")):
+        _, trajectories, metrics = trainer.rollout_step(1)
+    errors = [t.info["error"] for t in trajectories if t.task["id"] == "bad"]
+    assert errors == [{"method": "LibraryStepFails.step", "exception": LIBRARY_FAILED, "timed_out": False}] * 2
+    assert metrics["errors/env"] == 2.0
+
+
+def test_a_wrapped_library_failure_with_fail_names_the_library_the_env_id_and_the_call(tiny_model_dir, tmp_path,
+                                                                                      faults):
+    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:LibraryStepFails", on_call_error="fail"),
+                      load_plugins())
+    with pytest.raises(EnvError, match=r"^LibraryStepFails\.step raised on sample \d \(task 'bad': 'Say 2\.'\): "
+                                       + re.escape(f"{LIBRARY_FAILED} (on_call_error=fail")):
         trainer.rollout_step(1)
 
 

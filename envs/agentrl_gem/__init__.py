@@ -19,8 +19,12 @@ an episode is the same whatever other episodes are interleaved with it.
 What runs offline: the ``game:*`` ids (GuessTheNumber, Mastermind, Minesweeper, FifteenPuzzle, Sudoku,
 TowerofHanoi, Game2048, Sokoban) and ``rg:*`` (reasoning-gym through GEM; prefer ``--env
 reasoning_gym``, whose held-out split is disjoint by question). ``math:``, ``code:``, ``qa:``,
-``logic:`` and ``eval:`` ids load Hugging Face datasets over the network (and need ``datasets``);
-the word games need NLTK's ``words`` corpus; these fail when built, with GEM's reason.
+``logic:`` and ``eval:`` ids download their Hugging Face dataset when built (the ``gem`` extra
+installs the ``datasets`` and ``pylatexenc`` they import, so offline they fail on the download);
+Hangman, Wordle and WordSearch need NLTK's ``words`` corpus; ``game:FifteenPuzzle-v0-random`` and
+``game:Crosswords-v0-random`` fail inside GEM 0.1 itself. These fail when built, with GEM's reason.
+An exception inside GEM during ``reset`` or ``step`` is an :class:`agentrl.EnvLibraryError` naming
+the env id and the call, which ``on_call_error`` skips or fails.
 
 GEM is imported when the env is built, so this plugin loads without it (install it with
 ``pip install 'agentrl[gem]'``). Importing GEM calls ``logging.basicConfig(level=INFO)``; the adapter
@@ -35,7 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
-from agentrl.env import PrivateGlobalRandom, SeedTasks
+from agentrl.env import PrivateGlobalRandom, SeedTasks, library_call
 from agentrl.errors import one_line
 from agentrl.imports import import_extra
 
@@ -142,23 +146,27 @@ class GemEnv(Env):
         seed = task.get("seed")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise EnvError(f"gem: a task needs a non-negative int 'seed', got {task!r}")
-        self.game, text = self._new_game(seed)
+        with library_call("gem", self.env_id, "reset"):
+            self.game, text = self._new_game(seed)
         self.max_turns = self._turn_limit(self.game)
         return [{"role": "user", "content": text}]
 
     def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
-        """Step GEM with ``text``; its next observation as a user message, its reward as this turn's."""
+        """Step GEM with ``text``; its next observation as a user message, its reward as this turn's.
+        A failure inside GEM is an EnvLibraryError naming the env id (``on_call_error`` applies)."""
         if self.game is None:
             raise EnvError("gem: respond() called before reset() or after the episode ended")
-        with self._rng.active():
-            observation, reward, terminated, truncated, step_info = self.game.step(text)
-        reward, done = float(reward), bool(terminated or truncated)
+        with library_call("gem", self.env_id, "step"):
+            with self._rng.active():
+                observation, reward, terminated, truncated, step_info = self.game.step(text)
+            reward, done = float(reward), bool(terminated or truncated)
+            message = None if done else self._message_text(observation, step_info)
         info = {"success": done and reward >= 1.0, "truncated_by_game": bool(truncated),
                 "metrics": {"won": float(done and reward >= 1.0)}}
         if done:
             self.game = None
             return [], reward, True, info
-        return [{"role": "user", "content": self._message_text(observation, step_info)}], reward, False, info
+        return [{"role": "user", "content": message}], reward, False, info
 
 
 @hookimpl

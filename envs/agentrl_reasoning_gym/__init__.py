@@ -19,7 +19,9 @@ Splits: item ``i`` of a reasoning-gym dataset is drawn from ``Random(seed + i)``
 ``i`` uses seed ``seed + i`` (``seed`` below 10**9); the held-out items use seeds from
 :data:`EVAL_SEED` on, so the two never share a generator seed, and a training item whose question
 happens to equal a held-out one is replaced by another training item, so they never share a
-question either.
+question either. An item reasoning-gym fails to make (``codeio`` fails on a few: its ``json.dumps``
+of a sympy ``Integer``) is replaced the same way; only when every redraw fails does
+an :class:`agentrl.EnvLibraryError` name the task and the item.
 
 reasoning-gym is imported when the env is built, so this plugin loads without it (install it with
 ``pip install 'agentrl[reasoning-gym]'``).
@@ -34,8 +36,9 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agentrl import ConfigError, Env, EnvError, LazyTasks, Message, Task, hookimpl
+from agentrl import ConfigError, Env, EnvError, EnvLibraryError, LazyTasks, Message, Task, hookimpl
 from agentrl.answers import extract_answer as lenient_answer
+from agentrl.env import library_call
 from agentrl.imports import import_extra
 
 TRAIN_SIZE = 100_000
@@ -106,10 +109,23 @@ def _dataset(key: str, seed: int, size: int) -> Any:
 
 @functools.lru_cache(maxsize=32)
 def _held_out(key: str, num_eval: int) -> tuple[list[Task], frozenset[str]]:
-    """The held-out tasks of spec ``key`` and their questions (built once per process)."""
-    dataset = _dataset(key, EVAL_SEED, num_eval)
-    tasks = [entry_task(dataset[i]) for i in range(num_eval)]
+    """The held-out tasks of spec ``key`` and their questions (built once per process); an item
+    reasoning-gym fails to make is passed over for the next one (at most RETRIES times)."""
+    dataset, name, tasks, failed = _dataset(key, EVAL_SEED, num_eval), spec_name(key), [], 0
+    while len(tasks) < num_eval:
+        try:
+            tasks.append(make_task(dataset, name, "held-out", len(tasks) + failed))
+        except EnvLibraryError:
+            failed += 1
+            if failed >= RETRIES:
+                raise
     return tasks, frozenset(t["question"] for t in tasks)
+
+
+def spec_name(key: str) -> str:
+    """The task name of spec ``key``, or its mix's names joined by ``+`` (for messages)."""
+    spec = json.loads(key)
+    return spec.get("task") or "+".join(spec["tasks"])
 
 
 def entry_task(entry: Mapping[str, Any]) -> Task:
@@ -117,19 +133,36 @@ def entry_task(entry: Mapping[str, Any]) -> Task:
     return {"question": entry["question"], "answer": entry["answer"], "metadata": entry.get("metadata", {})}
 
 
-class TrainTasks(LazyTasks):
-    """Training items on demand; one whose question is held out is replaced by another training item."""
+def make_task(dataset: Any, name: str, split: str, index: int) -> Task:
+    """Item ``index`` of ``dataset`` as a task; an exception inside reasoning-gym (codeio's
+    ``json.dumps`` of a sympy ``Integer``...) is an EnvLibraryError naming the task and the item."""
+    with library_call("reasoning_gym", name, f"{split} item {index}"):
+        return entry_task(dataset[index])
 
-    def __init__(self, dataset: Any, held_out: frozenset[str], seed: int) -> None:
+
+class TrainTasks(LazyTasks):
+    """Training items on demand; one whose question is held out, or that reasoning-gym fails to
+    make, is replaced by another training item."""
+
+    def __init__(self, dataset: Any, held_out: frozenset[str], seed: int, name: str) -> None:
         super().__init__(TRAIN_SIZE)
-        self.dataset, self.held_out, self.seed = dataset, held_out, seed
+        self.dataset, self.held_out, self.seed, self.name = dataset, held_out, seed, name
 
     def make(self, index: int) -> Task:
         """Training task ``index``."""
+        failure: EnvLibraryError | None = None
         for k in range(RETRIES):
-            task = entry_task(self.dataset[(index + k * STRIDE) % TRAIN_SIZE])
+            try:
+                task = make_task(self.dataset, self.name, "training", (index + k * STRIDE) % TRAIN_SIZE)
+            except EnvLibraryError as exc:
+                failure = exc
+                continue
             if task["question"] not in self.held_out:
                 return task
+        if failure is not None:
+            draws = f"{RETRIES} draw{'s' if RETRIES != 1 else ''}"
+            raise EnvLibraryError(f"{failure} ({draws} for training item {index}: each failed or was held out)"
+                                  ) from failure
         raise EnvError(f"reasoning_gym: training item {index} repeated a held-out question {RETRIES} times; "
                        "the task has too few distinct questions: lower num_eval or widen its config")
 
@@ -177,8 +210,8 @@ class ReasoningGymEnv(Env):
         key = _spec_key(spec)
         self.dataset = _dataset(key, seed, TRAIN_SIZE)
         self._eval, held_out = _held_out(key, num_eval)
-        self._train = TrainTasks(self.dataset, held_out, seed)
-        self.name = spec.get("task") or "+".join(spec["tasks"])
+        self.name = spec_name(key)
+        self._train = TrainTasks(self.dataset, held_out, seed, self.name)
 
     @staticmethod
     def _spec(task: str | None, config: dict[str, Any] | None, tasks: dict[str, Any] | None) -> dict[str, Any]:

@@ -21,7 +21,10 @@ seed: an episode is the same whatever other episodes are interleaved with it.
 invalid move counts as a turn here, and an episode cut off by ``max_turns`` scores 0. Two-player and
 multi-player games are refused. Games whose data must be downloaded (Wordle, Hangman, SpellingBee and
 the other word games need NLTK's ``words`` corpus) or that call a hosted LLM (TwentyQuestions,
-GuessWho need an OpenRouter key) fail when built, with TextArena's reason.
+GuessWho need an OpenRouter key) fail when built, with TextArena's reason. An exception inside
+TextArena during ``reset`` or ``step`` is an :class:`agentrl.EnvLibraryError` naming the game and
+the call, which ``on_call_error`` skips or fails; the swapped arguments of a few games' invalid-move
+penalty are put right (:func:`final_result`).
 
 TextArena is imported when the env is built, so this plugin loads without it (install it with
 ``pip install 'agentrl[textarena]'``).
@@ -34,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
-from agentrl.env import PrivateGlobalRandom, SeedTasks
+from agentrl.env import PrivateGlobalRandom, SeedTasks, library_call
 from agentrl.errors import one_line
 from agentrl.imports import import_extra
 
@@ -47,6 +50,8 @@ DEFAULT_MAX_TURNS = 20
 SINGLE_PLAYER_EXAMPLES = ("GuessTheNumber-v0", "Mastermind-v0", "TowerOfHanoi-v0", "FrozenLake-v0", "Minesweeper-v0",
                           "Sudoku-v0-very-easy", "Blackjack-v0", "Countdown-v0", "LightsOut-v0", "2048-v0-ultra-easy")
 """Single-player games checked to run offline (named in errors)."""
+INVALID_MOVE = "Invalid Move: "
+"""How TextArena's single-player state starts the reason of a game lost to invalid moves."""
 INSTALL_HINT = "--env textarena needs the textarena package: pip install 'agentrl[textarena]'"
 
 
@@ -61,6 +66,18 @@ def _base(game: Any) -> Any:
     while hasattr(game, "env"):
         game = game.env
     return game
+
+
+def final_result(reward: Any, reason: str) -> tuple[float, str]:
+    """Player 0's final reward and reason as TextArena's game meant them.
+
+    Some TextArena 0.7 games (Countdown, Cryptarithm, Slitherlink, ThreeCardMonte) call
+    ``set_invalid_move(progress, reason)`` with the arguments swapped, so a game lost to invalid
+    moves reports the reason's text as its reward and ``"Invalid Move: <progress>"`` as its reason:
+    swapped back here. Any other reward that is not a number raises."""
+    if isinstance(reward, str) and reason.startswith(INVALID_MOVE):
+        return float(reason[len(INVALID_MOVE):]), INVALID_MOVE + reward
+    return float(reward), reason
 
 
 class TextArenaEnv(Env):
@@ -145,29 +162,31 @@ class TextArenaEnv(Env):
         seed = task.get("seed")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise EnvError(f"textarena: a task needs a non-negative int 'seed', got {task!r}")
-        self.game, self._last_observation = self._new_game(seed)
+        with library_call("textarena", self.game_id, "reset"):
+            self.game, self._last_observation = self._new_game(seed)
         return [{"role": "user", "content": self._last_observation.strip()}]
 
     def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
-        """Play ``text`` as player 0's move; the new part of the observation, or the final reward."""
+        """Play ``text`` as player 0's move; the new part of the observation, or the final reward.
+        A failure inside TextArena is an EnvLibraryError naming the game (``on_call_error`` applies)."""
         if self.game is None:
             raise EnvError("textarena: respond() called before reset() or after the game ended")
-        with self._rng.active():
-            done, _ = self.game.step(text)
-            if done:
-                rewards, game_info = self.game.close()
-            else:
-                _, observation = self.game.get_observation()
-        if done:
-            reward = float((rewards or {}).get(0, 0.0))
+        with library_call("textarena", self.game_id, "step"):
+            with self._rng.active():
+                done, _ = self.game.step(text)
+                if done:
+                    rewards, game_info = self.game.close()
+                else:
+                    _, observation = self.game.get_observation()
+            if not done:
+                return ([{"role": "user", "content": self._new_part(observation)}], 0.0, False,
+                        {"success": False, "metrics": {"won": 0.0}})
             player = (game_info or {}).get(0, {})
-            info = {"success": reward >= 1.0, "game_reward": reward, "reason": str(player.get("reason", "")),
-                    "invalid_move": bool(player.get("invalid_move", False)),
-                    "metrics": {"won": float(reward >= 1.0)}}
-            self.game = None
-            return [], reward, True, info
-        return ([{"role": "user", "content": self._new_part(observation)}], 0.0, False,
-                {"success": False, "metrics": {"won": 0.0}})
+            reward, reason = final_result((rewards or {}).get(0, 0.0), str(player.get("reason", "")))
+        self.game = None
+        return [], reward, True, {"success": reward >= 1.0, "game_reward": reward, "reason": reason,
+                                  "invalid_move": bool(player.get("invalid_move", False)),
+                                  "metrics": {"won": float(reward >= 1.0)}}
 
     def _new_part(self, observation: str) -> str:
         """What ``observation`` adds to the last one, less the echo of the model's own move."""

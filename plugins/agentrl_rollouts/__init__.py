@@ -21,12 +21,14 @@ turns (so it scores as an empty reply), ``info["prompt_too_long"]`` is set, and 
 
 Failures (a bad rollout is data, not a crash). ``reset`` and ``step`` run under the run's
 :class:`agentrl.env.CallGuard` (``call_timeout_s``, ``on_call_error``). An exception or a timeout
-inside env code ends that episode with ``skip``: ``info["error"]`` holds ``method``,
-``exception`` (``Type: message``) and ``timed_out``; the scorer leaves it unscored. A reset that
-failed leaves a placeholder prompt (one empty user message) and no turns. With ``fail``, or
-for a broken contract (wrong shapes, non-finite reward, an AgentRLError), the run stops with an
-EnvError naming the env, the method and the sample. An engine that raises stops the run with an
-EngineError naming the engine, the turn and the batch (prompt count and lengths).
+inside env code (an :class:`agentrl.EnvLibraryError` included: the library an adapter wraps failed,
+named with its env id and call) ends that episode with ``skip``: ``info["error"]`` holds
+``method``, ``exception`` (``Type: message``, or the EnvLibraryError's line) and ``timed_out``; the
+scorer leaves it unscored. A reset that failed leaves a placeholder prompt (one empty user message)
+and no turns. With ``fail``, or for a broken contract (wrong shapes, non-finite reward, any other
+AgentRLError), the run stops with an EnvError naming the env, the method and the sample. An engine
+that raises stops the run with an EngineError naming the engine, the turn and the batch (prompt
+count and lengths).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from agentrl import (
     EngineError,
     Env,
     EnvError,
+    EnvLibraryError,
     Generation,
     SamplingParams,
     Trajectory,
@@ -170,21 +173,23 @@ class MultiTurnRollout:
     def _env_call(self, index: int, env: Env, task: dict[str, Any], method: str, *args: Any,
                   **kwargs: Any) -> tuple[Any, dict[str, Any] | None]:
         """``env.<method>(...)`` under the guard: ``(result, None)``, or ``(None, error)`` when env
-        code raised or timed out and ``on_call_error`` is ``skip``. An AgentRLError (a broken
-        contract) always propagates; with ``fail`` the failure becomes an EnvError."""
+        code raised (an EnvLibraryError included: a wrapped library failed) or timed out and
+        ``on_call_error`` is ``skip``. Any other AgentRLError (a broken contract) always
+        propagates; with ``fail`` the failure becomes an EnvError."""
         where = f"{type(env).__name__}.{method}"
         try:
             return self.guard.call(getattr(env, method), *args, **kwargs), None
-        except AgentRLError:
-            raise
         except Exception as exc:
+            if isinstance(exc, AgentRLError) and not isinstance(exc, EnvLibraryError):
+                raise  # a broken contract
             what = f"{where} {'timed out' if isinstance(exc, CallTimeout) else 'raised'} on {sample_label(index, task)}"
+            detail = str(exc) if isinstance(exc, EnvLibraryError) else one_line(exc)
             if not self.guard.skips:
-                raise EnvError(f"{what}: {one_line(exc)} (on_call_error=fail; with 'skip' the episode would "
+                raise EnvError(f"{what}: {detail} (on_call_error=fail; with 'skip' the episode would "
                                "end unscored and count in errors/env)") from exc
-            self.guard.warn_once(f"env:{type(env).__name__}", f"{what}: {one_line(exc)}; the episode ends unscored "
+            self.guard.warn_once(f"env:{type(env).__name__}", f"{what}: {detail}; the episode ends unscored "
                                  "(on_call_error=skip). Later failures of this env are only counted in errors/env")
-            return None, {"method": where, "exception": one_line(exc), "timed_out": isinstance(exc, CallTimeout)}
+            return None, {"method": where, "exception": detail, "timed_out": isinstance(exc, CallTimeout)}
 
     def _advance(self, episode: _Episode, ids: list[int], logprobs: list[float], reason: str,
                  max_sampled: int) -> None:
