@@ -207,6 +207,7 @@ def train(
         _quiet_library_progress()
         trainer = Trainer(cfg, manager, resume=checkpoint)
         console.print(_rewards_line(cfg, trainer), highlight=False)
+        console.print(f"precision: {trainer.precision.name} ({trainer.precision.reason})", highlight=False)
         if trainer.num_processes > 1:
             console.print(sharding.layout(trainer.accelerator), highlight=False)
         progress = _Progress(cfg.max_steps)

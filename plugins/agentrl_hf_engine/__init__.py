@@ -124,7 +124,10 @@ class HFEngine(Engine):
             self.model = model
         else:
             self.model = _low_precision_copy(model, DTYPES[self.dtype])
-        self._keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        parameters = inspect.signature(model.forward).parameters
+        self._keep_logits = "logits_to_keep" in parameters
+        # transformers >= 5.24 renamed the forward's ``past_key_values`` to ``cache`` (and warns at the old name)
+        self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Copy ``model``'s parameters and buffers into the sampling copy, in place (no reallocation).
@@ -207,7 +210,7 @@ class HFEngine(Engine):
         # torch's CPU linear expands the LM head weight per row (bf16: 2 s instead of 5 ms).
         extra = {"logits_to_keep": torch.tensor([width - 1], device=self.device)} if self._keep_logits else {}
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True, **extra)
+                         use_cache=True, **{self._cache_arg: cache}, **extra)
         expand = torch.tensor(rows, device=self.device)  # (B,) prompt row of each sequence
         logits = out.logits[expand, -1]  # (B, V)
         if len(distinct) < len(prompts):
@@ -254,7 +257,7 @@ class HFEngine(Engine):
             position = position + 1
             mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)  # (A, P + step + 1)
             out = self.model(input_ids=sampled[:, None], attention_mask=mask, position_ids=position[:, None],
-                             past_key_values=cache, use_cache=True)
+                             use_cache=True, **{self._cache_arg: cache})
             logits = out.logits[:, -1]  # (A, V)
         return [Generation(token_ids=t, logprobs=lp, kept_logmass=k, finish_reason=r)
                 for t, lp, k, r in zip(tokens, logprobs, kept, reasons)]
