@@ -64,7 +64,7 @@ class TrainConfig:
     env_reward_weight: float = 1.0
     """Weight of the environment's own reward (its per-turn rewards summed)."""
 
-    max_steps: int = 30
+    max_steps: int = 40
     """Optimizer steps (one rollout batch each, times ``num_iterations``)."""
     prompts_per_step: int = 4
     """Tasks sampled per step; each is rolled out ``num_generations`` times."""
@@ -84,7 +84,7 @@ class TrainConfig:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
 
-    learning_rate: float = 3e-5
+    learning_rate: float = 2e-5
     """AdamW peak learning rate."""
     lr_scheduler: str = "wsd"
     """``wsd`` (warm-up, stable, decay: constant, then linear to 0 over the last
@@ -94,7 +94,7 @@ class TrainConfig:
     """Linear warm-up steps."""
     lr_decay_fraction: float = 0.375
     """``wsd`` only: share of the optimizer steps after warm-up that decay the learning rate
-    linearly to 0 (rounded, at least one step); 0.375 is the last 11 of the default 30 steps."""
+    linearly to 0 (rounded, at least one step); 0.375 is the last 15 of the default 40 steps."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     adam_betas: tuple[float, float] = (0.9, 0.99)
