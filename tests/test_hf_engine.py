@@ -286,12 +286,12 @@ def test_engine_args_are_validated() -> None:
     model = tiny_model()
     with pytest.raises(ConfigError, match=re.escape("unknown key(s) 'dtyp' in engine_args")):
         make_engine(model, dtyp="float32")
-    bad_dtype = "engine_args.dtype must be one of float32, bfloat16; got 'fp16'"
+    bad_dtype = "engine_args.dtype must be one of auto, float32, bfloat16; got 'fp16'"
     with pytest.raises(ConfigError, match=re.escape(bad_dtype)):
         make_engine(model, dtype="fp16")
     with pytest.raises(ConfigError, match=re.escape("engine_args.batch_size must be an integer >= 1, got 0")):
         make_engine(model, batch_size=0)
-    assert HFEngineConfig() == HFEngineConfig(dtype="bfloat16", batch_size=64)
+    assert HFEngineConfig() == HFEngineConfig(dtype="auto", batch_size=64)
 
 
 def test_bad_requests_raise_engine_errors() -> None:
