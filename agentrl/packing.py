@@ -60,9 +60,7 @@ def pack_prefix_tree(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> P
     attend = torch.zeros(size, size, dtype=torch.bool)
     # Nodes are created after their parent, so a node's ancestors are its parent's ancestors plus
     # the parent: fill rows in creation order.
-    parent_index = torch.tensor(parents, dtype=torch.long)
-    for node in range(size):
-        parent = int(parent_index[node])
+    for node, parent in enumerate(parents):
         if parent >= 0:
             attend[node] = attend[parent]
         attend[node, node] = True

@@ -354,7 +354,7 @@ class Trainer:
     def micro_batch_rows(self, batch: TrainBatch) -> list[list[int]]:
         """Row groups, longest rows first, within ``micro_batch_size`` and ``micro_batch_tokens``; with
         sharded weights as many groups on every process (each forward gathers the shards: a collective)."""
-        groups = batch.groups.tolist() if self.config.pack_sequences else None
+        groups = batch.groups.tolist() if self.policy_pack else None  # packed: a micro-batch per group
         plan = plan_micro_batches(batch.lengths.tolist(), self.config.micro_batch_size,
                                   self.config.micro_batch_tokens, groups)
         if self.replica is None:
