@@ -9,6 +9,7 @@ from agentrl.config import ConfigCheck, TrainConfig, build_plugin_config
 from agentrl.distributed import all_sum
 from agentrl.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
 from agentrl.env import (
+    MAX_ABS_REWARD,
     CallGuard,
     CallTimeout,
     Env,
@@ -21,6 +22,7 @@ from agentrl.env import (
 )
 from agentrl.errors import (
     AgentRLError,
+    CheckpointError,
     ConfigError,
     EngineError,
     EnvError,
@@ -28,11 +30,13 @@ from agentrl.errors import (
     ModelError,
     PluginError,
     RewardError,
+    RunDirBusyError,
     TemplateError,
     TrainingError,
     TrainingInterrupted,
     one_line,
 )
+from agentrl.faults import PluginExit
 from agentrl.hookspecs import hookimpl
 from agentrl.objectives import (
     AGGREGATIONS,
@@ -57,6 +61,8 @@ __all__ = [
     "AgentRLError",
     "CallGuard",
     "CallTimeout",
+    "MAX_ABS_REWARD",
+    "PluginExit",
     "TrainingError",
     "TrainingInterrupted",
     "check_reset_result",
@@ -67,6 +73,7 @@ __all__ = [
     "Algorithm",
     "ChatTokenizer",
     "ConfigCheck",
+    "CheckpointError",
     "ConfigError",
     "Engine",
     "EngineError",
@@ -84,6 +91,7 @@ __all__ = [
     "PluginManager",
     "Precision",
     "RewardError",
+    "RunDirBusyError",
     "SamplingParams",
     "SetupContext",
     "StepTotals",

@@ -203,7 +203,8 @@ class Algorithm(abc.ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """State kept across steps other than trainable modules (e.g. an adaptive KL
-        coefficient), saved in checkpoints; modules from ``trainable_modules`` are saved for you."""
+        coefficient), saved in checkpoints as JSON values and tensors (no other objects); modules
+        from ``trainable_modules`` are saved for you."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -53,6 +57,14 @@ def _run(fn: Callable[[], Any]) -> Any:
         if _state["debug"]:
             raise
         error_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(code=2) from None
+    except SystemExit as exc:  # sys.exit() in plugin code outside a guarded call (agentrl never calls it)
+        if _state["debug"]:
+            raise
+        from agentrl.faults import raised_at
+
+        error_console.print(f"[bold red]error:[/] {escape(repr(exc))} raised at {escape(raised_at(exc))}: plugin "
+                            "code may not end the run", highlight=False)
         raise typer.Exit(code=2) from None
 
 
@@ -151,34 +163,40 @@ def train(
         "to launch with."),
 ) -> None:
     """Train a policy; ends with held-out accuracy before vs after and where the run was saved."""
-    from agentrl.config import build_config
+    from agentrl.config import build_config, refuse_flag_conflicts
     from agentrl.launch import inside_launch, process_rank
 
     if process_rank() > 0:  # one process speaks for a multi-process run; errors still show everywhere
         console.quiet = True
+    lock = contextlib.ExitStack()  # the run dir's lock (agentrl.runlock), held until the command ends
 
     def run() -> None:
-        checkpoint = None
-        if resume is not None:
-            from agentrl.checkpoint import resume_config
+        from agentrl.errors import ConfigError
 
+        checkpoint = None
+        if num_processes is not None and num_processes < 1:
+            raise ConfigError(f"--num-processes must be >= 1, got {num_processes}")
+        if resume is not None:
             given = {"--env": env, "--algo": algo, "--model": model, "--engine": engine, "--reward": reward,
                      "--num-generations": num_generations, "--prompts-per-step": prompts_per_step,
                      "--output-dir": output_dir, "--seed": seed, "--config": config, "--set": set_}
-            extra = [flag for flag, value in given.items() if value]
+            extra = [flag for flag, value in given.items() if value is not None]  # 0 is a value too
             if extra:
-                from agentrl.errors import ConfigError
-
                 raise ConfigError(f"--resume continues the run with its own config; drop {', '.join(extra)} "
                                   "(only --max-steps may be given)")
-            cfg, checkpoint = resume_config(resume, max_steps)
-            console.print(f"resuming {resume} from {checkpoint.name}", highlight=False)
+            writer = not print_config and Path(resume).is_dir() and _lock_run_dir(lock, Path(resume))
+            cfg, checkpoint = _resume(resume, max_steps, writer)
         else:
             rewards = _parse_rewards(reward) if reward else None
-            cfg = build_config(config, overrides={
-                "env": env, "algo": algo, "model": model, "engine": engine, "rewards": rewards,
-                "max_steps": max_steps, "num_generations": num_generations, "prompts_per_step": prompts_per_step,
-                "output_dir": output_dir, "seed": seed}, sets=set_)
+            flags = {"env": ("--env", env), "algo": ("--algo", algo), "model": ("--model", model),
+                     "engine": ("--engine", engine), "rewards": ("--reward", rewards),
+                     "max_steps": ("--max-steps", max_steps), "num_generations": ("--num-generations", num_generations),
+                     "prompts_per_step": ("--prompts-per-step", prompts_per_step),
+                     "output_dir": ("--output-dir", output_dir), "seed": ("--seed", seed)}
+            refuse_flag_conflicts(flags, set_)
+            cfg = build_config(config, overrides={key: value for key, (_, value) in flags.items()}, sets=set_)
+            if not print_config:
+                cfg = _new_run_dir(lock, cfg)
         manager = _manager(disable_plugin or [], plugin or [])
         if (num_processes or accelerate_config) and not inside_launch() and not print_config:
             given: dict[str, Any] = {
@@ -217,8 +235,9 @@ def train(
             with progress.bar:
                 result = trainer.train(progress=progress)
         except TrainingInterrupted as exc:
-            error_console.print(f"[bold yellow]interrupted:[/] {escape(str(exc))}", highlight=False)
-            raise typer.Exit(code=130) from None
+            with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+                error_console.print(f"[bold yellow]interrupted:[/] {escape(str(exc))}", highlight=False)
+            raise typer.Exit(code=128 + exc.signum) from None  # the shell's code for death by that signal
         before = result.eval_before.get("eval/accuracy")
         after = result.eval_after.get("eval/accuracy")
         if before is not None and after is not None:
@@ -233,7 +252,56 @@ def train(
                           highlight=False)
         console.print(f"run saved to {result.run_dir}", highlight=False)
 
-    _run(run)
+    with lock:
+        _run(run)
+
+
+def _new_run_dir(lock: contextlib.ExitStack, cfg: Any) -> Any:
+    """``cfg`` with its run dir resolved (``runs/<env>-<algo>-<time>`` when not given: the lock, the
+    trainer and every process then agree on it), checked writable and locked (:func:`_lock_run_dir`)."""
+    from agentrl.paths import check_output_dir
+    from agentrl.trainer import run_dir_for
+
+    if cfg.output_dir is None:
+        cfg = dataclasses.replace(cfg, output_dir=str(run_dir_for(cfg)))
+    check_output_dir(cfg.output_dir)  # a file, or not writable: said before the lock tries to write there
+    _lock_run_dir(lock, Path(cfg.output_dir))
+    return cfg
+
+
+def _lock_run_dir(lock: contextlib.ExitStack, run_dir: Path) -> bool:
+    """Hold ``run_dir``'s lock in ``lock`` when this process writes the run (the top process, or
+    process 0 of an ``accelerate launch`` started by hand; processes agentrl's launcher started
+    leave it to that launcher); whether it does."""
+    from agentrl.launch import LAUNCHED, process_rank
+    from agentrl.runlock import RunLock
+
+    if os.environ.get(LAUNCHED) or process_rank() > 0:
+        return False
+    held = lock.enter_context(RunLock(run_dir))
+    if held.note:
+        console.print(held.note, highlight=False)
+    return True
+
+
+def _resume(run_dir: str, max_steps: int | None, writer: bool) -> tuple[Any, Path | None]:
+    """``--resume``: the run's config and newest complete checkpoint; or, for a run that stopped
+    before its first checkpoint, its config and None: it starts over from step 0, what its stopped
+    attempt wrote moved aside first by the ``writer`` (the process holding the lock)."""
+    from agentrl.checkpoint import resume_config
+    from agentrl.trainer import set_aside_unfinished, start_over_config
+
+    cfg = start_over_config(run_dir, max_steps)
+    if cfg is None:
+        cfg, checkpoint = resume_config(run_dir, max_steps)
+        console.print(f"resuming {run_dir} from {checkpoint.name}", highlight=False)
+        return cfg, checkpoint
+    if writer:
+        moved = set_aside_unfinished(Path(run_dir))
+        kept = f"; what the stopped attempt wrote is in {moved}" if moved is not None else ""
+        console.print(f"{run_dir} has no complete checkpoint (it stopped before its first one): starting it over "
+                      f"from step 0 with its config{kept}", highlight=False)
+    return cfg, None
 
 
 def _launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: dict[str, Any]) -> int:
@@ -246,7 +314,7 @@ def _launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: 
     from agentrl.trainer import check_process_split
 
     check_process_split(cfg, num_processes)
-    if cfg.output_dir is None and not given["--resume"]:  # every process must agree on the run dir
+    if not given["--resume"]:  # every process must agree on the run dir
         from agentrl.trainer import run_dir_for
 
         given["--output-dir"] = str(run_dir_for(cfg))
@@ -352,7 +420,7 @@ def eval_(
     config.yaml; --set and the flags override them."""
 
     def run() -> None:
-        from agentrl.config import build_config
+        from agentrl.config import build_config, refuse_flag_conflicts
         from agentrl.env import CallGuard
         from agentrl.evaluate import evaluate
         from agentrl.models import DEFAULT_MODEL, load_model, load_tokenizer
@@ -371,6 +439,9 @@ def eval_(
         base = {k: run_config[k] for k in RUN_EVAL_KEYS if k in run_config and (env is None or k not in ENV_KEYS)}
         given = {"model": target, "env": env, "engine": engine, "max_new_tokens": max_new_tokens,
                  "eval_tasks": num_tasks}
+        refuse_flag_conflicts({"model": ("RUN_DIR/--model", run_dir or model), "env": ("--env", env),
+                               "engine": ("--engine", engine), "max_new_tokens": ("--max-new-tokens", max_new_tokens)},
+                              set_)
         cfg = build_config(overrides={k: v for k, v in given.items() if v is not None},
                            sets=[*_as_sets(base), *(set_ or [])])  # the run's values, then --set, then flags
         heat = cfg.eval_temperature if temperature is None else temperature

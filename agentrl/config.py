@@ -494,6 +494,17 @@ def build_config(file: str | Path | None = None, overrides: dict[str, Any] | Non
     return TrainConfig(**_with_int_floats(TrainConfig, data))
 
 
+def refuse_flag_conflicts(flags: dict[str, tuple[str, Any]], sets: list[str] | None) -> None:
+    """ConfigError when a command-line flag and a ``--set`` item give one key different values (neither
+    silently wins). ``flags``: config key -> (the flag's name, its value; None when not given)."""
+    for item in sets or []:
+        key, sep, raw = item.partition("=")
+        flag, value = flags.get(key.strip(), ("", None))
+        if sep and value is not None and load_yaml(raw, f"--set {item!r}") != value:
+            raise ConfigError(f"{key.strip()} is given twice with different values: {flag} {value!r} and --set "
+                              f"{item!r}; give it once")
+
+
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     head, _, rest = key.partition(".")
     if not rest:

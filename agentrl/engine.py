@@ -92,7 +92,8 @@ class Engine(abc.ABC):
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint must hold to continue sampling exactly (e.g. a generator's state)."""
+        """What a checkpoint must hold to continue sampling exactly (e.g. a generator's state), as
+        JSON values and tensors."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -24,11 +24,13 @@ and ``eval/env/NAME`` (evaluation); keep it a running summary of the whole episo
 
 Failures during a run (the rollout calls ``reset``/``step`` through a :class:`CallGuard`):
 
-* A broken contract (wrong shapes, a reward that is None, NaN or infinite, any ``AgentRLError``
+* A broken contract (wrong shapes, a reward that is None, NaN, infinite or beyond
+  ±:data:`MAX_ABS_REWARD`, any ``AgentRLError``
   the env raises itself) is a programming error: the run stops with an EnvError naming the env
   class, the method, what it returned and what was expected, whatever ``on_call_error`` says. An
   env that cannot score an episode should raise, not return NaN.
-* Any other exception, an :class:`agentrl.EnvLibraryError` (what an adapter raises, through
+* Any other exception (a SystemExit or KeyboardInterrupt the env raises included: see
+  :mod:`agentrl.faults`), an :class:`agentrl.EnvLibraryError` (what an adapter raises, through
   :func:`library_call`, when the library it wraps fails), or a call running past ``call_timeout_s``,
   follows ``on_call_error``:
   ``skip`` ends that episode (``info["error"]`` says where and what), leaves it unscored (no
@@ -44,6 +46,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import copy
+import inspect
 import math
 import numbers
 import random
@@ -58,6 +61,7 @@ import gymnasium
 import numpy as np
 
 from agentrl.errors import AgentRLError, EnvError, EnvLibraryError, one_line
+from agentrl.faults import plugin_exit
 from agentrl.tasks import LazyTasks
 
 R = TypeVar("R")
@@ -275,10 +279,21 @@ def check_messages(where: str, messages: Any, non_empty: bool) -> None:
         raise EnvError(f"{where}: message {i} {problem} (expected {MESSAGES_SHAPE})")
 
 
+MAX_ABS_REWARD = 1e9
+"""The largest reward magnitude a run takes (from an env step or a weighted reward function).
+Training math runs in float32 (rewards in the batch, the loss, PPO's squared value error); within
+±1e9, sums and squares stay far from float32's 3.4e38, and a larger value is almost always a unit
+bug or a sentinel (``sys.float_info.max`` for "never"). A bigger one stops the run naming where it
+came from, instead of overflowing into a step skipped as unscored."""
+
+
 def _check_reward(where: str, reward: Any, position: str) -> None:
     if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
         raise EnvError(f"{where} must return a finite number as its reward ({position} value); got "
                        f"{describe(reward)} (an env that cannot score an episode should raise)")
+    if abs(reward) > MAX_ABS_REWARD:
+        raise EnvError(f"{where} returned reward {float(reward):g} ({position} value): rewards must be within "
+                       f"±{MAX_ABS_REWARD:g} (training runs in float32; larger values overflow it): rescale it")
 
 
 def _check_flag(where: str, flag: Any, name: str, position: str) -> None:
@@ -348,17 +363,25 @@ def call_with_timeout(fn: Callable[..., R], timeout_s: float | None, *args: Any,
     The call runs in a daemon worker thread the caller waits on. Python cannot kill a thread: a
     call past the limit is abandoned and keeps running in the background until it returns (a
     daemon thread does not keep the process alive). ``timeout_s`` None or <= 0: no limit, the call
-    runs in the caller's thread. Exceptions from ``fn`` are re-raised in the caller.
+    runs in the caller's thread. Exceptions from ``fn`` are re-raised in the caller; a SystemExit or
+    KeyboardInterrupt that ``fn`` raised itself as a :class:`agentrl.faults.PluginExit` (the call's
+    failure, never the end of the run; a real Ctrl-C still interrupts).
     """
     if timeout_s is None or timeout_s <= 0:
-        return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            failure = plugin_exit(exc)
+            if failure is None:  # a real Ctrl-C
+                raise
+            raise failure from exc
     outcome: dict[str, Any] = {}
 
     def target() -> None:
         try:
             outcome["value"] = fn(*args, **kwargs)
         except BaseException as exc:  # handed to the caller
-            outcome["error"] = exc
+            outcome["error"] = plugin_exit(exc) or exc
 
     name = getattr(fn, "__qualname__", type(fn).__name__)
     worker = threading.Thread(target=target, name=f"agentrl-call:{name}", daemon=True)
@@ -410,6 +433,31 @@ class CallGuard:
         if plugin not in self.warned:
             self.warned.add(plugin)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def build_env(factory: Callable[..., Any], env_args: dict[str, Any], name: str) -> Any:
+    """``factory(**env_args)``: the env ``name`` (as ``--env`` gave it) built. ``env_args`` that do not
+    fit its signature are a ConfigError; anything its constructor raises (SystemExit included) is an
+    EnvError naming the env and the cause in one line; an AgentRLError it raises passes unchanged."""
+    from agentrl.errors import ConfigError
+
+    try:
+        inspect.signature(factory).bind(**env_args)
+    except TypeError as exc:
+        raise ConfigError(f"env_args {env_args!r} do not fit env {name!r}: {exc}") from None
+    except ValueError:
+        pass  # no signature to check: the call itself says
+    try:
+        return factory(**env_args)
+    except AgentRLError:
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        failure = exc if isinstance(exc, Exception) else plugin_exit(exc)
+        if failure is None:  # a real Ctrl-C
+            raise
+        arguments = ", ".join(f"{key}={value!r}" for key, value in env_args.items())
+        call = f"{getattr(factory, '__qualname__', type(factory).__name__)}({arguments})"
+        raise EnvError(f"env {name!r} failed to start: {call} raised {one_line(failure)}") from exc
 
 
 def load_env_class(spec: str) -> type[Env]:

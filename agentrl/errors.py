@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import signal
 from collections.abc import Iterable
 
 
@@ -43,12 +44,21 @@ class TrainingError(AgentRLError):
     """Training cannot go on (e.g. too many non-finite steps in a row); what was written is kept."""
 
 
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a run; ``checkpoint`` is what ``--resume`` continues from (None: nothing)."""
+class CheckpointError(AgentRLError):
+    """A checkpoint could not be written, or one on disk is damaged or would need code run to load."""
 
-    def __init__(self, message: str, checkpoint: str | None) -> None:
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """A signal (Ctrl-C's SIGINT, SIGTERM, SIGHUP) stopped a run; ``checkpoint`` is what ``--resume``
+    continues from (None: nothing); ``signum``: that signal (``agentrl train`` exits 128 + signum)."""
+
+    def __init__(self, message: str, checkpoint: str | None, signum: int = signal.SIGINT) -> None:
         super().__init__(message)
-        self.checkpoint = checkpoint
+        self.checkpoint, self.signum = checkpoint, int(signum)
+
+
+class RunDirBusyError(AgentRLError):
+    """Another live process trains in the run dir (it holds ``run.lock``)."""
 
 
 class TemplateError(AgentRLError):

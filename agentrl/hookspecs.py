@@ -213,7 +213,8 @@ def agentrl_on_step_end(step: int, metrics: dict[str, float]) -> None:
 @hookspec
 def agentrl_save_state(state: dict[str, Any]) -> None:
     """Called when a checkpoint is written: add this plugin's resumable state to ``state`` under
-    a key of its own (anything ``torch.save`` can store). A plugin that keeps counters or
+    a key of its own (JSON values with string keys, and tensors; a tuple comes back as a list,
+    a tensor on the CPU: checkpoints hold no pickled objects). A plugin that keeps counters or
     adaptive coefficients across steps needs this for ``--resume`` to continue it exactly."""
 
 

@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from agentrl.errors import AgentRLError, ConfigError, EnvError
+from agentrl.faults import plugin_exit
 
 
 def import_module_or_file(where: str, what: str) -> ModuleType:
@@ -29,16 +30,28 @@ def import_module_or_file(where: str, what: str) -> ModuleType:
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
             del sys.modules[name]
-            raise ConfigError(f"{what}: {where!r} failed to import: {exc!r}") from exc
+            failure = _import_failure(exc)
+            if failure is None:  # a real Ctrl-C
+                raise
+            raise ConfigError(f"{what}: {where!r} failed to import: {failure!r}") from exc
         return module
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, "")
     try:
         return importlib.import_module(where)
-    except Exception as exc:
-        raise ConfigError(f"{what}: module {where!r} failed to import: {exc!r}") from exc
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        failure = _import_failure(exc)
+        if failure is None:  # a real Ctrl-C
+            raise
+        raise ConfigError(f"{what}: module {where!r} failed to import: {failure!r}") from exc
+
+
+def _import_failure(exc: BaseException) -> Exception | None:
+    """What an import raised, as an Exception (a SystemExit / KeyboardInterrupt the module raised
+    itself as a PluginExit); None for a real Ctrl-C."""
+    return exc if isinstance(exc, Exception) else plugin_exit(exc)
 
 
 def load_object(spec: str, what: str) -> Any:

@@ -9,15 +9,17 @@ with the same options and waits for it. ``accelerate launch -m agentrl train ...
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
 import subprocess
 import sys
+import termios
 import threading
 from pathlib import Path
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, one_line
 
 LAUNCHED = "AGENTRL_LAUNCHED"
 """Set in the launched processes, so they train instead of launching again."""
@@ -63,9 +65,26 @@ def config_file(name: str) -> Path:
     if shipped.is_file():
         return shipped
     if Path(name).is_file():
+        _check_config_file(Path(name))
         return Path(name)
     names = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.yaml")))
     raise ConfigError(f"--accelerate-config {name!r} is neither a shipped config ({names}) nor a file")
+
+
+def _check_config_file(path: Path) -> None:
+    """ConfigError unless ``path`` reads as a YAML (or JSON) mapping, as accelerate's config files are."""
+    from agentrl.config import load_yaml
+
+    where = f"--accelerate-config {str(path)!r}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where} could not be read as UTF-8 text (an accelerate config is a YAML file): "
+                          f"{one_line(exc)}") from None
+    data = load_yaml(text, where)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must hold a YAML mapping of accelerate settings (as `accelerate config` "
+                          f"writes), got {type(data).__name__}")
 
 
 SHUTDOWN_TIMEOUT_S = 900
@@ -74,27 +93,63 @@ SHUTDOWN_TIMEOUT_S = 900
 ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` wins."""
 
 
-def run_launched(command: list[str]) -> int:
-    """Run ``command`` with :data:`LAUNCHED` set; its exit status (130 after Ctrl-C).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+"""The signals that stop a run cleanly, each as Ctrl-C does (:class:`agentrl.trainer.InterruptGuard`):
+Ctrl-C's SIGINT, SIGTERM (what SLURM, Kubernetes, systemd and ``timeout`` send before SIGKILL) and
+SIGHUP (a closed terminal)."""
 
-    Ctrl-C reaches the launcher (torchrun), which passes it on to the training processes (each in
-    a session of its own) and waits for them to save and stop; this process waits with it instead
-    of being interrupted (Python's default would kill the launcher and return while they run on)."""
+
+def detach_hung_up_terminal() -> None:
+    """Point stdout and stderr at /dev/null when their terminal has hung up (SIGHUP after the
+    terminal closed): every write to it would fail (EIO) and break the run's save and stop."""
+    for fd in (1, 2):
+        try:
+            termios.tcgetattr(fd)
+        except termios.error as exc:
+            if exc.args and exc.args[0] == errno.EIO:  # a tty that hung up (another file: ENOTTY)
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, fd)
+                os.close(null)
+
+
+def run_launched(command: list[str]) -> int:
+    """Run ``command`` with :data:`LAUNCHED` set; its exit status, or 128 + the signal that
+    stopped the run (130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP).
+
+    The launcher (torchrun, inside ``accelerate launch``) runs in a session of its own and gets the
+    first stop signal from here, once, whether it was sent to this process alone (a scheduler,
+    ``kill``, ``timeout``) or to its whole group (a terminal's Ctrl-C or hang-up). It passes the
+    signal on to the training processes (each in a session of its own) and waits for them to stop
+    at one step boundary and save; this process waits with it (Python's default would kill this
+    process and leave them running). Later signals are not passed on: the processes are already
+    stopping, and a second one would break torchrun's own shutdown, leaving them orphaned."""
     env = {**os.environ, LAUNCHED: "1"}
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
-    interrupted = False
+    received: list[int] = []
 
     def note(signum: int, frame: object) -> None:
-        nonlocal interrupted
-        interrupted = True
+        if signum == getattr(signal, "SIGHUP", None):
+            detach_hung_up_terminal()
+        received.append(signum)
 
-    previous = signal.signal(signal.SIGINT, note) if threading.current_thread() is threading.main_thread() else None
+    main = threading.current_thread() is threading.main_thread()
+    previous = {signum: signal.signal(signum, note) for signum in STOP_SIGNALS} if main else {}
     try:
-        returncode = subprocess.Popen(command, env=env).wait()
+        proc = subprocess.Popen(command, env=env, start_new_session=main)
+        forwarded = False
+        while True:
+            if received and not forwarded:
+                proc.send_signal(received[0])
+                forwarded = True
+            try:
+                returncode = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                continue
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    return 130 if interrupted and returncode != 0 else returncode
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 + received[0] if received and returncode != 0 else returncode
 
 
 def _free_port() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.errors import EnvError
+from agentrl.errors import EnvError, TrainingError
 from agentrl.trajectory import Trajectory
 
 
@@ -30,12 +31,22 @@ class MetricsWriter:
             self._tb = None
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
-        """Record ``metrics`` for ``step``."""
+        """Record ``metrics`` for ``step``; a TrainingError naming the file when it cannot be written."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        with self.path.open("a") as f:  # one write of a whole line, flushed to disk before the next step
-            f.write(json.dumps({"step": step, **clean}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        line = json.dumps({"step": step, **clean}) + "\n"
+        size = self.path.stat().st_size if self.path.is_file() else 0
+        try:
+            with self.path.open("a") as f:  # one write of a whole line, flushed to disk before the next step
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, size)  # no torn line left behind (a resume would drop it anyway)
+            cause = (exc.strerror or str(exc)).lower()
+            raise TrainingError(f"could not write step {step} to {self.path}: {cause}; the steps before it are there "
+                                f"and in the newest checkpoint: fix that, then `agentrl train --resume "
+                                f"{self.path.parent}`") from None
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
@@ -46,6 +57,22 @@ class MetricsWriter:
         """Flush and close TensorBoard."""
         if self._tb is not None:
             self._tb.close()
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSONL log such as ``metrics.jsonl`` ([] when it does not exist); a
+    TrainingError naming the file and line of one that is not a JSON object."""
+    rows = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines() if path.is_file() else [], 1):
+        try:
+            row = json.loads(line) if line.strip() else {}
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            raise TrainingError(f"{path}, line {number}: not a JSON object ({line[:60]!r}); fix or delete that line")
+        if row:
+            rows.append(row)
+    return rows
 
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:

@@ -41,6 +41,8 @@ def resolve_model(name: str) -> str:
     if path.exists():
         if (path / "model" / "config.json").is_file():  # a run dir
             return str(path / "model")
+        if (path / "config.yaml").is_file() and not (path / "config.json").is_file():
+            raise ModelError(_no_exported_model(name, path))
         if not (path / "config.json").is_file():
             raise ModelError(
                 f"model folder {name!r} has no config.json: expected a HF model folder, a run dir, "
@@ -53,6 +55,15 @@ def resolve_model(name: str) -> str:
         f"model {name!r} not found: expected a local HF folder, a run dir, a hub id (org/name), "
         f"or one of the aliases {sorted(ALIASES)}"
     )
+
+
+def _no_exported_model(name: str, run_dir: Path) -> str:
+    """Why the run dir ``run_dir`` gives no model, and what to use instead."""
+    saved = sorted(run_dir.glob("checkpoints/step-*/model/config.json"))
+    instead = (f"use its newest checkpoint's weights, --model {str(saved[-1].parent)!r} (a full HF folder), or "
+               if saved else "")
+    return (f"run dir {name!r} has no exported model (no model/ folder): the run was trained with "
+            f"save_model=false, or has not finished; {instead}train it again with save_model=true (the default)")
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:

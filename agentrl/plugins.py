@@ -19,6 +19,7 @@ import pluggy
 
 from agentrl import hookspecs
 from agentrl.errors import ConfigError, PluginError, unknown_name_message
+from agentrl.faults import import_deadline, import_timeout_s, plugin_exit
 from agentrl.imports import import_module_or_file
 
 ENTRY_POINT_GROUP = "agentrl"
@@ -108,8 +109,10 @@ class PluginManager:
 
     @property
     def hook(self) -> Any:
-        """The pluggy hook relay: ``manager.hook.agentrl_on_step_end(step=..., metrics=...)``."""
-        return self.pm.hook
+        """The hook relay: ``manager.hook.agentrl_on_step_end(step=..., metrics=...)``; a hook
+        implementation that raises SystemExit or KeyboardInterrupt (not a real Ctrl-C) stops the
+        run with a PluginError naming its plugin and the hook (:mod:`agentrl.faults`)."""
+        return _HookRelay(self.pm)
 
     def register_plugin(self, plugin: ModuleType | object, name: str, distribution: str | None = None,
                         version: str | None = None) -> None:
@@ -135,8 +138,11 @@ class PluginManager:
                     impl.function(register=self._register_callback(kind, name, info))
                 except PluginError:
                     raise
-                except Exception as exc:
-                    raise PluginError(f"plugin {name!r} raised in {hook_name}: {exc!r}") from exc
+                except (Exception, SystemExit, KeyboardInterrupt) as exc:
+                    failure = exc if isinstance(exc, Exception) else plugin_exit(exc)
+                    if failure is None:  # a real Ctrl-C
+                        raise
+                    raise PluginError(f"plugin {name!r} raised in {hook_name}: {failure!r}") from exc
 
     def _check_hookimpls(self, plugin: object, name: str) -> None:
         """Refuse what pluggy would accept silently: a misspelt hook name (never called) and a
@@ -174,18 +180,23 @@ class PluginManager:
         if unknown:  # a typo would otherwise leave the plugin loaded without a word
             raise PluginError(unknown_name_message("plugin", unknown[0], names, "--disable-plugin takes a name "
                                                    "that `agentrl plugins` lists."))
+        seconds = import_timeout_s()
         for ep in sorted(entry_points, key=lambda e: (_distribution_name(e) != "agentrl", e.name)):
             if ep.name in disabled:
                 continue
             dist = _distribution_name(ep)
+            what = f"plugin {ep.name!r} (entry point {ep.value!r} of {dist or 'unknown package'})"
+            fix = f"Fix or uninstall it, or disable it with --disable-plugin {ep.name}."
             try:
-                plugin = ep.load()
-            except Exception as exc:
-                raise PluginError(
-                    f"plugin {ep.name!r} (entry point {ep.value!r} of {dist or 'unknown package'}) "
-                    f"failed to import: {exc!r}. Fix or uninstall it, or disable it with "
-                    f"--disable-plugin {ep.name}."
-                ) from exc
+                with import_deadline(what, seconds, hint=f"{fix} "):
+                    plugin = ep.load()
+            except PluginError:
+                raise
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
+                failure = exc if isinstance(exc, Exception) else plugin_exit(exc)
+                if failure is None:  # a real Ctrl-C
+                    raise
+                raise PluginError(f"{what} failed to import: {failure!r}. {fix}") from exc
             version = ep.dist.version if ep.dist is not None else None
             self.register_plugin(plugin, name=ep.name, distribution=dist, version=version)
 
@@ -193,10 +204,51 @@ class PluginManager:
         """Register a plugin given by import path or file (``--plugin my_pkg.plugin`` or
         ``--plugin path/to/plugin.py``); the current directory is importable."""
         try:
-            module = import_module_or_file(import_path, f"plugin {import_path!r}")
+            with import_deadline(f"plugin {import_path!r}", import_timeout_s()):
+                module = import_module_or_file(import_path, f"plugin {import_path!r}")
         except ConfigError as exc:
             raise PluginError(str(exc)) from exc.__cause__
         self.register_plugin(module, name=import_path)
+
+
+class _HookRelay:
+    """pluggy's hook relay, each hook caller wrapped in a :class:`_GuardedHook`."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self._pm = pm
+
+    def __getattr__(self, name: str) -> _GuardedHook:
+        return _GuardedHook(getattr(self._pm.hook, name))
+
+
+class _GuardedHook:
+    """A pluggy hook caller whose implementations may not end the process (see ``PluginManager.hook``)."""
+
+    def __init__(self, caller: Any) -> None:
+        self._caller = caller
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._caller, name)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        try:
+            return self._caller(**kwargs)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            failure = plugin_exit(exc)
+            if failure is None:  # a real Ctrl-C
+                raise
+            raise PluginError(f"plugin {self._owner(exc)!r} raised in hook {self._caller.name}: {failure} "
+                              "(a hook cannot be skipped: the run stops)") from exc
+
+    def _owner(self, exc: BaseException) -> str:
+        """The plugin whose hook implementation raised ``exc`` (the innermost one in its traceback)."""
+        owners = {impl.function.__code__: impl.plugin_name for impl in self._caller.get_hookimpls()
+                  if hasattr(impl.function, "__code__")}
+        tb, found = exc.__traceback__, "unknown"
+        while tb is not None:
+            found = owners.get(tb.tb_frame.f_code, found)
+            tb = tb.tb_next
+        return found
 
 
 def _distribution_name(ep: importlib.metadata.EntryPoint) -> str | None:

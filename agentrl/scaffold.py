@@ -17,7 +17,9 @@ a bad name or an existing directory; the CLI prints that one line and exits 2.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,11 +57,20 @@ class Scaffold:
         return [f"pip install -e {self.directory}", f"pytest {self.directory / 'tests'}", use]
 
 
+MAX_NAME_LENGTH = 64
+"""The longest component name ``agentrl new`` takes: it names the package's folder, module and test
+file (``agentrl-reward-NAME``, ``tests/test_NAME.py``), which must fit a file system's 255-byte names."""
+
+
 def check_name(kind: str, name: str) -> None:
-    """Raise ConfigError unless ``name`` is an ASCII Python identifier starting with a letter."""
+    """Raise ConfigError unless ``name`` is an ASCII Python identifier starting with a letter, of at
+    most :data:`MAX_NAME_LENGTH` characters."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"{kind} name {name!r} is not valid: use a Python identifier (ASCII letters, digits "
                           "and underscores, starting with a letter), e.g. 'countdown'")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigError(f"{kind} name {name[:20]!r}... is {len(name)} characters long: at most {MAX_NAME_LENGTH} "
+                          "(it names the package's folder and files)")
 
 
 def class_name(name: str) -> str:
@@ -108,16 +119,23 @@ def _write(kind: str, name: str, directory: str | Path | None, module: str, valu
            templates: dict[str, str], summary: str) -> Scaffold:
     """Render ``templates`` (relative path -> text) into a new directory; refuse an existing one."""
     target = Path(directory if directory is not None else values["dist"]).expanduser()
-    if target.exists():
+    if os.path.lexists(target):
         raise ConfigError(f"directory {str(target)!r} already exists; agentrl new never overwrites: "
                           "pass another --dir or remove it")
     values = {**values, "summary": summary}
-    written = []
-    for relative, template in templates.items():
-        path = target / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(Template(template).substitute(values))
-        written.append(path)
+    written: list[Path] = []
+    path = target
+    try:
+        target.mkdir(parents=True)
+        for relative, template in templates.items():
+            path = target / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(Template(template).substitute(values))
+            written.append(path)
+    except OSError as exc:  # a name too long for the file system, no space, no permission
+        if path != target:  # this call created target: leave nothing half-written
+            shutil.rmtree(target, ignore_errors=True)
+        raise ConfigError(f"could not write {str(path)!r}: {exc.strerror or exc}; nothing was kept") from None
     return Scaffold(kind=kind, name=name, directory=target, module=module, files=written)
 
 

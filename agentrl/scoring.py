@@ -13,7 +13,12 @@ Failures (a bad rollout is data, not a crash). Each reward function runs under t
   once per function.
 * ``fail``: a RewardError naming the function, the sample (index, task id and question) and
   the exception.
-* Returning the wrong number of values or a non-number is a contract error and always fails.
+* Returning the wrong number of values or a non-number is a contract error and always fails, as
+  is a weighted value beyond ±:data:`agentrl.env.MAX_ABS_REWARD` (from a reward function or the
+  env's return): the error names the component, the value and the sample, instead of letting the
+  float32 training math overflow.
+* A SystemExit or KeyboardInterrupt raised in a reward function is its failure like any other
+  exception (:mod:`agentrl.faults`); a real Ctrl-C still interrupts.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.env import CallGuard, CallTimeout, sample_label
+from agentrl.env import MAX_ABS_REWARD, CallGuard, CallTimeout, sample_label
 from agentrl.errors import AgentRLError, RewardError, one_line
 from agentrl.trajectory import Trajectory
 
@@ -73,6 +78,7 @@ def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, 
         failed |= lost
     for name, values in components.items():
         values[~np.isfinite(values)] = np.nan
+        _check_magnitude(name, values, weights[name], trajectories)
         if counts[name]:
             warnings.warn(f"reward {name!r} gave {counts[name]} non-finite value(s) (inf or NaN); they count "
                           "as not scored", RuntimeWarning, stacklevel=2)
@@ -86,6 +92,21 @@ def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, 
     scored = ~np.isnan(stacked)
     totals = np.where(scored.any(axis=0), np.nansum(stacked, axis=0), np.nan)
     return [float(x) for x in totals], components
+
+
+def _check_magnitude(name: str, values: np.ndarray, weight: float, trajectories: list[Trajectory]) -> None:
+    """RewardError for the first value whose weighted size passes ``MAX_ABS_REWARD`` (NaN: not scored)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        weighted = np.abs(values * weight)  # (N,)
+    beyond = np.flatnonzero(weighted > MAX_ABS_REWARD)
+    if not len(beyond):
+        return
+    i = int(beyond[0])
+    what = "the env returned" if name == "env" else f"reward function {name!r} returned"
+    scaled = "" if weight == 1 else f" (x {'env_reward_weight' if name == 'env' else 'weight'} {weight:g})"
+    raise RewardError(f"{what} {values[i]:g}{scaled} for {sample_label(i, trajectories[i].task)}: weighted "
+                      f"rewards must be within ±{MAX_ABS_REWARD:g} (training runs in float32; larger values "
+                      f"overflow the reward statistics and the loss): rescale it")
 
 
 def _call(name: str, fn: RewardFn, trajectories: list[Trajectory], indices: np.ndarray,

@@ -43,11 +43,13 @@ from agentrl.best_model import BestModel
 from agentrl.config import TrainConfig, build_plugin_config, resolve_settings
 from agentrl.dynamic_sampling import GroupSelector, has_spread
 from agentrl.engine import SamplingParams
-from agentrl.env import CallGuard, Env, load_env_class
-from agentrl.errors import ConfigError, TrainingError, TrainingInterrupted
+from agentrl.env import CallGuard, Env, build_env, load_env_class
+from agentrl.errors import CheckpointError, ConfigError, TrainingError, TrainingInterrupted, one_line
 from agentrl.evaluate import evaluate
+from agentrl.faults import plugin_exit
+from agentrl.launch import STOP_SIGNALS, detach_hung_up_terminal
 from agentrl.memory import limit_kernel_caches, peak_rss_gb, rss_gb
-from agentrl.metrics import MetricsWriter, reward_metrics, rollout_metrics
+from agentrl.metrics import MetricsWriter, read_rows, reward_metrics, rollout_metrics
 from agentrl.models import load_model, load_tokenizer
 from agentrl.paths import check_output_dir
 from agentrl.objectives import step_totals
@@ -56,6 +58,7 @@ from agentrl.policy import TokenLogprobs
 from agentrl.precision import resolve_precision
 from agentrl.rewards import resolve_rewards
 from agentrl.scoring import score
+from agentrl.statefiles import save_json, save_tensors
 from agentrl.testing import check_env_startup
 from agentrl.trajectory import TrainBatch, Trajectory, collate
 
@@ -71,9 +74,62 @@ def refuse_existing_run(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"output_dir {str(run_dir)!r} is a file, not a directory: pick another --output-dir")
     held = [name for name in ("metrics.jsonl", ckpt.CHECKPOINTS, "model") if (run_dir / name).exists()]
-    if held:
+    if held and _finished_without_checkpoint(run_dir):
+        raise ConfigError(f"output_dir {str(run_dir)!r} already holds a finished run ({', '.join(held)}) with no "
+                          "checkpoint to continue from (checkpoint_every: 0): pick another --output-dir")
+    if held:  # --resume continues it, or starts it over when it stopped before its first checkpoint
         raise ConfigError(f"output_dir {str(run_dir)!r} already holds a run ({', '.join(held)}): continue it with "
                           f"`agentrl train --resume {run_dir}`, or pick another --output-dir")
+
+
+def _finished_without_checkpoint(run_dir: Path) -> bool:
+    return (run_dir / "eval.json").is_file() and not ckpt.complete_checkpoints(run_dir)
+
+
+def start_over_config(run_dir: str | Path, max_steps: int | None = None) -> TrainConfig | None:
+    """For ``--resume`` of a run that stopped before its first complete checkpoint: the config it
+    was started with (``max_steps`` changed if given), to train it again from step 0 after
+    :func:`set_aside_unfinished`; None when the run has a checkpoint to resume from, or is no run
+    dir (:func:`agentrl.checkpoint.resume_config` says so). A ConfigError for a run that finished
+    without a checkpoint: there is nothing to continue."""
+    from agentrl.config import build_config, load_yaml
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file() or ckpt.complete_checkpoints(run_dir):
+        return None
+    if _finished_without_checkpoint(run_dir):
+        raise ConfigError(f"--resume {str(run_dir)!r}: the run finished without a checkpoint (checkpoint_every: 0), "
+                          "so there is nothing to continue: train a new run with another --output-dir")
+    data = load_yaml((run_dir / "config.yaml").read_text(), where=str(run_dir / "config.yaml"))
+    if not isinstance(data, dict):
+        raise ConfigError(f"--resume {str(run_dir)!r}: config.yaml does not hold a mapping")
+    data["output_dir"] = str(run_dir)
+    if max_steps is not None:
+        data["max_steps"] = max_steps
+    return build_config(overrides=data)
+
+
+UNFINISHED = "unfinished-"
+"""Prefix of the folder a run started over keeps its stopped attempt's files in."""
+
+
+def set_aside_unfinished(run_dir: Path) -> Path | None:
+    """Move what a run that stopped before its first checkpoint wrote (metrics, completions,
+    TensorBoard, ...; all but ``config.yaml``, the lock and earlier such folders) into
+    ``unfinished-<time>/`` so the run can start over in its dir; that folder, or None when there
+    was nothing to move. Half-written checkpoints are deleted."""
+    from agentrl.runlock import LOCK_FILE
+
+    ckpt.remove_partial(run_dir)
+    keep = {"config.yaml", LOCK_FILE}
+    left = [p for p in run_dir.iterdir() if p.name not in keep and not p.name.startswith(UNFINISHED)]
+    if not left:
+        return None
+    folder = run_dir / f"{UNFINISHED}{datetime.now():%Y%m%d-%H%M%S}"
+    folder.mkdir()
+    for path in left:
+        path.rename(folder / path.name)
+    return folder
 
 
 def check_prompt_room(env: Env, tokenizer: Any, max_total_tokens: int, num_tasks: int = 8) -> None:
@@ -145,10 +201,7 @@ def check_process_split(config: TrainConfig, num_processes: int) -> None:
 def make_env(manager: PluginManager, config: TrainConfig) -> Env:
     """An env instance: a registered name or ``path/file.py:ClassName``."""
     factory = load_env_class(config.env) if ":" in config.env else manager.registry.get("env", config.env).factory
-    try:
-        env = factory(**config.env_args)
-    except TypeError as exc:
-        raise ConfigError(f"env_args {config.env_args!r} do not fit env {config.env!r}: {exc}") from exc
+    env = build_env(factory, config.env_args, config.env)
     if not isinstance(env, Env):
         raise ConfigError(f"env {config.env!r} built a {type(env).__name__}, not an agentrl.Env")
     return env
@@ -503,9 +556,11 @@ class Trainer:
         """Run the steps left (all of them, or those after the resumed checkpoint) with
         evaluations before and after, writing the run dir and periodic checkpoints.
 
-        Ctrl-C during a rollout or evaluation stops at once; during an update it stops when the
-        step is complete. Either way the last complete step is checkpointed and
-        :class:`TrainingInterrupted` names it; a second Ctrl-C during an update stops without it.
+        Ctrl-C, SIGTERM or SIGHUP (:data:`STOP_SIGNALS`) during a rollout or evaluation stops at
+        once; during an update (and its checkpoint) it stops when the step is complete. Either way the
+        last complete step is checkpointed and :class:`TrainingInterrupted` names it and the signal;
+        a second signal during an update or that checkpoint stops without it (the older checkpoints
+        stay intact).
         """
         cfg, run_dir, resumed, main = self.config, self.run_dir, self.resumed, self.is_main
         if main:  # one process writes the run dir, logs, evaluates and saves
@@ -513,15 +568,17 @@ class Trainer:
             if resumed is None:
                 (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             else:  # drop what was written after the checkpoint (and a line torn by a kill)
-                ckpt.truncate(run_dir / "metrics.jsonl", resumed["metrics_bytes"])
-                ckpt.truncate(run_dir / "completions.jsonl", resumed["completions_bytes"])
+                for log in ("metrics", "completions"):
+                    if lost := ckpt.truncate(run_dir / f"{log}.jsonl", resumed[f"{log}_bytes"]):
+                        print(f"note: {lost}", flush=True)
                 ckpt.remove_partial(run_dir)
+                ckpt.set_aside_after(run_dir, resumed["step"])  # damaged newer checkpoints the resume passed over
             self.hook.agentrl_on_train_start(config=cfg, run_dir=str(run_dir))
         writer = MetricsWriter(run_dir, purge_step=resumed["step"] + 1 if resumed else None) if main else _NoWriter()
         guard = InterruptGuard(collective=distributed.world_size() > 1)
         self.completed_step = resumed["step"] if resumed else 0
-        try:
-            with guard.installed():
+        with guard.installed():  # also while the interrupted run saves: a second signal breaks that save only
+            try:
                 if resumed is None:
                     _phase(progress, "eval")
                     self.eval_before = self.evaluate() if cfg.eval_tasks and main else {}
@@ -538,9 +595,12 @@ class Trainer:
                     self.save_checkpoint(self.completed_step)
                 _phase(progress, "eval")
                 eval_after = self.evaluate() if cfg.eval_tasks and main else {}
-        except KeyboardInterrupt:
-            writer.close()
-            raise self._interrupted(guard) from None
+            except KeyboardInterrupt as exc:
+                writer.close()
+                failure = None if guard.requested else plugin_exit(exc)  # raised by code, not by a signal
+                if failure is not None:
+                    raise TrainingError(f"the run stopped: {failure}") from None
+                raise self._interrupted(guard) from None
         _report(progress, "eval after", eval_after)
         owned_states = self.gather_owned() if cfg.save_model else {}  # a collective under FSDP / ZeRO-3
         if main:
@@ -621,16 +681,27 @@ class Trainer:
         return metrics
 
     def _interrupted(self, guard: InterruptGuard) -> TrainingInterrupted:
-        """Checkpoint the last complete step (unless a second Ctrl-C broke into an update)."""
-        step = self.completed_step
+        """Checkpoint the last complete step (unless a second signal broke into an update or its
+        checkpoint: then the newest complete checkpoint is what stays)."""
+        step, signum = self.completed_step, guard.signum or signal.SIGINT
+        name = signal.Signals(signum).name
+        resume = f"`agentrl train --resume {self.run_dir}`"
         if guard.broke_unit:
-            return TrainingInterrupted(f"stopped inside step {step + 1}'s update without saving it (second Ctrl-C)",
-                                       _latest_or_none(self.run_dir))
-        if step == 0:
-            return TrainingInterrupted("interrupted before the first step completed: nothing to resume", None)
-        folder = self.save_checkpoint(step)
-        return TrainingInterrupted(f"interrupted after step {step}; checkpoint {folder}; continue with "
-                                   f"`agentrl train --resume {self.run_dir}`", str(folder))
+            how = f"stopped at once by a second signal ({name} first), before the step in progress was saved"
+        elif step == 0:
+            how = f"interrupted ({name}) before the first step completed"
+        else:
+            try:
+                folder = self.save_checkpoint(step)
+                return TrainingInterrupted(f"interrupted after step {step} ({name}); checkpoint {folder}; continue "
+                                           f"with {resume}", str(folder), signum)
+            except KeyboardInterrupt:  # a second signal: the checkpoint's temporary folder is gone
+                how = f"stopped at once by a second signal ({name} first), before step {step}'s checkpoint was complete"
+        latest = _latest_or_none(self.run_dir)
+        if latest is None:
+            return TrainingInterrupted(f"{how}; no checkpoint: {resume} starts the run over from step 0", None, signum)
+        return TrainingInterrupted(f"{how}; the newest complete checkpoint is {latest}: continue with {resume}",
+                                   latest, signum)
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> Path:
@@ -661,13 +732,13 @@ class Trainer:
                 self.tokenizer.save_pretrained(folder / "model")
             schedules = {"policy": self.scheduler.state_dict()}
             schedules.update({name: sched.state_dict() for name, (_, _, sched) in self.owned.items()})
-            torch.save(module_states, folder / "modules.pt")
-            torch.save({name: (optim_states[name], schedules[name]) for name in optim_states}, folder / "optimizers.pt")
+            save_tensors(module_states, folder / ckpt.MODULES)
+            save_tensors(optim_states, folder / ckpt.OPTIMIZERS)
             plugins: dict[str, Any] = {}
             self.hook.agentrl_save_state(state=plugins)
-            torch.save({"rng": processes[0]["rng"], "engine": processes[0]["engine"], "processes": processes,
-                        "algorithm": self.algorithm.state_dict(), "plugins": plugins}, folder / "state.pt")
-            (folder / "trainer_state.json").write_text(json.dumps({
+            save_json({"schedules": schedules, "processes": processes, "algorithm": self.algorithm.state_dict(),
+                            "plugins": plugins}, folder / ckpt.EXTRA)
+            (folder / ckpt.STATE).write_text(json.dumps({
                 "step": step, "task_cursor": self.cursor.position,
                 "metrics_bytes": ckpt.file_size(self.run_dir / "metrics.jsonl"),
                 "completions_bytes": ckpt.file_size(self.run_dir / "completions.jsonl"),
@@ -680,15 +751,14 @@ class Trainer:
 
     def load_checkpoint(self, folder: Path) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save_checkpoint`; returns its trainer state."""
-        state = json.loads((folder / "trainer_state.json").read_text())
+        saved = ckpt.read_checkpoint(folder)  # a CheckpointError naming a file that cannot be read safely
+        state, optim = saved.trainer, saved.optimizers
         sharded = self.replica is not None
         if bool(state.get("sharded", False)) != sharded:
             written, needed = ("an FSDP run", "--accelerate-config fsdp") if state.get("sharded") else (
                 "a run without sharded weights", "the accelerate config it was written with (not fsdp)")
             raise ConfigError(f"checkpoint {str(folder)!r} was written by {written}; resume it with {needed}")
-        modules = torch.load(folder / "modules.pt", weights_only=False)
-        optim = torch.load(folder / ckpt.OPTIMIZERS, weights_only=False)  # a state None: slimmed (finished run)
-        if self.is_main and any(state is None for state, _ in optim.values()):
+        if self.is_main and any(moments is None for moments in optim.values()):  # slimmed (a finished run's)
             print(f"note: {folder.name} is a finished run's checkpoint without optimizer state: the AdamW moments "
                   "restart from zero (keep_finished_checkpoints: true keeps them)", flush=True)
         if lora.is_adapted(self.model):
@@ -696,30 +766,29 @@ class Trainer:
         elif sharded:  # whole states, sharded again as this run's processes hold them
             load_weights(self.replica, ckpt.weights_folder(self.run_dir, folder))
             policy_state = {f"model.{key}": value for key, value in self.replica.state_dict().items()}
-            sharding.load_whole_state(self.policy, self.optimizer, policy_state, optim["policy"][0])
+            sharding.load_whole_state(self.policy, self.optimizer, policy_state, optim["policy"])
         else:
             load_weights(self.model, ckpt.weights_folder(self.run_dir, folder))
         for name, (spec, opt, _) in self.owned.items():
             if sharded:
-                sharding.load_whole_state(spec.module, opt, modules[name], optim[name][0])
+                sharding.load_whole_state(spec.module, opt, saved.modules[name], optim[name])
             else:
-                self.accelerator.unwrap_model(spec.module).load_state_dict(modules[name])
+                self.accelerator.unwrap_model(spec.module).load_state_dict(saved.modules[name])
         pairs = [("policy", self.optimizer, self.scheduler)] + [(n, o, s) for n, (_, o, s) in self.owned.items()]
         for name, optimizer, scheduler in pairs:
-            if not sharded and optim[name][0] is not None:
-                optimizer.load_state_dict(optim[name][0])
-            scheduler.load_state_dict(optim[name][1])
+            if not sharded and optim[name] is not None:
+                optimizer.load_state_dict(optim[name])
+            scheduler.load_state_dict(saved.schedules[name])
             reapply_schedule(scheduler)  # --resume --max-steps N: the rate of the schedule as now configured
-        extra = torch.load(folder / "state.pt", weights_only=False)
-        processes = extra.get("processes", [{"rng": extra["rng"], "engine": extra["engine"]}])
+        processes = saved.processes
         if len(processes) != self.num_processes:
             raise ConfigError(f"checkpoint {str(folder)!r} was written by {len(processes)} process(es); resume it with "
                               f"the same count, not {self.num_processes} (each process's sampling state is in it)")
         own = processes[self.accelerator.process_index]
         self.engine.load_state_dict(own["engine"])
         self.engine.sync_weights(self.sampling_model())
-        self.algorithm.load_state_dict(extra["algorithm"])
-        self.hook.agentrl_load_state(state=extra["plugins"])
+        self.algorithm.load_state_dict(saved.algorithm)
+        self.hook.agentrl_load_state(state=saved.plugins)
         ckpt.set_rng_states(own["rng"])
         self.cursor.position = state["task_cursor"]
         self.nonfinite_skips, self.skipped_in_a_row = state["nonfinite_skips"], state["skipped_in_a_row"]
@@ -783,13 +852,13 @@ class _NoWriter:
 
 
 class InterruptGuard:
-    """SIGINT handling for a run: Ctrl-C raises KeyboardInterrupt at once, except inside a
-    :meth:`deferred` unit (an update and its records), where the first one is remembered
-    (``pending``) and the unit completes; a second one there raises (``broke_unit``). Every one
-    sets ``requested``: a KeyboardInterrupt raised inside a finalizer is swallowed by Python, so
-    the loop also stops at the step's end when it sees the request.
+    """Handling of :data:`STOP_SIGNALS` for a run: one raises KeyboardInterrupt at once, except
+    inside a :meth:`deferred` unit (an update, its records and its checkpoint), where the first one
+    is remembered (``pending``) and the unit completes; a second one there raises (``broke_unit``).
+    Every one sets ``requested`` (``signum``: the first one): a KeyboardInterrupt raised inside a
+    finalizer is swallowed by Python, so the loop also stops at the step's end when it sees the request.
 
-    ``collective`` (several processes): Ctrl-C never raises, it only sets ``requested``; the
+    ``collective`` (several processes): a signal never raises, it only sets ``requested``; the
     processes agree after each rollout and at each step's end whether any of them saw one, and
     stop there together. Raising at once would leave the others waiting in (or pairing wrongly
     with) a collective operation the interrupted process never reaches."""
@@ -797,18 +866,20 @@ class InterruptGuard:
     def __init__(self, collective: bool = False) -> None:
         self.collective = collective
         self.pending = self.requested = self.broke_unit = self._deferring = False
+        self.signum: int | None = None
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        """Install the handler (main thread only; elsewhere Python's default stays)."""
+        """Install the handler (main thread only; elsewhere Python's defaults stay)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = signal.signal(signal.SIGINT, self._handle)
+        previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
@@ -820,17 +891,22 @@ class InterruptGuard:
             self._deferring = False
 
     def _handle(self, signum: int, frame: Any) -> None:
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if signum == getattr(signal, "SIGHUP", None):
+            detach_hung_up_terminal()  # so the messages below and the save do not fail writing to it
+        if self.signum is None:
+            self.signum = signum
         if self.collective:
             if not self.requested:
-                warnings.warn("Ctrl-C: every process stops at the end of this step's rollout or update, then "
+                warnings.warn(f"{name}: every process stops at the end of this step's rollout or update, then "
                               "saves a checkpoint", RuntimeWarning, stacklevel=2)
             self.requested = True
             return
         self.requested = True  # seen at the step's end even if the raise below lands where it is swallowed
         if self._deferring and not self.pending:
             self.pending = True
-            warnings.warn("Ctrl-C: stopping after this step's update, then saving a checkpoint "
-                          "(Ctrl-C again to stop now without saving this step)", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"{name}: stopping after this step's update, then saving a checkpoint (a second "
+                          f"{name} stops now without saving this step)", RuntimeWarning, stacklevel=2)
             return
         self.broke_unit = self._deferring
         raise KeyboardInterrupt
@@ -867,10 +943,7 @@ def _latest_or_none(run_dir: Path) -> str | None:
 
 def read_history(path: Path) -> list[dict[str, float]]:
     """The per-step metrics rows already in ``metrics.jsonl`` (a resumed run's earlier steps)."""
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{k: v for k, v in row.items() if k != "step"} for row in rows
+    return [{k: v for k, v in row.items() if k != "step"} for row in read_rows(path)
             if not any(k.startswith("final/") for k in row)]
 
 
@@ -879,9 +952,17 @@ def load_weights(model: torch.nn.Module, folder: Path) -> None:
     only keys tied to a loaded one (an LM head sharing the embedding) may be missing."""
     from safetensors.torch import load_file
 
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{str(folder)!r} holds no *.safetensors weights file: resume from another checkpoint, "
+                              "or start the run again")
     weights: dict[str, torch.Tensor] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        weights.update(load_file(file))
+    for file in files:
+        try:
+            weights.update(load_file(file))
+        except Exception as exc:  # safetensors raises its own error type for a cut or garbled file
+            raise CheckpointError(f"{file} is unreadable ({one_line(exc)}): resume from another checkpoint, or "
+                                  "start the run again") from None
     missing, unexpected = model.load_state_dict(weights, strict=False)
     loaded = {p.data_ptr() for name, p in model.named_parameters(remove_duplicate=False) if name in weights}
     params = dict(model.named_parameters(remove_duplicate=False))

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from agentrl import checkpoint as ckpt
+from agentrl import statefiles
 from agentrl.checkpoint import complete_checkpoints, resume_config
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigError, TrainingInterrupted
@@ -36,7 +37,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _moments(folder: Path) -> dict[str, object]:
-    return {name: state for name, (state, _) in torch.load(folder / "optimizers.pt", weights_only=False).items()}
+    return ckpt.read_checkpoint(folder).optimizers
 
 
 def test_a_finished_run_keeps_its_last_checkpoint_slim_and_resumes_with_more_steps(tiny_model_dir, tmp_path, capsys):
@@ -46,7 +47,7 @@ def test_a_finished_run_keeps_its_last_checkpoint_slim_and_resumes_with_more_ste
     assert last.name == "step-000003"
     assert _moments(last) == {"policy": None}  # the schedule stays, the AdamW moments go
     assert not (last / "model").exists()  # model/ holds the same weights
-    assert json.loads((last / "trainer_state.json").read_text())["weights_in"] == "model"
+    assert ckpt.read_manifest(last)["weights_in"]["folder"] == "model" and ckpt.damage(out, last) is None
     assert sum(p.stat().st_size for p in last.rglob("*") if p.is_file()) < 0.2 * sum(
         p.stat().st_size for p in (out / "model").glob("*.safetensors"))
 
@@ -100,13 +101,16 @@ def test_slimming_drops_only_weights_the_export_holds_byte_for_byte(tmp_path):
     run_dir = tmp_path / "run"
     tensor = {"w": torch.arange(4.0)}
     for step in (1, 2):
-        folder = ckpt.checkpoint_dir(run_dir, step)
-        (folder / "model").mkdir(parents=True)
-        save_file(tensor, folder / "model" / "model.safetensors")
-        torch.save({"policy": ({"state": {0: {"exp_avg": torch.ones(4)}}}, {"last_epoch": step})},
-                   folder / "optimizers.pt")
-        (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
-        (folder / ckpt.COMPLETE).write_text(f"{step}\n")
+        def write(folder: Path, step: int = step) -> None:
+            (folder / "model").mkdir()
+            save_file(tensor, folder / "model" / "model.safetensors")
+            statefiles.save_tensors({"policy": {"state": {0: {"exp_avg": torch.ones(4)}}}}, folder / ckpt.OPTIMIZERS)
+            statefiles.save_tensors({}, folder / ckpt.MODULES)
+            statefiles.save_json({"schedules": {"policy": {"last_epoch": step}}, "processes": [], "algorithm": {},
+                            "plugins": {}}, folder / ckpt.EXTRA)
+            (folder / ckpt.STATE).write_text(json.dumps({"step": step}))
+
+        ckpt.write_atomically(run_dir, step, write, keep=2)
     (run_dir / "last").mkdir()
     save_file({"w": torch.arange(4.0) + 1}, run_dir / "last" / "model.safetensors")  # not the checkpoint's
     last = ckpt.checkpoint_dir(run_dir, 2)
@@ -116,8 +120,9 @@ def test_slimming_drops_only_weights_the_export_holds_byte_for_byte(tmp_path):
     save_file(tensor, run_dir / "last" / "model.safetensors")
     ckpt.slim_finished(run_dir, last, "last")
     assert ckpt.weights_folder(run_dir, last) == run_dir / "last" and not (last / "model").exists()
-    assert torch.load(last / "optimizers.pt", weights_only=False)["policy"][1] == {"last_epoch": 2}
+    assert ckpt.read_checkpoint(last).schedules == {"policy": {"last_epoch": 2}} and ckpt.damage(run_dir, last) is None
     (run_dir / "last" / "model.safetensors").unlink()
+    assert ckpt.damage(run_dir, last) == "last/model.safetensors (the run's export) is missing"
     (run_dir / "last").rmdir()
     with pytest.raises(ConfigError, match=r"holds no weights and the run's last/ folder .* is missing"):
         ckpt.weights_folder(run_dir, last)

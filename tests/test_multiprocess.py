@@ -113,7 +113,7 @@ def test_ppo_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp_path:
     two = tmp_path / "two"
     agentrl(*args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2")
     assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
-    state = torch.load(two / "checkpoints" / "step-000003" / "state.pt", weights_only=False)
+    state = json.loads((two / "checkpoints" / "step-000003" / "state.json").read_text())
     assert len(state["processes"]) == 2
     # Drop the last step and the final outputs, then resume the two-process run from step 2.
     shutil.rmtree(two / "checkpoints" / "step-000003")

@@ -108,8 +108,8 @@ def test_interrupted_then_resumed_equals_straight_bit_for_bit(tiny_model_dir, tm
     monkeypatch.delenv("AGENTRL_TEST_SIGINT_AT")
     config, checkpoint = resume_config(split)
     assert checkpoint.name == f"step-{saved:06d}"
-    optimizers = torch.load(checkpoint / "optimizers.pt", weights_only=False)
-    assert (checkpoint / "model").is_dir() and all(state["state"] for state, _ in optimizers.values())  # whole
+    optimizers = torch.load(checkpoint / "optimizers.pt", weights_only=True)
+    assert (checkpoint / "model").is_dir() and all(state["state"] for state in optimizers.values())  # whole
     result = Trainer(config, _manager(tmp_path / "c"), resume=checkpoint).train()
 
     assert _lines(split) == _lines(straight)  # every step once, identical values, plugin counter included

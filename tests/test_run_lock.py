@@ -1,0 +1,131 @@
+"""One writer per run dir (``agentrl.runlock``): a second train or resume of a run dir that a live
+process trains in is refused naming it; the lock of a killed holder is taken over with a note;
+a holder on another host is refused with the fix; the lock goes when its holder stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import TrainConfig
+from agentrl.errors import ConfigError, RunDirBusyError
+from agentrl.plugins import load_plugins
+from agentrl.runlock import LOCK_FILE, RunLock, read_holder
+from agentrl.trainer import Trainer
+
+AGENTRL = [sys.executable, "-m", "agentrl"]
+HOLD = """import sys, time
+from agentrl.runlock import RunLock
+RunLock(sys.argv[1]).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+"""A process that takes a run dir's lock and keeps it until it is killed."""
+
+
+def _holder(run: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_the_lock_names_its_holder_and_goes_with_it(tmp_path):
+    run = tmp_path / "new" / "run"
+    with RunLock(run) as lock:
+        holder = read_holder(run / LOCK_FILE)
+        assert holder is not None and (holder.pid, holder.host) == (os.getpid(), socket.gethostname())
+        assert lock.note is None
+    assert not (tmp_path / "new" / "run").exists()  # created for the lock alone, and still empty: removed
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("")
+    with RunLock(run):
+        pass
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]  # the run dir stays, the lock file goes
+
+
+def test_a_live_holder_is_refused_and_a_killed_ones_lock_is_taken_over(tmp_path):
+    run = tmp_path / "run"
+    proc = _holder(run)
+    try:
+        named = f"is in use: pid {proc.pid} on host {socket.gethostname()}"
+        with pytest.raises(RunDirBusyError, match=re.escape(named)):
+            RunLock(run).acquire()
+    finally:
+        proc.send_signal(signal.SIGKILL)  # no handler runs: the file stays, the kernel frees the lock
+        proc.wait()
+    assert read_holder(run / LOCK_FILE).pid == proc.pid
+    with RunLock(run) as lock:
+        assert lock.note is not None
+        assert f"stale lock {run / LOCK_FILE} of pid {proc.pid}" in lock.note and "no longer runs" in lock.note
+        assert read_holder(run / LOCK_FILE).pid == os.getpid()
+
+
+def test_a_lock_left_by_another_host_is_refused_with_the_fix(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_FILE).write_text(json.dumps({"pid": 4242, "host": "node-7", "started": "2026-01-01T00:00:00"}))
+    with pytest.raises(RunDirBusyError, match=r"locked by pid 4242 on host node-7 .*if that run no longer runs, "
+                                              r"delete .*run\.lock"):
+        RunLock(run).acquire()
+    assert read_holder(run / LOCK_FILE).host == "node-7"  # left as it was
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_a_read_only_run_dir_is_one_line_naming_the_path(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o555)
+    try:
+        with pytest.raises(ConfigError, match=re.escape(f"cannot write the run dir's lock file '{run / LOCK_FILE}'")):
+            RunLock(run).acquire()
+    finally:
+        run.chmod(0o755)
+
+
+def test_a_lock_file_that_cannot_be_opened_is_one_line_naming_the_path(tmp_path):
+    run = tmp_path / "run"
+    (run / LOCK_FILE).mkdir(parents=True)  # a folder where the lock file goes (root writes anywhere)
+    with pytest.raises(ConfigError, match=re.escape(f"cannot write the run dir's lock file '{run / LOCK_FILE}' "
+                                                    "(Is a directory)")):
+        RunLock(run).acquire()
+
+
+def test_a_second_resume_or_train_of_a_running_run_is_refused_naming_the_holder(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    Trainer(TrainConfig(model=str(tiny_model_dir), max_steps=1, prompts_per_step=2, num_generations=2,
+                        max_new_tokens=8, eval_tasks=0, checkpoint_every=1, warmup_steps=0, output_dir=str(run)),
+            load_plugins()).train()
+    first = subprocess.Popen([*AGENTRL, "train", "--resume", str(run), "--max-steps", "500"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while (holder := read_holder(run / LOCK_FILE)) is None or holder.pid != first.pid:
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-3000:]
+            time.sleep(0.05)
+        named = f"is in use: pid {first.pid} on host {socket.gethostname()}"
+        second = subprocess.run([*AGENTRL, "train", "--resume", str(run), "--max-steps", "500"],
+                                capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2 and named in second.stderr, second.stderr[-3000:]
+        assert f"kill -TERM {first.pid}" in second.stderr
+        fresh = subprocess.run([*AGENTRL, "train", "--model", str(tiny_model_dir), "--output-dir", str(run)],
+                               capture_output=True, text=True, timeout=300)
+        assert fresh.returncode == 2 and named in fresh.stderr, fresh.stderr[-3000:]
+        assert first.poll() is None  # the first one trains on
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 143, err[-3000:]
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1))  # one writer: every step once
+    assert not (run / LOCK_FILE).exists()
