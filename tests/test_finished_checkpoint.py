@@ -6,6 +6,8 @@ interrupted runs keep whole checkpoints (their bitwise resume is tested in test_
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -85,8 +87,8 @@ def test_an_interrupted_run_keeps_its_checkpoint_whole(tiny_model_dir, tmp_path,
     real_step = trainer.train_step
 
     def stop_after_two(step, *args):
-        if step == 3:
-            raise KeyboardInterrupt
+        if step == 3:  # Ctrl-C as the third step starts (a KeyboardInterrupt raised by code is a failure)
+            os.kill(os.getpid(), signal.SIGINT)
         return real_step(step, *args)
 
     monkeypatch.setattr(trainer, "train_step", stop_after_two)
