@@ -4,7 +4,7 @@ A checkpoint is written into a temporary folder beside its final place, flushed 
 complete, then renamed (a rename is atomic on one filesystem), so a process killed at any moment
 leaves either the previous checkpoints or the new one, never half of one. Only the newest
 ``keep`` complete checkpoints stay. What goes inside is the trainer's business
-(:meth:`agentrl.trainer.Trainer.save_checkpoint`); this module knows folders and file formats.
+(:mod:`agentrl.run_checkpoints`); this module knows folders and file formats.
 
 Loading a checkpoint never runs code from it: tensors are read by ``torch.load(weights_only=True)``
 (``modules.pt``, ``optimizers.pt``) or safetensors (``model/``), everything else is JSON
@@ -31,7 +31,6 @@ import filecmp
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -41,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from agentrl.errors import CheckpointError, ConfigError, one_line
 from agentrl.statefiles import from_json, load_tensors
@@ -137,30 +135,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-# -- RNG states ------------------------------------------------------------------------------------------
-def rng_states() -> dict[str, Any]:
-    """Every global random generator's state (Python, numpy, torch CPU and CUDA), as values
-    :func:`agentrl.statefiles.to_json` stores exactly."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    states: dict[str, Any] = {"python": random.getstate(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
-                              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    """Restore what :func:`rng_states` captured (also after a JSON round trip, or an earlier
-    agentrl's pickled form)."""
-    version, internal, gauss = states["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, *rest = states["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
 # -- finding and verifying -------------------------------------------------------------------------------
 def complete_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints of a run, oldest first (temporary and unmarked folders ignored)."""
@@ -189,13 +163,13 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return found[-1]
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     """Print ``line`` on the main process only (a launched run's workers all resume)."""
     if os.environ.get("RANK", "0") == "0":
         print(line, flush=True)
 
 
-def intact_checkpoint(run_dir: Path, say: Callable[[str], None] = _say) -> Path:
+def intact_checkpoint(run_dir: Path, say: Callable[[str], None] = say) -> Path:
     """The newest complete checkpoint that :func:`damage` finds nothing wrong with; ``say`` gets one
     line per newer, damaged one (which file, what is wrong). A CheckpointError when none is intact."""
     latest_checkpoint(run_dir)  # a ConfigError when there is none at all
@@ -269,7 +243,7 @@ def _legacy_damage(folder: Path) -> str | None:
         if not (folder / name).is_file() or not (folder / name).stat().st_size:
             return f"{name} is missing or empty"
     try:
-        _read_json(folder / STATE)
+        read_json(folder / STATE)
     except CheckpointError as exc:
         return str(exc)
     return None
@@ -312,12 +286,12 @@ def read_checkpoint(folder: Path) -> Saved:
         manifest = read_manifest(folder)
     except CheckpointError as exc:
         raise CheckpointError(f"checkpoint {str(folder)!r}: {exc}") from None
-    trainer = _read_json(folder / STATE)
+    trainer = read_json(folder / STATE)
     modules = load_tensors(folder / MODULES)
     try:
         if manifest is None:
             return _read_legacy(folder, trainer, modules)
-        extra = from_json(_read_json(folder / EXTRA))
+        extra = from_json(read_json(folder / EXTRA))
         optim = load_tensors(folder / OPTIMIZERS) if OPTIMIZERS in manifest["files"] else {}
         schedules = extra["schedules"]
         return Saved(trainer, modules, {name: optim.get(name) for name in schedules}, schedules,
@@ -339,7 +313,7 @@ def _read_legacy(folder: Path, trainer: dict[str, Any], modules: dict[str, Any])
                  extra["plugins"])
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -356,38 +330,11 @@ def weights_folder(run_dir: Path, folder: Path) -> Path:
     elif (folder / WEIGHTS).is_dir():
         return folder / WEIGHTS
     else:  # an earlier agentrl named it in the trainer state
-        name = _read_json(folder / STATE).get("weights_in")
+        name = read_json(folder / STATE).get("weights_in")
     if name is None or not (run_dir / name).is_dir():
         raise ConfigError(f"checkpoint {str(folder)!r} holds no weights and the run's {name or WEIGHTS}/ folder they "
                           f"were left in is missing from {str(run_dir)!r}: start the run again")
     return run_dir / name
-
-
-# -- logs ---------------------------------------------------------------------------------------------------
-def truncate(path: Path, size: int) -> str | None:
-    """Cut ``path`` back to ``size`` bytes (lines written after a checkpoint, or a torn last line).
-    A file found shorter was cut by something else: its complete lines stay, a torn last line
-    goes, and the returned note says so (None when nothing was lost)."""
-    have = file_size(path)
-    if have >= size:
-        if have > size:
-            with path.open("r+b") as f:
-                f.truncate(size)
-        return None
-    data = path.read_bytes() if path.is_file() else b""
-    whole = data.rfind(b"\n") + 1
-    torn = ""
-    if whole < len(data):
-        with path.open("r+b") as f:
-            f.truncate(whole)
-        torn = f"; its torn last line ({len(data) - whole} bytes) was dropped"
-    return (f"{path} is {have} bytes, shorter than the {size} the checkpoint recorded: lines written before the "
-            f"checkpoint were lost{torn}; the run appends to what is left")
-
-
-def file_size(path: Path) -> int:
-    """``path``'s size in bytes, 0 when it does not exist."""
-    return path.stat().st_size if path.is_file() else 0
 
 
 def _fsync(path: Path) -> None:
@@ -404,54 +351,7 @@ def _fsync_tree(root: Path) -> None:
     _fsync(root)
 
 
-# -- resume and the end of a run ---------------------------------------------------------------------------
-def resume_config(run_dir: str | Path, max_steps: int | None = None,
-                  say: Callable[[str], None] = _say) -> tuple[Any, Path]:
-    """The config a run dir was started with (``max_steps`` may be raised to train longer) and its
-    newest intact checkpoint (``say``: the notes on damaged newer ones); a ConfigError when the
-    two disagree, the run dir cannot be written, or nothing can be resumed."""
-    from agentrl.config import TrainConfig, build_config, load_yaml
-    from agentrl.paths import folder_problem
-
-    run_dir = Path(run_dir)
-    folder = intact_checkpoint(run_dir, say)
-    problem = folder_problem(run_dir) or _log_problem(run_dir)
-    if problem is not None:
-        raise ConfigError(f"--resume {str(run_dir)!r}: {problem}; a resumed run writes there (metrics, checkpoints)")
-    saved = _read_json(folder / STATE)
-    data = load_yaml((run_dir / "config.yaml").read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"--resume {str(run_dir)!r}: config.yaml does not hold a mapping")
-    data["output_dir"] = str(run_dir)
-    if max_steps is not None:
-        data["max_steps"] = max_steps
-    config = build_config(overrides=data)
-    written = {**TrainConfig().to_dict(), **saved["config"]}  # a key newer than the checkpoint counts at its default
-    stored = {k: v for k, v in written.items() if k not in ("output_dir", "max_steps")}
-    now = {k: v for k, v in config.to_dict().items() if k not in ("output_dir", "max_steps")}
-    changed = sorted(k for k in stored.keys() | now.keys() if stored.get(k) != now.get(k))
-    if changed:
-        raise ConfigError(f"--resume {str(run_dir)!r}: config.yaml differs from the checkpoint's config in "
-                          f"{', '.join(changed)}; a resumed run keeps its config (only --max-steps may change)")
-    if config.max_steps < saved["step"]:
-        raise ConfigError(f"--resume {str(run_dir)!r}: max_steps {config.max_steps} is below the checkpoint's "
-                          f"step {saved['step']}")
-    return config, folder
-
-
-def _log_problem(run_dir: Path) -> str | None:
-    """Why the run's logs (or its checkpoints folder) cannot be appended to, None if they can."""
-    for path in (run_dir / "metrics.jsonl", run_dir / "completions.jsonl", run_dir / CHECKPOINTS):
-        try:
-            if path.is_file():
-                path.open("ab").close()
-            elif path.is_dir():
-                tempfile.TemporaryFile(dir=path).close()
-        except OSError as exc:
-            return f"{str(path)!r} is not writable ({exc.strerror or exc})"
-    return None
-
-
+# -- the end of a run ---------------------------------------------------------------------------
 def slim_finished(run_dir: Path, folder: Path, weights_in: str | None) -> None:
     """Shrink a finished run to what ``--resume --max-steps`` needs: delete every checkpoint but
     ``folder`` (its last), drop the optimizer moments from it (the schedules stay) and its policy

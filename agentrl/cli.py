@@ -225,8 +225,8 @@ def train(
         _quiet_library_progress()
         trainer = Trainer(cfg, manager, resume=checkpoint)
         console.print(_rewards_line(cfg, trainer), highlight=False)
-        console.print(f"precision: {trainer.precision.name} ({trainer.precision.reason})", highlight=False)
-        if trainer.num_processes > 1:
+        console.print(f"precision: {trainer.run.precision.name} ({trainer.run.precision.reason})", highlight=False)
+        if trainer.run.num_processes > 1:
             console.print(sharding.layout(trainer.accelerator), highlight=False)
         progress = _Progress(cfg.max_steps)
         if trainer.resumed:
@@ -260,7 +260,7 @@ def _new_run_dir(lock: contextlib.ExitStack, cfg: Any) -> Any:
     """``cfg`` with its run dir resolved (``runs/<env>-<algo>-<time>`` when not given: the lock, the
     trainer and every process then agree on it), checked writable and locked (:func:`_lock_run_dir`)."""
     from agentrl.paths import check_output_dir
-    from agentrl.trainer import run_dir_for
+    from agentrl.rundir import run_dir_for
 
     if cfg.output_dir is None:
         cfg = dataclasses.replace(cfg, output_dir=str(run_dir_for(cfg)))
@@ -288,8 +288,7 @@ def _resume(run_dir: str, max_steps: int | None, writer: bool) -> tuple[Any, Pat
     """``--resume``: the run's config and newest complete checkpoint; or, for a run that stopped
     before its first checkpoint, its config and None: it starts over from step 0, what its stopped
     attempt wrote moved aside first by the ``writer`` (the process holding the lock)."""
-    from agentrl.checkpoint import resume_config
-    from agentrl.trainer import set_aside_unfinished, start_over_config
+    from agentrl.rundir import resume_config, set_aside_unfinished, start_over_config
 
     cfg = start_over_config(run_dir, max_steps)
     if cfg is None:
@@ -311,11 +310,11 @@ def _launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: 
 
     from agentrl.launch import launch_command, run_launched
     from agentrl.models import resolve_model
-    from agentrl.trainer import check_process_split
+    from agentrl.build import check_process_split
 
     check_process_split(cfg, num_processes)
     if not given["--resume"]:  # every process must agree on the run dir
-        from agentrl.trainer import run_dir_for
+        from agentrl.rundir import run_dir_for
 
         given["--output-dir"] = str(run_dir_for(cfg))
     resolve_model(cfg.model)  # an alias is converted once, here, not by every process at once
@@ -332,7 +331,7 @@ def _launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: 
 def _rewards_line(cfg: Any, trainer: Any) -> str:
     """What the run is rewarded for, and where that choice came from."""
     parts = [f"env return x{cfg.env_reward_weight:g}"]
-    parts += [f"{name} x{weight:g}" for name, (_, weight) in trainer.reward_fns.items()]
+    parts += [f"{name} x{weight:g}" for name, (_, weight) in trainer.run.reward_fns.items()]
     defaults = trainer.envs[0].default_rewards
     if cfg.rewards is None:
         source = "the env's defaults"
@@ -426,7 +425,7 @@ def eval_(
         from agentrl.models import DEFAULT_MODEL, load_model, load_tokenizer
         from agentrl.rewards import resolve_rewards
         from agentrl.errors import ConfigError
-        from agentrl.trainer import make_env
+        from agentrl.build import make_env
 
         if run_dir is not None and model is not None and run_dir != model:
             raise ConfigError(f"eval: give the model once, as RUN_DIR or --model, not both ({run_dir!r}, {model!r})")

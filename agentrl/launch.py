@@ -94,7 +94,7 @@ SHUTDOWN_TIMEOUT_S = 900
 
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
-"""The signals that stop a run cleanly, each as Ctrl-C does (:class:`agentrl.trainer.InterruptGuard`):
+"""The signals that stop a run cleanly, each as Ctrl-C does (:class:`agentrl.interrupts.InterruptGuard`):
 Ctrl-C's SIGINT, SIGTERM (what SLURM, Kubernetes, systemd and ``timeout`` send before SIGKILL) and
 SIGHUP (a closed terminal)."""
 

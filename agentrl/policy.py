@@ -17,6 +17,8 @@ computed from the hidden state at ``t - 1``; entries off the mask are 0.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -98,3 +100,22 @@ class TokenLogprobs(nn.Module):
         finally:
             self.pack = True
         return float((packed - padded).abs().max())
+
+
+def check_packing(policy: TokenLogprobs, asked: bool) -> bool:
+    """Whether the policy's forward packs shared prefixes: asked, supported by the model's
+    attention, and agreeing with the padded forward (max |logprob difference| <= 1e-3 in fp32 on a
+    test batch); otherwise turned off with a warning saying why."""
+    if not asked:
+        return False
+    attention = getattr(policy.model.config, "_attn_implementation", None)
+    if not policy.pack:
+        warnings.warn(f"pack_sequences: the model's attention {attention!r} takes no custom mask; the training "
+                      "forward runs padded rows", RuntimeWarning, stacklevel=2)
+        return False
+    error = policy.packing_error()
+    if not error <= 1e-3:
+        policy.pack = False
+        warnings.warn(f"pack_sequences: the packed forward differs from the padded one by {error:.2g} on this model "
+                      f"(attention {attention!r}); the training forward runs padded rows", RuntimeWarning, stacklevel=2)
+    return policy.pack

@@ -25,7 +25,8 @@ from agentrl.config import build_config
 from agentrl.packing import pack_prefix_tree
 from agentrl.plugins import load_plugins
 from agentrl.testing import GradientRecorder
-from agentrl.trainer import Trainer, plan_micro_batches
+from agentrl.batching import plan_micro_batches
+from agentrl.trainer import Trainer
 
 
 def main() -> None:
@@ -41,23 +42,23 @@ def main() -> None:
                                          "save_model": False, "checkpoint_every": 0, "log_completions_every": 0},
                               sets=args.sets)
         trainer = Trainer(config, load_plugins())
-        console.print(f"precision {trainer.precision.name} ({trainer.precision.reason}); packing checked: "
-                      f"{trainer.policy_pack}")
+        console.print(f"precision {trainer.run.precision.name} ({trainer.run.precision.reason}); packing checked: "
+                      f"{trainer.run.policy_pack}")
         table = Table("batch", "rows", "real tokens", "padded tokens", "packed tokens", "padded s", "packed s",
                       "speed-up")
-        policy = trainer.accelerator.unwrap_model(trainer.policy)
+        policy = trainer.accelerator.unwrap_model(trainer.run.policy)
         for step in range(1, args.steps + 1):
             batch, _, _ = trainer.rollout_step(step)
             seconds: dict[bool, list[float]] = {True: [], False: []}
             for _ in range(args.repeats):
                 for pack in (False, True):
                     trainer.config = dataclasses.replace(config, pack_sequences=pack)
-                    policy.pack = trainer.policy_pack = pack
-                    trainer.optimizer = GradientRecorder(trainer.model.parameters())
+                    policy.pack = trainer.run.policy_pack = pack
+                    trainer.run.trained["policy"].optimizer = GradientRecorder(trainer.model.parameters())
                     start = time.perf_counter()
                     trainer.update(batch, {}, step)
                     seconds[pack].append(time.perf_counter() - start)
-            plans = trainer.micro_batch_rows(batch)  # the packed plan (pack_sequences is on last)
+            plans = trainer.run.micro_batch_rows(batch)  # the packed plan (pack_sequences is on last)
             packed = sum(pack_prefix_tree(batch.select(rows).input_ids, batch.select(rows).attention_mask).length
                          for rows in plans)
             padded_plan = plan_micro_batches(batch.lengths.tolist(), config.micro_batch_size, config.micro_batch_tokens)

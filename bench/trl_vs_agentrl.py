@@ -99,7 +99,7 @@ def agentrl_tasks(steps: int) -> list[dict[str, Any]]:
     """The tasks agentrl's trainer samples for steps 1..``steps``, in order (its seeded TaskCursor)."""
     from agentrl_math import MathEnv
 
-    from agentrl.trainer import TaskCursor
+    from agentrl.rollout_phase import TaskCursor
 
     tasks = MathEnv().train_tasks()
     cursor = TaskCursor(len(tasks), SEED)

@@ -149,7 +149,7 @@ def run_scenario(name: str, tiny_model: Path, workdir: Path, overrides: dict[str
 
     torch.set_num_threads(1)
     from agentrl import TrainConfig, TrainingInterrupted, load_plugins
-    from agentrl.checkpoint import resume_config
+    from agentrl.rundir import resume_config
     from agentrl.trainer import Trainer
 
     ensure_tiny_model(tiny_model)

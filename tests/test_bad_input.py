@@ -156,7 +156,7 @@ def test_config_files_that_cannot_be_read(tmp_path: Path) -> None:
     ({"env": "python", "env_args": {"memory_mb": "abc"}}, "PythonEnv: memory_mb must be an integer >= 64"),
 ])
 def test_env_arguments_are_checked_when_the_env_is_built(kwargs: dict, message: str) -> None:
-    from agentrl.trainer import make_env
+    from agentrl.build import make_env
 
     with pytest.raises(AgentRLError, match=re.escape(message)):
         make_env(load_plugins(), TrainConfig(**kwargs))
@@ -287,7 +287,7 @@ ENV_ARGS = {"math": ["difficulty", "seed", "num_eval", "system_prompt"],
 @example(arg=("math", "seed"), value=-1)
 @example(arg=("guess", "n"), value=2**64)
 def test_any_env_argument_builds_a_working_env_or_is_an_agentrl_error(arg: tuple[str, str], value: Any) -> None:
-    from agentrl.trainer import make_env
+    from agentrl.build import make_env
 
     env, key = arg
     try:

@@ -103,7 +103,7 @@ def test_eval_reward_mean_is_the_weighted_total_on_held_out_tasks(tiny_model_dir
 
     trainer, _ = _scripted_trainer(tiny_model_dir, tmp_path, scores=[0.0])
     tasks = [*trainer.envs[0].eval_tasks()][:2] * 2  # as many as the trainer has envs
-    metrics, episodes = evaluate(trainer.rollout, trainer.envs, tasks, max_new_tokens=4, temperature=1.0,
+    metrics, episodes = evaluate(trainer.run.rollout, trainer.envs, tasks, max_new_tokens=4, temperature=1.0,
                                  reward_fns={"parity": (parity_reward, 0.5)}, env_weight=2.0, batch_size=4)
     parity = parity_reward(episodes)
     expected = sum(2.0 * t.env_return + 0.5 * p for t, p in zip(episodes, parity)) / len(episodes)

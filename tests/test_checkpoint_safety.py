@@ -23,8 +23,9 @@ import torch
 from safetensors.torch import load_file
 
 from agentrl import checkpoint as ckpt
-from agentrl import statefiles
-from agentrl.checkpoint import complete_checkpoints, resume_config
+from agentrl import rng, statefiles
+from agentrl.checkpoint import complete_checkpoints
+from agentrl.rundir import resume_config
 from agentrl.config import TrainConfig
 from agentrl.errors import CheckpointError, ConfigError, TrainingError
 from agentrl.plugins import load_plugins
@@ -39,9 +40,9 @@ def test_state_json_round_trips_tensors_and_rng_states_exactly_and_refuses_other
     back = statefiles.from_json(json.loads(json.dumps(statefiles.to_json(value, "state.json"))))
     assert back["a"] == [1, 2.5, None, True, "x", [3, 4]]  # a tuple comes back as a list
     assert all(back[k].dtype == value[k].dtype and torch.equal(back[k], value[k]) for k in "tges")
-    states = ckpt.rng_states()
+    states = rng.rng_states()
     draws = (random.random(), np.random.normal(), torch.rand(2))
-    ckpt.set_rng_states(statefiles.from_json(json.loads(json.dumps(statefiles.to_json(states, "rng")))))
+    rng.set_rng_states(statefiles.from_json(json.loads(json.dumps(statefiles.to_json(states, "rng")))))
     again = (random.random(), np.random.normal(), torch.rand(2))
     assert draws[:2] == again[:2] and torch.equal(draws[2], again[2])
     with pytest.raises(CheckpointError, match=r"state\.json\.plugins\.seen: a set cannot be stored in a checkpoint"):

@@ -109,7 +109,7 @@ def test_trainer_trains_on_cuda_with_a_reference_and_two_iterations(tiny_model_d
     trainer = Trainer(config, manager)
     devices = {
         "policy": {p.device.type for p in trainer.model.parameters()},
-        "reference": {p.device.type for p in trainer.ref_model.parameters()},
+        "reference": {p.device.type for p in trainer.run.ref_model.parameters()},
         "engine copy": {p.device.type for p in trainer.engine.model.parameters()},
     }
     print(f"\ndevices: {devices}, accelerator {trainer.accelerator.device}")

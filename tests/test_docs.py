@@ -359,7 +359,7 @@ def test_yaml_block_is_a_valid_run_config(block, workdirs):
     from agentrl.config import build_config
     from agentrl.plugins import load_plugins
     from agentrl.rewards import resolve_rewards
-    from agentrl.trainer import make_env
+    from agentrl.build import make_env
 
     folder = workdirs(block.source)
     (folder / f"config-{block.line}.yaml").write_text(block.code)

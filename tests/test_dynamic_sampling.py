@@ -127,9 +127,9 @@ def test_without_dynamic_sampling_the_batch_is_the_first_round_as_before(tiny_mo
     plain = _trainer(tiny_model_dir, tmp_path)
     batch, trajectories, metrics = plain.rollout_step(1)
     assert not any(key.startswith("sampling/") for key in metrics)
-    tasks = [plain.tasks[i] for i in plain.cursor.__class__(len(plain.tasks), plain.config.seed).take(4)]
+    tasks = [plain.rollouts.tasks[i] for i in plain.rollouts.cursor.__class__(len(plain.rollouts.tasks), plain.config.seed).take(4)]
     assert [t.task for t in trajectories[::4]] == tasks
-    assert plain.cursor.position == 4  # one round: the cursor moved by prompts_per_step
+    assert plain.rollouts.cursor.position == 4  # one round: the cursor moved by prompts_per_step
 
 
 def test_max_sampling_rounds_must_be_positive():

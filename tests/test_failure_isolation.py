@@ -183,9 +183,9 @@ def test_a_failed_reward_leaves_its_episode_out_of_the_gradient(tiny_model_dir, 
     keep = [0, 2, 3, 4, 5]
     grads = []
     for rows in (list(range(6)), keep):  # the batch with the unscored episode, and without it
-        trainer.optimizer = GradientRecorder(trainer.model.parameters())
+        trainer.run.trained["policy"].optimizer = GradientRecorder(trainer.model.parameters())
         trainer.update(batch.select(rows), {})
-        grads.append(trainer.optimizer.steps[0])
+        grads.append(trainer.run.trained["policy"].optimizer.steps[0])
     assert any(g.abs().sum() > 0 for g in grads[0])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)

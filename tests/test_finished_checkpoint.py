@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from agentrl import checkpoint as ckpt
 from agentrl import statefiles
-from agentrl.checkpoint import complete_checkpoints, resume_config
+from agentrl.checkpoint import complete_checkpoints
+from agentrl.rundir import resume_config
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
@@ -58,7 +59,7 @@ def test_a_finished_run_keeps_its_last_checkpoint_slim_and_resumes_with_more_ste
     assert "the AdamW moments restart from zero" in capsys.readouterr().out
     finished = _weights(out / "model")
     assert all(torch.equal(trainer.model.state_dict()[k], v) for k, v in finished.items())  # continues from model/
-    assert not trainer.optimizer.state and trainer.scheduler.last_epoch == 3  # fresh moments, schedule at step 3
+    assert not trainer.run.trained["policy"].optimizer.state and trainer.run.trained["policy"].scheduler.last_epoch == 3  # fresh moments, schedule at step 3
     trainer.train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
@@ -78,7 +79,7 @@ def test_keep_finished_checkpoints_leaves_them_whole_and_resume_restores_the_mom
     trainer = Trainer(config, load_plugins(), resume=folder)
     assert "restart" not in capsys.readouterr().out
     saved = _moments(last)["policy"]["state"]
-    assert all(torch.equal(trainer.optimizer.state_dict()["state"][i]["exp_avg"], saved[i]["exp_avg"]) for i in saved)
+    assert all(torch.equal(trainer.run.trained["policy"].optimizer.state_dict()["state"][i]["exp_avg"], saved[i]["exp_avg"]) for i in saved)
 
 
 def test_an_interrupted_run_keeps_its_checkpoint_whole(tiny_model_dir, tmp_path, monkeypatch):

@@ -156,7 +156,7 @@ def test_gspo_trains_end_to_end_on_a_tiny_model(tiny_model_dir, tmp_path):
     manager = load_plugins()
     manager.registry.add("reward", "parity", parity_reward, plugin="test")
     trainer = Trainer(config, manager)
-    assert trainer.needs_old_logprobs and trainer.algorithm.num_mini_batches == 4
+    assert trainer.run.needs_old_logprobs and trainer.algorithm.num_mini_batches == 4
     before = [p.detach().clone() for p in trainer.model.parameters()]
     history = trainer.train().history
     assert all(math.isfinite(m["loss/total"]) for m in history)

@@ -62,7 +62,7 @@ def _merged_float64(trainer: Trainer) -> dict[str, torch.Tensor]:
 def test_only_the_adapter_trains_and_the_base_stays_bit_identical(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
-    optimized = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+    optimized = [p for group in trainer.run.trained["policy"].optimizer.param_groups for p in group["params"]]
     assert optimized and all(p.requires_grad for p in optimized)
     assert {id(p) for p in optimized} == {id(p) for n, p in trainer.model.named_parameters() if ".lora_" in n}
     assert not trainer.model.training  # dropout off (TRAPS 14)
@@ -78,7 +78,7 @@ def test_only_the_adapter_trains_and_the_base_stays_bit_identical(tiny_model_dir
 
 def test_reference_is_the_base_model_with_the_adapter_off(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path, algorithm={"beta": 0.1})
-    assert trainer.ref_model is trainer.model  # no second copy of the model
+    assert trainer.run.ref_model is trainer.model  # no second copy of the model
     _step(trainer, 1)  # the adapter is now non-zero
     batch = _step(trainer, 2)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -153,7 +153,7 @@ def test_export_is_merged_the_adapter_loads_with_peft_and_eval_runs(tiny_model_d
 
 
 def test_resume_with_lora_equals_straight_bit_for_bit(tiny_model_dir, tmp_path, monkeypatch):
-    from agentrl.checkpoint import resume_config
+    from agentrl.rundir import resume_config
 
     extra = dict(lora=LORA, algorithm={"beta": 0.05}, eval_tasks=0, max_steps=3, rewards={"parity": 1.0})
 

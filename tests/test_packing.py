@@ -13,7 +13,8 @@ from agentrl.packing import pack_prefix_tree
 from agentrl.plugins import load_plugins
 from agentrl.policy import TokenLogprobs
 from agentrl.testing import GradientRecorder
-from agentrl.trainer import Trainer, plan_micro_batches
+from agentrl.batching import plan_micro_batches
+from agentrl.trainer import Trainer
 
 
 def _rows(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,17 +110,17 @@ def test_a_training_step_packed_equals_padded(tiny_model_dir, tmp_path):
                          save_model=False, precision="fp32", engine_args={"dtype": "float32"}, max_grad_norm=None,
                          algorithm={"beta": 0.05})
     trainer = Trainer(config, load_plugins())
-    assert trainer.policy_pack
+    assert trainer.run.policy_pack
     batch, _, _ = trainer.rollout_step(1)
     grads = {}
     for pack in (True, False):
         trainer.config = dataclasses.replace(config, pack_sequences=pack)
-        trainer.accelerator.unwrap_model(trainer.policy).pack = pack
-        trainer.policy_pack = pack
-        trainer.optimizer = GradientRecorder(trainer.model.parameters())
+        trainer.accelerator.unwrap_model(trainer.run.policy).pack = pack
+        trainer.run.policy_pack = pack
+        trainer.run.trained["policy"].optimizer = GradientRecorder(trainer.model.parameters())
         metrics: dict[str, float] = {}
         trainer.update(batch, metrics)
-        grads[pack] = (trainer.optimizer.steps[0], metrics["loss/total"])
+        grads[pack] = (trainer.run.trained["policy"].optimizer.steps[0], metrics["loss/total"])
     assert grads[True][1] == pytest.approx(grads[False][1], abs=1e-6)
     for a, b in zip(grads[True][0], grads[False][0]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)

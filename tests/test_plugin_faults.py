@@ -30,7 +30,8 @@ from agentrl.faults import PluginExit
 from agentrl.plugins import load_plugins
 from agentrl.scoring import score
 from agentrl.testing import make_trajectory
-from agentrl.trainer import InterruptGuard, Trainer
+from agentrl.interrupts import InterruptGuard
+from agentrl.trainer import Trainer
 
 FAULTS = '''
 import time

@@ -222,11 +222,10 @@ def test_policy_and_critic_each_get_only_their_own_gradient_for_any_split(tiny_m
     longest = int(batch.lengths.max())
     for size, tokens in [(9, 4096), (4, 4096), (1, 4096), (9, 2 * longest)]:
         trainer.config = dataclasses.replace(config, micro_batch_size=size, micro_batch_tokens=tokens)
-        trainer.optimizer = GradientRecorder(trainer.model.parameters())
-        spec, _, scheduler = trainer.owned["critic"]
-        trainer.owned["critic"] = (spec, GradientRecorder(critic.parameters()), scheduler)
+        trainer.run.trained["policy"].optimizer = GradientRecorder(trainer.model.parameters())
+        trainer.run.trained["critic"].optimizer = GradientRecorder(critic.parameters())
         trainer.update(batch, {})
-        recorded.append((trainer.optimizer.steps[0], trainer.owned["critic"][1].steps[0]))
+        recorded.append((trainer.run.trained["policy"].optimizer.steps[0], trainer.run.trained["critic"].optimizer.steps[0]))
     for policy_grads, critic_grads in recorded[1:]:
         for a, b in zip(recorded[0][0] + recorded[0][1], policy_grads + critic_grads):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
@@ -237,7 +236,7 @@ def test_policy_and_critic_each_get_only_their_own_gradient_for_any_split(tiny_m
     from agentrl.policy import TokenLogprobs
 
     mask = batch.loss_mask
-    totals = step_totals([mask], float(mask.sum()), trainer.max_sampled)
+    totals = step_totals([mask], float(mask.sum()), trainer.learner.max_sampled)
     logprobs, _ = TokenLogprobs(trainer.model)(batch.input_ids, batch.attention_mask, mask)
     per_token, _ = clipped_surrogate(masked(logprobs - logprobs.detach(), mask), batch.extras["advantages"], 0.2, 0.2)
     policy_loss = AGGREGATIONS["dapo"](per_token, mask, totals)
@@ -259,16 +258,16 @@ def test_mini_batches_and_epochs_give_that_many_optimizer_steps(tiny_model_dir, 
     trainer = Trainer(config, load_plugins())
     assert trainer.algorithm.needs_old_logprobs
     batch = _ragged(trainer.rollout_step(1)[0])
-    parts = trainer.mini_batch_rows(batch, step=1, epoch=0)
+    parts = trainer.learner.mini_batch_rows(batch, step=1, epoch=0)
     assert sorted(r for part in parts for r in part) == list(range(9)) and [len(p) for p in parts] == [3, 3, 3]
-    assert parts != trainer.mini_batch_rows(batch, step=1, epoch=1)  # reshuffled each epoch
-    assert parts == trainer.mini_batch_rows(batch, step=1, epoch=0)  # and reproducible
-    trainer.optimizer = GradientRecorder(trainer.model.parameters())
-    spec, _, scheduler = trainer.owned["critic"]
-    trainer.owned["critic"] = (spec, GradientRecorder(spec.module.parameters()), scheduler)
+    assert parts != trainer.learner.mini_batch_rows(batch, step=1, epoch=1)  # reshuffled each epoch
+    assert parts == trainer.learner.mini_batch_rows(batch, step=1, epoch=0)  # and reproducible
+    trainer.run.trained["policy"].optimizer = GradientRecorder(trainer.model.parameters())
+    critic = trainer.run.trained["critic"]
+    critic.optimizer = GradientRecorder(critic.module.parameters())
     metrics: dict[str, float] = {}
     trainer.update(batch, metrics, step=1)
-    assert len(trainer.optimizer.steps) == 6 and len(trainer.owned["critic"][1].steps) == 6
+    assert len(trainer.run.trained["policy"].optimizer.steps) == 6 and len(trainer.run.trained["critic"].optimizer.steps) == 6
     assert metrics["clip/region"] == 0.0  # nothing moved (recorders), so every ratio is 1
 
 
@@ -298,13 +297,13 @@ def test_critic_warmup_freezes_the_policy_then_trains_both(tiny_model_dir, tmp_p
 def test_kl_in_the_reward_is_k1_of_old_vs_reference(tiny_model_dir, tmp_path):
     config = _config(tiny_model_dir, tmp_path, algorithm={"beta": 0.5, "whiten_advantages": False})
     trainer = Trainer(config, load_plugins())
-    assert trainer.ref_model is not None and trainer.algorithm.needs_old_logprobs
+    assert trainer.run.ref_model is not None and trainer.algorithm.needs_old_logprobs
     with torch.no_grad():  # make the reference differ from the policy
-        for p in trainer.ref_model.parameters():
+        for p in trainer.run.ref_model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     batch = _ragged(trainer.rollout_step(1)[0])
     metrics: dict[str, float] = {}
-    trainer.optimizer = GradientRecorder(trainer.model.parameters())
+    trainer.run.trained["policy"].optimizer = GradientRecorder(trainer.model.parameters())
     trainer.update(batch, metrics)
     mask = batch.loss_mask
     k1 = (batch.extras["old_logprobs"] - batch.extras["ref_logprobs"]) * mask

@@ -15,7 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.checkpoint import complete_checkpoints, latest_checkpoint, resume_config, weights_folder
+from agentrl.checkpoint import complete_checkpoints, latest_checkpoint, weights_folder
+from agentrl.rundir import resume_config
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigError, TrainingError, TrainingInterrupted
 from agentrl.plugins import load_plugins

@@ -42,7 +42,7 @@ def _forged_batch(trainer: Trainer, offsets: list[float]):
     """A rollout batch whose sampler logprobs are the trainer's own plus a known offset per row,
     so that log(pi_old / pi_sampler) = -offset on every sampled token of that row."""
     batch, _, metrics = trainer.rollout_step(1)
-    old = trainer.frozen_logprobs(trainer.accelerator.unwrap_model(trainer.policy), batch)
+    old = trainer.learner.frozen_logprobs(trainer.accelerator.unwrap_model(trainer.run.policy), batch)
     shift = torch.tensor(offsets, dtype=old.dtype)[:, None]
     batch.sampler_logprobs = (old + shift) * batch.loss_mask
     return batch, metrics
@@ -129,7 +129,7 @@ def test_tis_multiplies_the_loss_by_the_truncated_weight(tiny_model_dir, tmp_pat
 
 def test_off_changes_nothing_and_computes_no_old_logprobs(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path, {})
-    assert not trainer.needs_old_logprobs
+    assert not trainer.run.needs_old_logprobs
     batch, _, metrics = trainer.rollout_step(1)
     trainer.update(batch, metrics)
     assert "old_logprobs" not in batch.extras and not any(k.startswith("mismatch/") for k in metrics)

@@ -12,7 +12,9 @@ from agentrl.evaluate import evaluate
 from agentrl.models import load_model
 from agentrl.plugins import load_plugins
 from agentrl.testing import GradientRecorder, parity_reward
-from agentrl.trainer import Trainer, plan_micro_batches, wsd_decay_steps
+from agentrl.batching import plan_micro_batches
+from agentrl.schedules import wsd_decay_steps
+from agentrl.trainer import Trainer
 
 
 def _config(model_dir, tmp_path, **overrides) -> TrainConfig:
@@ -38,10 +40,10 @@ def test_gradient_does_not_depend_on_micro_batch_size(tiny_model_dir, tmp_path, 
     splits = [(9, 4096), (4, 4096), (1, 4096), (9, 2 * longest), (9, 1)]  # (rows, tokens) limits
     for size, tokens in splits:
         trainer.config = dataclasses.replace(config, micro_batch_size=size, micro_batch_tokens=tokens)
-        trainer.optimizer = GradientRecorder(trainer.model.parameters())
+        trainer.run.trained["policy"].optimizer = GradientRecorder(trainer.model.parameters())
         trainer.update(batch, {})
-        grads.append(trainer.optimizer.steps[0])
-    assert len(trainer.micro_batch_rows(batch)) == 9  # the last split: one row each
+        grads.append(trainer.run.trained["policy"].optimizer.steps[0])
+    assert len(trainer.run.micro_batch_rows(batch)) == 9  # the last split: one row each
     for other in grads[1:]:
         for a, b in zip(grads[0], other):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
@@ -76,7 +78,7 @@ def test_in_process_eval_equals_fresh_load_of_saved_run(tiny_model_dir, tmp_path
     trainer = Trainer(config, manager)
     result = trainer.train()
     tasks = list(trainer.envs[0].eval_tasks())[:6]
-    _, live = evaluate(trainer.rollout, trainer.envs, tasks, max_new_tokens=10)
+    _, live = evaluate(trainer.run.rollout, trainer.envs, tasks, max_new_tokens=10)
     fresh_config = dataclasses.replace(config, model=str(result.run_dir))
     manager = load_plugins()
     model = load_model(str(result.run_dir))
@@ -94,9 +96,9 @@ def test_warmup_steps_work_with_the_default_constant_schedule(tiny_model_dir, tm
                       load_plugins())
     rates = []
     for _ in range(6):
-        rates.append(trainer.scheduler.get_last_lr()[0])
-        trainer.optimizer.step()
-        trainer.scheduler.step()
+        rates.append(trainer.run.trained["policy"].scheduler.get_last_lr()[0])
+        trainer.run.trained["policy"].optimizer.step()
+        trainer.run.trained["policy"].scheduler.step()
     assert rates == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
 
 
@@ -107,9 +109,9 @@ def test_wsd_schedule_warms_up_holds_then_decays_linearly_to_zero(tiny_model_dir
                               lr_scheduler="wsd", lr_decay_fraction=0.5), load_plugins())
     rates = []
     for _ in range(11):
-        rates.append(trainer.scheduler.get_last_lr()[0])
-        trainer.optimizer.step()
-        trainer.scheduler.step()
+        rates.append(trainer.run.trained["policy"].scheduler.get_last_lr()[0])
+        trainer.run.trained["policy"].optimizer.step()
+        trainer.run.trained["policy"].scheduler.step()
     assert rates == pytest.approx([0.0, 5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0], abs=1e-12)
 
 
