@@ -3,9 +3,10 @@
 ``run_python(code)`` starts ``sys.executable -I -S -B`` (no ``PYTHON*`` variables, no
 site-packages: only the standard library; no ``.pyc`` files) in a fresh scratch directory with a
 minimal environment (``PATH``; ``HOME`` and ``TMPDIR`` set to the scratch directory; nothing
-inherited, so no secrets). A bootstrap in the child applies the limits and layers below, then
-``exec``s a fresh interpreter for the code, so nothing it loaded (``ctypes``) is left there; the
-trainer never calls the thread-unsafe ``preexec_fn``.
+inherited, so no secrets). A bootstrap in the child (``agentrl/_sandbox_setup.py``, run by path)
+applies the limits and layers below, then ``exec``s a fresh interpreter for the code
+(``agentrl/_sandbox_run.py``), so nothing it loaded (``ctypes``) is left there; the trainer never
+calls the thread-unsafe ``preexec_fn``.
 
 Every call gets a wall-clock limit (the child's process group, ``start_new_session``, is
 SIGKILLed on timeout and after every call), ``RLIMIT_AS`` (``memory_mb`` per process: a huge
@@ -67,6 +68,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agentrl.errors import EnvError
 from agentrl.tools import ToolError
@@ -96,208 +98,16 @@ THREATS: dict[str, tuple[str, ...]] = {  # "uid" alone leaves world-writable dir
 }
 """What the sandbox guards against, and the layers that block each, strongest first."""
 
-# Runs in the child as ``python -I -S -B -c _BOOTSTRAP CONFIG``, before any untrusted code; then
-# execs ``python -I -S -B -c _RUN GUARD``, which runs main.py. A status line (JSON) goes to the
-# trainer through status_fd; the exec closes it.
-_BOOTSTRAP = r"""
-import ctypes, json, os, resource, signal, struct, sys
-cfg = json.loads(sys.argv[1])
-done, uid, off, scratch = [], cfg["uid"], set(cfg["disabled"]), cfg["scratch"]
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
-libc.syscall.restype = ctypes.c_long
-L = ctypes.c_long
-def call(*args):  # syscall(2) with integer arguments as C longs
-    return libc.syscall(*[L(a) if isinstance(a, int) else a for a in args])
-def mount(src, dst, fstype, flags, data=None):
-    enc = lambda s: s.encode() if s else None
-    if libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
-        raise OSError(ctypes.get_errno(), "mount " + dst)
-def report(**extra):
-    os.write(cfg["status_fd"], (json.dumps(dict(isolation=done, **extra)) + "\n").encode())
-def landlock():  # read the system, write the scratch dir; no TCP, no signals out (by ABI)
-    abi = call(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
-    if abi < 1:
-        return False
-    fs = (1 << (13, 14, 15, 15, 16)[min(abi, 5) - 1]) - 1  # every filesystem right of this ABI
-    attr = struct.pack("QQQ", fs, 3, 3)[:(8, 8, 8, 16, 16, 24)[min(abi, 6) - 1]]
-    ruleset = call(444, attr, len(attr), 0)
-    if ruleset < 0:
-        return False
-    read = 1 | 4 | 8  # EXECUTE | READ_FILE | READ_DIR
-    rules = [(p, read) for p in cfg["readable"]] + [(p, 2 | 4 | 1 << 14) for p in cfg["devices"]]
-    rules += [(scratch, fs)] + ([("/proc", read)] if "pid" in done else [])
-    for path, access in rules:
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            continue
-        if not os.path.isdir(path):
-            access &= 1 | 2 | 4 | 1 << 14 | 1 << 15  # the rights a file rule may hold
-        call(445, ruleset, 1, struct.pack("=Qi", access & fs, fd), 0)  # LANDLOCK_RULE_PATH_BENEATH
-        os.close(fd)
-    ok = call(446, ruleset, 0) == 0
-    os.close(ruleset)
-    return ok
-def seccomp():  # setsid, setpgid, io_uring and non-AF_UNIX sockets fail
-    arch = {"x86_64": (0xC000003E, 41, 112, 109, 425),
-            "aarch64": (0xC00000B7, 198, 157, 154, 425)}.get(os.uname().machine)
-    if arch is None:
-        return False
-    op = lambda code, k, jt=0, jf=0: struct.pack("HBBI", code, jt, jf, k)
-    refuse, allow = (lambda errno: op(6, 0x50000 | errno)), op(6, 0x7FFF0000)
-    prog = [op(0x20, 4), op(0x15, arch[0], 1), refuse(1),  # another ABI (i386): refuse everything
-            op(0x20, 0), op(0x35, 0x40000000, 0, 1), refuse(1)]  # x32 syscalls: refuse
-    for nr in arch[2:]:
-        prog += [op(0x15, nr, 0, 1), refuse(1)]
-    prog += [op(0x15, arch[1], 1), allow, op(0x20, 16), op(0x15, 1, 0, 1), allow, refuse(13)]
-    buf = ctypes.create_string_buffer(b"".join(prog))
-    fprog = struct.pack("HxxxxxxQ", len(prog), ctypes.addressof(buf))
-    return libc.prctl(L(22), L(2), fprog, L(0), L(0)) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-with open(cfg["code_path"], encoding="utf-8") as f:
-    code = f.read()
-mine = 0  # RLIMIT_NPROC counts every process and thread of the real uid
-if uid is None and os.getuid() != 0:
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            status = dict(l.split(":", 1) for l in open("/proc/%s/status" % pid) if ":" in l)
-        except OSError:
-            continue
-        if int(status["Uid"].split()[0]) == os.getuid():
-            mine += int(status.get("Threads", "1"))
-if os.geteuid() != 0 and not {"net", "pid"} <= off and libc.unshare(0x10000000) == 0:
-    if tuple(map(int, os.uname().release.split(".")[:2])) >= (5, 14):  # CLONE_NEWUSER done:
-        mine = 0  # since Linux 5.14 a new user namespace counts its own processes only
-if "net" not in off and libc.unshare(0x40000000) == 0:  # CLONE_NEWNET
-    done.append("net")
-private = changed = False
-if not {"fs", "pid"} <= off and libc.unshare(0x00020000) == 0:  # CLONE_NEWNS
-    try:
-        mount(None, "/", None, 0x4000 | 0x40000)  # MS_REC | MS_PRIVATE: nothing leaks out
-        private = True
-        if uid is not None and "fs" not in off:
-            binds = [(p, os.open(p, os.O_PATH)) for p in cfg["binds"]]
-            changed = True
-            for d in cfg["hide"]:
-                mode = "1777,size=16m" if d in cfg["world_writable"] else "755,size=1m"
-                mount("tmpfs", d, "tmpfs", 2 | 4, "mode=" + mode)  # MS_NOSUID | MS_NODEV
-            for p, fd in binds:
-                os.makedirs(p, exist_ok=True)
-                mount("/proc/self/fd/%d" % fd, p, None, 0x1000 | 0x4000)  # MS_BIND | MS_REC
-                mount(None, p, None, 0x1000 | 0x20 | 1)  # MS_BIND | MS_REMOUNT | MS_RDONLY
-                os.close(fd)
-            os.makedirs(scratch, exist_ok=True)
-            mount("tmpfs", scratch, "tmpfs", 2 | 4,
-                  "mode=700,uid=%d,gid=%d,size=%dm" % (uid, uid, cfg["disk_mb"]))
-            done.append("fs")
-    except OSError as exc:
-        if changed:  # half-built view: refuse to run rather than run without it
-            report(error="could not set up the private mount namespace: %s" % exc)
-            sys.exit(70)
-if private and "pid" not in off and libc.unshare(0x20000000) == 0:  # CLONE_NEWPID
-    child = os.fork()  # PID 1 of the new namespace: when it exits, everything in it dies
-    if child:  # wait outside, and exit as it did
-        os.close(cfg["status_fd"])
-        status = os.waitpid(child, 0)[1]
-        if os.WIFSIGNALED(status):
-            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-            os.kill(os.getpid(), os.WTERMSIG(status))
-        os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-    libc.prctl(L(1), L(signal.SIGKILL))  # PR_SET_PDEATHSIG: die with that parent
-    try:
-        mount("proc", "/proc", "proc", 2 | 4 | 8)  # MS_NOSUID | MS_NODEV | MS_NOEXEC
-        done.append("pid")
-    except OSError:
-        pass
-os.chdir(scratch)
-with open("main.py", "w", encoding="utf-8") as f:
-    f.write(code)
-def limit(res, n):  # never above the hard limit we inherited (only root may raise it)
-    hard = resource.getrlimit(res)[1]
-    n = n if hard == resource.RLIM_INFINITY else min(n, hard)
-    resource.setrlimit(res, (n, n))
-limit(resource.RLIMIT_AS, cfg["memory_bytes"])
-limit(resource.RLIMIT_FSIZE, cfg["disk_mb"] << 20)
-limit(resource.RLIMIT_CPU, cfg["cpu_s"])
-limit(resource.RLIMIT_CORE, 0)
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-big file is an OSError, not a kill
-if uid is not None and (not cfg["hide_needed"] or "fs" in done):
-    os.chown("main.py", uid, uid)
-    os.setgroups([]); os.setgid(uid); os.setuid(uid)
-    done.append("uid")
-limit(resource.RLIMIT_NPROC, cfg["max_processes"] + mine)
-libc.prctl(L(1), L(signal.SIGKILL))  # PR_SET_PDEATHSIG: die with our parent (setuid clears it)
-libc.prctl(L(38), L(1), L(0), L(0), L(0))  # PR_SET_NO_NEW_PRIVS: no setuid programs; lets us:
-if "landlock" not in off and landlock():
-    done.append("landlock")
-if "seccomp" not in off and seccomp():
-    done.append("seccomp")
-guard = [name for name, stronger in (("files", {"landlock"}), ("net", {"net", "seccomp"}),
-                                     ("procs", {"pid", "seccomp", "uid"})) if not stronger & set(done)]
-readable = cfg["readable"] + (["/proc"] if "pid" in done else [])
-if guard:
-    done.append("audit")
-report()
-os.set_inheritable(cfg["status_fd"], False)  # closed by the exec: end of the status
-try:
-    os.execv(cfg["python"], [cfg["python"], "-I", "-S", "-B", "-c", cfg["run"],
-                             json.dumps([guard, readable, [scratch] + cfg["devices"]])])
-except OSError as exc:
-    report(error="could not start Python for the code: %s" % exc)
-    os._exit(70)
-"""
+_SETUP = Path(__file__).resolve().with_name("_sandbox_setup.py")
+"""The child run first, by path (``python -I -S -B _SETUP CONFIG``): limits and layers, then it
+execs ``python -I -S -B -c <_sandbox_run.py's text> GUARD``, which runs main.py. A status line
+(JSON) goes to the trainer through ``status_fd``; the exec closes it."""
 
-# The code's interpreter: the audit hook where ``GUARD`` (groups, readable, writable) asks for
-# it (see the module docstring), then main.py, its traceback without this frame.
-_RUN = r"""
-import builtins, json, sys, traceback
-def guard(groups, readable, writable):
-    import os
-    writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    spawn = {"os.exec", "os.posix_spawn", "os.system", "subprocess.Popen"}
-    changes = {"os.chdir", "os.chmod", "os.chown", "os.link", "os.mkdir", "os.remove",
-               "os.rename", "os.rmdir", "os.symlink", "os.truncate", "os.utime"}
-    def inside(path, roots):
-        path = os.path.realpath(os.fsdecode(path))
-        return any(path == r or path.startswith(r + "/") for r in roots)
-    def refused(event, args):
-        path = args[0] if args and isinstance(args[0], (str, bytes)) else None
-        if "files" in groups:
-            if event == "open" and path is not None and not inside(path, writable):
-                return args[2] & writes or os.path.isdir(path) or not inside(path, readable)
-            if event in ("os.listdir", "os.scandir") and path is not None:
-                return not inside(path, readable + writable)
-            if event in changes:
-                paths = [a for a in args[:2] if isinstance(a, (str, bytes))]
-                return path is None or not all(inside(p, writable[:1]) for p in paths)
-            if event == "import" and args[0] in ("ctypes", "_ctypes", "_posixsubprocess"):
-                return True
-        if "net" in groups and (event == "socket.__new__" and args[1] != 1
-                                or event.startswith("socket.get")):
-            return True
-        if "procs" in groups and event in ("os.fork", "os.forkpty"):
-            return True
-        return event in spawn and ("files" in groups or "procs" in groups)
-    def hook(event, args):
-        if refused(event, args):
-            path = [args[0]] if args and isinstance(args[0], (str, bytes)) else []
-            raise PermissionError(13, "refused by the sandbox (%s)" % event, *path)
-    if groups:
-        sys.addaudithook(hook)
-guard(*json.loads(sys.argv[1]))
-del guard
-builtins.exit = builtins.quit = sys.exit
-sys.argv = ["main.py"]
-with open("main.py", encoding="utf-8") as f:
-    code = f.read()
-try:
-    exec(compile(code, "main.py", "exec"), {"__name__": "__main__", "__builtins__": builtins})
-except SystemExit:
-    raise
-except BaseException as exc:
-    traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-    sys.exit(1)
-"""
+
+@functools.lru_cache(maxsize=1)
+def _run_source() -> str:
+    """The code interpreter's program (run with ``-c``: Landlock may close its directory)."""
+    return Path(__file__).resolve().with_name("_sandbox_run.py").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -340,14 +150,7 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
     which a ``ToolEnv`` hands back to the model as a tool error. The limits come from the env's
     author or config: a bad one raises EnvError (``check_limits``), which stops the run.
     """
-    if not isinstance(code, str):
-        raise ToolError(f"run_python: code must be a str, got {type(code).__name__}")
-    try:
-        code.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ToolError(f"run_python: the code is not valid text: character {exc.start} is a "
-                        f"lone surrogate ({code[exc.start]!r}), which UTF-8 cannot encode"
-                        ) from None
+    _check_code(code)
     check_limits(timeout_s=timeout_s, memory_mb=memory_mb, max_output_chars=max_output_chars,
                  max_processes=max_processes, disk_mb=disk_mb)
     timeout_s = float(timeout_s)
@@ -360,21 +163,12 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
         Path(code_path).write_text(code, encoding="utf-8")
         if uid is not None:
             os.chown(scratch, uid, uid)
-        config = {
-            "uid": uid, "scratch": scratch, "code_path": code_path, "status_fd": status_w,
-            "memory_bytes": int(memory_mb) << 20, "disk_mb": int(disk_mb),
-            "cpu_s": int(timeout_s) + 2, "max_processes": int(max_processes),
-            "disabled": sorted(_DISABLED),
-            "hide": [d for d in _WORLD_WRITABLE if os.path.isdir(d)] + [b for b, _ in blocked or ()],
-            "world_writable": list(_WORLD_WRITABLE), "hide_needed": bool(blocked),
-            "binds": [p for _, paths in blocked or () for p in paths] + list(_install_under_tmp()),
-            "readable": list(_readable()), "devices": list(_DEVICES),
-            "python": os.path.realpath(sys.executable), "run": _RUN,
-        }
+        config = _child_config(uid, blocked, scratch, code_path, status_w, timeout_s=timeout_s,
+                               memory_mb=memory_mb, max_processes=max_processes, disk_mb=disk_mb)
         env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch,
                "PYTHONDONTWRITEBYTECODE": "1"}
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(config)],
+            [sys.executable, "-I", "-S", "-B", str(_SETUP), json.dumps(config)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=scratch, env=env, pass_fds=(status_w,), start_new_session=True, close_fds=True)
         os.close(status_w)
@@ -393,6 +187,35 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
     error = _explain(proc.returncode, timed_out, stderr, status, timeout_s, memory_mb)
     return SandboxResult(stdout, stderr, proc.returncode, timed_out, error,
                          tuple(status.get("isolation", ())))
+
+
+def _check_code(code: object) -> None:
+    """ToolError unless ``code`` is a str that UTF-8 can encode (the model's fault)."""
+    if not isinstance(code, str):
+        raise ToolError(f"run_python: code must be a str, got {type(code).__name__}")
+    try:
+        code.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ToolError(f"run_python: the code is not valid text: character {exc.start} is a "
+                        f"lone surrogate ({code[exc.start]!r}), which UTF-8 cannot encode"
+                        ) from None
+
+
+def _child_config(uid: int | None, blocked: tuple[tuple[str, tuple[str, ...]], ...] | None,
+                  scratch: str, code_path: str, status_fd: int, *, timeout_s: float,
+                  memory_mb: int, max_processes: int, disk_mb: int) -> dict[str, Any]:
+    """The JSON object ``_sandbox_setup.main`` reads: what to apply, for whom, where."""
+    return {
+        "uid": uid, "scratch": scratch, "code_path": code_path, "status_fd": status_fd,
+        "memory_bytes": int(memory_mb) << 20, "disk_mb": int(disk_mb),
+        "cpu_s": int(timeout_s) + 2, "max_processes": int(max_processes),
+        "disabled": sorted(_DISABLED),
+        "hide": [d for d in _WORLD_WRITABLE if os.path.isdir(d)] + [b for b, _ in blocked or ()],
+        "world_writable": list(_WORLD_WRITABLE), "hide_needed": bool(blocked),
+        "binds": [p for _, paths in blocked or () for p in paths] + list(_install_under_tmp()),
+        "readable": list(_readable()), "devices": list(_DEVICES),
+        "python": os.path.realpath(sys.executable), "run": _run_source(),
+    }
 
 
 def protections(isolation: Sequence[str] | None = None) -> dict[str, tuple[str, ...]]:

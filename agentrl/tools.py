@@ -6,7 +6,9 @@ function schema chat templates take as ``tools=``; templates that ignore ``tools
 model's does) get ``render_tools_system_prompt(tools)`` instead, the documented fallback that
 ``ToolEnv.start`` puts in the system message. A parser turns an assistant message into
 ``ToolCall``s; the default, ``parse_xml_json``, reads
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A malformed call, an unknown tool,
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (``agentrl.tool_calls``, re-exported
+here; this module knows no plugin registry: a parser named in ``env_args`` is resolved by the
+caller that holds the plugin manager, with ``resolve_tool_parser``). A malformed call, an unknown tool,
 bad arguments or a tool that raises come back to the model as a tool message ``"Error: ..."``:
 a bad rollout is data, not a crash. The exception is an ``AgentRLError`` other than ``ToolError``
 (say a sandbox limit the config set wrong): that is the env's or the config's fault, not the
@@ -22,11 +24,16 @@ import re
 import types
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, Union
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from agentrl.env import Env, Message
 from agentrl.errors import AgentRLError, EnvError
+from agentrl.tool_calls import ToolCall, ToolParser, format_tool_call, parse_xml_json, resolve_tool_parser
+
+__all__ = ["Tool", "ToolCall", "ToolEnv", "ToolError", "ToolParser", "format_tool_call", "parse_xml_json",
+           "render_tools_system_prompt", "resolve_tool_parser", "tool"]
 
 
 class ToolError(EnvError):
@@ -73,25 +80,19 @@ def _describe(schema: dict[str, Any]) -> str:
     return kind
 
 
-def _check_value(value: Any, hint: Any) -> bool:
-    """True if the JSON-decoded ``value`` fits ``hint`` (ints count as floats; bools as neither)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint in _JSON_TYPES:
-        return isinstance(value, hint)
-    if origin in (Union, types.UnionType):
-        return any(_check_value(value, a) for a in args)
-    if origin is Literal:
-        return value in args
-    if origin is list:
-        return isinstance(value, list) and all(_check_value(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(
-            isinstance(k, str) and _check_value(v, args[1]) for k, v in value.items())
-    return False
+def _validator(hint: Any) -> TypeAdapter[Any]:
+    """A strict pydantic check of a JSON-decoded value against ``hint``: no coercion, so ``"1"`` is
+    not an int and a bool is neither int nor float; an int is a valid float (a JSON number)."""
+    return TypeAdapter(hint, config=ConfigDict(strict=True))
+
+
+def _fits(validator: TypeAdapter[Any], value: Any) -> bool:
+    """True if ``value`` passes ``validator``."""
+    try:
+        validator.validate_python(value)
+    except ValidationError:
+        return False
+    return True
 
 
 _SECTIONS = {"args", "arguments", "parameters", "returns", "return", "raises", "yields",
@@ -135,6 +136,7 @@ class Tool:
         self.description = description or summary
         hints = typing.get_type_hints(fn)
         self.hints: dict[str, Any] = {}
+        self._validators: dict[str, TypeAdapter[Any]] = {}
         properties: dict[str, Any] = {}
         required: list[str] = []
         for param in inspect.signature(fn).parameters.values():
@@ -146,6 +148,7 @@ class Tool:
                 raise ToolError(f"{where} has no type hint; tools need one on every parameter")
             self.hints[param.name] = hints[param.name]
             properties[param.name] = _type_schema(hints[param.name], where)
+            self._validators[param.name] = _validator(hints[param.name])
             if param.name in param_docs:
                 properties[param.name]["description"] = param_docs[param.name]
             if param.default is param.empty:
@@ -169,7 +172,7 @@ class Tool:
             problems.append(f"unexpected argument(s) {', '.join(extra)} "
                             f"(allowed: {', '.join(self.hints) or 'none'})")
         for key, value in arguments.items():
-            if key in self.hints and not _check_value(value, self.hints[key]):
+            if key in self.hints and not _fits(self._validators[key], value):
                 expected = _describe(_type_schema(self.hints[key], self.name))
                 problems.append(f"argument {key!r} must be {expected}, got {value!r}")
         if problems:
@@ -187,52 +190,6 @@ class Tool:
 def tool(fn: Callable[..., Any]) -> Tool:
     """Decorator: make a typed function a ``Tool``."""
     return Tool(fn)
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One tool call parsed from an assistant message: arguments, or the reason it is malformed."""
-
-    name: str
-    arguments: dict[str, Any] | None
-    error: str | None
-    raw: str
-
-
-_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
-
-
-def parse_xml_json(text: str) -> list[ToolCall]:
-    """Parse every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in ``text``.
-
-    An unclosed last ``<tool_call>`` runs to the end of the text. A call that is not valid JSON,
-    or lacks a string ``name`` or an object ``arguments`` (a JSON string holding an object is
-    accepted), gives a ``ToolCall`` with ``error`` set.
-    """
-    calls = []
-    for match in _CALL.finditer(text):
-        raw = match.group(1)
-        body = _FENCE.sub("", raw.strip())
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            calls.append(ToolCall("", None, f"tool call is not valid JSON ({exc}): {body[:200]!r}", raw))
-            continue
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-            calls.append(ToolCall("", None, 'tool call must be a JSON object with a string "name"', raw))
-            continue
-        arguments = data.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                pass
-        if not isinstance(arguments, dict):
-            calls.append(ToolCall(data["name"], None, '"arguments" must be a JSON object', raw))
-            continue
-        calls.append(ToolCall(data["name"], arguments, None, raw))
-    return calls
 
 
 def render_tools_system_prompt(tools: Sequence[Tool | dict[str, Any]]) -> str:
@@ -269,11 +226,6 @@ def render_tools_system_prompt(tools: Sequence[Tool | dict[str, Any]]) -> str:
     )
 
 
-def format_tool_call(name: str, **arguments: Any) -> str:
-    """The text of one call in the default format, as ``parse_xml_json`` reads it (for examples)."""
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
 class ToolEnv(Env):
     """Base of tool-using envs: runs the model's tool calls until it answers without one.
 
@@ -301,7 +253,7 @@ class ToolEnv(Env):
     max_calls_per_turn = 4
 
     def __init__(self, tools: Sequence[Tool] | None = None,
-                 tool_parser: str | Callable[[str], list[ToolCall]] = parse_xml_json,
+                 tool_parser: ToolParser = parse_xml_json,
                  max_turns: int | None = None, max_tool_output_chars: int | None = None) -> None:
         super().__init__()
         if tools is not None:
@@ -309,7 +261,11 @@ class ToolEnv(Env):
         for t in self.tools:
             if not isinstance(t, Tool):
                 raise EnvError(f"{type(self).__name__}: tools must be Tool objects, got {t!r}")
-        self.tool_parser = _resolve_parser(tool_parser) if isinstance(tool_parser, str) else tool_parser
+        if isinstance(tool_parser, str):
+            raise EnvError(f"{type(self).__name__}: tool_parser {tool_parser!r} is a registered parser's name; "
+                           "pass the parser function itself, or resolve env_args with "
+                           "agentrl.tools.resolve_tool_parser before building the env")
+        self.tool_parser: ToolParser = tool_parser
         if max_turns is not None:
             self.max_turns = _positive("max_turns", max_turns)
         if max_tool_output_chars is not None:
@@ -387,19 +343,3 @@ def _positive(name: str, value: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise EnvError(f"{name} must be a positive integer, got {value!r}")
     return value
-
-
-_PARSERS: dict[str, Callable[[str], list[ToolCall]]] = {}
-
-
-def _resolve_parser(name: str) -> Callable[[str], list[ToolCall]]:
-    """The tool-call parser registered as ``name`` (plugins are loaded once, on first use)."""
-    if name not in _PARSERS:
-        from agentrl.plugins import load_plugins
-
-        registry = load_plugins().registry
-        _PARSERS.update({n: registry.get("tool_parser", n).factory
-                         for n in registry.names("tool_parser")})
-        if name not in _PARSERS:
-            registry.get("tool_parser", name)  # raises PluginError suggesting the nearest name
-    return _PARSERS[name]

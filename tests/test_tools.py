@@ -3,12 +3,15 @@ and the calculator's safe evaluator."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+from pathlib import Path
 from typing import Literal
 
 import pytest
 
+import agentrl
 import agentrl_tool_envs
 from agentrl import EnvError, PluginError
 from agentrl.plugins import PluginManager
@@ -17,9 +20,11 @@ from agentrl.tools import (
     ToolCall,
     ToolEnv,
     ToolError,
+    ToolParser,
     parse_xml_json,
     format_tool_call,
     render_tools_system_prompt,
+    resolve_tool_parser,
     tool,
 )
 from agentrl_tool_envs import calculator, evaluate_arithmetic
@@ -258,16 +263,67 @@ def test_tool_env_rejects_bad_settings() -> None:
         AddEnv(tools=[add.fn])
 
 
-def test_tool_parser_is_selected_by_registered_name(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tool_parser_is_selected_by_registered_name() -> None:
     manager = PluginManager()
     manager.register_plugin(agentrl_tool_envs, name="tool_envs")
     assert manager.registry.names("tool_parser") == ["xml_json"]
     assert manager.registry.names("env") == ["calculator", "python"]
-    monkeypatch.setattr("agentrl.tools._PARSERS", {})
-    monkeypatch.setattr("agentrl.plugins.load_plugins", lambda: manager)
-    assert AddEnv(tool_parser="xml_json").tool_parser is parse_xml_json
+
+    def lookup(name: str) -> ToolParser:  # what the caller holding the plugin manager passes in
+        return manager.registry.get("tool_parser", name).factory
+
+    assert AddEnv(**resolve_tool_parser({"tool_parser": "xml_json"}, lookup)).tool_parser is parse_xml_json
     with pytest.raises(PluginError, match="unknown tool_parser 'xml_jsn'; did you mean 'xml_json'?"):
-        AddEnv(tool_parser="xml_jsn")
+        AddEnv(**resolve_tool_parser({"tool_parser": "xml_jsn"}, lookup))
+
+
+def test_resolve_tool_parser_touches_only_a_name() -> None:
+    def lookup(name: str) -> ToolParser:
+        raise AssertionError(f"looked up {name!r}")
+
+    args = {"tool_parser": parse_xml_json, "max_turns": 2}
+    assert resolve_tool_parser(args, lookup) == args and resolve_tool_parser({}, lookup) == {}
+    assert resolve_tool_parser({"tool_parser": ["x"]}, lookup) == {"tool_parser": ["x"]}  # the env refuses it
+
+
+def test_a_parser_name_given_to_the_env_itself_is_refused() -> None:
+    with pytest.raises(EnvError, match=re.escape("AddEnv: tool_parser 'xml_json' is a registered parser's name; "
+                                                 "pass the parser function itself, or resolve env_args with "
+                                                 "agentrl.tools.resolve_tool_parser")):
+        AddEnv(tool_parser="xml_json")  # type: ignore[arg-type]
+
+
+def _agentrl_imports(module: str) -> set[str]:
+    """The agentrl modules ``module``'s source imports, at module level or inside functions."""
+    root = Path(agentrl.__file__).parent
+
+    def source(name: str) -> Path:
+        return root / (name.removeprefix("agentrl.").replace(".", "/") + ".py")
+
+    found = set()
+    for node in ast.walk(ast.parse(source(module).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n.startswith("agentrl.") and source(n).is_file()}
+    return found
+
+
+def test_the_tool_contract_imports_nothing_from_the_plugin_manager() -> None:
+    """tools.py is a contract every tool env uses: parsers come in from the caller that holds the
+    plugin manager, so neither it nor anything it imports (the package ``__init__`` aside) reaches
+    ``agentrl.plugins``."""
+    seen, todo = set(), ["agentrl.tools"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += sorted(_agentrl_imports(module))
+    assert {"agentrl.tools", "agentrl.tool_calls", "agentrl.env"} <= seen
+    assert "agentrl.plugins" not in seen, sorted(seen)
 
 
 def test_custom_parser_callable() -> None:

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from agentrl import (
     ConfigError,
@@ -56,6 +57,7 @@ from agentrl import (
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_NO_IDS = torch.empty(0, 0, dtype=torch.long)  # the warpers' unused input_ids
 
 
 @dataclass(frozen=True)
@@ -94,15 +96,11 @@ def warp_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
         return scores
     if sampling.temperature != 1.0:
         scores = scores / sampling.temperature
+    # transformers' own warpers (vLLM's order and tie rules); neither reads ``input_ids``
     if 0 < sampling.top_k < scores.shape[-1]:
-        kth = scores.topk(sampling.top_k, dim=-1).values[:, -1:]  # (B, 1)
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+        scores = TopKLogitsWarper(sampling.top_k)(_NO_IDS, scores)
     if sampling.top_p < 1.0:
-        ascending, order = scores.sort(dim=-1)  # (B, V)
-        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
-        drop = cumulative <= 1.0 - sampling.top_p
-        drop[:, -1] = False  # always keep the most likely token
-        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+        scores = TopPLogitsWarper(sampling.top_p)(_NO_IDS, scores)
     return scores
 
 
