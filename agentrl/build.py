@@ -31,6 +31,7 @@ from agentrl.precision import Precision, resolve_precision
 from agentrl.rewards import resolve_rewards
 from agentrl.schedules import build_scheduler
 from agentrl.testing import check_env_startup
+from agentrl.tool_calls import resolve_tool_parser
 from agentrl.trajectory import TrainBatch
 
 
@@ -237,9 +238,11 @@ def check_process_split(config: TrainConfig, num_processes: int) -> None:
 
 
 def make_env(manager: PluginManager, config: TrainConfig) -> Env:
-    """An env instance: a registered name or ``path/file.py:ClassName``."""
+    """An env instance: a registered name or ``path/file.py:ClassName``; a ``tool_parser`` named in
+    ``env_args`` is the parser registered under that name."""
     factory = load_env_class(config.env) if ":" in config.env else manager.registry.get("env", config.env).factory
-    env = build_env(factory, config.env_args, config.env)
+    env_args = resolve_tool_parser(config.env_args, lambda name: manager.registry.get("tool_parser", name).factory)
+    env = build_env(factory, env_args, config.env)
     if not isinstance(env, Env):
         raise ConfigError(f"env {config.env!r} built a {type(env).__name__}, not an agentrl.Env")
     return env

@@ -162,6 +162,16 @@ def test_env_arguments_are_checked_when_the_env_is_built(kwargs: dict, message: 
         make_env(load_plugins(), TrainConfig(**kwargs))
 
 
+def test_a_tool_parser_named_in_env_args_is_the_registered_one() -> None:
+    from agentrl.build import make_env
+    from agentrl.tools import parse_xml_json
+
+    env = make_env(load_plugins(), TrainConfig(env="calculator", env_args={"tool_parser": "xml_json"}))
+    assert env.tool_parser is parse_xml_json
+    with pytest.raises(PluginError, match=re.escape("'xml_jsn'; did you mean 'xml_json'?")):
+        make_env(load_plugins(), TrainConfig(env="calculator", env_args={"tool_parser": "xml_jsn"}))
+
+
 def test_unknown_disabled_plugin_suggests_the_nearest() -> None:
     with pytest.raises(PluginError, match=re.escape("unknown plugin 'grpoo'; did you mean 'grpo'?")):
         load_plugins(disabled=["grpoo"])
