@@ -146,13 +146,39 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     _train_policy(run)
     if ref_model is not None:  # not prepared (no grads, no optimizer): place it by hand
         ref_model.to(accelerator.device)
-    engine_cls = manager.registry.get("engine", config.engine).factory
-    run.engine = engine_cls(model=replica if replica is not None else lora.sampling_model(model),
-                            tokenizer=tokenizer, config=config)
-    rollout_cls = manager.registry.get("rollout", config.rollout).factory
-    run.rollout = rollout_cls(engine=run.engine, tokenizer=tokenizer, config=config)
+    run.engine, run.rollout = engine_and_rollout(manager, config, replica if replica is not None
+                                                 else lora.sampling_model(model), tokenizer)
     _train_owned(run, algorithm.trainable_modules())
     return run
+
+
+def engine_and_rollout(manager: PluginManager, config: TrainConfig, model: torch.nn.Module,
+                       tokenizer: Any) -> tuple[Any, Any]:
+    """The config's engine sampling from ``model``, and its rollout driving that engine."""
+    engine = manager.registry.get("engine", config.engine).factory(model=model, tokenizer=tokenizer, config=config)
+    rollout = manager.registry.get("rollout", config.rollout).factory(engine=engine, tokenizer=tokenizer, config=config)
+    return engine, rollout
+
+
+@dataclass
+class Sampler:
+    """What sampling and scoring a policy needs, with no training parts (``agentrl eval``)."""
+
+    envs: list[Env]
+    tokenizer: Any
+    model: torch.nn.Module
+    engine: Any
+    rollout: Any
+    reward_fns: dict[str, Any]
+    call_guard: CallGuard
+
+
+def build_sampler(config: TrainConfig, manager: PluginManager, envs: list[Env]) -> Sampler:
+    """The config's model, engine, rollout and rewards around ``envs`` (from :func:`make_env`)."""
+    tokenizer, model = load_tokenizer(config.model), load_model(config.model)
+    engine, rollout = engine_and_rollout(manager, config, model, tokenizer)
+    return Sampler(envs, tokenizer, model, engine, rollout, resolve_rewards(config, manager.registry, envs[0]),
+                   CallGuard.from_config(config))
 
 
 def _algorithm(config: TrainConfig, manager: PluginManager, num_processes: int) -> tuple[Algorithm, dict[str, Any], bool]:

@@ -18,6 +18,9 @@ hook must do nothing (return ``None``) unless its own section turns it on.
 Call convention: agentrl calls every hook with keyword arguments only. Implementations may take
 any subset of the arguments, and must not give their parameters default values (pluggy would
 silently never pass them).
+
+The built-in plugins behind each hook are not listed here by hand: the hook reference
+(docs/hooks.md, written by ``python -m agentrl.hookdoc``) reads them from the plugins themselves.
 """
 
 from __future__ import annotations
@@ -50,8 +53,7 @@ def agentrl_register_envs(register: Register) -> None:
     """Register environments: ``register("math", MathEnv)``.
 
     Called once at load time. ``factory(**env_args)`` must return an :class:`agentrl.Env`.
-    The name is what ``--env NAME`` selects. Built-ins: ``agentrl_math`` (math),
-    ``agentrl_tool_envs`` (calculator, python), ``agentrl_guess`` (guess).
+    The name is what ``--env NAME`` selects.
     """
 
 
@@ -62,7 +64,6 @@ def agentrl_register_rewards(register: Register) -> None:
     Called once at load time. A reward function is called as
     ``fn(trajectories=list[Trajectory])`` and returns one ``float | None`` per trajectory
     (``None``: not scored, kept out of means as NaN). ``--reward NAME[:WEIGHT]`` selects it.
-    Built-in: ``agentrl_rewards`` (format, accuracy).
     """
 
 
@@ -72,7 +73,7 @@ def agentrl_register_rollouts(register: Register) -> None:
 
     Called once at load time. ``factory(engine=, tokenizer=, config=)`` returns an object whose
     ``run(envs, tasks, groups, sampling)`` drives the envs to the end and returns
-    ``list[Trajectory]``. Built-in: ``agentrl_rollouts`` (multi_turn; single-turn is one turn).
+    ``list[Trajectory]`` (single-turn is one turn).
     """
 
 
@@ -84,8 +85,7 @@ def agentrl_register_algorithms(register: Register) -> None:
     ``config_class`` dataclass validates the ``algorithm:`` section of the config (and
     ``--print-config`` shows it resolved). ``--algo NAME`` selects it. What the trainer calls on
     it, in order, and with what (``SetupContext``, ``LossContext``, ``TrainableModule``): the
-    module docstring of :mod:`agentrl.algorithm`. Built-ins: ``agentrl_grpo`` (grpo),
-    ``agentrl_ppo`` (ppo).
+    module docstring of :mod:`agentrl.algorithm`.
     """
 
 
@@ -95,8 +95,7 @@ def agentrl_register_engines(register: Register) -> None:
 
     Called once at load time. ``factory(model=, tokenizer=, config=)`` returns an
     :class:`agentrl.Engine`; a factory with a ``config_class`` dataclass has its ``engine_args``
-    shown resolved by ``--print-config``. ``--engine NAME`` selects it. Built-ins:
-    ``agentrl_hf_engine`` (hf), ``agentrl_vllm_engine`` (vllm, vllm_server).
+    shown resolved by ``--print-config``. ``--engine NAME`` selects it.
     """
 
 
@@ -106,8 +105,8 @@ def agentrl_register_tool_parsers(register: Register) -> None:
 
     Called once at load time. A parser is called as ``parser(text)`` on an assistant message
     and returns ``list[agentrl.tools.ToolCall]`` (each carrying either parsed arguments or a
-    parse error). Tool-using envs select one by name (``tool_parser`` env argument).
-    Built-in: ``agentrl_tool_envs`` (xml_json: ``<tool_call>{json}</tool_call>``).
+    parse error). Tool-using envs select one by name (``tool_parser`` env argument); ``xml_json``
+    parses ``<tool_call>{json}</tool_call>``.
     """
 
 
@@ -120,7 +119,7 @@ def agentrl_register_settings(register: Register) -> None:
     naming a bad key, value and what is allowed. The trainer builds it once at start-up from
     ``plugins.<name>`` of the run config (``--set plugins.<name>.<key>=<value>``), refuses unknown
     sections and keys, and passes every section to the step hooks as ``settings[name]``;
-    ``--print-config`` lists them all resolved. Built-in: ``agentrl_sampler_correction``.
+    ``--print-config`` lists them all resolved.
     """
 
 

@@ -138,6 +138,78 @@ def test_hookdoc_writes_and_checks(tmp_path, capsys):
     assert hookdoc.main(["--output", str(path), "--check"]) == 1
 
 
+@pytest.fixture(scope="module")
+def builtins():
+    """agentrl's own plugins, found independently of hookdoc: the ``agentrl`` distribution's entry
+    points, loaded; plugin name -> PluginInfo."""
+    from importlib.metadata import entry_points
+
+    from agentrl.plugins import load_plugins
+
+    ours = {ep.name for ep in entry_points(group="agentrl") if ep.dist is not None and ep.dist.name == "agentrl"}
+    assert {"grpo", "gspo", "ppo", "math_env", "verifiers_env"} <= ours
+    plugins = load_plugins().plugins
+    return {name: plugins[name] for name in sorted(ours)}
+
+
+def test_hookspec_docstrings_list_no_builtin_plugins_by_hand():
+    hand_lists = [fn.__name__ for fn in hookdoc.hook_functions() if re.search(r"Built-ins?:", inspect.getdoc(fn))]
+    assert not hand_lists, f"{hand_lists}: hookdoc generates the built-in plugins of each hook"
+
+
+def test_hook_reference_names_every_builtin_plugin_and_what_it_registers(builtins):
+    text = hookdoc.render()
+    for name, info in builtins.items():
+        assert f"| `{name}` | `{info.module}` |" in text, f"built-in plugin {name} missing from hooks.md's table"
+        for kind, names in info.registered.items():
+            hook = next(h.__name__ for h in hookdoc.hook_functions() if hookdoc.registered_kind(h.__name__) == kind
+                        and h.__name__.startswith("agentrl_register_"))
+            section = text.split(f"### {hook}\n", 1)[1].split("\n### ", 1)[0]
+            line = next(line for line in section.splitlines() if line.startswith("Built-in: "))
+            assert f"`{info.module}` ({', '.join(names)})" in line, (hook, line)
+    sampler = text.split("### agentrl_per_token_loss_factors\n", 1)[1].split("\n### ", 1)[0]
+    assert "Built-in implementations: `agentrl_sampler_correction`." in sampler
+
+
+def test_hook_reference_ignores_plugins_not_shipped_with_agentrl(tmp_path, monkeypatch):
+    dist = tmp_path / "agentrl_env_third-0.1.dist-info"  # an installed third-party plugin package
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: agentrl-env-third\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[agentrl]\nthird_env = agentrl_env_third\n")
+    (tmp_path / "agentrl_env_third.py").write_text(
+        "from agentrl import hookimpl\n\n\n@hookimpl\ndef agentrl_register_envs(register):\n"
+        "    register('third', object)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from agentrl.plugins import load_plugins
+
+    assert "third_env" in load_plugins().plugins
+    manager = hookdoc.builtin_plugins()
+    assert "third_env" not in manager.plugins and {"agentrl.defaults", "grpo", "math_env"} <= set(manager.plugins)
+    assert "third" not in hookdoc.render(manager=manager)
+
+
+_BUILTINS_MARKER = re.compile(r"<!--\s*builtins:\s*([\w, ]+?)\s*-->")
+
+
+def test_doc_lists_of_builtin_plugins_name_every_one(builtins):
+    """A paragraph (or list item) marked ``<!-- builtins: KIND[, KIND] -->`` (``all``: every kind)
+    claims to list agentrl's built-in plugins of those kinds: it must name each one's module."""
+    found = 0
+    for source in SOURCES:
+        text = source.read_text()
+        for match in _BUILTINS_MARKER.finditer(text):
+            found += 1
+            start = max(text.rfind("\n\n", 0, match.start()), text.rfind("\n- ", 0, match.start()))
+            ends = [i for i in (text.find("\n\n", match.end()), text.find("\n- ", match.end())) if i >= 0]
+            paragraph = text[start:min(ends, default=len(text))]
+            kinds = {kind.strip() for kind in match.group(1).split(",")}
+            wanted = sorted(info.module for info in builtins.values()
+                            if "all" in kinds or kinds & set(info.registered))
+            missing = [module for module in wanted if not re.search(rf"\b{module}\b", paragraph)]
+            assert wanted and not missing, f"{source.name}: the list marked {match.group(0)} misses {missing}"
+    assert found, "no <!-- builtins: KIND --> list in the docs: this check would check nothing"
+
+
 # -- the documents ------------------------------------------------------------------------------------
 
 def test_guides_exist_and_their_relative_links_resolve():

@@ -222,21 +222,7 @@ class HFEngine(Engine):
         reasons = ["length"] * len(prompts)
         active = list(range(len(prompts)))  # sequence index of each live row
         for step in range(sampling.max_new_tokens):
-            scores = warp_logits(logits, sampling)  # (A, V)
-            log_probs = scores.log_softmax(dim=-1)  # (A, V)
-            if sampling.temperature == 0:
-                sampled = scores.argmax(dim=-1)  # (A,)
-            elif streams is None:
-                sampled = torch.multinomial(log_probs.exp(), 1, generator=self.generator).squeeze(-1)  # (A,)
-            else:
-                uniforms = torch.stack([torch.rand((), generator=streams[seq], device=self.device,
-                                                   dtype=torch.float64) for seq in active])  # (A,)
-                sampled = inverse_cdf_sample(log_probs, uniforms)  # (A,)
-            picked = log_probs.gather(-1, sampled[:, None]).squeeze(-1)  # (A,) drawn with
-            full = picked  # (A,) full-vocabulary log_softmax(logits / T) at the sampled token
-            if truncates:
-                full_log_probs = (logits.float() / sampling.temperature).log_softmax(dim=-1)  # (A, V)
-                full = full_log_probs.gather(-1, sampled[:, None]).squeeze(-1)  # (A,)
+            sampled, full, picked = self._draw(logits, sampling, streams, active, truncates)
             stopped = torch.isin(sampled, stop)  # (A,)
             rows = zip(active, sampled.tolist(), full.tolist(), (full - picked).tolist(), stopped.tolist())
             for seq, token, logprob, logmass, done in rows:
@@ -259,6 +245,28 @@ class HFEngine(Engine):
             logits = out.logits[:, -1]  # (A, V)
         return [Generation(token_ids=t, logprobs=lp, kept_logmass=k, finish_reason=r)
                 for t, lp, k, r in zip(tokens, logprobs, kept, reasons)]
+
+    def _draw(self, logits: torch.Tensor, sampling: SamplingParams, streams: list[torch.Generator] | None,
+              active: list[int], truncates: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One token per live row from ``logits`` (A, V): the tokens, their full-vocabulary
+        logprobs ``log_softmax(logits / T)`` and their logprobs under the distribution drawn from
+        (top-k / top-p renormalised), each (A,)."""
+        scores = warp_logits(logits, sampling)  # (A, V)
+        log_probs = scores.log_softmax(dim=-1)  # (A, V)
+        if sampling.temperature == 0:
+            sampled = scores.argmax(dim=-1)  # (A,)
+        elif streams is None:
+            sampled = torch.multinomial(log_probs.exp(), 1, generator=self.generator).squeeze(-1)  # (A,)
+        else:
+            uniforms = torch.stack([torch.rand((), generator=streams[seq], device=self.device,
+                                               dtype=torch.float64) for seq in active])  # (A,)
+            sampled = inverse_cdf_sample(log_probs, uniforms)  # (A,)
+        picked = log_probs.gather(-1, sampled[:, None]).squeeze(-1)  # (A,) drawn with
+        full = picked  # (A,) full-vocabulary log_softmax(logits / T) at the sampled token
+        if truncates:
+            full_log_probs = (logits.float() / sampling.temperature).log_softmax(dim=-1)  # (A, V)
+            full = full_log_probs.gather(-1, sampled[:, None]).squeeze(-1)  # (A,)
+        return sampled, full, picked
 
 
 def inverse_cdf_sample(log_probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

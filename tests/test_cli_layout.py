@@ -1,0 +1,61 @@
+"""The CLI's modules: no import circle among them, the scaffold library free of the CLI, and the
+entry points (``agentrl = agentrl.cli:app``, ``python -m agentrl.cli``) intact."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "agentrl"
+CLI_MODULES = sorted(p.stem for p in PACKAGE.glob("cli*.py")) + ["scaffold"]
+
+
+def agentrl_imports(stem: str) -> set[str]:
+    """The ``agentrl.*`` modules ``agentrl/<stem>.py`` imports, at any level (function bodies too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse((PACKAGE / f"{stem}.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("agentrl."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("agentrl.")}
+    return found
+
+
+def test_no_import_circle_among_the_cli_modules():
+    graph = {stem: agentrl_imports(stem) & set(CLI_MODULES) for stem in CLI_MODULES}
+    assert "scaffold" in graph["cli_new"] and "cli_support" in graph["cli_new"]  # the graph is really read
+
+    def visit(stem: str, path: tuple[str, ...]) -> None:
+        assert stem not in path, f"import circle: {' -> '.join((*path, stem))}"
+        for other in graph[stem]:
+            visit(other, (*path, stem))
+
+    for stem in graph:
+        visit(stem, ())
+    assert graph["scaffold"] == set() and graph["cli_support"] == set()
+
+
+def test_the_scaffold_library_imports_no_cli():
+    code = "import sys, agentrl.scaffold; print(sorted(m for m in sys.modules if m in ('typer', 'agentrl.cli')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("module", ["agentrl.cli", "agentrl"])
+def test_the_command_runs_as_a_module(module):
+    done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert all(command in done.stdout for command in ("train", "eval", "plugins", "plot", "new"))
+
+
+def test_debug_shows_the_traceback_of_agentrl_new_run_as_a_module(tmp_path):
+    plain = subprocess.run([sys.executable, "-m", "agentrl.cli", "new", "env", "9x"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 2 and plain.stderr.startswith("error: env name '9x' is not valid")
+    debug = subprocess.run([sys.executable, "-m", "agentrl.cli", "--debug", "new", "env", "9x"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
