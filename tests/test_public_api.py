@@ -1,4 +1,4 @@
-"""Algorithm plugins reach the core only through ``agentrl``'s public API, as a third party would."""
+"""Built-in plugins and envs reach the core only through ``agentrl``'s public API, as a third party would."""
 
 from __future__ import annotations
 
@@ -9,29 +9,72 @@ import pytest
 
 import agentrl
 
-PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
-PUBLIC_MODULES = {"agentrl.answers"}
-"""Core modules that are public API besides ``agentrl`` itself."""
+ROOT = Path(__file__).resolve().parents[1]
+BUILT_INS = sorted(path for folder in ("plugins", "envs") for path in (ROOT / folder).iterdir()
+                   if (path / "__init__.py").is_file())
+"""Every built-in plugin and env package: none is exempt."""
 
 
-def core_imports(path: Path) -> list[str]:
-    """Every ``agentrl.*`` submodule a file imports (``from agentrl import X`` is the public API)."""
+def core_imports(source: str) -> list[str]:
+    """What a file's source imports from agentrl that is not public: ``agentrl.X`` modules other
+    than :data:`agentrl.PUBLIC_MODULES`, and names ``from agentrl import`` that are not in
+    ``agentrl.__all__``. Imports inside functions count too."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("agentrl."):
-            found.append(node.module)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "agentrl":
+                found += [f"agentrl.{a.name}" for a in node.names if a.name not in agentrl.__all__]
+            elif node.module.startswith("agentrl.") and node.module not in agentrl.PUBLIC_MODULES:
+                found.append(node.module)
         elif isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names if alias.name.startswith("agentrl.")]
-    return [module for module in found if module not in PUBLIC_MODULES]
+            found += [a.name for a in node.names
+                      if a.name.startswith("agentrl.") and a.name not in agentrl.PUBLIC_MODULES]
+    return found
 
 
-@pytest.mark.parametrize("plugin", ["agentrl_grpo", "agentrl_ppo", "agentrl_hf_engine", "agentrl_rollouts",
-                                    "agentrl_rewards", "agentrl_gspo", "agentrl_sampler_correction"])
-def test_plugin_imports_only_the_public_api(plugin):
-    files = sorted((PLUGINS / plugin).rglob("*.py"))
+def test_built_ins_are_all_covered():
+    names = {path.name for path in BUILT_INS}
+    assert {"agentrl_grpo", "agentrl_gspo", "agentrl_ppo", "agentrl_vllm_engine", "agentrl_math",
+            "agentrl_tool_envs", "agentrl_verifiers"} <= names
+    assert len(names) == 15, sorted(names)
+
+
+@pytest.mark.parametrize("package", BUILT_INS, ids=lambda path: path.name)
+def test_built_in_imports_only_the_public_api(package):
+    files = sorted(package.rglob("*.py"))
     assert files
     for path in files:
-        assert core_imports(path) == [], f"{path.name} imports core internals"
+        assert core_imports(path.read_text()) == [], f"{package.name}/{path.name} imports core internals"
+
+
+def test_built_ins_do_not_import_each_other():
+    """A built-in reaches another's code only through the core (GSPO shares GRPO's base there)."""
+    names = {path.name for path in BUILT_INS}
+    for package in BUILT_INS:
+        for path in package.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                           [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                others = {m.split(".")[0] for m in modules} & (names - {package.name})
+                assert not others, f"{package.name}/{path.name} imports {sorted(others)}"
+
+
+@pytest.mark.parametrize("source, found", [
+    ("from agentrl.env import seeded_rng", ["agentrl.env"]),
+    ("def f():\n    from agentrl.errors import one_line", ["agentrl.errors"]),
+    ("import agentrl.tools", ["agentrl.tools"]),
+    ("from agentrl import _private_thing", ["agentrl._private_thing"]),
+    ("from agentrl import Env, seeded_rng\nfrom agentrl.answers import extract_boxed", []),
+])
+def test_core_imports_finds_private_imports(source, found):
+    assert core_imports(source) == found
+
+
+def test_public_modules_import():
+    import importlib
+
+    for module in agentrl.PUBLIC_MODULES:
+        assert importlib.import_module(module).__doc__, module
 
 
 def test_public_api_names_exist():
