@@ -8,7 +8,8 @@ and env to that).
 from agentrl.algorithm import Algorithm, LossContext, LossOutput, SetupContext, StepTotals, TrainableModule
 from agentrl.chat import ChatTokenizer
 from agentrl.clipped_policy import ClippedPolicy, ClippedPolicyConfig
-from agentrl.config import ConfigCheck, TrainConfig, build_plugin_config
+from agentrl.config import TrainConfig
+from agentrl.config_checks import ConfigCheck, build_plugin_config
 from agentrl.distributed import all_sum
 from agentrl.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
 from agentrl.env import (

@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 
 from agentrl.algorithm import Algorithm, LossContext
-from agentrl.config import ConfigCheck
+from agentrl.config_checks import ConfigCheck
 from agentrl.objectives import AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, masked, policy_loss
 
 

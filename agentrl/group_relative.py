@@ -16,7 +16,7 @@ import torch
 
 from agentrl.algorithm import LossContext, LossOutput
 from agentrl.clipped_policy import ClippedPolicy, ClippedPolicyConfig
-from agentrl.config import ConfigCheck
+from agentrl.config_checks import ConfigCheck
 from agentrl.distributed import all_sum
 from agentrl.errors import ConfigError
 from agentrl.trajectory import TrainBatch
