@@ -108,7 +108,8 @@ class ClippedPolicy(Algorithm):
             if context.ref_logprobs is None:
                 raise ValueError(f"{name} with beta > 0 needs ref_logprobs: the trainer must load a reference")
             mask = batch.loss_mask
-            kl = KL_ESTIMATORS[kl_estimator](masked(logprobs, mask), masked(context.ref_logprobs.detach(), mask))  # (n, T)
+            estimator = KL_ESTIMATORS[kl_estimator]
+            kl = estimator(masked(logprobs, mask), masked(context.ref_logprobs.detach(), mask))  # (n, T)
             per_token_loss = per_token_loss + config.beta * kl
             token_stats["kl"] = kl.detach()
         return AGGREGATIONS[config.loss_type](per_token_loss, batch.loss_mask, context.totals), token_stats

@@ -81,7 +81,9 @@ def test_public_api_names_exist():
     for name in agentrl.__all__:
         assert hasattr(agentrl, name), name
     for name in ("Algorithm", "LossContext", "SetupContext", "TrainableModule", "policy_loss", "AGGREGATIONS",
-                 "KL_ESTIMATORS", "build_plugin_config", "step_totals"):
+                 "KL_ESTIMATORS", "build_plugin_config", "step_totals", "ClippedPolicy", "ClippedPolicyConfig",
+                 "GroupRelative", "GroupRelativeConfig", "group_advantages", "seeded_rng", "SeedTasks",
+                 "PrivateGlobalRandom", "library_call", "import_extra", "run_python", "parse_xml_json"):
         assert name in agentrl.__all__, name
 
 
@@ -98,3 +100,19 @@ def test_reward_plugin_does_not_need_the_math_env(monkeypatch):
     trajectory = make_trajectory([{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "\\boxed{2}"}],
                                  {"answer": "2"})
     assert rewards.accuracy_reward([trajectory]) == [1.0]
+
+
+def test_clipped_policy_algorithms_share_the_core_loss():
+    """GRPO, GSPO and PPO take their clipped-policy options and loss from the core, not each other."""
+    import dataclasses
+
+    from agentrl_grpo import GRPO, GRPOConfig
+    from agentrl_gspo import GSPO, GSPOConfig
+    from agentrl_ppo import PPO, PPOConfig
+
+    for algorithm in (GRPO, GSPO, PPO):
+        assert issubclass(algorithm, agentrl.ClippedPolicy) and "clipped_policy_loss" not in vars(algorithm)
+    assert issubclass(GRPO, agentrl.GroupRelative) and issubclass(GSPO, agentrl.GroupRelative)
+    shared = {f.name for f in dataclasses.fields(agentrl.ClippedPolicyConfig)}
+    for config in (GRPOConfig, GSPOConfig, PPOConfig):
+        assert shared <= {f.name for f in dataclasses.fields(config)}, config.__name__
