@@ -1,24 +1,34 @@
 """agentrl: plugin-based reinforcement learning for LLM agents.
 
-The public API. Plugins, built-in or third-party, import only from here.
+The public API. Plugins, built-in or third-party, import only from here, or from the public
+submodules listed in :data:`PUBLIC_MODULES` (tests/test_public_api.py holds every built-in plugin
+and env to that).
 """
 
 from agentrl.algorithm import Algorithm, LossContext, LossOutput, SetupContext, StepTotals, TrainableModule
 from agentrl.chat import ChatTokenizer
-from agentrl.config import ConfigCheck, TrainConfig, build_plugin_config
+from agentrl.clipped_policy import ClippedPolicy, ClippedPolicyConfig
+from agentrl.config import TrainConfig
+from agentrl.config_checks import ConfigCheck, build_plugin_config
 from agentrl.distributed import all_sum
 from agentrl.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
 from agentrl.env import (
     MAX_ABS_REWARD,
+    ROLES,
     CallGuard,
     CallTimeout,
     Env,
     Message,
     MessagesSpace,
+    PrivateGlobalRandom,
+    SeedTasks,
     Task,
     check_reset_result,
     check_step_result,
+    describe,
+    library_call,
     sample_label,
+    seeded_rng,
 )
 from agentrl.errors import (
     AgentRLError,
@@ -37,7 +47,9 @@ from agentrl.errors import (
     one_line,
 )
 from agentrl.faults import PluginExit
+from agentrl.group_relative import GroupRelative, GroupRelativeConfig, group_advantages
 from agentrl.hookspecs import hookimpl
+from agentrl.imports import import_extra
 from agentrl.objectives import (
     AGGREGATIONS,
     IMPORTANCE_LEVELS,
@@ -51,11 +63,41 @@ from agentrl.objectives import (
 )
 from agentrl.plugins import PluginManager, load_plugins
 from agentrl.precision import Precision, resolve_precision
+from agentrl.sandbox import run_python
 from agentrl.tasks import LazyTasks
-from agentrl.tools import Tool, ToolCall, ToolEnv, ToolError, format_tool_call, tool
+from agentrl.tools import (
+    Tool,
+    ToolCall,
+    ToolEnv,
+    ToolError,
+    format_tool_call,
+    parse_xml_json,
+    render_tools_system_prompt,
+    tool,
+)
 from agentrl.trajectory import TrainBatch, Trajectory, Turn, collate
 
+PUBLIC_MODULES = ("agentrl", "agentrl.answers")
+"""The modules plugins and envs may import from: this one and :mod:`agentrl.answers` (answer
+extraction and checking, kept apart because it loads math-verify)."""
+
 __all__ = [
+    "PUBLIC_MODULES",
+    "ClippedPolicy",
+    "ClippedPolicyConfig",
+    "GroupRelative",
+    "GroupRelativeConfig",
+    "group_advantages",
+    "ROLES",
+    "PrivateGlobalRandom",
+    "SeedTasks",
+    "describe",
+    "import_extra",
+    "library_call",
+    "parse_xml_json",
+    "render_tools_system_prompt",
+    "run_python",
+    "seeded_rng",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "AgentRLError",

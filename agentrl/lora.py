@@ -32,72 +32,20 @@ import contextlib
 import copy
 import itertools
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from agentrl.config import ConfigCheck, build_plugin_config
 from agentrl.errors import ConfigError, one_line
 from agentrl.imports import import_extra
+from agentrl.lora_config import LLAMA_TARGETS, LoRAConfig, lora_options
 
-LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""Every linear layer of a Llama-style decoder block (SmolLM2, Llama, Qwen, Mistral)."""
+# LLAMA_TARGETS, LoRAConfig and lora_options are importable from here too, as before.
+
 INSTALL_HINT = "LoRA (the `lora` config section) needs peft, which is not installed: pip install 'agentrl[lora]'"
 ADAPTER_FILE = "adapter_model.safetensors"
-
-
-@dataclass(frozen=True)
-class LoRAConfig:
-    """Options of LoRA (the ``lora`` section of the run config)."""
-
-    r: int = 16
-    """Rank of each adapter (``B A`` is ``out x r`` times ``r x in``)."""
-    alpha: float | None = None
-    """The adapter's output is scaled by ``alpha / r``; None: ``2 * r`` (a scale of 2)."""
-    dropout: float = 0.0
-    """Dropout on the adapter's input. Only 0: agentrl runs the policy in eval mode, since dropout
-    in the trainer's forward makes the sampler/trainer ratio differ from 1 at step 0 (TRAPS 14)."""
-    target_modules: list[str] | str = field(default_factory=lambda: list(LLAMA_TARGETS))
-    """Names (suffixes) of the linear layers that get an adapter, or ``all-linear`` (every linear
-    layer but the output head: the default list on Llama-style models, the choice for others)."""
-    bias: str = "none"
-    """Only ``none``: biases stay frozen, so the adapter switched off is the base model exactly."""
-
-    def __post_init__(self) -> None:
-        """Raise ConfigError naming the key, the bad value and what is allowed."""
-        check = ConfigCheck(self, "lora")
-        check.integer("r", low=1)
-        check.number("alpha", low=0, low_open=True, optional=True, allowed="expected null (2 * r) or a finite "
-                      "number > 0")
-        check.number("dropout", low=0, high=1, high_open=True)
-        if self.dropout != 0:
-            check.fail("dropout", "expected 0: the policy runs in eval mode, and dropout only in the trainer's "
-                       "forward would make every importance ratio differ from 1 at step 0 (TRAPS 14)")
-        names = self.target_modules
-        if names != "all-linear" and not (isinstance(names, list) and names and all(
-                isinstance(n, str) and n.strip() for n in names)):
-            check.fail("target_modules", "expected 'all-linear' or a non-empty list of layer names "
-                       f"(e.g. {', '.join(LLAMA_TARGETS)})")
-        check.choice("bias", ("none",), allowed="expected 'none' (trained biases would change the base model "
-                     "the reference policy is)")
-
-    @property
-    def lora_alpha(self) -> float:
-        """``alpha``, its default resolved (``2 * r``)."""
-        return 2.0 * self.r if self.alpha is None else float(self.alpha)
-
-    @property
-    def scale(self) -> float:
-        """``alpha / r``: the factor on ``B A``."""
-        return self.lora_alpha / self.r
-
-
-def lora_options(values: dict[str, Any] | None) -> LoRAConfig | None:
-    """The validated ``lora`` section; None (a full fine-tune) when it is null."""
-    return None if values is None else build_plugin_config(LoRAConfig, values, "lora")
 
 
 def with_adapter(model: nn.Module, values: dict[str, Any] | None) -> nn.Module:

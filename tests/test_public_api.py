@@ -1,4 +1,4 @@
-"""Algorithm plugins reach the core only through ``agentrl``'s public API, as a third party would."""
+"""Built-in plugins and envs reach the core only through ``agentrl``'s public API, as a third party would."""
 
 from __future__ import annotations
 
@@ -9,36 +9,81 @@ import pytest
 
 import agentrl
 
-PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
-PUBLIC_MODULES = {"agentrl.answers"}
-"""Core modules that are public API besides ``agentrl`` itself."""
+ROOT = Path(__file__).resolve().parents[1]
+BUILT_INS = sorted(path for folder in ("plugins", "envs") for path in (ROOT / folder).iterdir()
+                   if (path / "__init__.py").is_file())
+"""Every built-in plugin and env package: none is exempt."""
 
 
-def core_imports(path: Path) -> list[str]:
-    """Every ``agentrl.*`` submodule a file imports (``from agentrl import X`` is the public API)."""
+def core_imports(source: str) -> list[str]:
+    """What a file's source imports from agentrl that is not public: ``agentrl.X`` modules other
+    than :data:`agentrl.PUBLIC_MODULES`, and names ``from agentrl import`` that are not in
+    ``agentrl.__all__``. Imports inside functions count too."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("agentrl."):
-            found.append(node.module)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "agentrl":
+                found += [f"agentrl.{a.name}" for a in node.names if a.name not in agentrl.__all__]
+            elif node.module.startswith("agentrl.") and node.module not in agentrl.PUBLIC_MODULES:
+                found.append(node.module)
         elif isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names if alias.name.startswith("agentrl.")]
-    return [module for module in found if module not in PUBLIC_MODULES]
+            found += [a.name for a in node.names
+                      if a.name.startswith("agentrl.") and a.name not in agentrl.PUBLIC_MODULES]
+    return found
 
 
-@pytest.mark.parametrize("plugin", ["agentrl_grpo", "agentrl_ppo", "agentrl_hf_engine", "agentrl_rollouts",
-                                    "agentrl_rewards", "agentrl_gspo", "agentrl_sampler_correction"])
-def test_plugin_imports_only_the_public_api(plugin):
-    files = sorted((PLUGINS / plugin).rglob("*.py"))
+def test_built_ins_are_all_covered():
+    names = {path.name for path in BUILT_INS}
+    assert {"agentrl_grpo", "agentrl_gspo", "agentrl_ppo", "agentrl_vllm_engine", "agentrl_math",
+            "agentrl_tool_envs", "agentrl_verifiers"} <= names
+    assert len(names) == 15, sorted(names)
+
+
+@pytest.mark.parametrize("package", BUILT_INS, ids=lambda path: path.name)
+def test_built_in_imports_only_the_public_api(package):
+    files = sorted(package.rglob("*.py"))
     assert files
     for path in files:
-        assert core_imports(path) == [], f"{path.name} imports core internals"
+        assert core_imports(path.read_text()) == [], f"{package.name}/{path.name} imports core internals"
+
+
+def test_built_ins_do_not_import_each_other():
+    """A built-in reaches another's code only through the core (GSPO shares GRPO's base there)."""
+    names = {path.name for path in BUILT_INS}
+    for package in BUILT_INS:
+        for path in package.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                           [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                others = {m.split(".")[0] for m in modules} & (names - {package.name})
+                assert not others, f"{package.name}/{path.name} imports {sorted(others)}"
+
+
+@pytest.mark.parametrize("source, found", [
+    ("from agentrl.env import seeded_rng", ["agentrl.env"]),
+    ("def f():\n    from agentrl.errors import one_line", ["agentrl.errors"]),
+    ("import agentrl.tools", ["agentrl.tools"]),
+    ("from agentrl import _private_thing", ["agentrl._private_thing"]),
+    ("from agentrl import Env, seeded_rng\nfrom agentrl.answers import extract_boxed", []),
+])
+def test_core_imports_finds_private_imports(source, found):
+    assert core_imports(source) == found
+
+
+def test_public_modules_import():
+    import importlib
+
+    for module in agentrl.PUBLIC_MODULES:
+        assert importlib.import_module(module).__doc__, module
 
 
 def test_public_api_names_exist():
     for name in agentrl.__all__:
         assert hasattr(agentrl, name), name
     for name in ("Algorithm", "LossContext", "SetupContext", "TrainableModule", "policy_loss", "AGGREGATIONS",
-                 "KL_ESTIMATORS", "build_plugin_config", "step_totals"):
+                 "KL_ESTIMATORS", "build_plugin_config", "step_totals", "ClippedPolicy", "ClippedPolicyConfig",
+                 "GroupRelative", "GroupRelativeConfig", "group_advantages", "seeded_rng", "SeedTasks",
+                 "PrivateGlobalRandom", "library_call", "import_extra", "run_python", "parse_xml_json"):
         assert name in agentrl.__all__, name
 
 
@@ -55,3 +100,19 @@ def test_reward_plugin_does_not_need_the_math_env(monkeypatch):
     trajectory = make_trajectory([{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "\\boxed{2}"}],
                                  {"answer": "2"})
     assert rewards.accuracy_reward([trajectory]) == [1.0]
+
+
+def test_clipped_policy_algorithms_share_the_core_loss():
+    """GRPO, GSPO and PPO take their clipped-policy options and loss from the core, not each other."""
+    import dataclasses
+
+    from agentrl_grpo import GRPO, GRPOConfig
+    from agentrl_gspo import GSPO, GSPOConfig
+    from agentrl_ppo import PPO, PPOConfig
+
+    for algorithm in (GRPO, GSPO, PPO):
+        assert issubclass(algorithm, agentrl.ClippedPolicy) and "clipped_policy_loss" not in vars(algorithm)
+    assert issubclass(GRPO, agentrl.GroupRelative) and issubclass(GSPO, agentrl.GroupRelative)
+    shared = {f.name for f in dataclasses.fields(agentrl.ClippedPolicyConfig)}
+    for config in (GRPOConfig, GSPOConfig, PPOConfig):
+        assert shared <= {f.name for f in dataclasses.fields(config)}, config.__name__

@@ -13,7 +13,7 @@ which ends the game); GEM's own turn limit ends the episode (``info["truncated_b
 
 Tasks are seeds: training seeds 0, 1, 2, ... and held-out seeds from :data:`EVAL_SEED` on. GEM's
 ``reset`` seeds Python's and numpy's process-wide RNGs and its games draw from them while playing,
-so every call into GEM runs on this env's own RNG state (:class:`agentrl.env.PrivateGlobalRandom`):
+so every call into GEM runs on this env's own RNG state (:class:`agentrl.PrivateGlobalRandom`):
 an episode is the same whatever other episodes are interleaved with it.
 
 What runs offline: the ``game:*`` ids (GuessTheNumber, Mastermind, Minesweeper, FifteenPuzzle, Sudoku,
@@ -38,10 +38,19 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
-from agentrl.env import PrivateGlobalRandom, SeedTasks, library_call
-from agentrl.errors import one_line
-from agentrl.imports import import_extra
+from agentrl import (
+    ConfigError,
+    Env,
+    EnvError,
+    Message,
+    PrivateGlobalRandom,
+    SeedTasks,
+    Task,
+    hookimpl,
+    import_extra,
+    library_call,
+    one_line,
+)
 
 TRAIN_SIZE = 1_000_000
 """Training seeds are 0 .. TRAIN_SIZE - 1."""

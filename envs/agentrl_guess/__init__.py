@@ -31,9 +31,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl import Env, EnvError, Message, Task, hookimpl
-from agentrl.env import seeded_rng
-from agentrl.tasks import LazyTasks
+from agentrl import Env, EnvError, LazyTasks, Message, Task, hookimpl, seeded_rng
 
 TRAIN_SIZE = 1_000_000
 

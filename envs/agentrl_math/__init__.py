@@ -41,9 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
+from agentrl import ConfigError, Env, EnvError, LazyTasks, Message, Task, hookimpl
 from agentrl.answers import answers_match, extract_answer, extract_boxed
-from agentrl.tasks import LazyTasks
 
 INSTRUCTION = "Put the final answer in \\boxed{}."
 """Appended to every question that does not already ask for ``\\boxed{}``."""

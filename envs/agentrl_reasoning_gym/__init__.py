@@ -36,10 +36,19 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agentrl import ConfigError, Env, EnvError, EnvLibraryError, LazyTasks, Message, Task, hookimpl
+from agentrl import (
+    ConfigError,
+    Env,
+    EnvError,
+    EnvLibraryError,
+    LazyTasks,
+    Message,
+    Task,
+    hookimpl,
+    import_extra,
+    library_call,
+)
 from agentrl.answers import extract_answer as lenient_answer
-from agentrl.env import library_call
-from agentrl.imports import import_extra
 
 TRAIN_SIZE = 100_000
 """Length of the training split (items are generated on demand)."""

@@ -14,7 +14,7 @@ Tasks are seeds: training seeds 0, 1, 2, ... and held-out seeds from :data:`EVAL
 splits never share a seed (two seeds can still deal the same game where a game has few layouts:
 GuessTheNumber has 20 secrets). TextArena games draw from Python's process-wide ``random`` (and a few
 from numpy's), and the rollout steps many env instances in turn, so every call into TextArena runs
-on this env's own saved RNG state (:class:`agentrl.env.PrivateGlobalRandom`), seeded by the task
+on this env's own saved RNG state (:class:`agentrl.PrivateGlobalRandom`), seeded by the task
 seed: an episode is the same whatever other episodes are interleaved with it.
 
 ``max_turns`` is the game's own turn limit (20 where it has none) unless set; a retry after an
@@ -36,10 +36,19 @@ import difflib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl import ConfigError, Env, EnvError, Message, Task, hookimpl
-from agentrl.env import PrivateGlobalRandom, SeedTasks, library_call
-from agentrl.errors import one_line
-from agentrl.imports import import_extra
+from agentrl import (
+    ConfigError,
+    Env,
+    EnvError,
+    Message,
+    PrivateGlobalRandom,
+    SeedTasks,
+    Task,
+    hookimpl,
+    import_extra,
+    library_call,
+    one_line,
+)
 
 TRAIN_SIZE = 1_000_000
 """Training seeds are 0 .. TRAIN_SIZE - 1."""

@@ -1,7 +1,7 @@
 """Built-in tool-using envs: ``calculator`` (arithmetic through a calculator tool) and ``python``
 (questions answered by running code in ``agentrl.sandbox``).
 
-Both are ``agentrl.tools.ToolEnv``s: the model calls tools with
+Both are ``agentrl.ToolEnv``s: the model calls tools with
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (or a registered ``tool_parser``),
 gets ``tool`` messages back, and ends the episode with an answer without a tool call. Reward 1.0
 when the answer (the last ``\\boxed{}`` if any, else the last number) equals the gold, else 0.
@@ -21,11 +21,20 @@ from typing import Any
 
 import numpy as np
 
-from agentrl import EnvError, Task, hookimpl
-from agentrl.env import Message, seeded_rng
-from agentrl.tasks import LazyTasks
-from agentrl.sandbox import run_python as sandbox_run_python
-from agentrl.tools import Tool, ToolEnv, ToolError, format_tool_call, parse_xml_json
+from agentrl import (
+    EnvError,
+    LazyTasks,
+    Message,
+    Task,
+    Tool,
+    ToolEnv,
+    ToolError,
+    format_tool_call,
+    hookimpl,
+    parse_xml_json,
+    seeded_rng,
+)
+from agentrl import run_python as sandbox_run_python
 
 EVAL_SEED = 987_654_321
 TRAIN_SIZE = 1_000_000

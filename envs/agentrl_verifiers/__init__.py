@@ -68,11 +68,8 @@ from typing import Any
 
 import numpy as np
 
-from agentrl import ConfigError, Env, EnvError, LazyTasks, Message, Task, hookimpl
-from agentrl.env import ROLES, describe
-from agentrl.errors import one_line
-from agentrl.imports import import_extra
-from agentrl.tools import parse_xml_json, render_tools_system_prompt
+from agentrl import (ROLES, ConfigError, Env, EnvError, LazyTasks, Message, Task, describe, hookimpl, import_extra,
+                     one_line, parse_xml_json, render_tools_system_prompt)
 
 DEFAULT_MAX_TURNS = 10
 """Turn limit for envs that set none (MultiTurnEnv's default, -1, means unlimited)."""

@@ -13,8 +13,9 @@ paper), and a whole sequence is clipped or not. Its gradient is
 ``-(1/G) sum_i s_i A_i (1/|y_i|) sum_t grad log pi_theta(y_it)`` for unclipped sequences: every
 token of a sequence is weighted by the same ``s_i``, not by its own ratio.
 
-Here it is the ``grpo`` algorithm with different defaults: ``importance_sampling_level:
-sequence`` (the ratio lives in :func:`agentrl.importance_log_weights`, so ``--algo grpo --set
+Here it is the ``grpo`` algorithm (their shared core, :class:`agentrl.GroupRelative`) with
+different defaults: ``importance_sampling_level: sequence`` (the ratio lives in
+:func:`agentrl.importance_log_weights`, so ``--algo grpo --set
 algorithm.importance_sampling_level=sequence`` and PPO's ``sequence_token`` use the same code),
 the paper's clip ranges, the per-sequence mean (``loss_type: grpo``, the paper's 1/G average of
 sequence terms) and four mini-batches per rollout batch (the paper's setting: a ratio that is
@@ -27,12 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentrl import hookimpl
-from agentrl_grpo import GRPO, GRPOConfig
+from agentrl import GroupRelative, GroupRelativeConfig, hookimpl
 
 
 @dataclass(frozen=True)
-class GSPOConfig(GRPOConfig):
+class GSPOConfig(GroupRelativeConfig):
     """The ``algorithm:`` section for ``--algo gspo``: GRPO's options with GSPO's defaults."""
 
     importance_sampling_level: str = "sequence"
@@ -47,8 +47,9 @@ class GSPOConfig(GRPOConfig):
     """Optimizer steps per rollout batch (the paper's four mini-batches)."""
 
 
-class GSPO(GRPO):
-    """GRPO with a sequence-level importance ratio (module docstring)."""
+class GSPO(GroupRelative):
+    """GRPO (the core's :class:`agentrl.GroupRelative`) with a sequence-level importance ratio
+    (module docstring)."""
 
     config_class = GSPOConfig
     config: GSPOConfig

@@ -51,10 +51,8 @@ import torch
 from torch import nn
 
 from agentrl import (
-    AGGREGATIONS,
-    IMPORTANCE_LEVELS,
-    KL_ESTIMATORS,
-    Algorithm,
+    ClippedPolicy,
+    ClippedPolicyConfig,
     ConfigCheck,
     LossContext,
     LossOutput,
@@ -64,7 +62,6 @@ from agentrl import (
     all_sum,
     hookimpl,
     masked,
-    policy_loss,
 )
 
 CREDITS = ("episode", "turn")
@@ -72,8 +69,10 @@ KL_PLACES = ("reward", "loss")
 
 
 @dataclass(frozen=True)
-class PPOConfig:
-    """The ``algorithm:`` section for ``--algo ppo``."""
+class PPOConfig(ClippedPolicyConfig):
+    """The ``algorithm:`` section for ``--algo ppo``: the clipped-policy options of
+    :class:`agentrl.ClippedPolicyConfig` (clipping, ``beta``, ``loss_type``, ``importance_sampling_level``,
+    ``mini_batches``) and these."""
 
     gamma: float = 1.0
     """Discount per model token (env tokens are not steps). In [0, 1]."""
@@ -96,49 +95,29 @@ class PPOConfig:
     """Shift and scale advantages to mean 0, std 1 over the rollout batch's sampled tokens."""
     ppo_epochs: int = 1
     """Passes over each rollout batch. >= 1."""
-    mini_batches: int = 1
-    """Optimizer steps per pass: the rollout batch's episodes are split into this many parts. >= 1."""
-    epsilon_low: float = 0.2
-    """Lower clip range of the policy ratio: clipped at ``1 - epsilon_low``. In [0, 1)."""
-    epsilon_high: float = 0.2
-    """Upper clip range of the policy ratio: clipped at ``1 + epsilon_high``. >= 0."""
-    delta: float | None = None
-    """Two-sided clipping (INTELLECT-2): cap on the unclipped ratio, > 1 + epsilon_high; None: off."""
-    importance_sampling_level: str = "token"
-    """Policy ratio: "token" (PPO), "sequence_token" (GSPO-token: the sequence's length-normalised
-    ratio, gradient per token, fits per-token advantages) or "sequence" (GSPO)."""
-    beta: float = 0.0
-    """KL coefficient to a frozen reference policy (> 0 loads it); where it goes: ``kl_in``. >= 0."""
     kl_in: str = "reward"
     """"reward": -beta x k1 per sampled token in the reward (no gradient; classic RLHF); "loss":
     beta x ``kl_estimator`` in the loss. Never both."""
     kl_estimator: str | None = None
     """KL estimator in the loss: "k1", "k2" (reverse-KL gradient) or "k3"; None: k2. The reward
     always uses k1 (any other value with ``kl_in="reward"`` is refused)."""
-    loss_type: str = "dapo"
-    """Aggregation of the policy loss: "dapo", "bnpo", "grpo" or "dr_grpo" (see GRPO)."""
 
-    def __post_init__(self) -> None:
-        """Raise ConfigError naming the key, the bad value and what is allowed."""
-        check = ConfigCheck(self, "algorithm")
+    def validate(self, check: ConfigCheck) -> None:
+        """The shared options, then PPO's own."""
+        super().validate(check)
         check.number("gamma", low=0, high=1)
         check.number("lam", low=0, high=1)
         check.choice("credit", CREDITS)
         check.number("critic_learning_rate", low=0, low_open=True)
         for key in ("critic_max_grad_norm", "value_clip"):
             check.number(key, low=0, low_open=True, optional=True)
-        for key, low in (("critic_lr_warmup_steps", 0), ("critic_warmup_steps", 0), ("ppo_epochs", 1),
-                         ("mini_batches", 1)):
+        for key, low in (("critic_lr_warmup_steps", 0), ("critic_warmup_steps", 0), ("ppo_epochs", 1)):
             check.integer(key, low)
         check.flag("whiten_advantages")
-        check.clipping()
         check.choice("kl_in", KL_PLACES)
-        check.choice("kl_estimator", KL_ESTIMATORS, optional=True)
         if self.kl_in == "reward" and self.kl_estimator not in (None, "k1"):
             check.fail("kl_estimator", "KL in the reward is k1 with no gradient; set kl_in=loss to use "
                        f"{self.kl_estimator} in the loss (KL in both places double-counts it)")
-        check.choice("loss_type", AGGREGATIONS)
-        check.choice("importance_sampling_level", IMPORTANCE_LEVELS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +274,7 @@ class ValueModel(nn.Module):
 # The algorithm.
 
 
-class PPO(Algorithm):
+class PPO(ClippedPolicy):
     """PPO with a learned critic (module docstring). ``agentrl train --algo ppo``."""
 
     config_class = PPOConfig
@@ -307,24 +286,19 @@ class PPO(Algorithm):
         self.context: SetupContext | None = None
 
     @property
-    def needs_reference(self) -> bool:
-        """A reference policy is loaded only for the KL term (``beta > 0``)."""
-        return self.config.beta > 0
-
-    @property
     def num_iterations(self) -> int:
         """``ppo_epochs``."""
         return self.config.ppo_epochs
 
     @property
-    def num_mini_batches(self) -> int:
-        """``mini_batches``."""
-        return self.config.mini_batches
-
-    @property
     def needs_old_logprobs(self) -> bool:
         """Several optimizer steps per rollout batch, or KL in the reward (k1 of the old policy)."""
         return super().needs_old_logprobs or (self.config.beta > 0 and self.config.kl_in == "reward")
+
+    def kl_in_loss(self) -> str | None:
+        """``kl_estimator`` (None: k2) when ``beta > 0`` and ``kl_in="loss"``; else no KL in the loss."""
+        config = self.config
+        return (config.kl_estimator or "k2") if config.beta > 0 and config.kl_in == "loss" else None
 
     def setup(self, context: SetupContext) -> None:
         """Build the critic from the policy."""
@@ -390,21 +364,7 @@ class PPO(Algorithm):
         scalars: dict[str, float] = {}
         loss = torch.zeros((), device=batch.loss_mask.device)
         if context.train_policy:
-            per_token, token_stats = policy_loss(
-                batch=batch, logprobs=context.logprobs, old_logprobs=context.old_logprobs,
-                advantages=batch.extras["advantages"], hook=context.hook, train_config=context.config,
-                metrics=context.metrics, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
-                delta=config.delta, importance_sampling_level=config.importance_sampling_level,
-                settings=context.settings)  # (n, T)
-            if config.beta > 0 and config.kl_in == "loss":
-                if context.ref_logprobs is None:
-                    raise ValueError("PPO with beta > 0 needs ref_logprobs: the trainer must load a reference")
-                estimator = KL_ESTIMATORS[config.kl_estimator or "k2"]
-                kl = estimator(masked(context.logprobs, batch.loss_mask),
-                               masked(context.ref_logprobs.detach(), batch.loss_mask))  # (n, T)
-                per_token = per_token + config.beta * kl
-                token_stats["kl"] = kl.detach()
-            policy = AGGREGATIONS[config.loss_type](per_token, batch.loss_mask, totals)
+            policy, token_stats = self.clipped_policy_loss(context)
             loss = loss + policy
             scalars["loss/policy"] = float(policy.detach())
         critic = self._critic().module

@@ -20,7 +20,7 @@ An episode whose prompt alone fills ``max_total_tokens`` ends before the model s
 turns (so it scores as an empty reply), ``info["prompt_too_long"]`` is set, and the rollout warns.
 
 Failures (a bad rollout is data, not a crash). ``reset`` and ``step`` run under the run's
-:class:`agentrl.env.CallGuard` (``call_timeout_s``, ``on_call_error``). An exception or a timeout
+:class:`agentrl.CallGuard` (``call_timeout_s``, ``on_call_error``). An exception or a timeout
 inside env code (an :class:`agentrl.EnvLibraryError` included: the library an adapter wraps failed,
 named with its env id and call) ends that episode with ``skip``: ``info["error"]`` holds
 ``method``, ``exception`` (``Type: message``, or the EnvLibraryError's line) and ``timed_out``; the

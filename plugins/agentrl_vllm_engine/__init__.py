@@ -57,9 +57,9 @@ from agentrl import (
     SamplingParams,
     build_plugin_config,
     hookimpl,
+    one_line,
     stop_token_ids,
 )
-from agentrl.errors import one_line
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
