@@ -319,7 +319,7 @@ def test_env_contract_violations_are_named_before_the_model_loads(tiny_model_dir
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the env was checked")
 
-    monkeypatch.setattr("agentrl.trainer.load_model", no_model)
+    monkeypatch.setattr("agentrl.build.load_model", no_model)
     config = _config(tiny_model_dir, tmp_path, env=f"{faults}:{cls}", **overrides)
     with pytest.raises(EnvError, match=re.escape(message)):
         Trainer(config, load_plugins())
