@@ -298,7 +298,8 @@ def _agentrl_imports(module: str) -> set[str]:
     root = Path(agentrl.__file__).parent
 
     def source(name: str) -> Path:
-        return root / (name.removeprefix("agentrl.").replace(".", "/") + ".py")
+        path = root / name.removeprefix("agentrl.").replace(".", "/")
+        return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
     found = set()
     for node in ast.walk(ast.parse(source(module).read_text(encoding="utf-8"))):
