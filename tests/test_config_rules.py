@@ -1,0 +1,40 @@
+"""The declarative field rules (agentrl.config_rules): pydantic checks, our words."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import pytest
+from pydantic import Field
+
+from agentrl.config_rules import Allowed, Note, OneOf, allowed_words, rule_failure
+
+
+@dataclass
+class _Knobs:
+    count: Annotated[int, Field(ge=1)] = 1
+    share: Annotated[float, Field(gt=0, le=1), Note("a fraction")] = 0.5
+    cap: Annotated[int, Field(ge=1)] | None = None
+    mode: Annotated[str, OneOf("a", "b")] = "a"
+    flag: Annotated[int, OneOf(1, 2)] = 1
+    word: Annotated[str, Allowed("a word")] = "x"
+    free: int = 0
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("count", 0, ">= 1"), ("share", 0, "in (0, 1] (a fraction)"), ("share", 1.5, "in (0, 1] (a fraction)"),
+    ("cap", 0, ">= 1 or null"), ("mode", "c", "one of a, b"), ("flag", True, "one of 1, 2"),
+])
+def test_a_value_outside_its_rule_is_described(key: str, value: object, words: str) -> None:
+    assert rule_failure(_Knobs, key, value) == words
+
+
+@pytest.mark.parametrize(("key", "value"), [("count", 1), ("share", 1), ("cap", None), ("cap", 3), ("mode", "b"),
+                                            ("flag", 2), ("free", -5), ("word", "y")])
+def test_a_value_within_its_rule_passes(key: str, value: object) -> None:
+    assert rule_failure(_Knobs, key, value) is None
+
+
+def test_allowed_replaces_the_words_from_the_bounds() -> None:
+    assert allowed_words(Annotated[int, Field(ge=0), Allowed("an integer in [0, 2**32)")]) == "an integer in [0, 2**32)"
