@@ -13,6 +13,7 @@ are checked before, by :func:`agentrl.config_checks.check_types`; these are the 
 from __future__ import annotations
 
 import functools
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -113,3 +114,37 @@ def _bounds(metadata: list[Any]) -> str:
         return f"<= {high.le}" if isinstance(high, Le) else f"< {high.lt}"
     return ""
 
+
+
+def expected_words(hint: Any, value: Any) -> str:
+    """The rule of ``hint`` as :class:`~agentrl.config_checks.ConfigCheck` words (``expected None or a
+    number in (0, 1)``, ``expected one of 'a', 'b'``), or its :class:`Allowed` text as it is."""
+    optional = type(None) in typing.get_args(hint) and typing.get_origin(hint) in (typing.Union, types.UnionType)
+    inner = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+    metadata = [m for item in (*getattr(hint, "__metadata__", ()), *getattr(inner, "__metadata__", ()))
+                for m in getattr(item, "metadata", [item])]
+    allowed = next((m.text for m in metadata if isinstance(m, Allowed)), None)
+    if allowed is not None:
+        return allowed
+    none = "None or " if optional else ""
+    choices = next((m.choices for m in metadata if isinstance(m, OneOf)), None)
+    if choices is not None:
+        return f"expected {none}one of {', '.join(repr(c) for c in sorted(choices, key=str))}"
+    base = typing.get_args(inner)[0] if typing.get_origin(inner) is Annotated else inner
+    finite = not isinstance(value, float) or math.isfinite(value)
+    kind = "an integer" if base is int else "a number" if finite else "a finite number"
+    return f"expected {none}{kind} {_bounds(metadata)}".rstrip()
+
+
+def declared_failure(config: Any) -> tuple[str, str] | None:
+    """(key, :func:`expected_words`) of the first field of the dataclass instance ``config`` whose
+    value breaks its declared rule (a float must also be finite), else None."""
+    for key, (adapter, hint) in _rules(type(config)).items():
+        value = getattr(config, key)
+        try:
+            adapter.validate_python(value, strict=True)  # strict: True and 2.0 are not ints
+        except ValidationError:
+            return key, expected_words(hint, value)
+        if isinstance(value, float) and not math.isfinite(value):
+            return key, expected_words(hint, value)
+    return None

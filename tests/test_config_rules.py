@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Annotated
 
 import pytest
 from pydantic import Field
 
+from agentrl import ConfigCheck, ConfigError
 from agentrl.config_rules import Allowed, Note, OneOf, allowed_words, rule_failure
 
 
@@ -38,3 +41,25 @@ def test_a_value_within_its_rule_passes(key: str, value: object) -> None:
 
 def test_allowed_replaces_the_words_from_the_bounds() -> None:
     assert allowed_words(Annotated[int, Field(ge=0), Allowed("an integer in [0, 2**32)")]) == "an integer in [0, 2**32)"
+
+
+@dataclass
+class _PluginKnobs:
+    rate: Annotated[float, Field(gt=0, lt=1)] | None = None
+    steps: Annotated[int, Field(ge=1)] = 1
+    mode: Annotated[str, OneOf("b", "a")] = "a"
+
+    def __post_init__(self) -> None:
+        ConfigCheck(self, "plugins.knobs").declared()
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"rate": 1}, "plugins.knobs.rate=1 is invalid: expected None or a number in (0, 1)"),
+    ({"rate": math.inf}, "plugins.knobs.rate=inf is invalid: expected None or a finite number in (0, 1)"),
+    ({"steps": True}, "plugins.knobs.steps=True is invalid: expected an integer >= 1"),
+    ({"steps": 2.0}, "plugins.knobs.steps=2.0 is invalid: expected an integer >= 1"),
+    ({"mode": "c"}, "plugins.knobs.mode='c' is invalid: expected one of 'a', 'b'"),
+])
+def test_config_check_declared_words_a_broken_rule_as_config_check_does(values: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _PluginKnobs(**values)
