@@ -61,9 +61,14 @@ class OneOf:
 
 @functools.lru_cache(maxsize=None)
 def _rules(config_class: type[Any]) -> dict[str, tuple[TypeAdapter[Any], Any]]:
-    """Field name -> (its pydantic validator, its hint) for the fields whose hint carries a rule."""
-    hints = get_type_hints(config_class, include_extras=True)
-    return {key: (TypeAdapter(hint), hint) for key, hint in hints.items() if _annotated(hint)}
+    """Field name -> (its pydantic validator, its hint) for the fields whose hint carries a rule; a
+    subclass that only changes a field's default (a plain hint) keeps its base class's rule."""
+    rules: dict[str, tuple[TypeAdapter[Any], Any]] = {}
+    for cls in reversed(config_class.__mro__):
+        hints = get_type_hints(cls, include_extras=True)
+        rules.update({key: (TypeAdapter(hints[key]), hints[key]) for key in vars(cls).get("__annotations__", {})
+                      if _annotated(hints[key])})
+    return rules
 
 
 def _annotated(hint: Any) -> bool:

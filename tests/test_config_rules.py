@@ -63,3 +63,14 @@ class _PluginKnobs:
 def test_config_check_declared_words_a_broken_rule_as_config_check_does(values: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         _PluginKnobs(**values)
+
+
+@dataclass
+class _NewDefaults(_PluginKnobs):
+    steps: int = 5  # a new default only: the base class's rule still holds
+
+
+def test_a_subclass_that_changes_a_default_keeps_the_rule() -> None:
+    with pytest.raises(ConfigError, match=re.escape("plugins.knobs.steps=0 is invalid: expected an integer >= 1")):
+        _NewDefaults(steps=0)
+    assert _NewDefaults().steps == 5
