@@ -20,7 +20,7 @@ from pydantic import Field, StringConstraints
 
 # ConfigCheck is re-exported, so ``from agentrl.config import ConfigCheck`` keeps working.
 from agentrl.config_checks import ConfigCheck, build_plugin_config, check_types, with_int_floats  # noqa: F401
-from agentrl.config_rules import Allowed, Note, OneOf, rule_failure
+from agentrl.config_rules import Allowed, Note, OneOf, check_declared
 from agentrl.errors import ConfigError, one_line
 from agentrl.imports import absolute_spec
 from agentrl.lora_config import lora_options
@@ -187,14 +187,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         """Check every value against its field's type and declared range, then the rules that
         relate fields; make ``env`` and reward paths absolute."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        check_types(TrainConfig, values)
-        for key, value in values.items():
-            allowed = rule_failure(TrainConfig, key, value)
-            if allowed is not None:
-                shown = list(value) if isinstance(value, tuple) else value
-                raise ConfigError(f"{key} must be {allowed}{';' if allowed.startswith('one of ') else ','} "
-                                  f"got {shown!r}")
+        check_types(TrainConfig, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        check_declared(self, strict=False)  # the types are checked: adam_betas may be a list
         if self.max_total_tokens <= self.max_new_tokens:
             # The prompt must fit too: that check needs the env and the tokenizer, so it belongs in the
             # Trainer once both are built (tokenise a few ``env.start(task)`` and compare).

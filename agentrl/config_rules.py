@@ -23,6 +23,8 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
+from agentrl.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Allowed:
@@ -75,14 +77,27 @@ def _annotated(hint: Any) -> bool:
     return typing.get_origin(hint) is Annotated or any(_annotated(a) for a in typing.get_args(hint))
 
 
-def rule_failure(config_class: type[Any], key: str, value: Any) -> str | None:
+def check_declared(config: Any, section: str = "", *, strict: bool = True) -> None:
+    """Raise ConfigError ``KEY must be WORDS, got VALUE`` (``SECTION.KEY`` where given; ``; got``
+    after ``one of``) for the first field of the dataclass instance ``config`` that breaks its
+    declared rule. ``strict``: True and 2.0 are not ints, and a list is not a tuple."""
+    for key in _rules(type(config)):
+        value = getattr(config, key)
+        allowed = rule_failure(type(config), key, value, strict=strict)
+        if allowed is not None:
+            shown = list(value) if isinstance(value, tuple) else value
+            name = f"{section}.{key}" if section else key
+            raise ConfigError(f"{name} must be {allowed}{';' if allowed.startswith('one of ') else ','} got {shown!r}")
+
+
+def rule_failure(config_class: type[Any], key: str, value: Any, *, strict: bool = False) -> str | None:
     """None if ``value`` keeps the rule declared on ``config_class``'s field ``key`` (or it declares
     none), else what is allowed, in words (``>= 1``, ``in (0, 1]``, ``one of a, b``, ``>= 1 or null``)."""
     rule = _rules(config_class).get(key)
     if rule is None:
         return None
     try:
-        rule[0].validate_python(value)
+        rule[0].validate_python(value, strict=strict)
     except ValidationError:
         return allowed_words(rule[1])
     return None

@@ -11,7 +11,7 @@ import pytest
 from pydantic import Field
 
 from agentrl import ConfigCheck, ConfigError
-from agentrl.config_rules import Allowed, Note, OneOf, allowed_words, rule_failure
+from agentrl.config_rules import Allowed, Note, OneOf, allowed_words, check_declared, rule_failure
 
 
 @dataclass
@@ -74,3 +74,14 @@ def test_a_subclass_that_changes_a_default_keeps_the_rule() -> None:
     with pytest.raises(ConfigError, match=re.escape("plugins.knobs.steps=0 is invalid: expected an integer >= 1")):
         _NewDefaults(steps=0)
     assert _NewDefaults().steps == 5
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"count": True}, "engine_args.count must be >= 1, got True"),
+    ({"mode": "c"}, "engine_args.mode must be one of a, b; got 'c'"),
+    ({"cap": 0}, "engine_args.cap must be >= 1 or null, got 0"),
+])
+def test_check_declared_names_the_key_the_value_and_what_is_allowed(values: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_declared(_Knobs(**values), "engine_args")
+    check_declared(_Knobs(), "engine_args")

@@ -53,12 +53,12 @@ from pydantic import Field
 from torch import nn
 
 from agentrl import (
-    OneOf,
     ClippedPolicy,
     ClippedPolicyConfig,
     ConfigCheck,
     LossContext,
     LossOutput,
+    OneOf,
     SetupContext,
     TrainableModule,
     TrainBatch,
