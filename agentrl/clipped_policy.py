@@ -12,12 +12,14 @@ the loss (:meth:`ClippedPolicy.kl_in_loss`). Shape letters: n rows of a micro-ba
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import torch
+from pydantic import Field
 
 from agentrl.algorithm import Algorithm, LossContext
 from agentrl.config_checks import ConfigCheck
+from agentrl.config_rules import OneOf
 from agentrl.objectives import AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, masked, policy_loss
 
 
@@ -25,23 +27,23 @@ from agentrl.objectives import AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, m
 class ClippedPolicyConfig:
     """The ``algorithm:`` options every clipped-policy algorithm shares (subclass it)."""
 
-    epsilon_low: float = 0.2
+    epsilon_low: Annotated[float, Field(ge=0, lt=1)] = 0.2
     """Lower clip range of the policy ratio: clipped at ``1 - epsilon_low``. In [0, 1)."""
-    epsilon_high: float = 0.2
+    epsilon_high: Annotated[float, Field(ge=0)] = 0.2
     """Upper clip range of the policy ratio: clipped at ``1 + epsilon_high`` (> epsilon_low: DAPO's
     clip-higher). >= 0."""
     delta: float | None = None
     """Two-sided clipping (INTELLECT-2): cap on the unclipped ratio, > 1 + epsilon_high; None: off."""
-    beta: float = 0.0
+    beta: Annotated[float, Field(ge=0)] = 0.0
     """KL coefficient to a frozen reference policy; > 0 loads a frozen reference model. >= 0."""
-    kl_estimator: str | None = None
+    kl_estimator: Annotated[str, OneOf(*KL_ESTIMATORS)] | None = None
     """KL estimator in the loss: "k1", "k2" (reverse-KL gradient on-policy) or "k3" (DeepSeekMath)."""
-    loss_type: str = "dapo"
+    loss_type: Annotated[str, OneOf(*AGGREGATIONS)] = "dapo"
     """Aggregation: "dapo" (rollout tokens), "bnpo" (step tokens), "grpo" (per-sequence mean), "dr_grpo"."""
-    importance_sampling_level: str = "token"
+    importance_sampling_level: Annotated[str, OneOf(*IMPORTANCE_LEVELS)] = "token"
     """Importance ratio: "token" (GRPO, PPO), "sequence" (GSPO: the length-normalised sequence ratio,
     clipped per sequence) or "sequence_token" (GSPO-token: that ratio, gradient per token)."""
-    mini_batches: int = 1
+    mini_batches: Annotated[int, Field(ge=1)] = 1
     """Optimizer steps per pass: the rollout batch's episodes are split into this many parts
     (TRL's steps_per_generation); > 1 makes the clipping matter. >= 1."""
 
@@ -54,11 +56,10 @@ class ClippedPolicyConfig:
 
     def validate(self, check: ConfigCheck) -> None:
         """Check the shared options; a subclass extends it, calling this first."""
-        check.clipping()
-        check.choice("kl_estimator", KL_ESTIMATORS, optional=not self.kl_estimator_required)
-        check.choice("loss_type", AGGREGATIONS)
-        check.choice("importance_sampling_level", IMPORTANCE_LEVELS)
-        check.integer("mini_batches", low=1)
+        check.declared()
+        high = 1 + self.epsilon_high  # delta's bound depends on epsilon_high
+        check.number("delta", low=high, low_open=True, optional=True,
+                     allowed=f"expected None or a number > 1 + epsilon_high = {high}")
 
 
 class ClippedPolicy(Algorithm):

@@ -13,32 +13,39 @@ import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import Field, StringConstraints
 
 # ConfigCheck is re-exported, so ``from agentrl.config import ConfigCheck`` keeps working.
 from agentrl.config_checks import ConfigCheck, build_plugin_config, check_types, with_int_floats  # noqa: F401
+from agentrl.config_rules import Allowed, Note, OneOf, check_declared
 from agentrl.errors import ConfigError, one_line
 from agentrl.imports import absolute_spec
 from agentrl.lora_config import lora_options
+
+Positive = Annotated[int, Field(ge=1)]
+NonNegative = Annotated[int, Field(ge=0)]
+Beta = Annotated[float, Field(ge=0, lt=1)]
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1), Allowed("a non-empty name")]
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Configuration of one training run (YAML file + CLI flags + ``--set key=value``)."""
 
-    model: str = "smollm2-135m"
+    model: Name = "smollm2-135m"
     """Local HF folder, run dir, hub id, or alias (``smollm2-135m``: the embedded default)."""
-    env: str = "math"
+    env: Name = "math"
     """Environment name (``agentrl plugins`` lists them) or ``path/to/file.py:ClassName``."""
     env_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment's constructor."""
-    algo: str = "grpo"
+    algo: Name = "grpo"
     """Algorithm name."""
     algorithm: dict[str, Any] = field(default_factory=dict)
     """Options of the algorithm (validated by its config class, e.g. GRPOConfig)."""
-    engine: str = "hf"
+    engine: Name = "hf"
     """Generation engine name."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Options of the engine (e.g. ``dtype: bfloat16``)."""
@@ -50,63 +57,64 @@ class TrainConfig:
     """Settings of step-hook plugins, one section per plugin (``plugins.sampler_correction.mode:
     tis``); each plugin registers and validates its own section, ``--print-config`` lists them all
     with their defaults. A step-hook plugin does nothing unless its section turns it on."""
-    rollout: str = "multi_turn"
+    rollout: Name = "multi_turn"
     """Rollout function name (multi_turn also covers single-turn envs)."""
     rewards: dict[str, float] | None = None
     """Reward functions (registered names, ``file.py:func`` or ``module:func``; agentrl- or
     TRL-style) and their weights, added to the env's own reward. None: the env's
     ``default_rewards``; a mapping replaces them (list them again to keep them)."""
-    reward_completion_format: str = "conversational"
+    reward_completion_format: Annotated[str, OneOf("conversational", "plain")] = "conversational"
     """What TRL-style reward functions receive as ``completions`` and ``prompts``: ``conversational``
     (message lists, as TRL gives for chat datasets) or ``plain`` (the final reply's text; the last
     opening user message's text)."""
     env_reward_weight: float = 1.0
     """Weight of the environment's own reward (its per-turn rewards summed)."""
 
-    max_steps: int = 40
+    max_steps: Positive = 40
     """Optimizer steps (one rollout batch each, times ``num_iterations``)."""
-    prompts_per_step: int = 4
+    prompts_per_step: Positive = 4
     """Tasks sampled per step; each is rolled out ``num_generations`` times."""
-    num_generations: int = 8
+    num_generations: Positive = 8
     """Group size: episodes per task (GRPO needs >= 2)."""
-    max_new_tokens: int = 64
+    max_new_tokens: Positive = 64
     """Cap on tokens the model samples in one turn."""
-    max_sampled_tokens: int | None = None
+    max_sampled_tokens: Positive | None = None
     """Cap on tokens the model samples over an episode (None: max_new_tokens x env max_turns);
     also Dr. GRPO's normalising constant."""
-    max_total_tokens: int = 2048
+    max_total_tokens: Positive = 2048
     """Cap on a whole episode's tokens (prompt, sampled, env); reaching it truncates."""
-    temperature: float = 1.0
+    temperature: Annotated[float, Field(gt=0),
+                           Allowed("> 0 for training (greedy samples give identical groups)")] = 1.0
     """Sampling temperature; trainer logprobs use the same temperature."""
-    top_p: float = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Nucleus sampling mass (1.0 = off)."""
-    top_k: int = 0
+    top_k: Annotated[int, Field(ge=0), Note("0: off")] = 0
     """Top-k sampling (0 = off)."""
 
-    learning_rate: float = 2e-5
+    learning_rate: Annotated[float, Field(gt=0)] = 2e-5
     """AdamW peak learning rate."""
-    lr_scheduler: str = "wsd"
+    lr_scheduler: Annotated[str, OneOf("wsd", "constant", "linear", "cosine")] = "wsd"
     """``wsd`` (warm-up, stable, decay: constant, then linear to 0 over the last
     ``lr_decay_fraction`` of the run), ``constant``, ``linear`` (decay to 0) or ``cosine``; after
     ``warmup_steps``."""
-    warmup_steps: int = 0
+    warmup_steps: NonNegative = 0
     """Linear warm-up steps."""
-    lr_decay_fraction: float = 0.375
+    lr_decay_fraction: Annotated[float, Field(gt=0, le=1), Note("the share of the run the wsd decay lasts")] = 0.375
     """``wsd`` only: share of the optimizer steps after warm-up that decay the learning rate
     linearly to 0 (rounded, at least one step); 0.375 is the last 15 of the default 40 steps."""
-    weight_decay: float = 0.0
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
     """AdamW weight decay."""
-    adam_betas: tuple[float, float] = (0.9, 0.99)
+    adam_betas: Annotated[tuple[Beta, Beta], Allowed("two numbers in [0, 1)")] = (0.9, 0.99)
     """AdamW betas."""
-    max_grad_norm: float | None = 1.0
+    max_grad_norm: Annotated[float, Field(gt=0)] | None = 1.0
     """Clip the global gradient norm to this (None: no clipping)."""
-    micro_batch_size: int = 8
+    micro_batch_size: Positive = 8
     """Sequences per forward/backward at most; a step accumulates over all its micro-batches."""
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: Positive = 4096
     """Padded tokens per forward/backward at most (rows x longest row): long multi-turn episodes
     go fewer to a micro-batch, which bounds activation memory (about 1.8 MB per token for the
     default model in bf16 autocast). A row longer than this goes alone."""
-    precision: str = "auto"
+    precision: Annotated[str, OneOf("auto", "bf16", "fp32")] = "auto"
     """``auto``: ``bf16`` where the hardware computes bf16 natively (a CPU with AMX or AVX512-BF16,
     a GPU with bf16), ``fp32`` elsewhere (on an AVX2-only CPU bf16 is ~30x slower), decided at
     start-up and printed with its reason (:mod:`agentrl.precision`); ``bf16`` (autocast, fp32
@@ -121,21 +129,22 @@ class TrainConfig:
     failed, has zero group-relative advantage) by rolling out more tasks, up to
     ``max_sampling_rounds`` rounds per step, until ``prompts_per_step`` such groups are found; if
     the rounds run out the batch is filled with zero-spread groups. Logs ``sampling/*``."""
-    max_sampling_rounds: int = 3
+    max_sampling_rounds: Positive = 3
     """Rollout rounds per step at most with ``dynamic_sampling`` (the first one included); a refill
     round rolls out only the missing groups."""
     mask_truncated_completions: bool = False
     """Drop episodes cut by a length/turn limit from the loss (DAPO overlong filtering)."""
 
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, lt=2**32), Allowed("an integer in [0, 2**32)")] = 0
     """Seed for model init, task order and sampling."""
-    output_dir: str | None = None
+    output_dir: Annotated[Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] | None,
+                          Allowed("a folder path or null (runs/<env>-<algo>-<time>)")] = None
     """Run directory (None: ``runs/<env>-<algo>-<timestamp>``)."""
-    eval_tasks: int = 64
+    eval_tasks: NonNegative = 64
     """Held-out tasks evaluated before and after training (0: skip evaluation)."""
-    eval_every: int = 10
+    eval_every: NonNegative = 10
     """Also evaluate every this many steps (0: only before and after)."""
-    eval_temperature: float = 0.0
+    eval_temperature: Annotated[float, Field(ge=0), Note("0: greedy")] = 0.0
     """Temperature for evaluation (0: greedy)."""
     eval_sampled: bool = True
     """Also report accuracy at the training temperature (``eval/accuracy_sampled``)."""
@@ -147,15 +156,15 @@ class TrainConfig:
     answers, which the run is also rewarded for. The last
     step's policy goes to ``<run_dir>/last`` when it is not the best. ``eval.json`` records which.
     False: ``model/`` is always the last policy. Needs ``eval_tasks`` > 0."""
-    log_completions_every: int = 10
+    log_completions_every: NonNegative = 10
     """Write sampled conversations to ``completions.jsonl`` every this many steps (0: never)."""
     save_model: bool = True
     """Save the trained policy to ``<run_dir>/model`` at the end."""
-    checkpoint_every: int = 10
+    checkpoint_every: NonNegative = 10
     """Write a resumable checkpoint (``<run_dir>/checkpoints/step-N``: policy, algorithm-owned
     modules, optimizers, schedules, RNG states, task cursor, metrics position) every this many
     steps (0: only on Ctrl-C and at the end); ``agentrl train --resume RUN_DIR`` continues."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: Positive = 2
     """Checkpoints kept on disk (the newest); older ones are deleted after a new one is complete."""
     keep_finished_checkpoints: bool = False
     """Leave a finished run's checkpoints as written (the newest ``keep_checkpoints``, whole), so
@@ -164,70 +173,27 @@ class TrainConfig:
     (AdamW's are twice the weights) and without the policy's weights when ``model/`` (or
     ``last/``) holds the same; ``--resume --max-steps N`` still continues it, its moments starting
     afresh. A run stopped by Ctrl-C or an error always keeps its checkpoints whole."""
-    max_nonfinite_steps: int = 3
+    max_nonfinite_steps: Positive = 3
     """Stop the run when this many steps in a row were skipped for a non-finite loss, gradient
     or reward (every episode unscored)."""
-    call_timeout_s: float = 60.0
+    call_timeout_s: Annotated[float, Field(gt=0)] = 60.0
     """Limit on one call of a reward function or an env method (``reset``/``step``), in seconds."""
-    on_call_error: str = "skip"
+    on_call_error: Annotated[str, OneOf("skip", "fail")] = "skip"
     """What a reward function or env call that raises or exceeds ``call_timeout_s`` does:
     ``skip`` scores that episode as missing (no gradient from it), counts it in
     ``errors/reward/<name>`` or ``errors/env`` and goes on; ``fail`` stops the run naming the plugin, the sample and
     the exception."""
 
     def __post_init__(self) -> None:
+        """Check every value against its field's type and declared range, then the rules that
+        relate fields; make ``env`` and reward paths absolute."""
         check_types(TrainConfig, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
-        for key in ("model", "env", "algo", "engine", "rollout"):
-            if not getattr(self, key).strip():
-                raise ConfigError(f"{key} must be a non-empty name, got {getattr(self, key)!r}")
-        if self.output_dir is not None and not self.output_dir.strip():
-            raise ConfigError("output_dir must be a folder path or null (runs/<env>-<algo>-<time>), got ''")
-        positive = ("max_steps", "prompts_per_step", "num_generations", "max_new_tokens", "max_total_tokens",
-                    "micro_batch_size", "micro_batch_tokens", "keep_checkpoints", "max_nonfinite_steps",
-                    "max_sampling_rounds")
-        for key in positive:
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("eval_tasks", "eval_every", "warmup_steps", "log_completions_every",
-                    "checkpoint_every"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)!r}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0: off), got {self.top_k!r}")
-        if not 0 <= self.seed < 2**32:
-            raise ConfigError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
-        if self.max_sampled_tokens is not None and self.max_sampled_tokens < 1:
-            raise ConfigError(f"max_sampled_tokens must be >= 1 or null, got {self.max_sampled_tokens!r}")
+        check_declared(self, strict=False)  # the types are checked: adam_betas may be a list
         if self.max_total_tokens <= self.max_new_tokens:
             # The prompt must fit too: that check needs the env and the tokenizer, so it belongs in the
             # Trainer once both are built (tokenise a few ``env.start(task)`` and compare).
             raise ConfigError(f"max_total_tokens={self.max_total_tokens} must be > max_new_tokens="
                               f"{self.max_new_tokens}: an episode holds the prompt and the sampled tokens")
-        if self.temperature <= 0:
-            raise ConfigError(f"temperature must be > 0 for training (greedy samples give identical groups), "
-                              f"got {self.temperature!r}")
-        if self.eval_temperature < 0:
-            raise ConfigError(f"eval_temperature must be >= 0 (0: greedy), got {self.eval_temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.learning_rate <= 0:
-            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
-        if not 0 < self.lr_decay_fraction <= 1:
-            raise ConfigError(f"lr_decay_fraction must be in (0, 1] (the share of the run the wsd decay lasts), "
-                              f"got {self.lr_decay_fraction!r}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if not all(0 <= beta < 1 for beta in self.adam_betas):
-            raise ConfigError(f"adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)!r}")
-        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
-            raise ConfigError(f"max_grad_norm must be > 0 or null, got {self.max_grad_norm!r}")
-        if self.call_timeout_s <= 0:
-            raise ConfigError(f"call_timeout_s must be > 0, got {self.call_timeout_s!r}")
-        for key, allowed in (("lr_scheduler", ("wsd", "constant", "linear", "cosine")), ("precision", ("auto", "bf16", "fp32")),
-                             ("reward_completion_format", ("conversational", "plain")),
-                             ("on_call_error", ("skip", "fail"))):
-            if getattr(self, key) not in allowed:
-                raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got {getattr(self, key)!r}")
         if self.rewards is not None and "" in self.rewards:
             raise ConfigError("rewards has an empty name: use a registered name, file.py:func or module:func")
         if self.env_reward_weight == 0 and self.rewards is not None and not any(self.rewards.values()):

@@ -12,6 +12,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, get_type_hints
 
+from agentrl.config_rules import declared_failure
 from agentrl.errors import AgentRLError, ConfigError, one_line
 
 
@@ -119,6 +120,13 @@ class ConfigCheck:
     def fail(self, key: str, allowed: str) -> typing.NoReturn:
         """Raise the ConfigError for ``key``'s current value."""
         raise ConfigError(f"{self.section}.{key}={getattr(self.config, key)!r} is invalid: {allowed}")
+
+    def declared(self) -> None:
+        """Every field whose type hint declares a rule (:mod:`agentrl.config_rules`: pydantic's
+        ``Field(ge=...)``, :class:`~agentrl.config_rules.OneOf`, ...), in field order."""
+        failure = declared_failure(self.config)
+        if failure is not None:
+            self.fail(*failure)
 
     def number(self, key: str, low: float | None = None, high: float | None = None, *, low_open: bool = False,
                high_open: bool = False, optional: bool = False, allowed: str | None = None) -> None:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import torch
+from pydantic import Field
 
 from agentrl.algorithm import LossContext, LossOutput
 from agentrl.clipped_policy import ClippedPolicy, ClippedPolicyConfig
-from agentrl.config_checks import ConfigCheck
+from agentrl.config_rules import OneOf
+from agentrl.objectives import KL_ESTIMATORS
 from agentrl.distributed import all_sum
 from agentrl.errors import ConfigError
 from agentrl.trajectory import TrainBatch
@@ -28,22 +30,15 @@ class GroupRelativeConfig(ClippedPolicyConfig):
 
     epsilon_high: float = 0.28
     """Upper clip range: the ratio is clipped at ``1 + epsilon_high`` (DAPO's clip-higher). >= 0."""
-    kl_estimator: str = "k3"
+    kl_estimator: Annotated[str, OneOf(*KL_ESTIMATORS)] = "k3"
     """KL estimator in the loss: "k1", "k2" (reverse-KL gradient on-policy) or "k3" (DeepSeekMath)."""
-    scale_rewards: str = "group"
+    scale_rewards: Annotated[str, OneOf(*_SCALES)] = "group"
     """Advantage scaling: "group" (group std), "batch" (std over the batch) or "none" (Dr. GRPO)."""
-    num_iterations: int = 1
+    num_iterations: Annotated[int, Field(ge=1)] = 1
     """Optimizer passes over each rollout batch (GRPO's mu); > 1 makes the clipping matter. >= 1."""
-    std_epsilon: float = 1e-4
+    std_epsilon: Annotated[float, Field(gt=0)] = 1e-4
     """Floor on the std that advantages are divided by. > 0."""
     kl_estimator_required: ClassVar[bool] = True
-
-    def validate(self, check: ConfigCheck) -> None:
-        """The shared options, then these."""
-        super().validate(check)
-        check.choice("scale_rewards", _SCALES)
-        check.integer("num_iterations", low=1)
-        check.number("std_epsilon", low=0, low_open=True)
 
 
 # ---------------------------------------------------------------------------------------------

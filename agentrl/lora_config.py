@@ -4,9 +4,12 @@ peft here, so the config loads without them; :mod:`agentrl.lora` applies it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from agentrl.config_checks import ConfigCheck, build_plugin_config
+from agentrl.config_rules import Allowed, OneOf
 
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every linear layer of a Llama-style decoder block (SmolLM2, Llama, Qwen, Mistral)."""
@@ -16,26 +19,23 @@ LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 class LoRAConfig:
     """Options of LoRA (the ``lora`` section of the run config)."""
 
-    r: int = 16
+    r: Annotated[int, Field(ge=1)] = 16
     """Rank of each adapter (``B A`` is ``out x r`` times ``r x in``)."""
-    alpha: float | None = None
+    alpha: Annotated[float, Field(gt=0), Allowed("expected null (2 * r) or a finite number > 0")] | None = None
     """The adapter's output is scaled by ``alpha / r``; None: ``2 * r`` (a scale of 2)."""
-    dropout: float = 0.0
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     """Dropout on the adapter's input. Only 0: agentrl runs the policy in eval mode, since dropout
     in the trainer's forward makes the sampler/trainer ratio differ from 1 at step 0 (TRAPS 14)."""
     target_modules: list[str] | str = field(default_factory=lambda: list(LLAMA_TARGETS))
     """Names (suffixes) of the linear layers that get an adapter, or ``all-linear`` (every linear
     layer but the output head: the default list on Llama-style models, the choice for others)."""
-    bias: str = "none"
+    bias: Annotated[str, OneOf("none"), Allowed("expected 'none' (trained biases would change the base model the reference policy is)")] = "none"
     """Only ``none``: biases stay frozen, so the adapter switched off is the base model exactly."""
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
         check = ConfigCheck(self, "lora")
-        check.integer("r", low=1)
-        check.number("alpha", low=0, low_open=True, optional=True, allowed="expected null (2 * r) or a finite "
-                      "number > 0")
-        check.number("dropout", low=0, high=1, high_open=True)
+        check.declared()
         if self.dropout != 0:
             check.fail("dropout", "expected 0: the policy runs in eval mode, and dropout only in the trainer's "
                        "forward would make every importance ratio differ from 1 at step 0 (TRAPS 14)")
@@ -44,8 +44,6 @@ class LoRAConfig:
                 isinstance(n, str) and n.strip() for n in names)):
             check.fail("target_modules", "expected 'all-linear' or a non-empty list of layer names "
                        f"(e.g. {', '.join(LLAMA_TARGETS)})")
-        check.choice("bias", ("none",), allowed="expected 'none' (trained biases would change the base model "
-                     "the reference policy is)")
 
     @property
     def lora_alpha(self) -> float:

@@ -12,8 +12,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER_LINES, MODULE_LINES, FUNCTION_LINES = 350, 400, 60
 PENDING = {
-    "agentrl/config.py": "the one declarative validation path of issue 33 replaces its hand-written checks",
-    "agentrl/config.py:TrainConfig.__post_init__": "the same",
 }
 
 

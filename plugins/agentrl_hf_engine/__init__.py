@@ -37,19 +37,22 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 from transformers import DynamicCache
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from agentrl import (
-    ConfigError,
+    Allowed,
     Engine,
     EngineError,
     Generation,
+    OneOf,
     SamplingParams,
     build_plugin_config,
+    check_declared,
     hookimpl,
     resolve_precision,
     stop_token_ids,
@@ -64,19 +67,17 @@ _NO_IDS = torch.empty(0, 0, dtype=torch.long)  # the warpers' unused input_ids
 class HFEngineConfig:
     """Options of the ``hf`` engine (``engine_args`` in the run config)."""
 
-    dtype: str = "auto"
+    dtype: Annotated[str, OneOf("auto", *DTYPES)] = "auto"
     """``auto``: ``bfloat16`` when the run's ``precision`` resolves to bf16, else ``float32``;
     ``bfloat16``: sample from a bf16 copy of the weights, synced after each step (faster where the
     CPU has native bf16); ``float32``: sample from the trainer's own model object (exact logprob
     parity)."""
-    batch_size: int = 64
+    batch_size: Annotated[int, Field(ge=1), Allowed("an integer >= 1")] = 64
     """Most prompts decoded together; larger requests are split."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.dtype, str) or self.dtype not in ("auto", *DTYPES):
-            raise ConfigError(f"engine_args.dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"engine_args.batch_size must be an integer >= 1, got {self.batch_size!r}")
+        """Raise ConfigError naming the key, the bad value and what is allowed."""
+        check_declared(self, "engine_args")
 
 
 def sampling_dtype(asked: str, precision: str, device: torch.device) -> str:

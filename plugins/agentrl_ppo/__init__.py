@@ -46,8 +46,10 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from agentrl import (
@@ -56,6 +58,7 @@ from agentrl import (
     ConfigCheck,
     LossContext,
     LossOutput,
+    OneOf,
     SetupContext,
     TrainableModule,
     TrainBatch,
@@ -74,28 +77,28 @@ class PPOConfig(ClippedPolicyConfig):
     :class:`agentrl.ClippedPolicyConfig` (clipping, ``beta``, ``loss_type``, ``importance_sampling_level``,
     ``mini_batches``) and these."""
 
-    gamma: float = 1.0
+    gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
     """Discount per model token (env tokens are not steps). In [0, 1]."""
-    lam: float = 1.0
+    lam: Annotated[float, Field(ge=0, le=1)] = 1.0
     """GAE lambda: 1 = Monte Carlo return minus the value, 0 = one-step TD. In [0, 1]."""
-    credit: str = "episode"
+    credit: Annotated[str, OneOf(*CREDITS)] = "episode"
     """Where rewards land: "episode" (the total on the last sampled token) or "turn" (each turn's
     env reward on that turn's last sampled token, reward functions on the last)."""
-    critic_learning_rate: float = 5e-5
+    critic_learning_rate: Annotated[float, Field(gt=0)] = 5e-5
     """AdamW learning rate of the critic (its own optimizer, constant after warm-up). > 0."""
-    critic_lr_warmup_steps: int = 0
+    critic_lr_warmup_steps: Annotated[int, Field(ge=0)] = 0
     """Linear warm-up of the critic's learning rate, in optimizer steps. >= 0."""
-    critic_max_grad_norm: float | None = 1.0
+    critic_max_grad_norm: Annotated[float, Field(gt=0)] | None = 1.0
     """Clip the critic's gradient norm to this (None: no clipping). > 0."""
-    critic_warmup_steps: int = 0
+    critic_warmup_steps: Annotated[int, Field(ge=0)] = 0
     """Training steps at the start that update only the critic (the policy is frozen). >= 0."""
-    value_clip: float | None = 0.2
+    value_clip: Annotated[float, Field(gt=0)] | None = 0.2
     """Clip the new value to old value +- this in the value loss (None: no clipping). > 0."""
     whiten_advantages: bool = True
     """Shift and scale advantages to mean 0, std 1 over the rollout batch's sampled tokens."""
-    ppo_epochs: int = 1
+    ppo_epochs: Annotated[int, Field(ge=1)] = 1
     """Passes over each rollout batch. >= 1."""
-    kl_in: str = "reward"
+    kl_in: Annotated[str, OneOf(*KL_PLACES)] = "reward"
     """"reward": -beta x k1 per sampled token in the reward (no gradient; classic RLHF); "loss":
     beta x ``kl_estimator`` in the loss. Never both."""
     kl_estimator: str | None = None
@@ -103,18 +106,10 @@ class PPOConfig(ClippedPolicyConfig):
     always uses k1 (any other value with ``kl_in="reward"`` is refused)."""
 
     def validate(self, check: ConfigCheck) -> None:
-        """The shared options, then PPO's own."""
+        """The shared options and the declared ranges of PPO's own (the base class checks both),
+        then the rules that are code."""
         super().validate(check)
-        check.number("gamma", low=0, high=1)
-        check.number("lam", low=0, high=1)
-        check.choice("credit", CREDITS)
-        check.number("critic_learning_rate", low=0, low_open=True)
-        for key in ("critic_max_grad_norm", "value_clip"):
-            check.number(key, low=0, low_open=True, optional=True)
-        for key, low in (("critic_lr_warmup_steps", 0), ("critic_warmup_steps", 0), ("ppo_epochs", 1)):
-            check.integer(key, low)
         check.flag("whiten_advantages")
-        check.choice("kl_in", KL_PLACES)
         if self.kl_in == "reward" and self.kl_estimator not in (None, "k1"):
             check.fail("kl_estimator", "KL in the reward is k1 with no gradient; set kl_in=loss to use "
                        f"{self.kl_estimator} in the loss (KL in both places double-counts it)")

@@ -33,11 +33,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
-from agentrl import ConfigCheck, TrainBatch, hookimpl, masked
+from pydantic import Field
+
+from agentrl import Allowed, ConfigCheck, OneOf, TrainBatch, hookimpl, masked
 
 MODES = ("off", "measure", "tis", "mis")
 LEVELS = ("token", "sequence", "geometric")
@@ -48,22 +50,18 @@ SECTION = "sampler_correction"
 class SamplerCorrectionConfig:
     """The ``plugins.sampler_correction`` section."""
 
-    mode: str = "off"
+    mode: Annotated[str, OneOf(*MODES), Allowed(f"expected one of {', '.join(MODES)}")] = "off"
     """"off", "measure" (log the mismatch only), "tis" (truncated IS) or "mis" (masked IS)."""
-    level: str = "token"
+    level: Annotated[str, OneOf(*LEVELS), Allowed(f"expected one of {', '.join(LEVELS)}")] = "token"
     """"token", "sequence" (product of token ratios) or "geometric" (their geometric mean)."""
-    cap: float = 2.0
+    cap: Annotated[float, Field(gt=1), Allowed("expected a finite number > 1")] = 2.0
     """Truncation cap of the weight (tis) and upper bound of the kept range (mis). > 1."""
-    lower: float | None = None
+    lower: Annotated[float, Field(gt=0, lt=1)] | None = None
     """Lower bound of the kept range for mis (None: 1 / cap). In (0, 1)."""
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
-        check = ConfigCheck(self, f"plugins.{SECTION}")
-        check.choice("mode", MODES, allowed=f"expected one of {', '.join(MODES)}")
-        check.choice("level", LEVELS, allowed=f"expected one of {', '.join(LEVELS)}")
-        check.number("cap", low=1, low_open=True, allowed="expected a finite number > 1")
-        check.number("lower", low=0, high=1, low_open=True, high_open=True, optional=True)
+        ConfigCheck(self, f"plugins.{SECTION}").declared()
 
     @property
     def low(self) -> float:

@@ -44,16 +44,19 @@ import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 
 from agentrl import (
+    Allowed,
     ConfigCheck,
     ConfigError,
     Engine,
     EngineError,
     Generation,
+    OneOf,
     SamplingParams,
     build_plugin_config,
     hookimpl,
@@ -68,30 +71,26 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 class VLLMEngineConfig:
     """Options of the ``vllm`` engine (``engine_args`` in the run config)."""
 
-    dtype: str = "float32"
+    dtype: Annotated[str, OneOf(*DTYPES), Allowed(f"expected one of {', '.join(DTYPES)}")] = "float32"
     """Weights and activations in vLLM: "float32" (on CPU 3.5x the tokens/s of bf16), "bfloat16",
     "float16" or "auto" (the checkpoint's)."""
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.3
     """Share of GPU memory vLLM may use (weights, activations, KV cache). In (0, 1]."""
-    kv_cache_gb: float | None = None
+    kv_cache_gb: Annotated[float, Field(gt=0), Allowed("expected null or a number > 0")] | None = None
     """KV cache size in GB; None: 2 on CPU (vLLM's automatic size there is a share of RAM minus the
     whole process's memory, the trainer's included), sized by gpu_memory_utilization on a GPU."""
-    max_model_len: int | None = None
+    max_model_len: Annotated[int, Field(ge=1), Allowed("expected null or an integer >= 1")] | None = None
     """Longest sequence vLLM serves (None: the run's ``max_total_tokens``)."""
     enforce_eager: bool = True
     """No CUDA graphs / compilation (faster start-up; graphs help only long GPU runs)."""
-    sleep_level: int = 0
+    sleep_level: Annotated[int, OneOf(0, 1, 2), Allowed("expected 0 (off), 1 or 2")] = 0
     """Sleep between generate calls to free GPU memory for the update: 0 (off), 1 or 2 (GPU only)."""
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
         check = ConfigCheck(self, "engine_args")
-        check.choice("dtype", DTYPES, allowed=f"expected one of {', '.join(DTYPES)}")
-        check.number("gpu_memory_utilization", low=0, high=1, low_open=True)
-        check.number("kv_cache_gb", low=0, low_open=True, optional=True, allowed="expected null or a number > 0")
-        check.integer("max_model_len", low=1, optional=True, allowed="expected null or an integer >= 1")
+        check.declared()
         check.flag("enforce_eager")
-        check.choice("sleep_level", (0, 1, 2), allowed="expected 0 (off), 1 or 2")
 
 
 def logprobs_mode(temperature: float, top_k: int, top_p: float) -> str:

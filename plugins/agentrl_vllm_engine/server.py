@@ -39,9 +39,10 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 
 from agentrl import (ConfigCheck, ConfigError, Engine, EngineError, Generation, SamplingParams, build_plugin_config,
                      stop_token_ids)
@@ -60,11 +61,11 @@ class VLLMServerConfig:
     with ``url`` it must be a folder the server can read)."""
     dtype: str = "float32"
     """``--dtype`` of a launched server."""
-    kv_cache_gb: float = 2.0
+    kv_cache_gb: Annotated[float, Field(gt=0)] = 2.0
     """KV cache of a launched server, in GB."""
-    startup_timeout: float = 300.0
+    startup_timeout: Annotated[float, Field(gt=0)] = 300.0
     """Seconds to wait for a launched server to answer."""
-    request_timeout: float = 600.0
+    request_timeout: Annotated[float, Field(gt=0)] = 600.0
     """Seconds to wait for one completion or weight update."""
 
     def __post_init__(self) -> None:
@@ -74,9 +75,7 @@ class VLLMServerConfig:
         if self.url is not None and self.weights_dir is None:
             raise ConfigError("engine_args.weights_dir is required with engine_args.url: a folder the server "
                               "can read, where the trainer writes the weights it pushes")
-        check = ConfigCheck(self, "engine_args")
-        for key in ("kv_cache_gb", "startup_timeout", "request_timeout"):
-            check.number(key, low=0, low_open=True)
+        ConfigCheck(self, "engine_args").declared()
 
 
 class VLLMServerEngine(Engine):

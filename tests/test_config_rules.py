@@ -1,0 +1,87 @@
+"""The declarative field rules (agentrl.config_rules): pydantic checks, our words."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Annotated
+
+import pytest
+from pydantic import Field
+
+from agentrl import ConfigCheck, ConfigError
+from agentrl.config_rules import Allowed, Note, OneOf, allowed_words, check_declared, rule_failure
+
+
+@dataclass
+class _Knobs:
+    count: Annotated[int, Field(ge=1)] = 1
+    share: Annotated[float, Field(gt=0, le=1), Note("a fraction")] = 0.5
+    cap: Annotated[int, Field(ge=1)] | None = None
+    mode: Annotated[str, OneOf("a", "b")] = "a"
+    flag: Annotated[int, OneOf(1, 2)] = 1
+    word: Annotated[str, Allowed("a word")] = "x"
+    free: int = 0
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("count", 0, ">= 1"), ("share", 0, "in (0, 1] (a fraction)"), ("share", 1.5, "in (0, 1] (a fraction)"),
+    ("cap", 0, ">= 1 or null"), ("mode", "c", "one of a, b"), ("flag", True, "one of 1, 2"),
+])
+def test_a_value_outside_its_rule_is_described(key: str, value: object, words: str) -> None:
+    assert rule_failure(_Knobs, key, value) == words
+
+
+@pytest.mark.parametrize(("key", "value"), [("count", 1), ("share", 1), ("cap", None), ("cap", 3), ("mode", "b"),
+                                            ("flag", 2), ("free", -5), ("word", "y")])
+def test_a_value_within_its_rule_passes(key: str, value: object) -> None:
+    assert rule_failure(_Knobs, key, value) is None
+
+
+def test_allowed_replaces_the_words_from_the_bounds() -> None:
+    assert allowed_words(Annotated[int, Field(ge=0), Allowed("an integer in [0, 2**32)")]) == "an integer in [0, 2**32)"
+
+
+@dataclass
+class _PluginKnobs:
+    rate: Annotated[float, Field(gt=0, lt=1)] | None = None
+    steps: Annotated[int, Field(ge=1)] = 1
+    mode: Annotated[str, OneOf("b", "a")] = "a"
+
+    def __post_init__(self) -> None:
+        ConfigCheck(self, "plugins.knobs").declared()
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"rate": 1}, "plugins.knobs.rate=1 is invalid: expected None or a number in (0, 1)"),
+    ({"rate": math.inf}, "plugins.knobs.rate=inf is invalid: expected None or a finite number in (0, 1)"),
+    ({"steps": True}, "plugins.knobs.steps=True is invalid: expected an integer >= 1"),
+    ({"steps": 2.0}, "plugins.knobs.steps=2.0 is invalid: expected an integer >= 1"),
+    ({"mode": "c"}, "plugins.knobs.mode='c' is invalid: expected one of 'a', 'b'"),
+])
+def test_config_check_declared_words_a_broken_rule_as_config_check_does(values: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _PluginKnobs(**values)
+
+
+@dataclass
+class _NewDefaults(_PluginKnobs):
+    steps: int = 5  # a new default only: the base class's rule still holds
+
+
+def test_a_subclass_that_changes_a_default_keeps_the_rule() -> None:
+    with pytest.raises(ConfigError, match=re.escape("plugins.knobs.steps=0 is invalid: expected an integer >= 1")):
+        _NewDefaults(steps=0)
+    assert _NewDefaults().steps == 5
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"count": True}, "engine_args.count must be >= 1, got True"),
+    ({"mode": "c"}, "engine_args.mode must be one of a, b; got 'c'"),
+    ({"cap": 0}, "engine_args.cap must be >= 1 or null, got 0"),
+])
+def test_check_declared_names_the_key_the_value_and_what_is_allowed(values: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_declared(_Knobs(**values), "engine_args")
+    check_declared(_Knobs(), "engine_args")
