@@ -289,3 +289,36 @@ def test_only_the_xml_format_leaves_values_as_text() -> None:
     assert {name: FORMATS[name](text)[0].text_values for name, text in written.items()} == {
         "llama3_json": False, "mistral": False, "qwen3_coder": True, "harmony": False}
     assert parse_xml_json(format_tool_call("add", a=1))[0].text_values is False
+
+
+# ChatML that renders ``tools=`` into the system message and tool results as one user turn of
+# ``<tool_response>`` blocks, the way Qwen3-Coder's template does (written here, not copied).
+TOOL_RESPONSE_TEMPLATE = (
+    "{%- if messages[0].role == 'system' or tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}"
+    "{% if tools %}\n\n# Tools\n<tools>{% for t in tools %}\n<function><name>{{ t.function.name }}</name></function>"
+    "{% endfor %}\n</tools>{% endif %}<|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}{% if not (loop.first and m.role == 'system') %}"
+    "{% if m.role == 'tool' %}{% if loop.previtem.role != 'tool' %}<|im_start|>user\n{% endif %}"
+    "<tool_response>\n{{ m.content }}\n</tool_response>\n"
+    "{% if loop.last or loop.nextitem.role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endif %}{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_renders_tools_and_tool_responses_stays_token_exact(tokenizer) -> None:
+    import copy
+
+    native = copy.deepcopy(tokenizer)
+    native.chat_template = TOOL_RESPONSE_TEMPLATE
+    assert ChatTokenizer(native).renders_tools
+    texts = ["I will add.\n" + QWEN3_CODER.format_calls([("add", {"a": 2, "b": 3}), ("shout", {"text": "hi"})]),
+             "It is 5"]
+    [trajectory] = _rollout(WritesCalls(tokenizer, texts), native, 128).run(
+        [AddEnv(tool_parser=QWEN3_CODER)], [AddEnv().train_tasks()[0]], [0], SamplingParams(max_new_tokens=128, seed=0))
+    decoded = _assert_token_exact(trajectory, native)
+    assert trajectory.tools == [add.schema, shout.schema] and trajectory.messages[0]["content"] == "Add the numbers."
+    assert "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\nHI\n</tool_response>\n<|im_end|>" \
+        in decoded
+    assert [(t.tool_calls, t.tool_errors) for t in trajectory.turns] == [(2, 0), (0, 0)] and trajectory.env_return == 1.0
