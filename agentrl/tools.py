@@ -8,12 +8,13 @@ model's does) get ``render_tools_system_prompt(tools)`` instead, the documented 
 ``ToolCall``s; the default, ``parse_xml_json``, reads
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (``agentrl.tool_calls``, re-exported
 here; the native formats, Llama 3 JSON, Mistral, Qwen3-Coder XML and gpt-oss harmony, are in
-``agentrl.tool_formats``; this module knows no plugin registry: a parser named in ``env_args`` is resolved by the
-caller that holds the plugin manager, with ``resolve_tool_parser``). A malformed call, an unknown tool,
-bad arguments or a tool that raises come back to the model as a tool message ``"Error: ..."``:
-a bad rollout is data, not a crash. The exception is an ``AgentRLError`` other than ``ToolError``
-(say a sandbox limit the config set wrong): that is the env's or the config's fault, not the
-model's, so it stops the run instead of reaching the model at every call.
+``agentrl.tool_formats``; this module knows no plugin registry: a parser named in ``env_args`` is
+resolved by the caller that holds the plugin manager, with ``resolve_tool_parser``). A malformed
+call, an unknown tool, bad arguments or a tool that raises come back to the model as a tool
+message ``"Error: ..."``: a bad rollout is data, not a crash. The exception is an
+``AgentRLError`` other than ``ToolError`` (say a sandbox limit the config set wrong): that is the
+env's or the config's fault, not the model's, so it stops the run instead of reaching the model at
+every call.
 """
 
 from __future__ import annotations
@@ -361,11 +362,12 @@ def _in_format(message: Message, call_format: ToolCallFormat | None) -> Message:
     model in the format its parser reads. Text before the first call is kept."""
     if call_format is None or message.get("role") != "assistant":
         return dict(message)
-    calls = [(c.name, c.arguments) for c in parse_xml_json(message["content"]) if c.arguments is not None]
-    if not calls:
+    calls = parse_xml_json(message["content"])
+    if not calls or any(c.arguments is None for c in calls):  # none, or not in the default format
         return dict(message)
     before = message["content"].split("<tool_call>", 1)[0]
-    return {**message, "content": before + call_format.format_calls(calls)}
+    written = call_format.format_calls([(c.name, c.arguments or {}) for c in calls])
+    return {**message, "content": before + written}
 
 
 def _positive(name: str, value: int) -> int:

@@ -274,12 +274,15 @@ class WritesCalls(Engine):
 @pytest.mark.parametrize("name", FORMATS)
 def test_an_episode_with_native_calls_stays_token_exact(name: str, tokenizer) -> None:
     fmt = FORMATS[name]
-    texts = [fmt.format_calls([("add", {"a": 2, "b": 3})]), "It is 5"]
+    bad = fmt.format_calls([("add", {"a": 2, "b": 3})]).replace("2", "{2", 1)  # JSON broken; XML: text "{2"
+    texts = [bad, fmt.format_calls([("add", {"a": 2, "b": 3})]), "It is 5"]
     [trajectory] = _rollout(WritesCalls(tokenizer, texts), tokenizer, 64).run(
         [AddEnv(tool_parser=fmt)], [AddEnv().train_tasks()[0]], [0], SamplingParams(max_new_tokens=64, seed=0))
     _assert_token_exact(trajectory, tokenizer)
-    assert [m["content"] for m in trajectory.messages[-3:]] == [texts[0], "5", texts[1]]
-    assert [(t.tool_calls, t.tool_errors) for t in trajectory.turns] == [(1, 0), (0, 0)]
+    error = trajectory.messages[-4]["content"]
+    assert error.startswith("Error: ") and "\n" not in error, error
+    assert [m["content"] for m in trajectory.messages[-3:]] == [texts[1], "5", texts[2]]
+    assert [(t.tool_calls, t.tool_errors) for t in trajectory.turns] == [(1, 1), (1, 0), (0, 0)]
     assert trajectory.terminated and trajectory.env_return == 1.0
 
 
@@ -322,3 +325,15 @@ def test_a_template_that_renders_tools_and_tool_responses_stays_token_exact(toke
     assert "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\nHI\n</tool_response>\n<|im_end|>" \
         in decoded
     assert [(t.tool_calls, t.tool_errors) for t in trajectory.turns] == [(2, 0), (0, 0)] and trajectory.env_return == 1.0
+
+
+def test_a_demonstration_already_in_another_syntax_is_kept() -> None:
+    # Qwen3-Coder's syntax holds a <tool_call> that is not xml_json's: it is not rewritten either.
+    for native in (LLAMA3_JSON.format_calls([("add", {"a": 1})]), QWEN3_CODER.format_calls([("add", {"a": 1})])):
+        class NativeDemoEnv(AddEnv):
+            demonstrations = ([{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": native},
+                               {"role": "tool", "name": "add", "content": "1"}, {"role": "assistant", "content": "1"}],)
+
+        for parser in (LLAMA3_JSON, MISTRAL, QWEN3_CODER):
+            messages, _ = NativeDemoEnv(tool_parser=parser).reset(seed=0)
+            assert messages[1:5] == list(NativeDemoEnv.demonstrations[0])
