@@ -66,6 +66,7 @@ from agentrl.plugins import PluginManager, load_plugins
 from agentrl.precision import Precision, resolve_precision
 from agentrl.sandbox import run_python
 from agentrl.tasks import LazyTasks
+from agentrl.tool_formats import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolCallFormat, type_arguments
 from agentrl.tools import (
     Tool,
     ToolCall,
@@ -97,6 +98,12 @@ __all__ = [
     "library_call",
     "parse_xml_json",
     "render_tools_system_prompt",
+    "ToolCallFormat",
+    "LLAMA3_JSON",
+    "MISTRAL",
+    "QWEN3_CODER",
+    "HARMONY",
+    "type_arguments",
     "run_python",
     "seeded_rng",
     "AGGREGATIONS",

@@ -106,7 +106,9 @@ def agentrl_register_tool_parsers(register: Register) -> None:
     Called once at load time. A parser is called as ``parser(text)`` on an assistant message
     and returns ``list[agentrl.tools.ToolCall]`` (each carrying either parsed arguments or a
     parse error). Tool-using envs select one by name (``tool_parser`` env argument); ``xml_json``
-    parses ``<tool_call>{json}</tool_call>``.
+    parses ``<tool_call>{json}</tool_call>``. A parser that is an ``agentrl.ToolCallFormat`` also
+    writes calls in its syntax (``format_calls``), so a ``ToolEnv`` shows the model the format it
+    reads; the native formats (``llama3_json``, ``mistral``, ``qwen3_coder``, ``harmony``) are ones.
     """
 
 

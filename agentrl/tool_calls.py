@@ -24,6 +24,10 @@ class ToolCall:
     arguments: dict[str, Any] | None
     error: str | None
     raw: str
+    text_values: bool = False
+    """True when each argument value is the model's raw text (XML formats such as
+    ``qwen3_coder``): whoever knows the tool's schema types them (``agentrl.type_arguments``;
+    ``ToolEnv`` does). False for JSON formats, whose values are already typed."""
 
 
 ToolParser = Callable[[str], list[ToolCall]]

@@ -7,12 +7,14 @@ model's does) get ``render_tools_system_prompt(tools)`` instead, the documented 
 ``ToolEnv.start`` puts in the system message. A parser turns an assistant message into
 ``ToolCall``s; the default, ``parse_xml_json``, reads
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (``agentrl.tool_calls``, re-exported
-here; this module knows no plugin registry: a parser named in ``env_args`` is resolved by the
-caller that holds the plugin manager, with ``resolve_tool_parser``). A malformed call, an unknown tool,
-bad arguments or a tool that raises come back to the model as a tool message ``"Error: ..."``:
-a bad rollout is data, not a crash. The exception is an ``AgentRLError`` other than ``ToolError``
-(say a sandbox limit the config set wrong): that is the env's or the config's fault, not the
-model's, so it stops the run instead of reaching the model at every call.
+here; the native formats, Llama 3 JSON, Mistral, Qwen3-Coder XML and gpt-oss harmony, are in
+``agentrl.tool_formats``; this module knows no plugin registry: a parser named in ``env_args`` is
+resolved by the caller that holds the plugin manager, with ``resolve_tool_parser``). A malformed
+call, an unknown tool, bad arguments or a tool that raises come back to the model as a tool
+message ``"Error: ..."``: a bad rollout is data, not a crash. The exception is an
+``AgentRLError`` other than ``ToolError`` (say a sandbox limit the config set wrong): that is the
+env's or the config's fault, not the model's, so it stops the run instead of reaching the model at
+every call.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from agentrl.env import Env, Message
 from agentrl.errors import AgentRLError, EnvError
 from agentrl.tool_calls import ToolCall, ToolParser, format_tool_call, parse_xml_json, resolve_tool_parser
+from agentrl.tool_formats import ToolCallFormat, type_arguments
 
-__all__ = ["Tool", "ToolCall", "ToolEnv", "ToolError", "ToolParser", "format_tool_call", "parse_xml_json",
-           "render_tools_system_prompt", "resolve_tool_parser", "tool"]
+__all__ = ["Tool", "ToolCall", "ToolCallFormat", "ToolEnv", "ToolError", "ToolParser", "format_tool_call",
+           "parse_xml_json", "render_tools_system_prompt", "resolve_tool_parser", "tool", "type_arguments"]
 
 
 class ToolError(EnvError):
@@ -192,7 +195,8 @@ def tool(fn: Callable[..., Any]) -> Tool:
     return Tool(fn)
 
 
-def render_tools_system_prompt(tools: Sequence[Tool | dict[str, Any]]) -> str:
+def render_tools_system_prompt(tools: Sequence[Tool | dict[str, Any]],
+                               call_format: ToolCallFormat | None = None) -> str:
     """The fallback tool description for chat templates that ignore ``tools=``.
 
     Compact on purpose: one line per tool, ``name(arg: type, ...): description``, then each
@@ -200,7 +204,8 @@ def render_tools_system_prompt(tools: Sequence[Tool | dict[str, Any]]) -> str:
     the first tool's real name and argument. Measured on SmolLM2-135M (calculator env, two worked
     examples, 128 episodes at T=1 each): 48 % of episodes wrote a ``<tool_call>`` and 12 % made
     one that ran under this text, against 34 % and 7 % with the schemas as raw JSON lines.
-    Results come back as ``tool`` messages.
+    Results come back as ``tool`` messages. With a ``call_format`` (a native format such as
+    ``agentrl.LLAMA3_JSON``) the example call is written in that format instead.
     """
     schemas = [t.schema if isinstance(t, Tool) else t for t in tools]
     if not schemas:
@@ -217,10 +222,12 @@ def render_tools_system_prompt(tools: Sequence[Tool | dict[str, Any]]) -> str:
     first = schemas[0].get("function", schemas[0])
     first_arg = next(iter(first.get("parameters", {}).get("properties", {})), None)
     example = {"name": first["name"], "arguments": {first_arg: "..."} if first_arg else {}}
+    written = (f"<tool_call>\n{json.dumps(example)}\n</tool_call>" if call_format is None
+               else call_format.format_calls([(example["name"], example["arguments"])]))
     return (
         "You have these tools:\n" + "\n".join(lines) + "\n"
         "To call a tool, write exactly:\n"
-        f"<tool_call>\n{json.dumps(example)}\n</tool_call>\n"
+        f"{written}\n"
         "The result comes back in a tool message. When you know the final answer, "
         "reply with it and no tool call."
     )
@@ -237,6 +244,11 @@ class ToolEnv(Env):
     ``tool`` message per call (errors as ``"Error: ..."``), reward 0, not terminated; a turn
     without calls is the final answer: reward ``score_answer(text)``, terminated. ``info`` has
     ``tool_calls`` and ``tool_errors`` (this turn's counts).
+
+    ``tool_parser`` reads the calls (default ``parse_xml_json``). A ``ToolCallFormat`` (a native
+    format: ``agentrl.LLAMA3_JSON``, ``MISTRAL``, ``QWEN3_CODER``, ``HARMONY``) also writes the
+    fallback description's example and the demonstrations' calls in its own syntax; text values
+    of an XML format are typed by the tool's schema before the tool runs.
     """
 
     tools: Sequence[Tool] = ()
@@ -266,6 +278,9 @@ class ToolEnv(Env):
                            "pass the parser function itself, or resolve env_args with "
                            "agentrl.tools.resolve_tool_parser before building the env")
         self.tool_parser: ToolParser = tool_parser
+        self.call_format = tool_parser if isinstance(tool_parser, ToolCallFormat) else None
+        """The parser's format when it is a ``ToolCallFormat``: the tool description and the
+        demonstrations are then written in it; None (a plain parser function) keeps ``xml_json``."""
         if max_turns is not None:
             self.max_turns = _positive("max_turns", max_turns)
         if max_tool_output_chars is not None:
@@ -278,10 +293,10 @@ class ToolEnv(Env):
     def start(self, task: dict[str, Any]) -> list[Message]:
         """System message (instructions, tool description), demonstrations, the task's question."""
         describe = self.tools and not self.template_renders_tools
-        parts = (self.instructions, render_tools_system_prompt(self.tools) if describe else "")
+        parts = (self.instructions, render_tools_system_prompt(self.tools, self.call_format) if describe else "")
         messages: list[Message] = [{"role": "system", "content": "\n\n".join(p for p in parts if p)}]
         for example in self.demonstrations:
-            messages += [dict(m) for m in example]
+            messages += [_in_format(m, self.call_format) for m in example]
         return messages + [{"role": "user", "content": str(task["question"])}]
 
     @abc.abstractmethod
@@ -327,8 +342,11 @@ class ToolEnv(Env):
         if call.name not in by_name:
             available = ", ".join(by_name) or "none"
             return f"Error: unknown tool {call.name!r}; available: {available}", False
+        arguments = call.arguments
+        if call.text_values:  # an XML format: type the text values by the tool's schema
+            arguments = type_arguments(arguments, by_name[call.name].schema["function"]["parameters"])
         try:
-            result = by_name[call.name](**call.arguments)
+            result = by_name[call.name](**arguments)
         except ToolError as exc:
             return f"Error: {exc}", False
         except AgentRLError:  # e.g. a sandbox limit set wrong: fix the config, not the model
@@ -336,6 +354,20 @@ class ToolEnv(Env):
         except Exception as exc:  # the tool's own failure is feedback for the model
             return f"Error: {type(exc).__name__}: {exc}", False
         return (result if isinstance(result, str) else json.dumps(result, default=str)), True
+
+
+def _in_format(message: Message, call_format: ToolCallFormat | None) -> Message:
+    """A demonstration message, its ``xml_json`` calls (``format_tool_call``'s) rewritten in
+    ``call_format``: demonstrations are written once, in the default format, and shown to the
+    model in the format its parser reads. Text before the first call is kept."""
+    if call_format is None or message.get("role") != "assistant":
+        return dict(message)
+    calls = parse_xml_json(message["content"])
+    if not calls or any(c.arguments is None for c in calls):  # none, or not in the default format
+        return dict(message)
+    before = message["content"].split("<tool_call>", 1)[0]
+    written = call_format.format_calls([(c.name, c.arguments or {}) for c in calls])
+    return {**message, "content": before + written}
 
 
 def _positive(name: str, value: int) -> int:

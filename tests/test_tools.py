@@ -266,7 +266,7 @@ def test_tool_env_rejects_bad_settings() -> None:
 def test_tool_parser_is_selected_by_registered_name() -> None:
     manager = PluginManager()
     manager.register_plugin(agentrl_tool_envs, name="tool_envs")
-    assert manager.registry.names("tool_parser") == ["xml_json"]
+    assert manager.registry.names("tool_parser") == ["harmony", "llama3_json", "mistral", "qwen3_coder", "xml_json"]
     assert manager.registry.names("env") == ["calculator", "python"]
 
     def lookup(name: str) -> ToolParser:  # what the caller holding the plugin manager passes in

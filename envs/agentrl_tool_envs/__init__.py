@@ -22,6 +22,10 @@ from typing import Any
 import numpy as np
 
 from agentrl import (
+    HARMONY,
+    LLAMA3_JSON,
+    MISTRAL,
+    QWEN3_CODER,
     EnvError,
     LazyTasks,
     Message,
@@ -322,8 +326,13 @@ def agentrl_register_envs(register: Callable[..., None]) -> None:
 
 @hookimpl
 def agentrl_register_tool_parsers(register: Callable[..., None]) -> None:
-    """Register the default tool-call parser, ``xml_json``."""
+    """Register the tool-call parsers: the default ``xml_json`` and the native formats
+    ``llama3_json``, ``mistral``, ``qwen3_coder`` and ``harmony`` (gpt-oss)."""
     register("xml_json", parse_xml_json)
+    register("llama3_json", LLAMA3_JSON)
+    register("mistral", MISTRAL)
+    register("qwen3_coder", QWEN3_CODER)
+    register("harmony", HARMONY)
 
 
 __all__ = ["AnswerToolEnv", "CalculatorEnv", "PythonEnv", "ProceduralTasks", "answer_matches", "calculator",
