@@ -174,4 +174,4 @@ def agentrl_register_envs(register: Callable[..., None]) -> None:
     register("guess", GuessEnv)
 
 
-__all__ = ["GuessEnv", "GuessTasks", "parse_guess"]
+__all__ = ["GuessArgs", "GuessEnv", "GuessTasks", "parse_guess"]
