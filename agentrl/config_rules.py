@@ -95,10 +95,10 @@ def _annotated(hint: Any) -> bool:
     return typing.get_origin(hint) is Annotated or any(_annotated(a) for a in typing.get_args(hint))
 
 
-def check_declared(config: Any, section: str = "", *, strict: bool = True, label: str = "",
+def check_declared(config: Any, section: str = "", *, strict: bool = True, prefix: str = "",
                    error: type[AgentRLError] = ConfigError) -> None:
     """Raise ``error`` ``KEY must be WORDS, got VALUE`` (``SECTION.KEY`` where given; ``; got``
-    after ``one of``; ``LABEL: `` first where given; a field's :class:`Complaint` in its place)
+    after ``one of``; ``prefix`` first, as given; a field's :class:`Complaint` in its place)
     for the first field of the dataclass instance ``config`` that breaks its declared rule.
     ``strict``: True and 2.0 are not ints, and a list is not a tuple."""
     for key, (_, hint) in _rules(type(config)).items():
@@ -110,7 +110,7 @@ def check_declared(config: Any, section: str = "", *, strict: bool = True, label
             complaint = next((m for m in _metadata(hint) if isinstance(m, Complaint)), None)
             message = (complaint.template.format(key=name, value=shown, allowed=allowed) if complaint else
                        f"{name} must be {allowed}{';' if allowed.startswith('one of ') else ','} got {shown!r}")
-            raise error(f"{label}: {message}" if label else message)
+            raise error(prefix + message)
 
 
 def _metadata(hint: Any) -> list[Any]:

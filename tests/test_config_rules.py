@@ -110,5 +110,5 @@ class _EnvArgs:
 def test_check_declared_words_each_failure_as_the_field_declares(values: dict, message: str) -> None:
     """A label before the key, a whole-message Complaint, and Allowed words per kind of failure."""
     with pytest.raises(EnvError, match=f"^{re.escape(message)}$"):
-        check_declared(_EnvArgs(**values), label="my env", error=EnvError)
-    check_declared(_EnvArgs(), label="my env", error=EnvError)
+        check_declared(_EnvArgs(**values), prefix="my env: ", error=EnvError)
+    check_declared(_EnvArgs(), prefix="my env: ", error=EnvError)

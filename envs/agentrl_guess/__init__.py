@@ -55,7 +55,7 @@ class GuessArgs:
 
     def __post_init__(self) -> None:
         """Raise EnvError naming the first bad argument, its value and what is allowed."""
-        check_declared(self, label="GuessEnv", error=EnvError)
+        check_declared(self, prefix="GuessEnv: ", error=EnvError)
 
 
 class GuessTasks(LazyTasks):

@@ -164,7 +164,7 @@ class MathArgs:
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the first bad argument, its value and what is allowed."""
-        check_declared(self, label="math env")
+        check_declared(self, prefix="math env: ")
 
 
 class MathEnv(Env):

@@ -106,7 +106,7 @@ class TextArenaArgs:
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the first bad argument, its value and what is allowed."""
-        check_declared(self, label="textarena")
+        check_declared(self, prefix="textarena: ")
 
 
 class TextArenaEnv(Env):

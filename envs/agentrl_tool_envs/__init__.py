@@ -107,7 +107,7 @@ class PythonArgs:
 
     def __post_init__(self) -> None:
         """Raise EnvError naming the first bad limit, its value and what is allowed."""
-        check_declared(self, label="PythonEnv", error=EnvError)
+        check_declared(self, prefix="PythonEnv: ", error=EnvError)
 
 
 def task_splits(make: Callable[[np.random.Generator], Task], name: str, task_seed: int,
@@ -232,7 +232,8 @@ class AnswerToolEnv(ToolEnv):
     _eval: Sequence[Task]
 
     def __init__(self, **kwargs: Any) -> None:
-        check_declared(ParserArg(tool_parser=kwargs.get("tool_parser")), label=type(self).__name__, error=EnvError)
+        check_declared(ParserArg(tool_parser=kwargs.get("tool_parser")), prefix=f"{type(self).__name__}: ",
+                       error=EnvError)
         super().__init__(**kwargs)
 
     def train_tasks(self) -> Sequence[Task]:
