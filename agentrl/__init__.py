@@ -10,7 +10,7 @@ from agentrl.chat import ChatTokenizer
 from agentrl.clipped_policy import ClippedPolicy, ClippedPolicyConfig
 from agentrl.config import TrainConfig
 from agentrl.config_checks import ConfigCheck, build_plugin_config
-from agentrl.config_rules import Allowed, Note, OneOf, check_declared
+from agentrl.config_rules import Allowed, Complaint, Note, OneOf, check_declared
 from agentrl.distributed import all_sum
 from agentrl.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
 from agentrl.env import (
@@ -124,6 +124,7 @@ __all__ = [
     "ChatTokenizer",
     "ConfigCheck",
     "Allowed",
+    "Complaint",
     "Note",
     "OneOf",
     "check_declared",

@@ -23,14 +23,32 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
-from agentrl.errors import ConfigError
+from agentrl.errors import AgentRLError, ConfigError
 
 
 @dataclass(frozen=True)
 class Allowed:
-    """What the error message says is allowed, in place of the words made from the bounds."""
+    """What the error message says is allowed, in place of the words made from the bounds; where
+    given, ``wrong_type`` is said instead for a value not of the field's type (``an int`` where
+    ``text`` is ``an int >= 0``), ``too_low`` / ``too_high`` for one past a lower / upper bound."""
 
     text: str
+    wrong_type: str | None = None
+    too_low: str | None = None
+    too_high: str | None = None
+
+    def words(self, failure: str = "") -> str:
+        """The words for ``failure`` (``wrong_type``, ``too_low``, ``too_high``; else ``text``)."""
+        return (getattr(self, failure, None) or self.text) if failure else self.text
+
+
+@dataclass(frozen=True)
+class Complaint:
+    """The whole message of :func:`check_declared` for a field, in place of ``KEY must be WORDS,
+    got VALUE``: a :meth:`str.format` template with ``key``, ``value`` and ``allowed`` (the words),
+    e.g. ``Complaint("{key} {value!r} is not {allowed}")``."""
+
+    template: str
 
 
 @dataclass(frozen=True)
@@ -77,17 +95,29 @@ def _annotated(hint: Any) -> bool:
     return typing.get_origin(hint) is Annotated or any(_annotated(a) for a in typing.get_args(hint))
 
 
-def check_declared(config: Any, section: str = "", *, strict: bool = True) -> None:
-    """Raise ConfigError ``KEY must be WORDS, got VALUE`` (``SECTION.KEY`` where given; ``; got``
-    after ``one of``) for the first field of the dataclass instance ``config`` that breaks its
-    declared rule. ``strict``: True and 2.0 are not ints, and a list is not a tuple."""
-    for key in _rules(type(config)):
+def check_declared(config: Any, section: str = "", *, strict: bool = True, prefix: str = "",
+                   error: type[AgentRLError] = ConfigError) -> None:
+    """Raise ``error`` ``KEY must be WORDS, got VALUE`` (``SECTION.KEY`` where given; ``; got``
+    after ``one of``; ``prefix`` first, as given; a field's :class:`Complaint` in its place)
+    for the first field of the dataclass instance ``config`` that breaks its declared rule.
+    ``strict``: True and 2.0 are not ints, and a list is not a tuple."""
+    for key, (_, hint) in _rules(type(config)).items():
         value = getattr(config, key)
         allowed = rule_failure(type(config), key, value, strict=strict)
         if allowed is not None:
             shown = list(value) if isinstance(value, tuple) else value
             name = f"{section}.{key}" if section else key
-            raise ConfigError(f"{name} must be {allowed}{';' if allowed.startswith('one of ') else ','} got {shown!r}")
+            complaint = next((m for m in _metadata(hint) if isinstance(m, Complaint)), None)
+            message = (complaint.template.format(key=name, value=shown, allowed=allowed) if complaint else
+                       f"{name} must be {allowed}{';' if allowed.startswith('one of ') else ','} got {shown!r}")
+            raise error(prefix + message)
+
+
+def _metadata(hint: Any) -> list[Any]:
+    """The metadata of ``hint`` and of the members of a union it is, pydantic's ``Field`` unpacked."""
+    found = [m for item in getattr(hint, "__metadata__", ()) for m in getattr(item, "metadata", [item])]
+    return found + [m for arg in typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType)
+                    for m in _metadata(arg)]
 
 
 def rule_failure(config_class: type[Any], key: str, value: Any, *, strict: bool = False) -> str | None:
@@ -98,24 +128,37 @@ def rule_failure(config_class: type[Any], key: str, value: Any, *, strict: bool 
         return None
     try:
         rule[0].validate_python(value, strict=strict)
-    except ValidationError:
-        return allowed_words(rule[1])
+    except ValidationError as exc:
+        return allowed_words(rule[1], _failure(exc, value))
     return None
 
 
-def allowed_words(hint: Any) -> str:
-    """The rule of ``hint`` in words: its :class:`Allowed` text, else its bounds or choices (and
-    ``or null`` where None is allowed), with its :class:`Note`."""
+def _failure(exc: ValidationError, value: Any) -> str:
+    """Which :class:`Allowed` words fit the failure: ``wrong_type``, ``too_low``, ``too_high`` or
+    ``""`` (the main text: any other failure, and a NaN or infinity, which no bound words fit)."""
+    kind = exc.errors()[0]["type"]
+    if isinstance(value, float) and not math.isfinite(value):
+        return ""
+    if kind.endswith("_type") or kind == "is_instance_of":
+        return "wrong_type"
+    return {"greater_than": "too_low", "greater_than_equal": "too_low", "less_than": "too_high",
+            "less_than_equal": "too_high"}.get(kind, "")
+
+
+def allowed_words(hint: Any, failure: str = "") -> str:
+    """The rule of ``hint`` in words: its :class:`Allowed` text (for ``failure``, see
+    :meth:`Allowed.words`), else its bounds or choices (and ``or null`` where None is allowed),
+    with its :class:`Note`."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        words = " or ".join(allowed_words(a) for a in args if a is not type(None))
+        words = " or ".join(allowed_words(a, failure) for a in args if a is not type(None))
         return f"{words} or null" if type(None) in args else words
     if origin is not Annotated:
         return ""
     metadata = [m for item in hint.__metadata__ for m in getattr(item, "metadata", [item])]
     for item in metadata:
         if isinstance(item, Allowed):
-            return item.text
+            return item.words(failure)
     words = next((m.words for m in metadata if isinstance(m, OneOf)), None) or _bounds(metadata)
     notes = [f" ({m.text})" for m in metadata if isinstance(m, Note)]
     return words + "".join(notes)

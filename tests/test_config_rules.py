@@ -10,7 +10,7 @@ from typing import Annotated
 import pytest
 from pydantic import Field
 
-from agentrl import ConfigCheck, ConfigError
+from agentrl import Complaint, ConfigCheck, ConfigError, EnvError
 from agentrl.config_rules import Allowed, Note, OneOf, allowed_words, check_declared, rule_failure
 
 
@@ -85,3 +85,30 @@ def test_check_declared_names_the_key_the_value_and_what_is_allowed(values: dict
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_declared(_Knobs(**values), "engine_args")
     check_declared(_Knobs(), "engine_args")
+
+
+@dataclass
+class _EnvArgs:
+    level: Annotated[str, OneOf("easy", "hard"), Complaint("{key} {value!r} is not {allowed}")] = "easy"
+    seed: Annotated[int, Field(ge=0), Allowed("an int >= 0", wrong_type="an int")] = 0
+    n: Annotated[int, Field(ge=2, le=100), Allowed("an integer in [2, 100]", too_low="an integer >= 2")] = 2
+    rate: Annotated[float, Field(ge=0, le=1), Allowed("a number in [0, 1]", too_high="a number <= 1")] | None = None
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"level": ["x"]}, "my env: level ['x'] is not one of easy, hard"),
+    ({"seed": -1}, "my env: seed must be an int >= 0, got -1"),
+    ({"seed": "1"}, "my env: seed must be an int, got '1'"),
+    ({"seed": True}, "my env: seed must be an int, got True"),
+    ({"n": 1}, "my env: n must be an integer >= 2, got 1"),
+    ({"n": 101}, "my env: n must be an integer in [2, 100], got 101"),
+    ({"n": "x"}, "my env: n must be an integer in [2, 100], got 'x'"),
+    ({"rate": 2}, "my env: rate must be a number <= 1 or null, got 2"),
+    ({"rate": -1}, "my env: rate must be a number in [0, 1] or null, got -1"),
+    ({"rate": math.nan}, "my env: rate must be a number in [0, 1] or null, got nan"),
+])
+def test_check_declared_words_each_failure_as_the_field_declares(values: dict, message: str) -> None:
+    """A label before the key, a whole-message Complaint, and Allowed words per kind of failure."""
+    with pytest.raises(EnvError, match=f"^{re.escape(message)}$"):
+        check_declared(_EnvArgs(**values), prefix="my env: ", error=EnvError)
+    check_declared(_EnvArgs(), prefix="my env: ", error=EnvError)

@@ -36,9 +36,13 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from agentrl import (
+    Allowed,
     ConfigError,
     Env,
     EnvError,
@@ -46,6 +50,7 @@ from agentrl import (
     PrivateGlobalRandom,
     SeedTasks,
     Task,
+    check_declared,
     hookimpl,
     import_extra,
     library_call,
@@ -77,6 +82,21 @@ def import_gem() -> Any:
 
 
 
+@dataclass(frozen=True)
+class GemArgs:
+    """The ``gem`` env's ``env_args`` besides ``env_id`` (see :class:`GemEnv`), each checked
+    against its declared rule when made: a bad one is a one-line ConfigError
+    ``gem: KEY must be ..., got VALUE``."""
+
+    env_kwargs: Annotated[dict[Any, Any] | None, Allowed("a mapping of keyword arguments")]
+    num_eval: Annotated[int, Field(ge=1), Allowed("an int >= 1")]
+    max_turns: Annotated[Annotated[int, Field(ge=1)] | None, Allowed("an int >= 1")]
+
+    def __post_init__(self) -> None:
+        """Raise ConfigError naming the first bad argument, its value and what is allowed."""
+        check_declared(self, prefix="gem: ")
+
+
 class GemEnv(Env):
     """A GEM text env played turn by turn (see the module docstring).
 
@@ -98,12 +118,7 @@ class GemEnv(Env):
             close = difflib.get_close_matches(str(env_id), list(ENV_REGISTRY), n=3)
             hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
             raise ConfigError(f"gem: unknown env_id {env_id!r}; {hint}offline ids include {', '.join(EXAMPLES)}")
-        if env_kwargs is not None and not isinstance(env_kwargs, dict):
-            raise ConfigError(f"gem: env_kwargs must be a mapping of keyword arguments, got {env_kwargs!r}")
-        if isinstance(num_eval, bool) or not isinstance(num_eval, int) or num_eval < 1:
-            raise ConfigError(f"gem: num_eval must be an int >= 1, got {num_eval!r}")
-        if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
-            raise ConfigError(f"gem: max_turns must be an int >= 1, got {max_turns!r}")
+        GemArgs(env_kwargs=env_kwargs, num_eval=num_eval, max_turns=max_turns)
         self.env_id, self.env_kwargs, self.fixed_max_turns = env_id, dict(env_kwargs or {}), max_turns
         self._make = gem.make
         self._rng = PrivateGlobalRandom(0)
@@ -184,4 +199,4 @@ def agentrl_register_envs(register: Callable[..., None]) -> None:
     register("gem", GemEnv)
 
 
-__all__ = ["GemEnv"]
+__all__ = ["GemArgs", "GemEnv"]

@@ -29,11 +29,33 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from agentrl import Env, EnvError, LazyTasks, Message, Task, hookimpl, seeded_rng
+from pydantic import Field
+
+from agentrl import Allowed, Env, EnvError, LazyTasks, Message, Task, check_declared, hookimpl, seeded_rng
 
 TRAIN_SIZE = 1_000_000
+
+
+@dataclass(frozen=True)
+class GuessArgs:
+    """The ``guess`` env's ``env_args`` (see :class:`GuessEnv`), each checked against its declared
+    rule when made: a bad one is a one-line EnvError ``GuessEnv: KEY must be ..., got VALUE``."""
+
+    n: Annotated[int, Field(ge=2, le=10**9),
+                 Allowed("an integer in [2, 10**9]", wrong_type="an integer >= 2", too_low="an integer >= 2")]
+    max_turns: Annotated[int, Field(ge=1), Allowed("an integer >= 1")]
+    num_eval: Annotated[int, Field(ge=1), Allowed("an integer >= 1")]
+    task_seed: Annotated[int, Field(ge=0), Allowed("an integer >= 0")]
+    turn_cost: Annotated[float, Field(ge=0, le=1)]
+    demonstration: Annotated[bool, Allowed("true or false")]
+    consistency_bonus: Annotated[float, Field(ge=0, le=1), Allowed("a number in [0, 1]")]
+
+    def __post_init__(self) -> None:
+        """Raise EnvError naming the first bad argument, its value and what is allowed."""
+        check_declared(self, prefix="GuessEnv: ", error=EnvError)
 
 
 class GuessTasks(LazyTasks):
@@ -88,19 +110,8 @@ class GuessEnv(Env):
                  task_seed: int = 0, num_eval: int = 64, demonstration: bool = True,
                  consistency_bonus: float = 0.0) -> None:
         super().__init__()
-        for name, value, low in (("n", n, 2), ("max_turns", max_turns, 1), ("num_eval", num_eval, 1),
-                                 ("task_seed", task_seed, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise EnvError(f"GuessEnv: {name} must be an integer >= {low}, got {value!r}")
-        if n > 10**9:
-            raise EnvError(f"GuessEnv: n must be an integer in [2, 10**9], got {n!r}")
-        if isinstance(turn_cost, bool) or not isinstance(turn_cost, (int, float)) or not 0.0 <= turn_cost <= 1.0:
-            raise EnvError(f"GuessEnv: turn_cost must be in [0, 1], got {turn_cost!r}")
-        if not isinstance(demonstration, bool):
-            raise EnvError(f"GuessEnv: demonstration must be true or false, got {demonstration!r}")
-        if isinstance(consistency_bonus, bool) or not isinstance(consistency_bonus, (int, float)) \
-                or not 0.0 <= consistency_bonus <= 1.0:
-            raise EnvError(f"GuessEnv: consistency_bonus must be a number in [0, 1], got {consistency_bonus!r}")
+        GuessArgs(n=n, max_turns=max_turns, num_eval=num_eval, task_seed=task_seed, turn_cost=turn_cost,
+                  demonstration=demonstration, consistency_bonus=consistency_bonus)
         self.n, self.max_turns, self.turn_cost = n, max_turns, float(turn_cost)
         self.consistency_bonus = float(consistency_bonus)
         self.demonstration = bool(demonstration)
@@ -163,4 +174,4 @@ def agentrl_register_envs(register: Callable[..., None]) -> None:
     register("guess", GuessEnv)
 
 
-__all__ = ["GuessEnv", "GuessTasks", "parse_guess"]
+__all__ = ["GuessArgs", "GuessEnv", "GuessTasks", "parse_guess"]

@@ -37,11 +37,12 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
-from agentrl import ConfigError, Env, EnvError, LazyTasks, Message, Task, hookimpl
+from agentrl import Allowed, Complaint, Env, EnvError, LazyTasks, Message, OneOf, Task, check_declared, hookimpl
 from agentrl.answers import answers_match, extract_answer, extract_boxed
 
 INSTRUCTION = "Put the final answer in \\boxed{}."
@@ -149,6 +150,23 @@ def split_tasks(tasks: list[Task], fraction: float = DATA_EVAL_FRACTION) -> tupl
 
 
 # -- the environment -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MathArgs:
+    """The ``math`` env's ``env_args`` (see :class:`MathEnv`), each checked against its declared
+    rule when made: a bad one is a one-line ConfigError ``math env: KEY must be ..., got VALUE``."""
+
+    difficulty: Annotated[str, OneOf(*LEVELS), Complaint("{key} {value!r} is not {allowed}")]
+    seed: Annotated[int, Field(ge=0), Allowed("an int >= 0", wrong_type="an int")]
+    num_eval: Annotated[int, Field(ge=1), Allowed("an int >= 1")]
+    system_prompt: Annotated[str | None, Allowed("a string or None")]
+    demonstration: Annotated[bool, Allowed("true or false")]
+    data_file: Annotated[str | Path | None, Allowed("a path string or None")]
+
+    def __post_init__(self) -> None:
+        """Raise ConfigError naming the first bad argument, its value and what is allowed."""
+        check_declared(self, prefix="math env: ")
+
+
 class MathEnv(Env):
     """Single-turn arithmetic: reward 1.0 for a correct final answer (lenient parse), else 0.0.
 
@@ -175,20 +193,8 @@ class MathEnv(Env):
     def __init__(self, difficulty: str = "single_digit", data_file: str | None = None, seed: int = 0,
                  num_eval: int = 128, system_prompt: str | None = None, demonstration: bool = False) -> None:
         super().__init__()
-        if not isinstance(difficulty, str) or difficulty not in LEVELS:
-            raise ConfigError(f"math env: difficulty {difficulty!r} is not one of {', '.join(LEVELS)}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"math env: seed must be an int, got {seed!r}")
-        if seed < 0:
-            raise ConfigError(f"math env: seed must be an int >= 0, got {seed!r}")
-        if isinstance(num_eval, bool) or not isinstance(num_eval, int) or num_eval < 1:
-            raise ConfigError(f"math env: num_eval must be an int >= 1, got {num_eval!r}")
-        if system_prompt is not None and not isinstance(system_prompt, str):
-            raise ConfigError(f"math env: system_prompt must be a string or None, got {system_prompt!r}")
-        if not isinstance(demonstration, bool):
-            raise ConfigError(f"math env: demonstration must be true or false, got {demonstration!r}")
-        if data_file is not None and not isinstance(data_file, (str, Path)):
-            raise ConfigError(f"math env: data_file must be a path string or None, got {data_file!r}")
+        MathArgs(difficulty=difficulty, seed=seed, num_eval=num_eval, system_prompt=system_prompt,
+                 demonstration=demonstration, data_file=data_file)
         self.difficulty, self.data_file, self.seed = difficulty, data_file, seed
         self.num_eval, self.system_prompt, self.demonstration = num_eval, system_prompt, demonstration
         self._train: Sequence[Task]

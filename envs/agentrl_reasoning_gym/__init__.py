@@ -34,16 +34,21 @@ import difflib
 import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from agentrl import (
+    Allowed,
     ConfigError,
     Env,
     EnvError,
     EnvLibraryError,
     LazyTasks,
     Message,
+    OneOf,
     Task,
+    check_declared,
     hookimpl,
     import_extra,
     library_call,
@@ -176,6 +181,30 @@ class TrainTasks(LazyTasks):
                        "the task has too few distinct questions: lower num_eval or widen its config")
 
 
+@dataclasses.dataclass(frozen=True)
+class ReasoningGymArgs:
+    """The ``reasoning_gym`` env's ``env_args`` with a range or a type to keep (see
+    :class:`ReasoningGymEnv`), each checked against its declared rule when made: a bad one is a
+    one-line ConfigError ``reasoning_gym: KEY must be ..., got VALUE``. ``system_prompt`` (its
+    message names the library's prompts) and the task names are checked in code."""
+
+    seed: Annotated[int, Field(ge=0, lt=MAX_SEED), Allowed(f"an int in [0, {MAX_SEED})")]
+    num_eval: Annotated[int, Field(ge=1), Allowed("an int >= 1")]
+    answer_fallback: Annotated[str, OneOf("none", "lenient"), Allowed("'none' or 'lenient'")]
+    config: Annotated[dict[Any, Any] | None, Allowed("a mapping of dataset settings")]
+
+    def __post_init__(self) -> None:
+        """Raise ConfigError naming the first bad argument, its value and what is allowed."""
+        check_declared(self, prefix="reasoning_gym: ")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskWeight:
+    """A task's weight in a ``tasks`` mix."""
+
+    weight: Annotated[float, Field(gt=0), Allowed("a number > 0")]
+
+
 class ReasoningGymEnv(Env):
     """A reasoning-gym task (or weighted mix) scored by its own ``score_answer`` (module docstring).
 
@@ -204,16 +233,11 @@ class ReasoningGymEnv(Env):
         from reasoning_gym.utils import SYSTEM_PROMPTS, extract_answer
 
         self._extract_answer = extract_answer
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
-            raise ConfigError(f"reasoning_gym: seed must be an int in [0, {MAX_SEED}), got {seed!r}")
-        if isinstance(num_eval, bool) or not isinstance(num_eval, int) or num_eval < 1:
-            raise ConfigError(f"reasoning_gym: num_eval must be an int >= 1, got {num_eval!r}")
+        ReasoningGymArgs(seed=seed, num_eval=num_eval, answer_fallback=answer_fallback, config=config)
         if not isinstance(system_prompt, str) or not system_prompt.strip():
             raise ConfigError(f"reasoning_gym: system_prompt must be a key of SYSTEM_PROMPTS "
                               f"({', '.join(SYSTEM_PROMPTS)}) or a non-empty text, got {system_prompt!r}")
         self.system_prompt = SYSTEM_PROMPTS.get(system_prompt, system_prompt)
-        if answer_fallback not in ("none", "lenient"):
-            raise ConfigError(f"reasoning_gym: answer_fallback must be 'none' or 'lenient', got {answer_fallback!r}")
         self.answer_fallback = answer_fallback
         spec = self._spec(task, config, tasks)
         key = _spec_key(spec)
@@ -224,9 +248,7 @@ class ReasoningGymEnv(Env):
 
     @staticmethod
     def _spec(task: str | None, config: dict[str, Any] | None, tasks: dict[str, Any] | None) -> dict[str, Any]:
-        """The validated dataset spec: ``{"task", "config"}`` or ``{"tasks": {name: (weight, config)}}``."""
-        if config is not None and not isinstance(config, dict):
-            raise ConfigError(f"reasoning_gym: config must be a mapping of dataset settings, got {config!r}")
+        """The validated dataset spec (``config`` is None or a mapping: see :class:`ReasoningGymArgs`): ``{"task", "config"}`` or ``{"tasks": {name: (weight, config)}}``."""
         for settings in [config or {}] + [v.get("config") or {} for v in (tasks or {}).values() if isinstance(v, dict)]:
             if isinstance(settings, dict) and {"seed", "size"} & set(settings):
                 raise ConfigError("reasoning_gym: set env_args.seed / env_args.num_eval, not seed or size "
@@ -246,8 +268,7 @@ class ReasoningGymEnv(Env):
             check_task_name(name)
             weight, sub_config = (value.get("weight", 1.0), value.get("config", {})) if isinstance(value, dict) \
                 else (value, {})
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-                raise ConfigError(f"reasoning_gym: tasks.{name} weight must be a number > 0, got {weight!r}")
+            check_declared(TaskWeight(weight=weight), prefix=f"reasoning_gym: tasks.{name} ")
             if not isinstance(sub_config, dict):
                 raise ConfigError(f"reasoning_gym: tasks.{name}.config must be a mapping, got {sub_config!r}")
             check_config(name, sub_config)
@@ -296,4 +317,4 @@ def agentrl_register_envs(register: Callable[..., None]) -> None:
     register("reasoning_gym", ReasoningGymEnv)
 
 
-__all__ = ["ReasoningGymEnv", "task_names"]
+__all__ = ["ReasoningGymArgs", "ReasoningGymEnv", "task_names"]

@@ -34,9 +34,13 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from agentrl import (
+    Allowed,
     ConfigError,
     Env,
     EnvError,
@@ -44,6 +48,7 @@ from agentrl import (
     PrivateGlobalRandom,
     SeedTasks,
     Task,
+    check_declared,
     hookimpl,
     import_extra,
     library_call,
@@ -89,6 +94,21 @@ def final_result(reward: Any, reason: str) -> tuple[float, str]:
     return float(reward), reason
 
 
+@dataclass(frozen=True)
+class TextArenaArgs:
+    """The ``textarena`` env's ``env_args`` besides ``game`` (see :class:`TextArenaEnv`), each
+    checked against its declared rule when made: a bad one is a one-line ConfigError
+    ``textarena: KEY must be ..., got VALUE``."""
+
+    game_args: Annotated[dict[Any, Any] | None, Allowed("a mapping of keyword arguments")]
+    num_eval: Annotated[int, Field(ge=1), Allowed("an int >= 1")]
+    max_turns: Annotated[Annotated[int, Field(ge=1)] | None, Allowed("an int >= 1")]
+
+    def __post_init__(self) -> None:
+        """Raise ConfigError naming the first bad argument, its value and what is allowed."""
+        check_declared(self, prefix="textarena: ")
+
+
 class TextArenaEnv(Env):
     """A TextArena single-player game played turn by turn (see the module docstring).
 
@@ -110,10 +130,7 @@ class TextArenaEnv(Env):
             hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
             raise ConfigError(f"textarena: unknown game {game!r}; {hint}single-player games include "
                               f"{', '.join(SINGLE_PLAYER_EXAMPLES)}")
-        if game_args is not None and not isinstance(game_args, dict):
-            raise ConfigError(f"textarena: game_args must be a mapping of keyword arguments, got {game_args!r}")
-        if isinstance(num_eval, bool) or not isinstance(num_eval, int) or num_eval < 1:
-            raise ConfigError(f"textarena: num_eval must be an int >= 1, got {num_eval!r}")
+        TextArenaArgs(game_args=game_args, num_eval=num_eval, max_turns=max_turns)
         self.game_id, self.game_args = game, dict(game_args or {})
         self._make = ta.make
         self._single_player_state = ta.SinglePlayerState
@@ -122,9 +139,7 @@ class TextArenaEnv(Env):
         self._last_observation = ""
         game_turns = self._probe()
         if max_turns is None:
-            max_turns = game_turns if isinstance(game_turns, int) and game_turns > 0 else DEFAULT_MAX_TURNS
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise ConfigError(f"textarena: max_turns must be an int >= 1, got {max_turns!r}")
+            max_turns = game_turns if type(game_turns) is int and game_turns > 0 else DEFAULT_MAX_TURNS
         self.max_turns = max_turns
         self._train = SeedTasks(game, "train", 0, TRAIN_SIZE)
         self._eval = SeedTasks(game, "eval", EVAL_SEED, num_eval)
@@ -215,4 +230,4 @@ def agentrl_register_envs(register: Callable[..., None]) -> None:
     register("textarena", TextArenaEnv)
 
 
-__all__ = ["TextArenaEnv"]
+__all__ = ["TextArenaArgs", "TextArenaEnv"]

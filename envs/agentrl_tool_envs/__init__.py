@@ -17,15 +17,18 @@ import math
 import operator
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
 from agentrl import (
     HARMONY,
     LLAMA3_JSON,
     MISTRAL,
     QWEN3_CODER,
+    Allowed,
     EnvError,
     LazyTasks,
     Message,
@@ -33,6 +36,7 @@ from agentrl import (
     Tool,
     ToolEnv,
     ToolError,
+    check_declared,
     format_tool_call,
     hookimpl,
     parse_xml_json,
@@ -72,14 +76,48 @@ class ProceduralTasks(LazyTasks):
         raise EnvError(f"could not draw task {index} outside the excluded split in 256 tries")
 
 
+_TASK_SEED = f"a non-negative int other than {EVAL_SEED} (the eval split's)"
+
+
+@dataclass(frozen=True)
+class SplitArgs:
+    """The ``env_args`` that set a tool env's task splits, each checked against its declared rule
+    when made: a bad one is a one-line EnvError ``KEY must be ..., got VALUE``."""
+
+    task_seed: Annotated[int, Field(ge=0), Allowed(_TASK_SEED)]
+    num_eval: Annotated[int, Field(ge=1, le=MAX_EVAL), Allowed(f"a positive int <= {MAX_EVAL:,}")]
+
+    def __post_init__(self) -> None:
+        """Raise EnvError naming the first bad argument; ``task_seed`` must not be the eval split's."""
+        check_declared(self, error=EnvError)
+        if self.task_seed == EVAL_SEED:
+            raise EnvError(f"task_seed must be {_TASK_SEED}, got {self.task_seed!r}")
+
+
+@dataclass(frozen=True)
+class ParserArg:
+    """A tool env's ``tool_parser`` argument: a registered parser's name, a parser, or None."""
+
+    tool_parser: Annotated[str | Callable[..., Any] | None, Allowed("a registered parser name")]
+
+
+@dataclass(frozen=True)
+class PythonArgs:
+    """The ``python`` env's sandbox limits, checked against their declared rules when made: a bad
+    one is a one-line EnvError ``PythonEnv: KEY must be ..., got VALUE``."""
+
+    timeout_s: Annotated[float, Field(ge=0.01, le=3600), Allowed("a number of seconds in [0.01, 3600]")]
+    memory_mb: Annotated[int, Field(ge=64), Allowed("an integer >= 64")]
+
+    def __post_init__(self) -> None:
+        """Raise EnvError naming the first bad limit, its value and what is allowed."""
+        check_declared(self, prefix="PythonEnv: ", error=EnvError)
+
+
 def task_splits(make: Callable[[np.random.Generator], Task], name: str, task_seed: int,
                 num_eval: int) -> tuple[ProceduralTasks, ProceduralTasks]:
     """(train, eval) procedural splits: eval from ``EVAL_SEED``, train redrawn away from it."""
-    if not isinstance(task_seed, int) or isinstance(task_seed, bool) or task_seed < 0 or task_seed == EVAL_SEED:
-        raise EnvError(f"task_seed must be a non-negative int other than {EVAL_SEED} "
-                       f"(the eval split's), got {task_seed!r}")
-    if not isinstance(num_eval, int) or isinstance(num_eval, bool) or not 1 <= num_eval <= MAX_EVAL:
-        raise EnvError(f"num_eval must be a positive int <= {MAX_EVAL:,}, got {num_eval!r}")
+    SplitArgs(task_seed=task_seed, num_eval=num_eval)
     eval_tasks = ProceduralTasks(make, name, EVAL_SEED, num_eval)
     return ProceduralTasks(make, name, task_seed, TRAIN_SIZE, exclude=eval_tasks), eval_tasks
 
@@ -198,9 +236,8 @@ class AnswerToolEnv(ToolEnv):
     _eval: Sequence[Task]
 
     def __init__(self, **kwargs: Any) -> None:
-        parser = kwargs.get("tool_parser")
-        if parser is not None and not (isinstance(parser, str) or callable(parser)):
-            raise EnvError(f"{type(self).__name__}: tool_parser must be a registered parser name, got {parser!r}")
+        check_declared(ParserArg(tool_parser=kwargs.get("tool_parser")), prefix=f"{type(self).__name__}: ",
+                       error=EnvError)
         super().__init__(**kwargs)
 
     def train_tasks(self) -> Sequence[Task]:
@@ -290,10 +327,7 @@ class PythonEnv(AnswerToolEnv):
 
     def __init__(self, task_seed: int = 0, num_eval: int = 200, timeout_s: float = 5.0,
                  memory_mb: int = 512, **kwargs: Any) -> None:
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0.01 <= timeout_s <= 3600:
-            raise EnvError(f"PythonEnv: timeout_s must be a number of seconds in [0.01, 3600], got {timeout_s!r}")
-        if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 64:
-            raise EnvError(f"PythonEnv: memory_mb must be an integer >= 64, got {memory_mb!r}")
+        PythonArgs(timeout_s=timeout_s, memory_mb=memory_mb)
         self.sandbox_limits = {"timeout_s": timeout_s, "memory_mb": memory_mb}
         super().__init__(tools=[Tool(self.run_python)], **kwargs)
         self._train, self._eval = task_splits(make_code_task, "python", task_seed, num_eval)
@@ -335,6 +369,6 @@ def agentrl_register_tool_parsers(register: Callable[..., None]) -> None:
     register("harmony", HARMONY)
 
 
-__all__ = ["AnswerToolEnv", "CalculatorEnv", "PythonEnv", "ProceduralTasks", "answer_matches", "calculator",
-           "evaluate_arithmetic", "extract_answer", "make_arithmetic_task", "make_code_task",
+__all__ = ["AnswerToolEnv", "CalculatorEnv", "PythonArgs", "PythonEnv", "ProceduralTasks", "SplitArgs",
+           "answer_matches", "calculator", "evaluate_arithmetic", "extract_answer", "make_arithmetic_task", "make_code_task",
            "task_splits"]

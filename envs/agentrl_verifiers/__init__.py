@@ -64,12 +64,14 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
-from agentrl import (ROLES, ConfigError, Env, EnvError, LazyTasks, Message, Task, describe, hookimpl, import_extra,
-                     one_line, parse_xml_json, render_tools_system_prompt)
+from agentrl import (ROLES, Allowed, Complaint, ConfigError, Env, EnvError, LazyTasks, Message, Task, check_declared,
+                     describe, hookimpl, import_extra, one_line, parse_xml_json, render_tools_system_prompt)
 
 DEFAULT_MAX_TURNS = 10
 """Turn limit for envs that set none (MultiTurnEnv's default, -1, means unlimited)."""
@@ -320,6 +322,23 @@ def _group_reward_names(rubric: Any) -> list[str]:
     return [getattr(f, "__name__", repr(f)) for f in getattr(rubric, "funcs", []) if rubric._is_group_func(f)]
 
 
+@dataclass(frozen=True)
+class VerifiersArgs:
+    """The ``verifiers`` env's ``env_args`` (see :class:`VerifiersEnv`), each checked against its
+    declared rule when made: a bad one is a one-line ConfigError ``verifiers: KEY must be ..., got VALUE``."""
+
+    env_id: Annotated[str, Field(min_length=1), Complaint(
+        "env_args.{key} must name an installed verifiers environment (a module with load_environment()), "
+        "got {value!r}")]
+    env_kwargs: Annotated[dict[Any, Any] | None, Allowed("a mapping of keyword arguments")]
+    num_eval: Annotated[int, Field(ge=1), Allowed("an int >= 1")]
+    max_turns: Annotated[Annotated[int, Field(ge=1)] | None, Allowed("an int >= 1")]
+
+    def __post_init__(self) -> None:
+        """Raise ConfigError naming the first bad argument, its value and what is allowed."""
+        check_declared(self, prefix="verifiers: ")
+
+
 class VerifiersEnv(Env):
     """A verifiers environment driven turn by turn, its own rollout and rubric included (see the
     module docstring).
@@ -336,15 +355,7 @@ class VerifiersEnv(Env):
                  max_turns: int | None = None) -> None:
         super().__init__()
         vf = import_verifiers()
-        if not isinstance(env_id, str) or not env_id:
-            raise ConfigError(f"verifiers: env_args.env_id must name an installed verifiers environment (a module "
-                              f"with load_environment()), got {env_id!r}")
-        if env_kwargs is not None and not isinstance(env_kwargs, dict):
-            raise ConfigError(f"verifiers: env_kwargs must be a mapping of keyword arguments, got {env_kwargs!r}")
-        if isinstance(num_eval, bool) or not isinstance(num_eval, int) or num_eval < 1:
-            raise ConfigError(f"verifiers: num_eval must be an int >= 1, got {num_eval!r}")
-        if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
-            raise ConfigError(f"verifiers: max_turns must be an int >= 1, got {max_turns!r}")
+        VerifiersArgs(env_id=env_id, env_kwargs=env_kwargs, num_eval=num_eval, max_turns=max_turns)
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.vf_env = _load(vf, env_id, self.env_kwargs, max_turns)
         self._client_class = _client_class(vf)
@@ -492,4 +503,4 @@ def agentrl_register_envs(register: Callable[..., None]) -> None:
     register("verifiers", VerifiersEnv)
 
 
-__all__ = ["VerifiersEnv"]
+__all__ = ["VerifiersArgs", "VerifiersEnv"]
