@@ -14,41 +14,47 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
+from agentrl.cli_options import ConfigOption, ConfigOptions
 from agentrl.cli_progress import TrainProgress, noise_note
 from agentrl.cli_support import (DisablePluginOption, PluginOption, console, error_console, plugin_manager,
                                  quiet_library_progress, run_guarded)
 from agentrl.errors import ConfigError, TrainingInterrupted
 
-CONFIG_FLAGS = {"env": "--env", "algo": "--algo", "model": "--model", "engine": "--engine", "rewards": "--reward",
-                "max_steps": "--max-steps", "num_generations": "--num-generations",
-                "prompts_per_step": "--prompts-per-step", "output_dir": "--output-dir", "seed": "--seed"}
-"""TrainConfig key -> the flag that sets it."""
+REWARD_HELP = ("Reward NAME[:WEIGHT], path/file.py:func[:WEIGHT] or module:func[:WEIGHT] (agentrl- or TRL-style); "
+               "repeatable; replaces the env's default rewards.")
+
+
+def parse_rewards(items: list[str]) -> dict[str, float]:
+    """``--reward`` items as name -> weight: ``NAME``, ``NAME:WEIGHT``, ``path/file.py:func[:WEIGHT]``
+    or ``module:func[:WEIGHT]``."""
+    out: dict[str, float] = {}
+    for item in items:
+        head, sep, tail = item.rpartition(":")
+        name, weight = (head, tail) if sep and _looks_numeric(tail) else (item, "")
+        if sep and not weight and head.isidentifier() and not _importable(head):
+            raise ConfigError(f"--reward {item!r}: weight {tail!r} is not a number, and {head!r} is not an "
+                              "importable module (use NAME[:WEIGHT], path/file.py:func[:WEIGHT] or module:func[:WEIGHT])")
+        if not name:
+            raise ConfigError(f"--reward {item!r}: expected NAME[:WEIGHT] or path/file.py:func[:WEIGHT]")
+        out[name] = float(weight) if weight else 1.0
+        if not math.isfinite(out[name]):
+            raise ConfigError(f"--reward {item!r}: weight {weight!r} must be a finite number")
+    return out
+
+
+TRAIN_OPTIONS = ConfigOptions(
+    "env", "algo", "model", "engine",
+    ConfigOption("rewards", "--reward", list[str], REWARD_HELP, "the env's", parse_rewards),
+    "max_steps", "num_generations", "prompts_per_step",
+    ConfigOption("output_dir", help="Run directory.", default_text="runs/ENV-ALGO-TIME"), "seed")
+"""The TrainConfig fields ``agentrl train`` takes as options (each option generated from its field)."""
 RESUME_FLAGS = ("--max-steps", "--plugin", "--disable-plugin", "--resume")
 """The flags ``--resume`` takes (the run's own config gives the rest)."""
 
 
-def _default(key: str) -> str:
-    """`` [default: X]`` for a TrainConfig key, shown in ``train --help``."""
-    from agentrl.config import TrainConfig
-
-    return f" [default: {getattr(TrainConfig, key)}]"
-
-
+@TRAIN_OPTIONS.command
 def train(
-    env: Optional[str] = typer.Option(None, "--env", help="Environment name or path/file.py:Class." + _default("env")),
-    algo: Optional[str] = typer.Option(None, "--algo", help="Algorithm name." + _default("algo")),
-    model: Optional[str] = typer.Option(None, "--model", help="HF folder, run dir, hub id or alias." + _default("model")),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Generation engine name." + _default("engine")),
-    reward: Optional[list[str]] = typer.Option(
-        None, "--reward", help="Reward NAME[:WEIGHT], path/file.py:func[:WEIGHT] or module:func[:WEIGHT] "
-        "(agentrl- or TRL-style); repeatable; replaces the env's default rewards. [default: the env's]"),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Optimizer steps." + _default("max_steps")),
-    num_generations: Optional[int] = typer.Option(None, "--num-generations",
-                                                  help="Episodes per task." + _default("num_generations")),
-    prompts_per_step: Optional[int] = typer.Option(None, "--prompts-per-step",
-                                                   help="Tasks per step." + _default("prompts_per_step")),
-    output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Run directory. [default: runs/ENV-ALGO-TIME]"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed." + _default("seed")),
+    options: dict[str, Any],
     config: Optional[str] = typer.Option(None, "--config", help="YAML config file."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override key=value (dotted keys for sections)."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
@@ -68,10 +74,8 @@ def train(
     from agentrl.launch import process_rank
 
     given: dict[str, Any] = {  # every flag a launched process gets again, in this order
-        "--env": env, "--algo": algo, "--model": model, "--engine": engine, "--reward": reward,
-        "--max-steps": max_steps, "--num-generations": num_generations, "--prompts-per-step": prompts_per_step,
-        "--output-dir": output_dir, "--seed": seed, "--config": config, "--set": set_, "--plugin": plugin,
-        "--disable-plugin": disable_plugin, "--resume": resume}
+        **options, "--config": config, "--set": set_, "--plugin": plugin, "--disable-plugin": disable_plugin,
+        "--resume": resume}
     if process_rank() > 0:  # one process speaks for a multi-process run; errors still show everywhere
         console.quiet = True
     with contextlib.ExitStack() as lock:  # the run dir's lock (agentrl.runlock), held until the command ends
@@ -108,8 +112,7 @@ def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextl
                               "(only --max-steps may be given)")
         writer = not print_config and Path(resume).is_dir() and _lock_run_dir(lock, Path(resume))
         return _resume(resume, given["--max-steps"], writer)
-    rewards = parse_rewards(given["--reward"]) if given["--reward"] else None
-    flags = {key: (flag, rewards if key == "rewards" else given[flag]) for key, flag in CONFIG_FLAGS.items()}
+    flags = TRAIN_OPTIONS.values(given)
     refuse_flag_conflicts(flags, given["--set"])
     cfg = build_config(given["--config"], overrides={key: value for key, (_, value) in flags.items()},
                        sets=given["--set"])
@@ -257,25 +260,6 @@ def _rewards_line(cfg: Any, trainer: Any) -> str:
     else:
         source = "--reward"
     return f"rewards: {' + '.join(parts)} ({source})"
-
-
-def parse_rewards(items: list[str]) -> dict[str, float]:
-    """``--reward`` items as name -> weight: ``NAME``, ``NAME:WEIGHT``, ``path/file.py:func[:WEIGHT]``
-    or ``module:func[:WEIGHT]``."""
-    out: dict[str, float] = {}
-    for item in items:
-        head, sep, tail = item.rpartition(":")
-        name, weight = (head, tail) if sep and _looks_numeric(tail) else (item, "")
-        if sep and not weight and head.isidentifier() and not _importable(head):
-            raise ConfigError(f"--reward {item!r}: weight {tail!r} is not a number, and {head!r} is not an "
-                              "importable module (use NAME[:WEIGHT], path/file.py:func[:WEIGHT] or module:func[:WEIGHT])")
-        if not name:
-            raise ConfigError(f"--reward {item!r}: expected NAME[:WEIGHT] or path/file.py:func[:WEIGHT]")
-        out[name] = float(weight) if weight else 1.0
-        if not math.isfinite(out[name]):
-            raise ConfigError(f"--reward {item!r}: weight {weight!r} must be a finite number")
-    return out
-
 
 
 def _importable(module: str) -> bool:

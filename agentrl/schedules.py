@@ -9,7 +9,6 @@ import torch
 from transformers import get_scheduler
 
 from agentrl.config import TrainConfig
-from agentrl.errors import ConfigError
 
 
 def reapply_schedule(scheduler: Any) -> None:
@@ -23,9 +22,9 @@ def reapply_schedule(scheduler: Any) -> None:
 
 def wsd_decay_steps(fraction: float, steps_after_warmup: int) -> int:
     """Optimizer steps of the wsd decay: ``fraction`` of the steps after warm-up, rounded, at least
-    one and at most all of them (0.375 of 40 is 15)."""
-    if not 0 < fraction <= 1:
-        raise ConfigError(f"lr_decay_fraction must be in (0, 1], got {fraction!r}")
+    one and at most all of them (0.375 of 40 is 15). ``fraction`` is ``TrainConfig.lr_decay_fraction``,
+    whose range, (0, 1], the config checks when it is built (its only check: a user's value never
+    gets here unchecked); a caller that passes another number gets the same clamp, one step or all."""
     return min(max(1, round(fraction * steps_after_warmup)), max(1, steps_after_warmup))
 
 
