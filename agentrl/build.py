@@ -21,7 +21,7 @@ from agentrl.algorithm import Algorithm, SetupContext, TrainableModule
 from agentrl.batching import plan_micro_batches, split_to_count
 from agentrl.chat import ChatTokenizer
 from agentrl.config import TrainConfig, build_plugin_config, resolve_settings
-from agentrl.env import CallGuard, Env, build_env, load_env_class
+from agentrl.env import CallGuard, Env, build_env, call_with_timeout, load_env_class
 from agentrl.errors import ConfigError
 from agentrl.memory import limit_kernel_caches
 from agentrl.models import load_model, load_tokenizer
@@ -239,7 +239,8 @@ def check_prompt_room(env: Env, tokenizer: Any, max_total_tokens: int, num_tasks
     tasks = env.train_tasks()
     for task in [tasks[i] for i in range(min(num_tasks, len(tasks)))]:
         native = bool(env.tool_schemas()) and chat.renders_tools
-        messages, _ = env.reset(seed=0, options={"task": task, "template_renders_tools": native})
+        messages, _ = call_with_timeout(env.reset, None, seed=0,  # an ``async def`` reset is awaited
+                                        options={"task": task, "template_renders_tools": native})
         length = len(chat.prompt_ids(messages, tools=list(env.tool_schemas()) if native else None))
         if length >= max_total_tokens:
             raise ConfigError(f"max_total_tokens={max_total_tokens} leaves no room to sample: the prompt of training "

@@ -183,6 +183,12 @@ class TrainConfig:
     ``skip`` scores that episode as missing (no gradient from it), counts it in
     ``errors/reward/<name>`` or ``errors/env`` and goes on; ``fail`` stops the run naming the plugin, the sample and
     the exception."""
+    env_workers: Positive = 8
+    """How many env calls (``reset``/``step`` of the live episodes of a turn) run at once: threads
+    for sync envs, the same bound on one event loop for ``async def`` ones; each call keeps its
+    ``call_timeout_s``. Results are taken in episode order, so the tokens do not depend on which env
+    answers first. 1: one after another. An env class with ``concurrent_safe = False`` is always
+    called one at a time."""
 
     def __post_init__(self) -> None:
         """Check every value against its field's type and declared range, then the rules that

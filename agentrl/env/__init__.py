@@ -22,6 +22,14 @@ Env-specific figures: a ``step``'s ``info["metrics"]`` (name -> float) as it sta
 episode's last step is averaged over the batch's episodes and logged as ``env/NAME`` (training)
 and ``eval/env/NAME`` (evaluation); keep it a running summary of the whole episode.
 
+Concurrency: each turn the rollout calls ``reset`` (at the start) or ``step`` of every live
+episode at once, through :class:`EnvWorkers`: ``env_workers`` threads for sync methods, one
+event loop for ``async def reset``/``async def step`` (an env may define them as coroutines; they
+are awaited, no thread each). Each episode has its own instance and two calls on one instance
+never overlap; the answers are taken in episode order, so the tokens do not depend on which env
+answers first. An env whose instances share state that is not thread-safe sets the class
+attribute ``concurrent_safe = False`` and is called one episode at a time.
+
 Failures during a run (the rollout calls ``reset``/``step`` through a :class:`CallGuard`):
 
 * A broken contract (wrong shapes, a reward that is None, NaN, infinite or beyond
@@ -37,13 +45,15 @@ Failures during a run (the rollout calls ``reset``/``step`` through a :class:`Ca
   gradient), counts it in ``errors/env`` and warns once per env class; ``fail`` stops the run
   with an EnvError naming the env, the method, the sample and the exception.
 * A Python call cannot be killed: a call past its time limit is abandoned, still running in a
-  daemon thread (the trainer gives that episode's slot a fresh env instance). Make a long
+  daemon thread (the trainer gives that episode's slot a fresh env instance); an ``async def``
+  call past it is cancelled. Make a long
   computation check its own deadline, or run it in a subprocess as the code sandbox does.
 
 The package, one job per module: :mod:`~agentrl.env.base` (``Env``, ``MessagesSpace``),
 :mod:`~agentrl.env.checks` (what ``reset``/``step`` return), :mod:`~agentrl.env.labels` (task and
 sample labels for messages), :mod:`~agentrl.env.calls` (``CallGuard``: time limits and
-``on_call_error``), :mod:`~agentrl.env.loading` (env classes from specs, gymnasium ids) and
+``on_call_error``), :mod:`~agentrl.env.workers` (one turn's env calls at once),
+:mod:`~agentrl.env.loading` (env classes from specs, gymnasium ids) and
 :mod:`~agentrl.env.sources` (task-source and library-adapter helpers). Import the names from
 ``agentrl`` (or from here); the submodules are an implementation detail.
 """
@@ -51,7 +61,7 @@ sample labels for messages), :mod:`~agentrl.env.calls` (``CallGuard``: time limi
 from __future__ import annotations
 
 from agentrl.env.base import Env, MessagesSpace, boxed_reply
-from agentrl.env.calls import ON_CALL_ERROR, CallGuard, CallTimeout, call_with_timeout
+from agentrl.env.calls import ON_CALL_ERROR, CallGuard, CallTimeout, await_with_timeout, call_with_timeout
 from agentrl.env.checks import (
     MAX_ABS_REWARD,
     MESSAGES_SHAPE,
@@ -65,6 +75,7 @@ from agentrl.env.checks import (
 from agentrl.env.labels import sample_label, task_label
 from agentrl.env.loading import GYMNASIUM_IDS, build_env, load_env_class, register_gymnasium_envs
 from agentrl.env.sources import PrivateGlobalRandom, SeedTasks, library_call, seeded_rng
+from agentrl.env.workers import EnvCall, EnvWorkers
 from agentrl.tasks import Task
 
 __all__ = [
@@ -76,12 +87,15 @@ __all__ = [
     "CallGuard",
     "CallTimeout",
     "Env",
+    "EnvCall",
+    "EnvWorkers",
     "Message",
     "MessagesSpace",
     "PrivateGlobalRandom",
     "SeedTasks",
     "Task",
     "boxed_reply",
+    "await_with_timeout",
     "build_env",
     "call_with_timeout",
     "check_messages",

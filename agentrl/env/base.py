@@ -73,6 +73,12 @@ class Env(gymnasium.Env, abc.ABC):
     """The headline accuracy counts an episode solved when its ``info["success"]`` (else
     ``info["correct"]``) is true; an env that sets neither is solved when its return reaches this
     (so a return that scores a lost game in (0, 1) is not a success)."""
+    concurrent_safe: bool = True
+    """The rollout calls ``reset``/``step`` of different episodes' instances at the same time
+    (``env_workers`` threads; ``async def`` methods on one event loop), never two calls on one
+    instance. False: this class's calls are made one after another, as with ``env_workers: 1``;
+    set it when instances share state that is not thread-safe (module globals, the process-wide
+    ``random``/``np.random`` as :class:`agentrl.PrivateGlobalRandom` swaps them, one client)."""
 
     def __init__(self) -> None:
         super().__init__()

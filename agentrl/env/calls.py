@@ -3,13 +3,14 @@ failure does (``call_timeout_s``, ``on_call_error``)."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from agentrl.errors import ConfigError
 from agentrl.faults import plugin_exit
 
 R = TypeVar("R")
@@ -30,8 +31,12 @@ def call_with_timeout(fn: Callable[..., R], timeout_s: float | None, *args: Any,
     daemon thread does not keep the process alive). ``timeout_s`` None or <= 0: no limit, the call
     runs in the caller's thread. Exceptions from ``fn`` are re-raised in the caller; a SystemExit or
     KeyboardInterrupt that ``fn`` raised itself as a :class:`agentrl.faults.PluginExit` (the call's
-    failure, never the end of the run; a real Ctrl-C still interrupts).
+    failure, never the end of the run; a real Ctrl-C still interrupts). An ``async def`` ``fn`` runs
+    to completion on an event loop of its own (the rollout awaits env coroutines on its loop
+    instead: :meth:`CallGuard.call_async`).
     """
+    if inspect.iscoroutinefunction(fn):
+        fn = _on_own_loop(fn)
     if timeout_s is None or timeout_s <= 0:
         try:
             return fn(*args, **kwargs)
@@ -60,6 +65,37 @@ def call_with_timeout(fn: Callable[..., R], timeout_s: float | None, *args: Any,
     return outcome["value"]
 
 
+def _on_own_loop(fn: Callable[..., Awaitable[R]]) -> Callable[..., R]:
+    """``fn`` (an ``async def``) as a blocking function: each call runs on a fresh event loop."""
+    def blocking(*args: Any, **kwargs: Any) -> R:
+        return asyncio.run(fn(*args, **kwargs))
+
+    blocking.__qualname__ = getattr(fn, "__qualname__", "coroutine")
+    return blocking
+
+
+async def await_with_timeout(fn: Callable[..., Awaitable[R]], timeout_s: float | None, *args: Any,
+                             **kwargs: Any) -> R:
+    """``await fn(*args, **kwargs)``, raising :class:`CallTimeout` if it runs past ``timeout_s``
+    seconds (None or <= 0: no limit). Past the limit the coroutine is cancelled (unlike a thread, it
+    can be). A SystemExit or KeyboardInterrupt it raises is its failure, a
+    :class:`agentrl.faults.PluginExit` (it never stops the event loop)."""
+    async def settled() -> tuple[Any, BaseException | None]:
+        try:
+            return await fn(*args, **kwargs), None
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # handed to the caller below
+            return None, exc if isinstance(exc, Exception) else plugin_exit(exc) or exc
+
+    limit = timeout_s if timeout_s is not None and timeout_s > 0 else None
+    try:  # only the limit raises TimeoutError here: settled() returns the coroutine's own errors
+        value, error = await asyncio.wait_for(settled(), limit)
+    except asyncio.TimeoutError:
+        raise CallTimeout(f"no result within call_timeout_s={timeout_s:g} s; the coroutine was cancelled") from None
+    if error is not None:
+        raise error
+    return value
+
+
 @dataclass
 class CallGuard:
     """How a run calls user code (env methods, reward functions): a time limit per call, what an
@@ -68,13 +104,11 @@ class CallGuard:
 
     timeout_s: float | None = None
     """``call_timeout_s``: seconds one call may take (None or <= 0: no limit)."""
-    on_error: str = "fail"
-    """``on_call_error``: ``skip`` (the sample is unscored and counted) or ``fail`` (stop the run)."""
+    on_error: Literal["skip", "fail"] = "fail"
+    """``on_call_error``: ``skip`` (the sample is unscored and counted) or ``fail`` (stop the run).
+    Checked where the user sets it (``TrainConfig.on_call_error``); here any value but ``skip``
+    stops the run."""
     warned: set[str] = field(default_factory=set)
-
-    def __post_init__(self) -> None:
-        if self.on_error not in ON_CALL_ERROR:
-            raise ConfigError(f"on_call_error={self.on_error!r} is invalid: expected one of {', '.join(ON_CALL_ERROR)}")
 
     @classmethod
     def from_config(cls, config: Any) -> CallGuard:
@@ -90,6 +124,10 @@ class CallGuard:
     def call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """``fn(*args, **kwargs)`` under the time limit (see :func:`call_with_timeout`)."""
         return call_with_timeout(fn, self.timeout_s, *args, **kwargs)
+
+    async def call_async(self, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:
+        """``await fn(*args, **kwargs)`` under the time limit (see :func:`await_with_timeout`)."""
+        return await await_with_timeout(fn, self.timeout_s, *args, **kwargs)
 
     def warn_once(self, plugin: str, message: str) -> None:
         """A RuntimeWarning ``message`` the first time ``plugin`` fails in this run only."""

@@ -58,7 +58,8 @@ class PrivateGlobalRandom:
     several env instances stepped in turn would consume each other's random streams. Run every
     call into such a library inside ``with rng.active():`` and each instance draws from its own
     stream: the global states are swapped in on entry and swapped back out on exit. Not
-    thread-safe (the global RNGs are shared by threads).
+    thread-safe (the global RNGs are shared by threads): an env that uses it sets
+    ``concurrent_safe = False``, so the rollout calls it one episode at a time.
     """
 
     def __init__(self, seed: int = 0) -> None:

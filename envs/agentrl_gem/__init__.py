@@ -108,6 +108,10 @@ class GemEnv(Env):
         num_eval: held-out seeds for ``agentrl eval``.
     """
 
+    concurrent_safe = False
+    """GEM draws from the process-wide RNGs, swapped per instance (PrivateGlobalRandom): calls
+    are made one at a time."""
+
     def __init__(self, env_id: str = "game:GuessTheNumber-v0-easy", max_turns: int | None = None,
                  env_kwargs: dict[str, Any] | None = None, num_eval: int = 64) -> None:
         super().__init__()

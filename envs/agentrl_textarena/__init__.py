@@ -119,6 +119,10 @@ class TextArenaEnv(Env):
         num_eval: held-out seeds for ``agentrl eval``.
     """
 
+    concurrent_safe = False
+    """TextArena draws from the process-wide RNGs, swapped per instance (PrivateGlobalRandom):
+    calls are made one at a time."""
+
     def __init__(self, game: str = "GuessTheNumber-v0", max_turns: int | None = None,
                  game_args: dict[str, Any] | None = None, num_eval: int = 64) -> None:
         super().__init__()

@@ -351,6 +351,10 @@ class VerifiersEnv(Env):
             env too, so verifiers ends and scores the episode there.
     """
 
+    concurrent_safe = False
+    """Every episode runs on the one private event loop, one call at a time (its lock): calls are
+    made one after another, in episode order, as verifiers' environments may draw from shared state."""
+
     def __init__(self, env_id: str | None = None, env_kwargs: dict[str, Any] | None = None, num_eval: int = 64,
                  max_turns: int | None = None) -> None:
         super().__init__()

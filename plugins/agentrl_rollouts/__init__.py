@@ -1,8 +1,11 @@
 """The ``multi_turn`` rollout: drives many env episodes together, one batched generation per turn.
 
 Every live episode contributes its whole token sequence as a prompt; the engine samples one turn
-for all of them at once; each env answers; its messages are appended as chat-template delta ids
-(loss mask 0). Single-turn envs are the case where the env terminates after the first turn.
+for all of them at once; the envs answer, all at once (:class:`agentrl.EnvWorkers`: ``env_workers``
+threads for sync ``reset``/``step``, one event loop for ``async def`` ones); each answer, taken in
+episode order whichever env was first, is appended as chat-template delta ids (loss mask 0), so
+the tokens do not depend on env latency. Single-turn envs are the case where the env terminates
+after the first turn.
 
 Limits, kept apart (TRAPS 27): ``max_new_tokens`` per turn, ``max_sampled_tokens`` per episode
 (model tokens), ``max_total_tokens`` per episode (everything), and the env's ``max_turns``
@@ -45,8 +48,10 @@ from agentrl import (
     Engine,
     EngineError,
     Env,
+    EnvCall,
     EnvError,
     EnvLibraryError,
+    EnvWorkers,
     Generation,
     SamplingParams,
     Trajectory,
@@ -92,6 +97,18 @@ class _Episode:
         return sum(self.loss_mask)
 
 
+@dataclass
+class _Reply:
+    """A model turn just appended to its episode, waiting for the env's answer."""
+
+    start: int
+    ids: list[int]
+    reason: str
+    assistant: dict[str, Any]
+    history: list[dict[str, Any]]
+    """The episode's messages before this turn."""
+
+
 class MultiTurnRollout:
     """Runs episodes to the end; see the module docstring."""
 
@@ -100,28 +117,14 @@ class MultiTurnRollout:
         self.chat = ChatTokenizer(tokenizer)
         self.config = config
         self.guard = CallGuard.from_config(config)
+        self.workers = EnvWorkers(self.guard, config.env_workers)
 
     def run(self, envs: list[Env], tasks: list[dict[str, Any]], groups: list[int],
             sampling: SamplingParams, seeds: list[int] | None = None) -> list[Trajectory]:
         """One episode per env on the matching task; returns them as trajectories, in order."""
         if not len(envs) == len(tasks) == len(groups):
             raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
-        episodes = []
-        for i, (env, task, group) in enumerate(zip(envs, tasks, groups)):
-            schemas = env.tool_schemas()
-            native = bool(schemas) and self.chat.renders_tools
-            result, error = self._env_call(i, env, task, "reset", seed=None if seeds is None else seeds[i],
-                                           options={"task": task, "template_renders_tools": native})
-            if error is not None:  # the episode ends before it starts
-                ids = self.chat.prompt_ids(PLACEHOLDER)
-                episodes.append(_Episode(i, env, task, group, list(PLACEHOLDER), ids, [0] * len(ids),
-                                         [0.0] * len(ids), done=True, info={"error": error}))
-                continue
-            messages, info = check_reset_result(env, result)
-            tools = list(schemas) if native else None
-            ids = self.chat.prompt_ids(messages, tools=tools)
-            episodes.append(_Episode(i, env, task, group, list(messages), ids, [0] * len(ids),
-                                     [0.0] * len(ids), info=dict(info), tools=tools))
+        episodes = self._reset(envs, tasks, groups, seeds)
         max_sampled = self.config.max_sampled_tokens or self.config.max_new_tokens * max(
             env.max_turns for env in envs)
         turn = 0
@@ -142,17 +145,43 @@ class MultiTurnRollout:
                 prompt_seeds=None if seeds is None else tuple(turn_seed(seeds[e.index], turn) for e in live))
             turn += 1
             generations = self._generate([e.token_ids for e in live], turn_sampling, turn)
-            for episode, generation, cap in zip(live, generations, budget):
-                ids, logprobs, reason = generation.token_ids, generation.logprobs, generation.finish_reason
-                if len(ids) > cap:  # this episode had less budget than the batch's largest
-                    ids, logprobs, reason = ids[:cap], logprobs[:cap], "length"
-                self._advance(episode, list(ids), list(logprobs), reason, max_sampled)
+            replies = [self._sampled(episode, generation, cap)
+                       for episode, generation, cap in zip(live, generations, budget)]
+            # Every live episode's env answers at once (env_workers); the answers are taken in order.
+            outcomes = self.workers.gather([EnvCall(e.env, "step", (r.assistant["content"],))
+                                            for e, r in zip(live, replies)])
+            for episode, reply, outcome in zip(live, replies, outcomes):
+                self._answered(episode, reply, outcome, max_sampled)
         too_long = sum(bool(e.info.get("prompt_too_long")) for e in episodes)
         if too_long:
             warnings.warn(f"{too_long} of {len(episodes)} episodes ended before the model spoke: their prompt "
                           f"alone fills max_total_tokens={self.config.max_total_tokens}; they score as empty "
                           "replies. Raise max_total_tokens or shorten the prompt.", RuntimeWarning, stacklevel=2)
         return [self._trajectory(e) for e in episodes]
+
+    def _reset(self, envs: list[Env], tasks: list[dict[str, Any]], groups: list[int],
+               seeds: list[int] | None) -> list[_Episode]:
+        """Every env reset on its task at once (env_workers); the episodes, in order."""
+        schemas = [env.tool_schemas() for env in envs]
+        native = [bool(tools) and self.chat.renders_tools for tools in schemas]
+        outcomes = self.workers.gather([
+            EnvCall(env, "reset", kwargs={"seed": None if seeds is None else seeds[i],
+                                          "options": {"task": task, "template_renders_tools": native[i]}})
+            for i, (env, task) in enumerate(zip(envs, tasks))])
+        episodes = []
+        for i, (env, task, group, outcome) in enumerate(zip(envs, tasks, groups, outcomes)):
+            result, error = self._checked(i, env, task, "reset", outcome)
+            if error is not None:  # the episode ends before it starts
+                ids = self.chat.prompt_ids(PLACEHOLDER)
+                episodes.append(_Episode(i, env, task, group, list(PLACEHOLDER), ids, [0] * len(ids),
+                                         [0.0] * len(ids), done=True, info={"error": error}))
+                continue
+            messages, info = check_reset_result(env, result)
+            tools = list(schemas[i]) if native[i] else None
+            ids = self.chat.prompt_ids(messages, tools=tools)
+            episodes.append(_Episode(i, env, task, group, list(messages), ids, [0] * len(ids),
+                                     [0.0] * len(ids), info=dict(info), tools=tools))
+        return episodes
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, turn: int) -> list[Generation]:
         """``engine.generate``; any failure becomes an EngineError naming the engine and the batch."""
@@ -170,38 +199,46 @@ class MultiTurnRollout:
                               f"{min(lengths, default=0)}-{max(lengths, default=0)} tokens (max_new_tokens="
                               f"{sampling.max_new_tokens}, temperature={sampling.temperature}): {detail}") from exc
 
-    def _env_call(self, index: int, env: Env, task: dict[str, Any], method: str, *args: Any,
-                  **kwargs: Any) -> tuple[Any, dict[str, Any] | None]:
-        """``env.<method>(...)`` under the guard: ``(result, None)``, or ``(None, error)`` when env
-        code raised (an EnvLibraryError included: a wrapped library failed) or timed out and
-        ``on_call_error`` is ``skip``. Any other AgentRLError (a broken contract) always
-        propagates; with ``fail`` the failure becomes an EnvError."""
+    def _checked(self, index: int, env: Env, task: dict[str, Any], method: str,
+                 outcome: tuple[Any, BaseException | None]) -> tuple[Any, dict[str, Any] | None]:
+        """What ``env.<method>(...)``, made under the guard, came to: ``(result, None)``, or ``(None,
+        error)`` when env code raised (an EnvLibraryError included: a wrapped library failed) or
+        timed out and ``on_call_error`` is ``skip``. Any other AgentRLError (a broken contract)
+        always propagates; with ``fail`` the failure becomes an EnvError."""
+        result, exc = outcome
+        if exc is None:
+            return result, None
         where = f"{type(env).__name__}.{method}"
-        try:
-            return self.guard.call(getattr(env, method), *args, **kwargs), None
-        except Exception as exc:
-            if isinstance(exc, AgentRLError) and not isinstance(exc, EnvLibraryError):
-                raise  # a broken contract
-            what = f"{where} {'timed out' if isinstance(exc, CallTimeout) else 'raised'} on {sample_label(index, task)}"
-            detail = str(exc) if isinstance(exc, EnvLibraryError) else one_line(exc)
-            if not self.guard.skips:
-                raise EnvError(f"{what}: {detail} (on_call_error=fail; with 'skip' the episode would "
-                               "end unscored and count in errors/env)") from exc
-            self.guard.warn_once(f"env:{type(env).__name__}", f"{what}: {detail}; the episode ends unscored "
-                                 "(on_call_error=skip). Later failures of this env are only counted in errors/env")
-            return None, {"method": where, "exception": detail, "timed_out": isinstance(exc, CallTimeout)}
+        if isinstance(exc, AgentRLError) and not isinstance(exc, EnvLibraryError):
+            raise exc  # a broken contract
+        what = f"{where} {'timed out' if isinstance(exc, CallTimeout) else 'raised'} on {sample_label(index, task)}"
+        detail = str(exc) if isinstance(exc, EnvLibraryError) else one_line(exc)
+        if not self.guard.skips:
+            raise EnvError(f"{what}: {detail} (on_call_error=fail; with 'skip' the episode would "
+                           "end unscored and count in errors/env)") from exc
+        self.guard.warn_once(f"env:{type(env).__name__}", f"{what}: {detail}; the episode ends unscored "
+                             "(on_call_error=skip). Later failures of this env are only counted in errors/env")
+        return None, {"method": where, "exception": detail, "timed_out": isinstance(exc, CallTimeout)}
 
-    def _advance(self, episode: _Episode, ids: list[int], logprobs: list[float], reason: str,
-                 max_sampled: int) -> None:
-        """Append one model turn and the env's answer to ``episode``."""
+    def _sampled(self, episode: _Episode, generation: Generation, cap: int) -> _Reply:
+        """Append the model's turn to ``episode`` (cut to its own budget ``cap``); the reply its env answers."""
+        ids, logprobs, reason = list(generation.token_ids), list(generation.logprobs), generation.finish_reason
+        if len(ids) > cap:  # this episode had less budget than the batch's largest
+            ids, logprobs, reason = ids[:cap], logprobs[:cap], "length"
         start = len(episode.token_ids)
         episode.token_ids += ids
         episode.loss_mask += [1] * len(ids)
         episode.logprobs += logprobs
         stopped = reason == "stop"
-        history = list(episode.messages)
         assistant = {"role": "assistant", "content": self.chat.assistant_text(ids, stopped)}
-        result, error = self._env_call(episode.index, episode.env, episode.task, "step", assistant["content"])
+        return _Reply(start, ids, reason, assistant, list(episode.messages))
+
+    def _answered(self, episode: _Episode, reply: _Reply, outcome: tuple[Any, BaseException | None],
+                  max_sampled: int) -> None:
+        """Append the env's answer to ``reply`` (its ``step`` outcome) to ``episode``, or end it."""
+        start, ids, reason, assistant, history = reply.start, reply.ids, reply.reason, reply.assistant, reply.history
+        stopped = reason == "stop"
+        result, error = self._checked(episode.index, episode.env, episode.task, "step", outcome)
         if error is not None:  # the env broke mid-episode: end it here, unscored
             episode.messages.append(assistant)
             episode.turns.append(Turn(start=start, end=len(episode.token_ids), finish_reason=reason))
