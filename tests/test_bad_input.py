@@ -154,6 +154,8 @@ def test_config_files_that_cannot_be_read(tmp_path: Path) -> None:
     ({"env": "python", "env_args": {"timeout_s": math.nan}}, "PythonEnv: timeout_s must be a number of seconds"),
     ({"env": "python", "env_args": {"timeout_s": -1}}, "PythonEnv: timeout_s must be a number of seconds"),
     ({"env": "python", "env_args": {"memory_mb": "abc"}}, "PythonEnv: memory_mb must be an integer >= 64"),
+    ({"env_args": {"nope": 1}}, "do not fit env 'math': got an unexpected keyword argument 'nope'; it takes "
+                                "difficulty, data_file, seed, num_eval"),
 ])
 def test_env_arguments_are_checked_when_the_env_is_built(kwargs: dict, message: str) -> None:
     from agentrl.build import make_env

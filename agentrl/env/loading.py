@@ -23,16 +23,30 @@ GYMNASIUM_IDS = {
 """gymnasium id -> entry point of each built-in env registered with gymnasium."""
 
 
+def _keywords(signature: inspect.Signature) -> str:
+    """The keyword arguments ``signature`` accepts, in words (``**kwargs`` said as "any other")."""
+    named = [p.name for p in signature.parameters.values()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    words = ", ".join(named) if named else "no named arguments"
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        words += " (and any other, passed on)"
+    return words
+
+
 def build_env(factory: Callable[..., Any], env_args: dict[str, Any], name: str) -> Any:
     """``factory(**env_args)``: the env ``name`` (as ``--env`` gave it) built. ``env_args`` that do not
     fit its signature are a ConfigError; anything its constructor raises (SystemExit included) is an
     EnvError naming the env and the cause in one line; an AgentRLError it raises passes unchanged."""
     try:
-        inspect.signature(factory).bind(**env_args)
-    except TypeError as exc:
-        raise ConfigError(f"env_args {env_args!r} do not fit env {name!r}: {exc}") from None
+        signature = inspect.signature(factory)
     except ValueError:
-        pass  # no signature to check: the call itself says
+        signature = None  # no signature to check: the call itself says
+    if signature is not None:
+        try:
+            signature.bind(**env_args)
+        except TypeError as exc:
+            raise ConfigError(f"env_args {env_args!r} do not fit env {name!r}: {exc}; "
+                              f"it takes {_keywords(signature)}") from None
     try:
         return factory(**env_args)
     except AgentRLError:
