@@ -1,0 +1,212 @@
+"""The ``openai_agent`` rollout: an OpenAI-client agent program against the real endpoint, token-exact."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from agentrl import Engine, Generation, SamplingParams
+from agentrl.chat import ChatTokenizer
+from agentrl.config import TrainConfig
+from agentrl.plugins import load_plugins
+from agentrl.testing import build_tiny_model
+from agentrl.trajectory import with_segments
+
+CALCULATOR = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+
+
+class RecordingEngine(Engine):
+    """The real hf engine, keeping every (prompt, generation) it produced."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner, self.log = inner, []
+
+    def generate(self, prompts, sampling):
+        generations = self.inner.generate(prompts, sampling)
+        self.log += list(zip(prompts, generations))
+        return generations
+
+
+class ScriptedEngine(Engine):
+    """Samples a fixed reply per call number of each prompt's conversation (a model that calls a
+    tool and then answers), stop token included; logprob -0.5 per token."""
+
+    def __init__(self, tokenizer, replies):
+        self.tokenizer, self.replies, self.log = tokenizer, replies, []
+
+    def generate(self, prompts, sampling):
+        out = []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt)
+            reply = self.replies[min(text.count("<|im_start|>assistant") - 1, len(self.replies) - 1)]
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            out.append(Generation(ids, "stop", [-0.5] * len(ids)))
+            self.log.append((prompt, out[-1]))
+        return out
+
+
+def _rollout(engine, tokenizer, agent: str, **overrides):
+    config = TrainConfig(**{"max_new_tokens": 10, "plugins": {"openai_agent": {"agent": agent}}, **overrides})
+    return load_plugins().registry.get("rollout", "openai_agent").factory(engine=engine, tokenizer=tokenizer,
+                                                                          config=config)
+
+
+def _hf(tokenizer):
+    model = build_tiny_model(len(tokenizer))
+    factory = load_plugins().registry.get("engine", "hf").factory
+    return factory(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"}))
+
+
+def _agent_file(tmp_path, body: str) -> str:
+    path = tmp_path / "agent.py"
+    path.write_text("import openai\n\n" + body)
+    return f"{path}:solve"
+
+
+LOOP = '''
+def solve(task, client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": task["question"]}]
+    for _ in range(3):
+        reply = client.chat.completions.create(model="m", messages=messages)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+        messages.append({"role": "user", "content": "Go on."})
+    return messages[:-1]
+'''
+
+
+def test_calls_merge_into_one_token_exact_trajectory(tokenizer, tmp_path):
+    engine = RecordingEngine(_hf(tokenizer))
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, LOOP))
+    tasks = [{"question": f"What is {i} + 1?"} for i in range(4)]
+    trajectories = rollout.run([None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=10, seed=3),
+                               seeds=[11, 12, 13, 14])
+    chat = ChatTokenizer(tokenizer)
+    sampled = {tuple(prompt): generation for prompt, generation in engine.log}
+    assert len(engine.log) == 12
+    for trajectory in trajectories:
+        assert not trajectory.segments and trajectory.info["agent_calls"] == 3 and len(trajectory.turns) == 3
+        for turn in trajectory.turns:  # each sampled span is exactly what the engine sampled for that prompt
+            generation = sampled[tuple(trajectory.token_ids[:turn.start])]
+            assert trajectory.token_ids[turn.start:turn.end] == generation.token_ids
+            assert trajectory.sampler_logprobs[turn.start:turn.end] == pytest.approx(generation.logprobs)
+        mask = [0] * len(trajectory.token_ids)
+        for turn in trajectory.turns:
+            mask[turn.start:turn.end] = [1] * (turn.end - turn.start)
+        assert trajectory.loss_mask == mask
+        # The rest is the rendered conversation (user turns, headers) encoded on its own, masked.
+        first = chat.prompt_ids(trajectory.messages[:2])
+        assert trajectory.token_ids[:len(first)] == first
+        rendered = chat.render(trajectory.messages, add_generation_prompt=False)
+        decoded = chat.decode(trajectory.token_ids)
+        assert rendered.startswith(decoded) and rendered[len(decoded):] in ("\n", "<|im_end|>\n")
+    assert rollout.batches[0] == 4  # the four episodes' first calls were sampled together
+
+
+CALC_AGENT = '''
+import json
+
+def calculator(expression):
+    return str(eval(expression, {"__builtins__": {}}))
+
+def solve(task, client):
+    messages = [{"role": "user", "content": task["question"]}]
+    tools = [%s]
+    for _ in range(4):
+        reply = client.chat.completions.create(model="m", messages=messages, tools=tools, max_tokens=40)
+        message = reply.choices[0].message
+        messages.append(message)
+        if not message.tool_calls:
+            return 1.0 if message.content.strip() == task["answer"] else 0.0
+        for call in message.tool_calls:
+            result = calculator(**json.loads(call.function.arguments))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return 0.0
+''' % json.dumps(CALCULATOR)
+
+
+def test_tool_calls_come_back_parsed_and_tool_tokens_are_masked(tokenizer, tmp_path):
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    engine = ScriptedEngine(tokenizer, [call, "5"])
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, CALC_AGENT))
+    [trajectory] = rollout.run([None], [{"question": "2+3?", "answer": "5"}], [0], SamplingParams(seed=0))
+    assert trajectory.info["agent_calls"] == 2 and not trajectory.segments
+    assert trajectory.env_return == 1.0  # the agent ran the parsed call and got 5 back
+    chat = ChatTokenizer(tokenizer)
+    (prompt1, gen1), (prompt2, gen2) = engine.log
+    assert trajectory.token_ids == prompt2 + gen2.token_ids and prompt2[:len(prompt1) + len(gen1.token_ids)] == \
+        prompt1 + gen1.token_ids  # one trajectory: call 2's prompt extends call 1's prompt + sample
+    delta = prompt2[len(prompt1) + len(gen1.token_ids):]
+    assert "calculator" not in chat.decode(prompt1[-3:]) and "<|im_start|>tool\n5<|im_end|>" in chat.decode(delta)
+    assert trajectory.loss_mask == [0] * len(prompt1) + [1] * len(gen1.token_ids) + [0] * len(delta) + \
+        [1] * len(gen2.token_ids)
+    assert "You have these tools:" in trajectory.messages[0]["content"]  # SmolLM2 ignores tools=
+    assert trajectory.sampler_logprobs[len(prompt1)] == -0.5
+
+
+REWRITE = '''
+def solve(task, client):
+    messages = [{"role": "user", "content": "Hello"}]
+    first = client.chat.completions.create(model="m", messages=messages).choices[0].message.content
+    summary = [{"role": "user", "content": "Summary of before: " + first[:3]}]
+    client.chat.completions.create(model="m", messages=summary)
+    return 0.5
+'''
+
+
+def test_a_history_rewrite_starts_a_second_segment_sharing_reward_and_group(tokenizer, tmp_path):
+    engine = RecordingEngine(_hf(tokenizer))
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, REWRITE))
+    trajectories = rollout.run([None] * 2, [{}, {}], [4, 4], SamplingParams(seed=1), seeds=[5, 6])
+    chat = ChatTokenizer(tokenizer)
+    for trajectory in trajectories:
+        [earlier] = trajectory.segments
+        assert trajectory.info["agent_segments"] == 2 and trajectory.env_return == 0.5
+        assert earlier.token_ids[:earlier.turns[0].start] == chat.prompt_ids([{"role": "user", "content": "Hello"}])
+        assert chat.decode(trajectory.token_ids[:trajectory.turns[0].start]).count("Summary of before") == 1
+        assert sum(earlier.loss_mask) and sum(trajectory.loss_mask)
+    rows, totals = with_segments(trajectories, [0.5, -1.0])
+    assert len(rows) == 4 and totals == [0.5, 0.5, -1.0, -1.0] and [r.group for r in rows] == [4, 4, 4, 4]
+
+
+BAD_FIELD = '''
+def solve(task, client):
+    try:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], presence_penalty=1.0)
+    except openai.BadRequestError as exc:
+        return [{"role": "assistant", "content": str(exc)}]
+    return None
+'''
+
+
+def test_an_unsupported_field_is_a_400_naming_it(tokenizer, tmp_path):
+    rollout = _rollout(_hf(tokenizer), tokenizer, _agent_file(tmp_path, BAD_FIELD))
+    [trajectory] = rollout.run([None], [{}], [0], SamplingParams(seed=0))
+    assert "Error code: 400" in trajectory.completion_text or "400" in trajectory.messages[-1]["content"]
+    assert "unsupported field 'presence_penalty'" in trajectory.messages[-1]["content"]
+    assert trajectory.info["agent_calls"] == 0 and not trajectory.turns
+
+
+def test_grpo_trains_the_agent_through_the_cli(tiny_model_dir, tmp_path):
+    # A reward the random tiny model earns about half the time, so GRPO groups have a spread.
+    agent = _agent_file(tmp_path, LOOP.replace("range(3)", "range(2)").replace(
+        "return messages[:-1]", "return float(len(messages[-2]['content']) % 2)"))
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", "--env", "math", "--model", str(tiny_model_dir),
+         "--max-steps", "3", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
+         "--set", "rollout=openai_agent", "--set", f"plugins.openai_agent.agent={agent}",
+         "--set", "eval_tasks=0", "--set", "max_new_tokens=8", "--set", "save_model=false"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert all(line["rollout/turns_mean"] == 2.0 for line in lines)  # both calls of each episode, one row
+    assert any(line["train/grad_norm"] > 0 for line in lines)  # the agent's rewards moved the policy
+    # The trainer's logprobs of the recorded tokens match the sampler's: the rows are what was sampled.
+    assert all(abs(line["policy/sampler_logprob_gap"]) < 0.05 for line in lines)
