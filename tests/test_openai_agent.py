@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import openai
 import pytest
@@ -16,9 +17,7 @@ from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model
 from agentrl.trajectory import with_segments
 
-CALCULATOR = {"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class RecordingEngine(Engine):
@@ -108,35 +107,24 @@ def test_calls_merge_into_one_token_exact_trajectory(tokenizer, tmp_path):
     assert rollout.batches[0] == 4  # the four episodes' first calls were sampled together
 
 
-CALC_AGENT = '''
-import json
-
-def calculator(expression):
-    return str(eval(expression, {"__builtins__": {}}))
-
-def solve(task, client):
-    messages = [{"role": "user", "content": task["question"]}]
-    tools = [%s]
-    for _ in range(4):
-        reply = client.chat.completions.create(model="m", messages=messages, tools=tools, max_tokens=40)
-        message = reply.choices[0].message
-        messages.append(message)
-        if not message.tool_calls:
-            return 1.0 if message.content.strip() == task["answer"] else 0.0
-        for call in message.tool_calls:
-            result = calculator(**json.loads(call.function.arguments))
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    return 0.0
-''' % json.dumps(CALCULATOR)
+def _docs_agent(tmp_path) -> str:
+    """The calculator agent of docs/agents.md, written out as its ``# file:`` block says."""
+    text = (ROOT / "docs" / "agents.md").read_text()
+    code = text.split("# file: calc_agent.py\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "calc_agent.py").write_text(code)
+    return f"{tmp_path / 'calc_agent.py'}:solve"
 
 
 def test_tool_calls_come_back_parsed_and_tool_tokens_are_masked(tokenizer, tmp_path):
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
-    engine = ScriptedEngine(tokenizer, [call, "5"])
-    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, CALC_AGENT))
+    engine = ScriptedEngine(tokenizer, [f"Let me compute.\n{call}", "\\boxed{5}"])
+    rollout = _rollout(engine, tokenizer, _docs_agent(tmp_path))
     [trajectory] = rollout.run([None], [{"question": "2+3?", "answer": "5"}], [0], SamplingParams(seed=0))
     assert trajectory.info["agent_calls"] == 2 and not trajectory.segments
-    assert trajectory.env_return == 1.0  # the agent ran the parsed call and got 5 back
+    returned = trajectory.messages[-3]  # the agent's final messages: assistant call, tool result, answer
+    assert returned["tool_calls"][0]["function"] == {"name": "calculator", "arguments": '{"expression": "2+3"}'}
+    assert returned["content"] == "Let me compute." and trajectory.messages[-2]["content"] == "5"
+    assert trajectory.completion_text == "\\boxed{5}"
     chat = ChatTokenizer(tokenizer)
     (prompt1, gen1), (prompt2, gen2) = engine.log
     assert trajectory.token_ids == prompt2 + gen2.token_ids and prompt2[:len(prompt1) + len(gen1.token_ids)] == \
@@ -145,7 +133,7 @@ def test_tool_calls_come_back_parsed_and_tool_tokens_are_masked(tokenizer, tmp_p
     assert "calculator" not in chat.decode(prompt1[-3:]) and "<|im_start|>tool\n5<|im_end|>" in chat.decode(delta)
     assert trajectory.loss_mask == [0] * len(prompt1) + [1] * len(gen1.token_ids) + [0] * len(delta) + \
         [1] * len(gen2.token_ids)
-    assert "You have these tools:" in trajectory.messages[0]["content"]  # SmolLM2 ignores tools=
+    assert "You have these tools:" in chat.decode(prompt1)  # SmolLM2's template ignores tools=
     assert trajectory.sampler_logprobs[len(prompt1)] == -0.5
 
 
