@@ -181,20 +181,86 @@ def test_an_unsupported_field_is_a_400_naming_it(tokenizer, tmp_path):
 
 
 def test_grpo_trains_the_agent_through_the_cli(tiny_model_dir, tmp_path):
-    # A reward the random tiny model earns about half the time, so GRPO groups have a spread.
-    agent = _agent_file(tmp_path, LOOP.replace("range(3)", "range(2)").replace(
-        "return messages[:-1]", "return float(len(messages[-2]['content']) % 2)"))
+    # Two calls that merge, then one on a rewritten history (a second segment: a second row); a
+    # reward the random tiny model earns about half the time, so GRPO groups have a spread.
+    agent = _agent_file(tmp_path, LOOP.replace("range(3)", "range(2)").replace("    return messages[:-1]", """\
+    last = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Again?"}])
+    return float(len(last.choices[0].message.content) % 2)"""))
+    probe = tmp_path / "rows_probe.py"  # logs how many rows (and groups) each step trains on
+    probe.write_text("from agentrl import hookimpl\n\n\n@hookimpl\n"
+                     "def agentrl_adjust_loss_mask(batch, config, settings, metrics):\n"
+                     "    metrics['probe/rows'] = float(batch.num_rows)\n"
+                     "    metrics['probe/groups'] = float(len(set(batch.groups.tolist())))\n")
     out = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", "train", "--env", "math", "--model", str(tiny_model_dir),
          "--max-steps", "3", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
-         "--set", "rollout=openai_agent", "--set", f"plugins.openai_agent.agent={agent}",
-         "--set", "eval_tasks=0", "--set", "max_new_tokens=8", "--set", "save_model=false"],
+         "--plugin", str(probe), "--set", "rollout=openai_agent", "--set", f"plugins.openai_agent.agent={agent}",
+         "--set", "eval_tasks=2", "--set", "max_new_tokens=8", "--set", "save_model=false"],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == [1, 2, 3]
-    assert all(line["rollout/turns_mean"] == 2.0 for line in lines)  # both calls of each episode, one row
+    assert [line["step"] for line in lines if "loss/total" in line] == [1, 2, 3]
+    lines = [line for line in lines if "loss/total" in line]
+    assert all(line["rollout/turns_mean"] == 1.0 for line in lines)  # the last segment: one call
+    assert all(line["probe/rows"] == 8 and line["probe/groups"] == 2 for line in lines)  # 4 episodes x 2 segments
     assert any(line["train/grad_norm"] > 0 for line in lines)  # the agent's rewards moved the policy
     # The trainer's logprobs of the recorded tokens match the sampler's: the rows are what was sampled.
     assert all(abs(line["policy/sampler_logprob_gap"]) < 0.05 for line in lines)
+
+
+ASYNC_AND_URL = '''
+async def solve(task, client):
+    reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+    return float(isinstance(client, openai.AsyncOpenAI) and reply.choices[0].finish_reason in ("stop", "length"))
+
+
+def solve_url(task, base_url):
+    client = openai.OpenAI(base_url=base_url, api_key="anything")
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    return 1.0
+'''
+
+
+@pytest.mark.parametrize("function", ["solve", "solve_url"])
+def test_async_agents_and_base_url_agents(tokenizer, tmp_path, function):
+    agent = _agent_file(tmp_path, ASYNC_AND_URL).replace(":solve", f":{function}")
+    rollout = _rollout(_hf(tokenizer), tokenizer, agent)
+    trajectories = rollout.run([None] * 3, [{}] * 3, [0] * 3, SamplingParams(max_new_tokens=10, seed=0),
+                               seeds=[1, 2, 3])
+    for trajectory in trajectories:
+        assert trajectory.env_return == 1.0 and trajectory.info["agent_calls"] == 1
+        assert trajectory.num_sampled_tokens <= (3 if function == "solve_url" else 10)
+
+
+class BrokenEngine(Engine):
+    def generate(self, prompts, sampling):
+        raise RuntimeError("device lost")
+
+
+def test_an_engine_failure_stops_the_rollout_naming_it(tokenizer, tmp_path):
+    from agentrl import EngineError
+
+    for on_call_error in ("skip", "fail"):
+        rollout = _rollout(BrokenEngine(), tokenizer, _agent_file(tmp_path, LOOP), on_call_error=on_call_error)
+        with pytest.raises(EngineError, match="BrokenEngine failed on an agent call: RuntimeError: device lost"):
+            rollout.run([None], [{"question": "q"}], [0], SamplingParams(seed=0))
+
+
+def test_an_agent_that_raises_is_skipped_or_fails_the_run(tokenizer, tmp_path):
+    from agentrl import EnvError
+
+    agent = _agent_file(tmp_path, "def solve(task, client):\n    raise ValueError('no luck')\n")
+    [skipped] = _rollout(_hf(tokenizer), tokenizer, agent).run([None], [{"question": "q"}], [0], SamplingParams())
+    assert skipped.info["error"]["exception"] == "ValueError: no luck" and not skipped.turns
+    with pytest.raises(EnvError, match="no luck"):
+        _rollout(_hf(tokenizer), tokenizer, agent, on_call_error="fail").run([None], [{}], [0], SamplingParams())
+
+
+def test_a_missing_agent_is_a_config_error(tokenizer):
+    from agentrl import ConfigError
+
+    with pytest.raises(ConfigError, match="plugins.openai_agent.agent"):
+        _rollout(_hf(tokenizer), tokenizer, "")
+    with pytest.raises(ConfigError, match="cannot be loaded"):
+        _rollout(_hf(tokenizer), tokenizer, "no_such_file.py:solve")

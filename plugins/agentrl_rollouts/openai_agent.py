@@ -175,6 +175,8 @@ class OpenAIAgentRollout:
         except Exception as exc:
             if isinstance(exc, AgentRLError) and not isinstance(exc, (EnvError, CallTimeout)):
                 raise
+            if step.engine_errors:  # the engine failed under the agent: run() raises that
+                return None, {"method": "agent", "exception": one_line(exc), "timed_out": False}
             what = f"agent {self.options.agent} {'timed out' if isinstance(exc, CallTimeout) else 'raised'} on " \
                    f"{sample_label(index, task)}"
             if not self.guard.skips:
