@@ -264,3 +264,42 @@ def test_a_missing_agent_is_a_config_error(tokenizer):
         _rollout(_hf(tokenizer), tokenizer, "")
     with pytest.raises(ConfigError, match="cannot be loaded"):
         _rollout(_hf(tokenizer), tokenizer, "no_such_file.py:solve")
+
+
+OPTIONS = '''
+import json
+
+TOOLS = [%s]
+
+
+def solve(task, client):
+    messages = [{"role": "user", "content": "Add 2 and 3."}]
+    plain = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="none")
+    cut = client.chat.completions.create(model="m", messages=messages, stop=["compute"])
+    try:
+        client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="required")
+    except openai.BadRequestError as exc:
+        refused = str(exc)
+    return [{"role": "assistant", "content": json.dumps([plain.choices[0].message.model_dump(),
+                                                         plain.choices[0].finish_reason,
+                                                         cut.choices[0].message.content, cut.choices[0].finish_reason,
+                                                         refused])}]
+'''
+
+
+def test_tool_choice_none_stop_strings_and_refused_choices(tokenizer, tmp_path):
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object", "properties": {
+        "expression": {"type": "string"}}}}}
+    engine = ScriptedEngine(tokenizer, [f"Let me compute.\n{call}"])
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, OPTIONS % json.dumps(tool)))
+    [trajectory] = rollout.run([None], [{}], [0], SamplingParams(seed=0))
+    message, reason, cut, cut_reason, refused = json.loads(trajectory.completion_text)
+    assert message["content"] == f"Let me compute.\n{call}" and not message["tool_calls"] and reason == "stop"
+    assert cut == "Let me " and cut_reason == "stop"
+    assert "'tool_choice' must be 'auto' or 'none', got 'required'" in refused
+    # The cut call kept the sampled ids up to the one that completed "compute", and no more.
+    [earlier] = trajectory.segments
+    kept = trajectory.token_ids[trajectory.turns[0].start:]
+    assert "compute" in ChatTokenizer(tokenizer).decode(kept) and "compute" not in ChatTokenizer(tokenizer).decode(kept[:-1])
+    assert kept == engine.log[1][1].token_ids[:len(kept)] and len(earlier.turns) == 1
