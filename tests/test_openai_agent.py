@@ -107,12 +107,24 @@ def test_calls_merge_into_one_token_exact_trajectory(tokenizer, tmp_path):
     assert rollout.batches[0] == 4  # the four episodes' first calls were sampled together
 
 
-def _docs_agent(tmp_path) -> str:
-    """The calculator agent of docs/agents.md, written out as its ``# file:`` block says."""
+def _docs_agent(tmp_path, name: str = "calc_agent.py") -> str:
+    """An agent of docs/agents.md, written out as its ``# file:`` block says."""
     text = (ROOT / "docs" / "agents.md").read_text()
-    code = text.split("# file: calc_agent.py\n", 1)[1].split("```", 1)[0]
-    (tmp_path / "calc_agent.py").write_text(code)
-    return f"{tmp_path / 'calc_agent.py'}:solve"
+    code = text.split(f"# file: {name}\n", 1)[1].split("```", 1)[0]
+    (tmp_path / name).write_text(code)
+    return f"{tmp_path / name}:solve"
+
+
+def test_the_agents_sdk_agent_runs_its_tool_through_the_endpoint(tokenizer, tmp_path):
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    engine = ScriptedEngine(tokenizer, [call, "\\boxed{5}"])
+    rollout = _rollout(engine, tokenizer, _docs_agent(tmp_path, "sdk_agent.py"), on_call_error="fail")
+    [trajectory] = rollout.run([None], [{"question": "2+3?"}], [0], SamplingParams(seed=0))
+    assert trajectory.completion_text == "\\boxed{5}" and trajectory.info["agent_calls"] == 2
+    (prompt1, gen1), (prompt2, gen2) = engine.log  # the SDK's second call extends its first: one row
+    assert not trajectory.segments and trajectory.token_ids == prompt2 + gen2.token_ids
+    assert prompt2[:len(prompt1) + len(gen1.token_ids)] == prompt1 + gen1.token_ids
+    assert "<|im_start|>tool\n5<|im_end|>" in ChatTokenizer(tokenizer).decode(prompt2[len(prompt1):])
 
 
 def test_tool_calls_come_back_parsed_and_tool_tokens_are_masked(tokenizer, tmp_path):
