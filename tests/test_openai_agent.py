@@ -107,6 +107,23 @@ def test_calls_merge_into_one_token_exact_trajectory(tokenizer, tmp_path):
     assert rollout.batches[0] == 4  # the four episodes' first calls were sampled together
 
 
+def test_episodes_sample_the_same_tokens_whatever_runs_beside_them(tokenizer, tmp_path):
+    """Each call samples from its episode's seed and call number: one agent at a time (batches of
+    one) or all together (batched) gives the same tokens."""
+    agent = _agent_file(tmp_path, LOOP)
+    runs = []
+    for options in ({"max_concurrency": 1}, {"max_concurrency": 0, "batch_wait_s": 0.1}):
+        config = {"agent": agent, **options}
+        rollout = _rollout(_hf(tokenizer), tokenizer, agent, plugins={"openai_agent": config})
+        tasks = [{"question": f"{i} + 1?"} for i in range(4)]
+        runs.append(rollout.run([None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=10, seed=3),
+                                seeds=[21, 22, 23, 24]))
+        assert max(rollout.batches) == (1 if options["max_concurrency"] == 1 else 4)
+    assert [t.token_ids for t in runs[0]] == [t.token_ids for t in runs[1]]
+    assert [x for t in runs[0] for x in t.sampler_logprobs] == pytest.approx(
+        [x for t in runs[1] for x in t.sampler_logprobs], abs=1e-4)
+
+
 def _docs_agent(tmp_path, name: str = "calc_agent.py") -> str:
     """An agent of docs/agents.md, written out as its ``# file:`` block says."""
     text = (ROOT / "docs" / "agents.md").read_text()
