@@ -280,7 +280,8 @@ def test_an_agent_that_raises_is_skipped_or_fails_the_run(tokenizer, tmp_path):
     from agentrl import EnvError
 
     agent = _agent_file(tmp_path, "def solve(task, client):\n    raise ValueError('no luck')\n")
-    [skipped] = _rollout(_hf(tokenizer), tokenizer, agent).run([None], [{"question": "q"}], [0], SamplingParams())
+    with pytest.warns(RuntimeWarning, match="ValueError: no luck; the episode ends unscored"):
+        [skipped] = _rollout(_hf(tokenizer), tokenizer, agent).run([None], [{"question": "q"}], [0], SamplingParams())
     assert skipped.info["error"]["exception"] == "ValueError: no luck" and not skipped.turns
     with pytest.raises(EnvError, match="no luck"):
         _rollout(_hf(tokenizer), tokenizer, agent, on_call_error="fail").run([None], [{}], [0], SamplingParams())
