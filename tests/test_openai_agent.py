@@ -333,3 +333,11 @@ def test_tool_choice_none_stop_strings_and_refused_choices(tokenizer, tmp_path):
     kept = trajectory.token_ids[trajectory.turns[0].start:]
     assert "compute" in ChatTokenizer(tokenizer).decode(kept) and "compute" not in ChatTokenizer(tokenizer).decode(kept[:-1])
     assert kept == engine.log[1][1].token_ids[:len(kept)] and len(earlier.turns) == 1
+
+
+def test_an_agent_past_its_timeout_is_unscored(tokenizer, tmp_path):
+    agent = _agent_file(tmp_path, "import time\n\n\ndef solve(task, client):\n    time.sleep(3)\n    return 1.0\n")
+    rollout = _rollout(_hf(tokenizer), tokenizer, agent, plugins={"openai_agent": {"agent": agent, "timeout_s": 0.5}})
+    with pytest.warns(RuntimeWarning, match="timed out"):
+        [trajectory] = rollout.run([None], [{"question": "q"}], [0], SamplingParams())
+    assert trajectory.info["error"]["timed_out"] is True and trajectory.env_return == 0.0

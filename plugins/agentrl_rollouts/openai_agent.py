@@ -17,8 +17,8 @@ the run's reward functions score them; ``completion_text`` is the last assistant
 None (the reward functions score the last call's conversation and reply). Every call's prompt ids,
 sampled ids and sampler logprobs are recorded and merged into token-exact segments
 (:mod:`agentrl_rollouts.agent_record`); each segment is a training row with the episode's reward
-and group. An agent that raises or times out (``call_timeout_s``) is handled by ``on_call_error``
-like a failing env: ``skip`` leaves the episode unscored.
+and group. An agent that raises or runs past ``plugins.openai_agent.timeout_s`` is handled by
+``on_call_error`` like a failing env: ``skip`` leaves the episode unscored.
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ class OpenAIAgentConfig:
     """Episodes whose agent runs at once (0: every episode of the step)."""
     batch_wait_s: Annotated[float, Field(ge=0)] = 0.02
     """After a call arrives, how long the engine waits for more before sampling them together."""
+    timeout_s: Annotated[float, Field(ge=0)] = 600.0
+    """Seconds one episode's agent may run, its waits for the model included (0: no limit); past
+    it the episode is handled by ``on_call_error`` (``call_timeout_s`` is for env and reward calls)."""
 
 
 @dataclass
@@ -114,9 +117,9 @@ class OpenAIAgentRollout:
             import_extra(module, INSTALL, ConfigError)
         self.engine, self.config = engine, config
         self.chat = ChatTokenizer(tokenizer)
-        self.guard = CallGuard.from_config(config)
         self.options = build_plugin_config(OpenAIAgentConfig, (getattr(config, "plugins", None) or {}).get(SECTION, {}),
                                            f"plugins.{SECTION}")
+        self.guard = CallGuard(self.options.timeout_s or None, CallGuard.from_config(config).on_error)
         if not self.options.agent:
             raise ConfigError(f"rollout openai_agent needs plugins.{SECTION}.agent: 'path/to/file.py:function'")
         self.agent = load_agent(self.options.agent)
