@@ -20,7 +20,7 @@ from agentrl.evaluate import evaluate
 from agentrl.metrics import reward_metrics, rollout_metrics
 from agentrl.rng import rng_states, set_rng_states
 from agentrl.scoring import score
-from agentrl.trajectory import TrainBatch, Trajectory, collate
+from agentrl.trajectory import TrainBatch, Trajectory, collate, with_segments
 
 
 class TaskCursor:
@@ -94,7 +94,8 @@ class RolloutPhase:
             sampled_components.append(components)
         filled = selector.filled
         kept, kept_totals, _ = selector.batch(first)
-        batch = collate(kept, kept_totals, self.run.tokenizer.pad_token_id,
+        rows, row_totals = with_segments(kept, kept_totals)  # an agent episode may hold several rows
+        batch = collate(rows, row_totals, self.run.tokenizer.pad_token_id,
                         env_reward_weight=cfg.env_reward_weight).to(self.run.accelerator.device)
         components = {name: np.concatenate([c[name] for c in sampled_components]) for name in sampled_components[0]}
         # Metrics and hooks see the whole batch: every process's share, in group order.

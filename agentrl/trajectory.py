@@ -71,6 +71,10 @@ class Trajectory:
     """Tool schemas the chat template rendered (``tools=``); None when the template does not
     render them (the env then describes its tools in ``messages``). Re-rendering ``messages``
     with these gives ``token_ids``, except for the sampled stop tokens noted under ``messages``."""
+    segments: list[Trajectory] = field(default_factory=list)
+    """Earlier segments of the same episode, each its own token-exact row: an agent program that
+    rewrote its history (``openai_agent`` rollout) starts a new segment. They share this episode's
+    reward and group (:func:`with_segments`); empty for every env-driven episode."""
 
     @property
     def prompt_length(self) -> int:
@@ -184,6 +188,21 @@ class TrainBatch:
             lengths=take(self.lengths),
             extras={k: take(v) for k, v in self.extras.items()},
         )
+
+
+def with_segments(trajectories: list[Trajectory], rewards: list[float]) -> tuple[list[Trajectory], list[float]]:
+    """The training rows of ``trajectories``: each one's earlier ``segments`` (in order, with its
+    group and its reward) and then the trajectory itself. Without segments: the inputs unchanged."""
+    rows: list[Trajectory] = []
+    totals: list[float] = []
+    for trajectory, reward in zip(trajectories, rewards, strict=True):
+        for segment in trajectory.segments:
+            segment.group = trajectory.group
+            rows.append(segment)
+            totals.append(reward)
+        rows.append(trajectory)
+        totals.append(reward)
+    return rows, totals
 
 
 def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: int,

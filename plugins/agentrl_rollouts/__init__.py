@@ -288,5 +288,16 @@ class MultiTurnRollout:
 
 @hookimpl
 def agentrl_register_rollouts(register: Any) -> None:
-    """Register the built-in ``multi_turn`` rollout."""
+    """Register the built-in ``multi_turn`` and ``openai_agent`` rollouts."""
+    from agentrl_rollouts.openai_agent import OpenAIAgentRollout
+
     register("multi_turn", MultiTurnRollout)
+    register("openai_agent", OpenAIAgentRollout)
+
+
+@hookimpl
+def agentrl_register_settings(register: Any) -> None:
+    """Register the ``plugins.openai_agent`` section (the agent function and its endpoint's options)."""
+    from agentrl_rollouts.openai_agent import SECTION, OpenAIAgentConfig
+
+    register(SECTION, OpenAIAgentConfig)

@@ -1,0 +1,271 @@
+"""The ``openai_agent`` rollout: trains an agent program written against the OpenAI client, as it is.
+
+``--set rollout=openai_agent --set plugins.openai_agent.agent=my_agent.py:solve``. For each step
+the rollout serves an OpenAI-compatible ``chat.completions`` endpoint on 127.0.0.1 backed by the
+run's engine (:mod:`agentrl_rollouts.agent_server`) and calls the agent function once per episode,
+concurrently (a thread pool), each with its own client:
+
+* ``def solve(task, client)``: ``client`` is an ``openai.OpenAI`` for this episode;
+* ``async def solve(task, client)``: an ``openai.AsyncOpenAI`` (run with ``asyncio.run`` in the
+  episode's thread);
+* a function whose second parameter is named ``base_url`` gets the episode's base URL instead
+  (for frameworks that build their own client; any api key works).
+
+``task`` is the env's task dict (the run's ``--env`` supplies the tasks and default rewards).
+The function returns a reward (a number: the episode's env return), the final messages (a list:
+the run's reward functions score them; ``completion_text`` is the last assistant message), or
+None (the reward functions score the last call's conversation and reply). Every call's prompt ids,
+sampled ids and sampler logprobs are recorded and merged into token-exact segments
+(:mod:`agentrl_rollouts.agent_record`); each segment is a training row with the episode's reward
+and group. An agent that raises or runs past ``plugins.openai_agent.timeout_s`` is handled by
+``on_call_error`` like a failing env: ``skip`` leaves the episode unscored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import sys
+import threading
+import uuid
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from agentrl import (
+    HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, AgentRLError, CallGuard, CallTimeout, ChatTokenizer,
+    ConfigError, Engine, EngineError, EnvError, SamplingParams, Trajectory, build_plugin_config, import_extra,
+    one_line, parse_xml_json, render_tools_system_prompt, sample_label,
+)
+
+from agentrl_rollouts.agent_engine import (
+    EngineBatcher, GenerationRequest, assistant_message, call_format, cut_at_stop, normalized, with_tool_prompt,
+)
+from agentrl_rollouts.agent_record import EpisodeRecord
+from agentrl_rollouts.agent_server import BackgroundServer, RequestError, completion_body, make_app
+
+SECTION = "openai_agent"
+INSTALL = "the openai_agent rollout needs fastapi, uvicorn and openai: pip install 'agentrl[agents]'"
+PARSERS = {"xml_json": parse_xml_json, "llama3_json": LLAMA3_JSON, "mistral": MISTRAL,
+           "qwen3_coder": QWEN3_CODER, "harmony": HARMONY}
+PLACEHOLDER = [{"role": "user", "content": ""}]
+
+
+@dataclass(frozen=True)
+class OpenAIAgentConfig:
+    """The ``plugins.openai_agent`` section (used by ``--set rollout=openai_agent``)."""
+
+    agent: str = ""
+    """The agent function: ``path/to/file.py:solve`` or ``module:solve`` (module docstring)."""
+    tool_parser: str = "xml_json"
+    """Registered tool-call parser reading the model's calls into OpenAI ``tool_calls``."""
+    max_concurrency: Annotated[int, Field(ge=0)] = 0
+    """Episodes whose agent runs at once (0: every episode of the step)."""
+    batch_wait_s: Annotated[float, Field(ge=0)] = 0.02
+    """After a call arrives, how long the engine waits for more before sampling them together."""
+    timeout_s: Annotated[float, Field(ge=0)] = 600.0
+    """Seconds one episode's agent may run, its waits for the model included (0: no limit); past
+    it the episode is handled by ``on_call_error`` (``call_timeout_s`` is for env and reward calls)."""
+
+
+@dataclass
+class _Step:
+    tasks: list[dict[str, Any]]
+    seeds: list[int | None]
+    sampling: SamplingParams
+    batcher: EngineBatcher
+    keys: dict[str, int]
+    records: list[EpisodeRecord]
+    locks: list[threading.Lock]
+    engine_errors: list[BaseException] = field(default_factory=list)
+
+
+def load_agent(spec: str) -> Any:
+    """The function ``spec`` names (``file.py:name`` or ``module:name``); ConfigError when it cannot."""
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise ConfigError(f"plugins.{SECTION}.agent={spec!r} must be 'path/to/file.py:function' or 'module:function'")
+    try:
+        if where.endswith(".py"):
+            module_spec = importlib.util.spec_from_file_location(f"agentrl_agent_{Path(where).stem}", where)
+            if module_spec is None or module_spec.loader is None or not Path(where).is_file():
+                raise FileNotFoundError(f"no such file: {where}")
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_spec.name] = module
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+        fn = getattr(module, name)
+    except Exception as exc:
+        raise ConfigError(f"plugins.{SECTION}.agent={spec!r} cannot be loaded: {one_line(exc)}") from exc
+    if not callable(fn):
+        raise ConfigError(f"plugins.{SECTION}.agent={spec!r} is not a function")
+    return fn
+
+
+class OpenAIAgentRollout:
+    """Runs an OpenAI-client agent program per episode; see the module docstring."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, config: Any) -> None:
+        for module in ("fastapi", "uvicorn", "openai"):
+            import_extra(module, INSTALL, ConfigError)
+        self.engine, self.config = engine, config
+        self.chat = ChatTokenizer(tokenizer)
+        self.options = build_plugin_config(OpenAIAgentConfig, (getattr(config, "plugins", None) or {}).get(SECTION, {}),
+                                           f"plugins.{SECTION}")
+        self.guard = CallGuard(self.options.timeout_s or None, CallGuard.from_config(config).on_error)
+        if not self.options.agent:
+            raise ConfigError(f"rollout openai_agent needs plugins.{SECTION}.agent: 'path/to/file.py:function'")
+        self.agent = load_agent(self.options.agent)
+        if self.options.tool_parser not in PARSERS:
+            from agentrl import load_plugins  # a parser another plugin registers
+
+            PARSERS[self.options.tool_parser] = load_plugins().registry.get("tool_parser", self.options.tool_parser).factory
+        self.parser = PARSERS[self.options.tool_parser]
+        self.batches: list[int] = []
+        """Engine batch sizes of the last :meth:`run`."""
+
+    def run(self, envs: list[Any], tasks: list[dict[str, Any]], groups: list[int], sampling: SamplingParams,
+            seeds: list[int] | None = None) -> list[Trajectory]:
+        """One agent episode per task; returns their trajectories in order (``envs`` only count)."""
+        if not len(envs) == len(tasks) == len(groups):
+            raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
+        if seeds is None:
+            seeds = [None if sampling.seed is None else sampling.seed * 1_000_003 + i for i in range(len(tasks))]
+        batcher = EngineBatcher(self.engine, sampling, self.options.batch_wait_s)
+        keys = {f"episode-{i}-{uuid.uuid4().hex[:12]}": i for i in range(len(tasks))}
+        step = _Step(list(tasks), list(seeds), sampling, batcher, keys, [EpisodeRecord() for _ in tasks],
+                     [threading.Lock() for _ in tasks])
+        server = BackgroundServer(make_app(lambda key, options: self.complete(step, key, options)))
+        try:
+            workers = self.options.max_concurrency or len(tasks)
+            with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="agentrl-agent") as pool:
+                outcomes = list(pool.map(lambda item: self._episode(step, server.base_url(item[0]), item[1]),
+                                         keys.items()))
+        finally:
+            server.close()
+            batcher.close()
+            self.batches = list(batcher.batches)
+        if step.engine_errors:
+            exc = step.engine_errors[0]
+            raise EngineError(f"engine {type(self.engine).__name__} failed on an agent call: "
+                              f"{exc if isinstance(exc, AgentRLError) else one_line(exc)}") from exc
+        return [self._trajectory(step.records[i], tasks[i], groups[i], *outcomes[i]) for i in range(len(tasks))]
+
+    def _episode(self, step: _Step, base_url: str, index: int) -> tuple[Any, dict[str, Any] | None]:
+        """Run the agent on task ``index``: (what it returned, None) or (None, the error)."""
+        fn, task = self.agent, step.tasks[index]
+        parameters = list(inspect.signature(fn).parameters)
+        is_async = inspect.iscoroutinefunction(fn)
+        if len(parameters) > 1 and parameters[1] == "base_url":
+            client: Any = base_url
+        else:
+            openai = importlib.import_module("openai")
+            make = openai.AsyncOpenAI if is_async else openai.OpenAI
+            client = make(base_url=base_url, api_key="agentrl", max_retries=0)
+
+        def call() -> Any:
+            return asyncio.run(fn(task, client)) if is_async else fn(task, client)
+
+        try:
+            result = self.guard.call(call)
+        except Exception as exc:
+            if isinstance(exc, AgentRLError) and not isinstance(exc, (EnvError, CallTimeout)):
+                raise
+            if step.engine_errors:  # the engine failed under the agent: run() raises that
+                return None, {"method": "agent", "exception": one_line(exc), "timed_out": False}
+            what = f"agent {self.options.agent} {'timed out' if isinstance(exc, CallTimeout) else 'raised'} on " \
+                   f"{sample_label(index, task)}"
+            if not self.guard.skips:
+                raise EnvError(f"{what}: {one_line(exc)} (on_call_error=fail; with 'skip' the episode would "
+                               "end unscored)") from exc
+            self.guard.warn_once(f"agent:{self.options.agent}", f"{what}: {one_line(exc)}; the episode ends "
+                                 "unscored (on_call_error=skip)")
+            return None, {"method": "agent", "exception": one_line(exc), "timed_out": isinstance(exc, CallTimeout)}
+        if result is not None and not isinstance(result, (int, float, list)) or isinstance(result, bool):
+            raise EnvError(f"agent {self.options.agent} returned {type(result).__name__} on {sample_label(index, task)}: "
+                           "return a reward (a number), the final messages (a list) or None")
+        return result, None
+
+    def complete(self, step: _Step, key: str, options: dict[str, Any]) -> dict[str, Any]:
+        """Answer one call of episode ``key``: render, sample, record, build the response body."""
+        index = step.keys.get(key)
+        if index is None:
+            raise RequestError(f"no episode {key!r} on this endpoint: use the base_url the agent was given", 404)
+        record = step.records[index]
+        with step.locks[index]:
+            tools = options["tools"] if options["tool_choice"] != "none" else None
+            messages = normalized(options["messages"], record.raw_texts)
+            native = bool(options["tools"]) and self.chat.renders_tools
+            if options["tools"] and not native:
+                messages = with_tool_prompt(messages, render_tools_system_prompt(options["tools"],
+                                                                                 call_format(self.parser)))
+            rendered_tools = options["tools"] if native else None
+            prompt, extends = record.prompt_ids(self.chat, self.chat.render(messages, True, tools=rendered_tools))
+            context = (record.segments[-1].token_ids if extends else []) + prompt
+            cap = min(options["max_tokens"] or step.sampling.max_new_tokens, step.sampling.max_new_tokens,
+                      self.config.max_total_tokens - len(context))
+            if cap <= 0:
+                raise RequestError(f"the conversation is {len(context)} tokens: it fills max_total_tokens="
+                                   f"{self.config.max_total_tokens}", param="messages")
+            generation = self._generate(step, index, record, context, cap, options["temperature"])
+            ids, logprobs, reason = generation.token_ids, generation.logprobs, generation.finish_reason
+            cut = cut_at_stop(self.chat, ids, options["stop"]) if options["stop"] else None
+            if cut is not None:
+                ids, logprobs, reason, text = ids[:cut[0]], logprobs[:cut[0]], "stop", cut[1]
+            else:
+                text = self.chat.assistant_text(ids, reason == "stop")
+            message = assistant_message(text, self.parser, tools, record.raw_texts)
+            record.add(prompt, extends, ids, logprobs, reason, messages + [{"role": "assistant", "content": text}],
+                       rendered_tools)
+        finish = "tool_calls" if message.get("tool_calls") else reason
+        return completion_body(options["model"], message, finish, len(context), len(ids))
+
+    def _generate(self, step: _Step, index: int, record: EpisodeRecord, context: list[int], cap: int,
+                  temperature: float | None) -> Any:
+        """Sample one call through the batcher; an engine failure is kept for :meth:`run` and answered 500."""
+        from agentrl_rollouts import turn_seed
+
+        if temperature is not None and temperature != step.sampling.temperature:
+            self.guard.warn_once("agent:temperature", f"the agent asked for temperature={temperature} but the run "
+                                 f"trains at temperature={step.sampling.temperature}: its sampler logprobs then differ "
+                                 "from the trainer's; leave temperature out of the agent's calls")
+        request = GenerationRequest(context, cap, step.sampling.temperature if temperature is None else temperature,
+                                    turn_seed(step.seeds[index], record.calls))
+        try:
+            return step.batcher.submit(request)
+        except Exception as exc:
+            step.engine_errors.append(exc)
+            raise RequestError(f"the engine failed: {one_line(exc)}", 500) from exc
+
+    def _trajectory(self, record: EpisodeRecord, task: dict[str, Any], group: int, result: Any,
+                    error: dict[str, Any] | None) -> Trajectory:
+        """The episode's last segment as its trajectory, the earlier ones in ``segments``."""
+        info: dict[str, Any] = {"agent_calls": record.calls, "agent_segments": len(record.segments)}
+        if error is not None:
+            info["error"] = error
+        rows = [Trajectory(token_ids=s.token_ids, loss_mask=s.loss_mask, sampler_logprobs=s.logprobs, turns=s.turns,
+                           messages=s.messages, task=task, group=group, terminated=True,
+                           truncated=s.turns[-1].finish_reason == "length", info=dict(info), tools=s.tools)
+                for s in record.segments]
+        if not rows:  # the agent never called the model
+            ids = self.chat.prompt_ids(PLACEHOLDER)
+            rows = [Trajectory(ids, [0] * len(ids), [0.0] * len(ids), [], list(PLACEHOLDER), task, group, info=info)]
+        last = rows[-1]
+        last.segments = rows[:-1]
+        if isinstance(result, list):  # the agent's final messages: what the reward functions score
+            last.messages = [m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else dict(m) for m in result]
+        elif isinstance(result, (int, float)) and last.turns:
+            last.turns[-1].reward = float(result)
+        elif isinstance(result, (int, float)):
+            warnings.warn(f"agent {self.options.agent} returned a reward but never called the model: the episode "
+                          "has no sampled tokens to credit", RuntimeWarning, stacklevel=2)
+        for row in rows:
+            row.validate()
+        return last

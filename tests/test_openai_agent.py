@@ -1,0 +1,343 @@
+"""The ``openai_agent`` rollout: an OpenAI-client agent program against the real endpoint, token-exact."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+
+from agentrl import Engine, Generation, SamplingParams
+from agentrl.chat import ChatTokenizer
+from agentrl.config import TrainConfig
+from agentrl.plugins import load_plugins
+from agentrl.testing import build_tiny_model
+from agentrl.trajectory import with_segments
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class RecordingEngine(Engine):
+    """The real hf engine, keeping every (prompt, generation) it produced."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner, self.log = inner, []
+
+    def generate(self, prompts, sampling):
+        generations = self.inner.generate(prompts, sampling)
+        self.log += list(zip(prompts, generations))
+        return generations
+
+
+class ScriptedEngine(Engine):
+    """Samples a fixed reply per call number of each prompt's conversation (a model that calls a
+    tool and then answers), stop token included; logprob -0.5 per token."""
+
+    def __init__(self, tokenizer, replies):
+        self.tokenizer, self.replies, self.log = tokenizer, replies, []
+
+    def generate(self, prompts, sampling):
+        out = []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt)
+            reply = self.replies[min(text.count("<|im_start|>assistant") - 1, len(self.replies) - 1)]
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            out.append(Generation(ids, "stop", [-0.5] * len(ids)))
+            self.log.append((prompt, out[-1]))
+        return out
+
+
+def _rollout(engine, tokenizer, agent: str, **overrides):
+    config = TrainConfig(**{"max_new_tokens": 10, "plugins": {"openai_agent": {"agent": agent}}, **overrides})
+    return load_plugins().registry.get("rollout", "openai_agent").factory(engine=engine, tokenizer=tokenizer,
+                                                                          config=config)
+
+
+def _hf(tokenizer):
+    model = build_tiny_model(len(tokenizer))
+    factory = load_plugins().registry.get("engine", "hf").factory
+    return factory(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"}))
+
+
+def _agent_file(tmp_path, body: str) -> str:
+    path = tmp_path / "agent.py"
+    path.write_text("import openai\n\n" + body)
+    return f"{path}:solve"
+
+
+LOOP = '''
+def solve(task, client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": task["question"]}]
+    for _ in range(3):
+        reply = client.chat.completions.create(model="m", messages=messages)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+        messages.append({"role": "user", "content": "Go on."})
+    return messages[:-1]
+'''
+
+
+def test_calls_merge_into_one_token_exact_trajectory(tokenizer, tmp_path):
+    engine = RecordingEngine(_hf(tokenizer))
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, LOOP))
+    tasks = [{"question": f"What is {i} + 1?"} for i in range(4)]
+    trajectories = rollout.run([None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=10, seed=3),
+                               seeds=[11, 12, 13, 14])
+    chat = ChatTokenizer(tokenizer)
+    sampled = {tuple(prompt): generation for prompt, generation in engine.log}
+    assert len(engine.log) == 12
+    for trajectory in trajectories:
+        assert not trajectory.segments and trajectory.info["agent_calls"] == 3 and len(trajectory.turns) == 3
+        for turn in trajectory.turns:  # each sampled span is exactly what the engine sampled for that prompt
+            generation = sampled[tuple(trajectory.token_ids[:turn.start])]
+            assert trajectory.token_ids[turn.start:turn.end] == generation.token_ids
+            assert trajectory.sampler_logprobs[turn.start:turn.end] == pytest.approx(generation.logprobs)
+        mask = [0] * len(trajectory.token_ids)
+        for turn in trajectory.turns:
+            mask[turn.start:turn.end] = [1] * (turn.end - turn.start)
+        assert trajectory.loss_mask == mask
+        # The rest is the rendered conversation (user turns, headers) encoded on its own, masked.
+        first = chat.prompt_ids(trajectory.messages[:2])
+        assert trajectory.token_ids[:len(first)] == first
+        rendered = chat.render(trajectory.messages, add_generation_prompt=False)
+        decoded = chat.decode(trajectory.token_ids)
+        assert rendered.startswith(decoded) and rendered[len(decoded):] in ("\n", "<|im_end|>\n")
+    assert rollout.batches[0] == 4  # the four episodes' first calls were sampled together
+
+
+def test_episodes_sample_the_same_tokens_whatever_runs_beside_them(tokenizer, tmp_path):
+    """Each call samples from its episode's seed and call number: one agent at a time (batches of
+    one) or all together (batched) gives the same tokens."""
+    agent = _agent_file(tmp_path, LOOP)
+    runs = []
+    for options in ({"max_concurrency": 1}, {"max_concurrency": 0, "batch_wait_s": 0.1}):
+        config = {"agent": agent, **options}
+        rollout = _rollout(_hf(tokenizer), tokenizer, agent, plugins={"openai_agent": config})
+        tasks = [{"question": f"{i} + 1?"} for i in range(4)]
+        runs.append(rollout.run([None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=10, seed=3),
+                                seeds=[21, 22, 23, 24]))
+        assert max(rollout.batches) == (1 if options["max_concurrency"] == 1 else 4)
+    assert [t.token_ids for t in runs[0]] == [t.token_ids for t in runs[1]]
+    assert [x for t in runs[0] for x in t.sampler_logprobs] == pytest.approx(
+        [x for t in runs[1] for x in t.sampler_logprobs], abs=1e-4)
+
+
+def _docs_agent(tmp_path, name: str = "calc_agent.py") -> str:
+    """An agent of docs/agents.md, written out as its ``# file:`` block says."""
+    text = (ROOT / "docs" / "agents.md").read_text()
+    code = text.split(f"# file: {name}\n", 1)[1].split("```", 1)[0]
+    (tmp_path / name).write_text(code)
+    return f"{tmp_path / name}:solve"
+
+
+def test_the_agents_sdk_agent_runs_its_tool_through_the_endpoint(tokenizer, tmp_path):
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    engine = ScriptedEngine(tokenizer, [call, "\\boxed{5}"])
+    rollout = _rollout(engine, tokenizer, _docs_agent(tmp_path, "sdk_agent.py"), on_call_error="fail")
+    [trajectory] = rollout.run([None], [{"question": "2+3?"}], [0], SamplingParams(seed=0))
+    assert trajectory.completion_text == "\\boxed{5}" and trajectory.info["agent_calls"] == 2
+    (prompt1, gen1), (prompt2, gen2) = engine.log  # the SDK's second call extends its first: one row
+    assert not trajectory.segments and trajectory.token_ids == prompt2 + gen2.token_ids
+    assert prompt2[:len(prompt1) + len(gen1.token_ids)] == prompt1 + gen1.token_ids
+    assert "<|im_start|>tool\n5<|im_end|>" in ChatTokenizer(tokenizer).decode(prompt2[len(prompt1):])
+
+
+def test_tool_calls_come_back_parsed_and_tool_tokens_are_masked(tokenizer, tmp_path):
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    engine = ScriptedEngine(tokenizer, [f"Let me compute.\n{call}", "\\boxed{5}"])
+    rollout = _rollout(engine, tokenizer, _docs_agent(tmp_path))
+    [trajectory] = rollout.run([None], [{"question": "2+3?", "answer": "5"}], [0], SamplingParams(seed=0))
+    assert trajectory.info["agent_calls"] == 2 and not trajectory.segments
+    returned = trajectory.messages[-3]  # the agent's final messages: assistant call, tool result, answer
+    assert returned["tool_calls"][0]["function"] == {"name": "calculator", "arguments": '{"expression": "2+3"}'}
+    assert returned["content"] == "Let me compute." and trajectory.messages[-2]["content"] == "5"
+    assert trajectory.completion_text == "\\boxed{5}"
+    chat = ChatTokenizer(tokenizer)
+    (prompt1, gen1), (prompt2, gen2) = engine.log
+    assert trajectory.token_ids == prompt2 + gen2.token_ids and prompt2[:len(prompt1) + len(gen1.token_ids)] == \
+        prompt1 + gen1.token_ids  # one trajectory: call 2's prompt extends call 1's prompt + sample
+    delta = prompt2[len(prompt1) + len(gen1.token_ids):]
+    assert "calculator" not in chat.decode(prompt1[-3:]) and "<|im_start|>tool\n5<|im_end|>" in chat.decode(delta)
+    assert trajectory.loss_mask == [0] * len(prompt1) + [1] * len(gen1.token_ids) + [0] * len(delta) + \
+        [1] * len(gen2.token_ids)
+    assert "You have these tools:" in chat.decode(prompt1)  # SmolLM2's template ignores tools=
+    assert trajectory.sampler_logprobs[len(prompt1)] == -0.5
+
+
+REWRITE = '''
+def solve(task, client):
+    messages = [{"role": "user", "content": "Hello"}]
+    first = client.chat.completions.create(model="m", messages=messages).choices[0].message.content
+    summary = [{"role": "user", "content": "Summary of before: " + first[:3]}]
+    client.chat.completions.create(model="m", messages=summary)
+    return 0.5
+'''
+
+
+def test_a_history_rewrite_starts_a_second_segment_sharing_reward_and_group(tokenizer, tmp_path):
+    engine = RecordingEngine(_hf(tokenizer))
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, REWRITE))
+    trajectories = rollout.run([None] * 2, [{}, {}], [4, 4], SamplingParams(seed=1), seeds=[5, 6])
+    chat = ChatTokenizer(tokenizer)
+    for trajectory in trajectories:
+        [earlier] = trajectory.segments
+        assert trajectory.info["agent_segments"] == 2 and trajectory.env_return == 0.5
+        assert earlier.token_ids[:earlier.turns[0].start] == chat.prompt_ids([{"role": "user", "content": "Hello"}])
+        assert chat.decode(trajectory.token_ids[:trajectory.turns[0].start]).count("Summary of before") == 1
+        assert sum(earlier.loss_mask) and sum(trajectory.loss_mask)
+    rows, totals = with_segments(trajectories, [0.5, -1.0])
+    assert len(rows) == 4 and totals == [0.5, 0.5, -1.0, -1.0] and [r.group for r in rows] == [4, 4, 4, 4]
+
+
+BAD_FIELD = '''
+def solve(task, client):
+    try:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], presence_penalty=1.0)
+    except openai.BadRequestError as exc:
+        return [{"role": "assistant", "content": str(exc)}]
+    return None
+'''
+
+
+def test_an_unsupported_field_is_a_400_naming_it(tokenizer, tmp_path):
+    rollout = _rollout(_hf(tokenizer), tokenizer, _agent_file(tmp_path, BAD_FIELD))
+    [trajectory] = rollout.run([None], [{}], [0], SamplingParams(seed=0))
+    assert "Error code: 400" in trajectory.completion_text or "400" in trajectory.messages[-1]["content"]
+    assert "unsupported field 'presence_penalty'" in trajectory.messages[-1]["content"]
+    assert trajectory.info["agent_calls"] == 0 and not trajectory.turns
+
+
+def test_grpo_trains_the_agent_through_the_cli(tiny_model_dir, tmp_path):
+    # Two calls that merge, then one on a rewritten history (a second segment: a second row); a
+    # reward the random tiny model earns about half the time, so GRPO groups have a spread.
+    agent = _agent_file(tmp_path, LOOP.replace("range(3)", "range(2)").replace("    return messages[:-1]", """\
+    last = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Again?"}])
+    return float(len(last.choices[0].message.content) % 2)"""))
+    probe = tmp_path / "rows_probe.py"  # logs how many rows (and groups) each step trains on
+    probe.write_text("from agentrl import hookimpl\n\n\n@hookimpl\n"
+                     "def agentrl_adjust_loss_mask(batch, config, settings, metrics):\n"
+                     "    metrics['probe/rows'] = float(batch.num_rows)\n"
+                     "    metrics['probe/groups'] = float(len(set(batch.groups.tolist())))\n")
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", "--env", "math", "--model", str(tiny_model_dir),
+         "--max-steps", "3", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
+         "--plugin", str(probe), "--set", "rollout=openai_agent", "--set", f"plugins.openai_agent.agent={agent}",
+         "--set", "eval_tasks=2", "--set", "max_new_tokens=8", "--set", "save_model=false"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if "loss/total" in line] == [1, 2, 3]
+    lines = [line for line in lines if "loss/total" in line]
+    assert all(line["rollout/turns_mean"] == 1.0 for line in lines)  # the last segment: one call
+    assert all(line["probe/rows"] == 8 and line["probe/groups"] == 2 for line in lines)  # 4 episodes x 2 segments
+    assert any(line["train/grad_norm"] > 0 for line in lines)  # the agent's rewards moved the policy
+    # The trainer's logprobs of the recorded tokens match the sampler's: the rows are what was sampled.
+    assert all(abs(line["policy/sampler_logprob_gap"]) < 0.05 for line in lines)
+
+
+ASYNC_AND_URL = '''
+async def solve(task, client):
+    reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+    return float(isinstance(client, openai.AsyncOpenAI) and reply.choices[0].finish_reason in ("stop", "length"))
+
+
+def solve_url(task, base_url):
+    client = openai.OpenAI(base_url=base_url, api_key="anything")
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    return 1.0
+'''
+
+
+@pytest.mark.parametrize("function", ["solve", "solve_url"])
+def test_async_agents_and_base_url_agents(tokenizer, tmp_path, function):
+    agent = _agent_file(tmp_path, ASYNC_AND_URL).replace(":solve", f":{function}")
+    rollout = _rollout(_hf(tokenizer), tokenizer, agent)
+    trajectories = rollout.run([None] * 3, [{}] * 3, [0] * 3, SamplingParams(max_new_tokens=10, seed=0),
+                               seeds=[1, 2, 3])
+    for trajectory in trajectories:
+        assert trajectory.env_return == 1.0 and trajectory.info["agent_calls"] == 1
+        assert trajectory.num_sampled_tokens <= (3 if function == "solve_url" else 10)
+
+
+class BrokenEngine(Engine):
+    def generate(self, prompts, sampling):
+        raise RuntimeError("device lost")
+
+
+def test_an_engine_failure_stops_the_rollout_naming_it(tokenizer, tmp_path):
+    from agentrl import EngineError
+
+    for on_call_error in ("skip", "fail"):
+        rollout = _rollout(BrokenEngine(), tokenizer, _agent_file(tmp_path, LOOP), on_call_error=on_call_error)
+        with pytest.raises(EngineError, match="BrokenEngine failed on an agent call: RuntimeError: device lost"):
+            rollout.run([None], [{"question": "q"}], [0], SamplingParams(seed=0))
+
+
+def test_an_agent_that_raises_is_skipped_or_fails_the_run(tokenizer, tmp_path):
+    from agentrl import EnvError
+
+    agent = _agent_file(tmp_path, "def solve(task, client):\n    raise ValueError('no luck')\n")
+    with pytest.warns(RuntimeWarning, match="ValueError: no luck; the episode ends unscored"):
+        [skipped] = _rollout(_hf(tokenizer), tokenizer, agent).run([None], [{"question": "q"}], [0], SamplingParams())
+    assert skipped.info["error"]["exception"] == "ValueError: no luck" and not skipped.turns
+    with pytest.raises(EnvError, match="no luck"):
+        _rollout(_hf(tokenizer), tokenizer, agent, on_call_error="fail").run([None], [{}], [0], SamplingParams())
+
+
+def test_a_missing_agent_is_a_config_error(tokenizer):
+    from agentrl import ConfigError
+
+    with pytest.raises(ConfigError, match="plugins.openai_agent.agent"):
+        _rollout(_hf(tokenizer), tokenizer, "")
+    with pytest.raises(ConfigError, match="cannot be loaded"):
+        _rollout(_hf(tokenizer), tokenizer, "no_such_file.py:solve")
+
+
+OPTIONS = '''
+import json
+
+TOOLS = [%s]
+
+
+def solve(task, client):
+    messages = [{"role": "user", "content": "Add 2 and 3."}]
+    plain = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="none")
+    cut = client.chat.completions.create(model="m", messages=messages, stop=["compute"])
+    try:
+        client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="required")
+    except openai.BadRequestError as exc:
+        refused = str(exc)
+    return [{"role": "assistant", "content": json.dumps([plain.choices[0].message.model_dump(),
+                                                         plain.choices[0].finish_reason,
+                                                         cut.choices[0].message.content, cut.choices[0].finish_reason,
+                                                         refused])}]
+'''
+
+
+def test_tool_choice_none_stop_strings_and_refused_choices(tokenizer, tmp_path):
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object", "properties": {
+        "expression": {"type": "string"}}}}}
+    engine = ScriptedEngine(tokenizer, [f"Let me compute.\n{call}"])
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, OPTIONS % json.dumps(tool)))
+    [trajectory] = rollout.run([None], [{}], [0], SamplingParams(seed=0))
+    message, reason, cut, cut_reason, refused = json.loads(trajectory.completion_text)
+    assert message["content"] == f"Let me compute.\n{call}" and not message["tool_calls"] and reason == "stop"
+    assert cut == "Let me " and cut_reason == "stop"
+    assert "'tool_choice' must be 'auto' or 'none', got 'required'" in refused
+    # The cut call kept the sampled ids up to the one that completed "compute", and no more.
+    [earlier] = trajectory.segments
+    kept = trajectory.token_ids[trajectory.turns[0].start:]
+    assert "compute" in ChatTokenizer(tokenizer).decode(kept) and "compute" not in ChatTokenizer(tokenizer).decode(kept[:-1])
+    assert kept == engine.log[1][1].token_ids[:len(kept)] and len(earlier.turns) == 1
+
+
+def test_an_agent_past_its_timeout_is_unscored(tokenizer, tmp_path):
+    agent = _agent_file(tmp_path, "import time\n\n\ndef solve(task, client):\n    time.sleep(3)\n    return 1.0\n")
+    rollout = _rollout(_hf(tokenizer), tokenizer, agent, plugins={"openai_agent": {"agent": agent, "timeout_s": 0.5}})
+    with pytest.warns(RuntimeWarning, match="timed out"):
+        [trajectory] = rollout.run([None], [{"question": "q"}], [0], SamplingParams())
+    assert trajectory.info["error"]["timed_out"] is True and trajectory.env_return == 0.0
