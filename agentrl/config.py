@@ -183,7 +183,7 @@ class TrainConfig:
     ``skip`` scores that episode as missing (no gradient from it), counts it in
     ``errors/reward/<name>`` or ``errors/env`` and goes on; ``fail`` stops the run naming the plugin, the sample and
     the exception."""
-    env_workers: Positive = 8
+    env_workers: Positive = 32
     """How many env calls (``reset``/``step`` of the live episodes of a turn) run at once: threads
     for sync envs, the same bound on one event loop for ``async def`` ones; each call keeps its
     ``call_timeout_s``. Results are taken in episode order, so the tokens do not depend on which env

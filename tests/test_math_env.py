@@ -282,19 +282,19 @@ def test_check_env_names_broken_rules() -> None:
 
 
 @pytest.mark.parametrize(("reply", "total"), [
-    ("7 + 5 = \\boxed{12}", 2.0),  # correct and boxed: env 1 + format 0.5 + accuracy 0.5
-    ("The answer is \\boxed{12.0}.", 2.0),  # math-verify: 12.0 is 12
+    ("7 + 5 = \\boxed{12}", 3.0),  # correct and boxed: env 1 + format 1 + accuracy 1
+    ("The answer is \\boxed{12.0}.", 3.0),  # math-verify: 12.0 is 12
     ("7 + 5 = 12", 1.0),  # correct, not boxed: env 1 only
-    ("7 + 5 = \\boxed{13}", 0.5),  # boxed but wrong: format 0.5 only, less than any correct answer
+    ("7 + 5 = \\boxed{13}", 1.0),  # boxed but wrong: format 1 only, no more than any correct answer
     ("7 + 5 = 13", 0.0),
-    ("\\boxed{13}, I mean 12", 0.5),  # the boxed answer is the answer, for the env too
+    ("\\boxed{13}, I mean 12", 1.0),  # the boxed answer is the answer, for the env too
     ("\\boxed{}", 0.0),  # an empty box is not an answer: no format bonus
     ("\\boxed{twelve}", 0.0),
     ("\\boxed{7 + 5}", 0.0),  # the question boxed is not an answer (math-verify alone would say 12)
 ])
-def test_default_rewards_pay_a_correct_boxed_answer_most_and_a_wrong_one_less_than_any_correct(
+def test_default_rewards_pay_a_correct_boxed_answer_most_and_a_wrong_one_no_more_than_any_correct(
         reply: str, total: float) -> None:
-    """Hand-derived totals of the default run's rewards (env x1 + format x0.5 + accuracy x0.5) on "7 + 5"."""
+    """Hand-derived totals of the default run's rewards (env x1 + format x1 + accuracy x1) on "7 + 5"."""
     from agentrl.config import TrainConfig
     from agentrl.plugins import load_plugins
     from agentrl.rewards import resolve_rewards
@@ -309,6 +309,6 @@ def test_default_rewards_pay_a_correct_boxed_answer_most_and_a_wrong_one_less_th
                                   {"role": "assistant", "content": reply}], task)
     trajectory.turns[0].reward = env_reward
     reward_fns = resolve_rewards(TrainConfig(), load_plugins().registry, env)
-    assert {name: weight for name, (_, weight) in reward_fns.items()} == {"format": 0.5, "accuracy": 0.5}
+    assert {name: weight for name, (_, weight) in reward_fns.items()} == {"format": 1.0, "accuracy": 1.0}
     totals, _ = score([trajectory], reward_fns, env_weight=1.0)
     assert totals == [total]

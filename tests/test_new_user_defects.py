@@ -77,8 +77,8 @@ def test_a_log_file_gets_whole_lines_with_the_phase_and_no_carriage_returns(tiny
     assert "Loading weights" not in result.stdout + result.stderr  # transformers' own bars are off
     out = " ".join(result.stdout.split())
     assert "step 1/1" in out
-    assert ("rewards: env return x1 + format x1 (--reward replaces the env's defaults; add --reward format:0.5 "
-            "--reward accuracy:0.5 to keep them)") in out
+    assert ("rewards: env return x1 + format x1 (--reward replaces the env's defaults; add --reward format:1 "
+            "--reward accuracy:1 to keep them)") in out
     assert "within noise" in out or "noise" in out  # 2 held-out tasks: the before/after figure is noise
 
 
@@ -117,7 +117,7 @@ def test_a_scored_but_lost_game_is_not_a_success() -> None:
 
 def test_print_config_shows_the_rewards_that_will_run(tmp_path):
     default = yaml.safe_load(agentrl("train", "--print-config").stdout)
-    assert default["rewards"] == {"format": 0.5, "accuracy": 0.5} and default["algorithm"]["epsilon_low"] == 0.2
+    assert default["rewards"] == {"format": 1.0, "accuracy": 1.0} and default["algorithm"]["epsilon_low"] == 0.2
     chosen = yaml.safe_load(agentrl("train", "--reward", "accuracy:0.5", "--print-config").stdout)
     assert chosen["rewards"] == {"accuracy": 0.5}
 

@@ -152,7 +152,7 @@ def test_cli_trains_with_a_trl_reward_file_relative_to_the_cwd(tiny_model_dir, t
                      "--set", "reward_completion_format=plain", "--output-dir", str(out), *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rewards: env return x1 + reward_len x0.1 (--reward replaces the env's defaults; add " \
-           "--reward format:0.5 --reward accuracy:0.5 to keep them)" in result.stdout
+           "--reward format:1 --reward accuracy:1 to keep them)" in result.stdout
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(line["reward/reward_len_mean"] <= 0 for line in lines[:2])
     saved = (out / "config.yaml").read_text()

@@ -6,20 +6,23 @@ one, else the last number in the reply, checked against the gold answer with mat
 
 Told to, the tiny default model rarely writes ``\\boxed{}`` (greedy: 0 of 64 held-out problems;
 about 3% of its samples at T=1), so ``default_rewards`` add two terms to the env's reward:
-``format`` (0.5 for a number in ``\\boxed{}``, right or wrong) and ``accuracy`` (0.5 more when that
+``format`` (1.0 for a number in ``\\boxed{}``, right or wrong) and ``accuracy`` (1.0 more when that
 boxed number is correct):
 
 ==========================  =====  ======  ========  =====
 reply                        env   format  accuracy  total
 ==========================  =====  ======  ========  =====
-correct, in ``\\boxed{}``    1.0     0.5      0.5      2.0
+correct, in ``\\boxed{}``    1.0     1.0      1.0      3.0
 correct, not boxed            1.0     0.0      0.0      1.0
-wrong, in ``\\boxed{}``      0.0     0.5      0.0      0.5
+wrong, in ``\\boxed{}``      0.0     1.0      0.0      1.0
 wrong, not boxed              0.0     0.0      0.0      0.0
 ==========================  =====  ======  ========  =====
 
-A wrong answer earns less than any correct one, and once every reply is boxed the total is 0.5
-+ 1.5 x correct: pure correctness. The ungated part is what makes the habit learnable: with only the
+A wrong answer never earns more than a correct one, and once every reply is boxed the total is 1
++ 2 x correct: pure correctness. The format terms weigh as much as the env's own reward so that the
+few boxed samples (3%) outweigh the pull toward short unboxed answers before the policy settles on
+those: at 0.5 each the format was learned on every seed in bf16 but on about half in fp32 (README
+"Which CPU"), where the sampler follows every update and its entropy falls within ten steps. The ungated part is what makes the habit learnable: with only the
 gated bonus (``--reward accuracy:1``) boxed samples were too rare to pay and the model stopped
 boxing altogether (README "Learning", measured). ``demonstration`` shows one solved problem first
 instead: every greedy answer is then boxed from the start, but the policy's entropy collapsed within
@@ -188,7 +191,7 @@ class MathEnv(Env):
     """
 
     max_turns = 1
-    default_rewards = {"format": 0.5, "accuracy": 0.5}
+    default_rewards = {"format": 1.0, "accuracy": 1.0}
 
     def __init__(self, difficulty: str = "single_digit", data_file: str | None = None, seed: int = 0,
                  num_eval: int = 128, system_prompt: str | None = None, demonstration: bool = False) -> None:
