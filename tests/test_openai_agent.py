@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import openai
@@ -81,7 +82,9 @@ def solve(task, client):
 
 def test_calls_merge_into_one_token_exact_trajectory(tokenizer, tmp_path):
     engine = RecordingEngine(_hf(tokenizer))
-    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, LOOP))
+    agent = _agent_file(tmp_path, LOOP)
+    # a long wait bound: the first batch starts when all four agents have called, however slow the machine
+    rollout = _rollout(engine, tokenizer, agent, plugins={"openai_agent": {"agent": agent, "batch_wait_s": 30.0}})
     tasks = [{"question": f"What is {i} + 1?"} for i in range(4)]
     trajectories = rollout.run([None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=10, seed=3),
                                seeds=[11, 12, 13, 14])
@@ -107,12 +110,40 @@ def test_calls_merge_into_one_token_exact_trajectory(tokenizer, tmp_path):
     assert rollout.batches[0] == 4  # the four episodes' first calls were sampled together
 
 
+SOME_CALL = '''
+import time
+
+def solve(task, client):
+    if task["calls"] == 0:
+        return 0.0  # answers without the model: no call will come from this episode
+    time.sleep(task["think_s"])
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["question"]}])
+    return 1.0
+'''
+
+
+def test_a_batch_starts_once_every_running_agent_has_called_not_after_the_whole_wait(tokenizer, tmp_path):
+    """With a 30 s wait bound, two agents that finish without calling and two that call after 0.5 s of
+    their own work: one batch of two, started as soon as the second call is in (not after 30 s)."""
+    agent = _agent_file(tmp_path, SOME_CALL)
+    rollout = _rollout(_hf(tokenizer), tokenizer, agent,
+                       plugins={"openai_agent": {"agent": agent, "batch_wait_s": 30.0}})
+    tasks = [{"question": f"{i} + 1?", "calls": i % 2, "think_s": 0.5} for i in range(4)]
+    start = time.monotonic()
+    trajectories = rollout.run([None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=4, seed=3),
+                               seeds=[1, 2, 3, 4])
+    elapsed = time.monotonic() - start
+    assert rollout.batches == [2]
+    assert elapsed < 15, elapsed  # the 30 s bound was not waited out
+    assert [t.info["agent_calls"] for t in trajectories] == [0, 1, 0, 1]
+
+
 def test_episodes_sample_the_same_tokens_whatever_runs_beside_them(tokenizer, tmp_path):
     """Each call samples from its episode's seed and call number: one agent at a time (batches of
     one) or all together (batched) gives the same tokens."""
     agent = _agent_file(tmp_path, LOOP)
     runs = []
-    for options in ({"max_concurrency": 1}, {"max_concurrency": 0, "batch_wait_s": 0.1}):
+    for options in ({"max_concurrency": 1}, {"max_concurrency": 0, "batch_wait_s": 30.0}):
         config = {"agent": agent, **options}
         rollout = _rollout(_hf(tokenizer), tokenizer, agent, plugins={"openai_agent": config})
         tasks = [{"question": f"{i} + 1?"} for i in range(4)]

@@ -1,9 +1,9 @@
 """What the ``openai_agent`` endpoint needs around the engine: batching calls, shaping messages.
 
 :class:`EngineBatcher` owns the engine in one thread: it takes the generation requests the
-episodes' calls make, waits ``wait_s`` after the first for more, and samples every pending
-request in one ``engine.generate`` (one batch per temperature); requests that arrive while a batch
-runs are batched next. Each request carries its own seed (``SamplingParams.prompt_seeds``), so
+episodes' calls make, waits after the first for more (until every running agent has a call
+pending, at most ``wait_s``), and samples every pending request in one ``engine.generate`` (one
+batch per temperature); requests that arrive while a batch runs are batched next. Each request carries its own seed (``SamplingParams.prompt_seeds``), so
 its tokens do not depend on which requests share its batch.
 """
 
@@ -38,8 +38,11 @@ class GenerationRequest:
 class EngineBatcher:
     """Runs ``engine.generate`` on batches of pending requests in a worker thread (module docstring)."""
 
-    def __init__(self, engine: Engine, base: SamplingParams, wait_s: float) -> None:
+    def __init__(self, engine: Engine, base: SamplingParams, wait_s: float, agents: int = 1,
+                 concurrency: int = 1) -> None:
         self.engine, self.base, self.wait_s = engine, base, wait_s
+        self.agents, self.concurrency, self.finished = agents, max(1, concurrency), 0
+        self._lock = threading.Lock()
         self.queue: queue.Queue[GenerationRequest | None] = queue.Queue()
         self.batches: list[int] = []
         """Size of each batch sampled, in order (for metrics and tests)."""
@@ -51,6 +54,17 @@ class EngineBatcher:
         self.queue.put(request)
         return request.future.result()
 
+    @property
+    def running(self) -> int:
+        """Agents running now or about to (``concurrency`` at most): a batch starts at once when
+        each of them has a call pending, instead of waiting the whole ``wait_s``."""
+        return min(self.concurrency, self.agents - self.finished)
+
+    def agent_finished(self) -> None:
+        """An agent returned: no more calls from it."""
+        with self._lock:
+            self.finished += 1
+
     def close(self) -> None:
         """Stop the worker after the batches already queued."""
         self.queue.put(None)
@@ -60,11 +74,14 @@ class EngineBatcher:
         while (first := self.queue.get()) is not None:
             pending, closing = [first], False
             deadline = time.monotonic() + self.wait_s
-            while True:
-                try:
-                    item = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
+            while len(pending) < self.running:  # some running agent has no call pending yet
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     break
+                try:  # short polls: an agent that finishes instead of calling ends the wait too
+                    item = self.queue.get(timeout=min(remaining, 0.005))
+                except queue.Empty:
+                    continue
                 if item is None:
                     closing = True
                     break

@@ -68,7 +68,8 @@ class OpenAIAgentConfig:
     max_concurrency: Annotated[int, Field(ge=0)] = 0
     """Episodes whose agent runs at once (0: every episode of the step)."""
     batch_wait_s: Annotated[float, Field(ge=0)] = 0.02
-    """After a call arrives, how long the engine waits for more before sampling them together."""
+    """After a call arrives, at most how long the engine waits for the other running agents' calls
+    before sampling what is pending together (it starts at once when every running agent has one)."""
     timeout_s: Annotated[float, Field(ge=0)] = 600.0
     """Seconds one episode's agent may run, its waits for the model included (0: no limit); past
     it the episode is handled by ``on_call_error`` (``call_timeout_s`` is for env and reward calls)."""
@@ -138,13 +139,13 @@ class OpenAIAgentRollout:
             raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
         if seeds is None:
             seeds = [None if sampling.seed is None else sampling.seed * 1_000_003 + i for i in range(len(tasks))]
-        batcher = EngineBatcher(self.engine, sampling, self.options.batch_wait_s)
+        workers = self.options.max_concurrency or len(tasks)
+        batcher = EngineBatcher(self.engine, sampling, self.options.batch_wait_s, len(tasks), workers)
         keys = {f"episode-{i}-{uuid.uuid4().hex[:12]}": i for i in range(len(tasks))}
         step = _Step(list(tasks), list(seeds), sampling, batcher, keys, [EpisodeRecord() for _ in tasks],
                      [threading.Lock() for _ in tasks])
         server = BackgroundServer(make_app(lambda key, options: self.complete(step, key, options)))
         try:
-            workers = self.options.max_concurrency or len(tasks)
             with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="agentrl-agent") as pool:
                 outcomes = list(pool.map(lambda item: self._episode(step, server.base_url(item[0]), item[1]),
                                          keys.items()))
@@ -188,6 +189,8 @@ class OpenAIAgentRollout:
             self.guard.warn_once(f"agent:{self.options.agent}", f"{what}: {one_line(exc)}; the episode ends "
                                  "unscored (on_call_error=skip)")
             return None, {"method": "agent", "exception": one_line(exc), "timed_out": isinstance(exc, CallTimeout)}
+        finally:
+            step.batcher.agent_finished()
         if result is not None and not isinstance(result, (int, float, list)) or isinstance(result, bool):
             raise EnvError(f"agent {self.options.agent} returned {type(result).__name__} on {sample_label(index, task)}: "
                            "return a reward (a number), the final messages (a list) or None")
