@@ -54,20 +54,24 @@ def parse_xml_json(text: str) -> list[ToolCall]:
         except ValueError as exc:
             calls.append(ToolCall("", None, f"tool call is not valid JSON ({exc}): {body[:200]!r}", raw))
             continue
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-            calls.append(ToolCall("", None, 'tool call must be a JSON object with a string "name"', raw))
-            continue
-        arguments = data.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                pass
-        if not isinstance(arguments, dict):
-            calls.append(ToolCall(data["name"], None, '"arguments" must be a JSON object', raw))
-            continue
-        calls.append(ToolCall(data["name"], arguments, None, raw))
+        calls.append(object_call(data, raw, "arguments"))
     return calls
+
+
+def object_call(data: Any, raw: str, key: str) -> ToolCall:
+    """The ``ToolCall`` of a decoded ``{"name": ..., key: {...}}`` object (``arguments`` accepted for
+    ``key`` too; a JSON string holding an object is accepted; none means no arguments)."""
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return ToolCall("", None, 'tool call must be a JSON object with a string "name"', raw)
+    arguments = data.get(key, data.get("arguments", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            pass
+    if not isinstance(arguments, dict):
+        return ToolCall(data["name"], None, f'"{key}" must be a JSON object', raw)
+    return ToolCall(data["name"], arguments, None, raw)
 
 
 def format_tool_call(name: str, **arguments: Any) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.tool_calls import ToolCall, ToolParser
+from agentrl.tool_calls import ToolCall, ToolParser, object_call
 
 CallFormatter = Callable[[Sequence[tuple[str, dict[str, Any]]]], str]
 """Writes ``[(name, arguments), ...]`` as one assistant message in a format's syntax."""
@@ -55,22 +55,6 @@ def _skip_space(text: str, pos: int) -> int:
     while pos < len(text) and text[pos].isspace():
         pos += 1
     return pos
-
-
-def _object_call(data: Any, raw: str, key: str) -> ToolCall:
-    """The ``ToolCall`` of a decoded ``{"name": ..., key: {...}}`` object (``arguments`` accepted for
-    ``key`` too; a JSON string holding an object is accepted; none means no arguments)."""
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        return ToolCall("", None, 'tool call must be a JSON object with a string "name"', raw)
-    arguments = data.get(key, data.get("arguments", {}))
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            pass
-    if not isinstance(arguments, dict):
-        return ToolCall(data["name"], None, f'"{key}" must be a JSON object', raw)
-    return ToolCall(data["name"], arguments, None, raw)
 
 
 def _bad_json(exc: ValueError, body: str) -> ToolCall:
@@ -102,7 +86,7 @@ def parse_llama3_json(text: str) -> list[ToolCall]:
             data, end = _DECODER.raw_decode(text, pos)
         except ValueError as exc:
             return calls + [_bad_json(exc, text[pos:])]
-        calls.append(_object_call(data, text[pos:end], "parameters"))
+        calls.append(object_call(data, text[pos:end], "parameters"))
         pos = _skip_space(text, end)
         if text.startswith(";", pos):
             pos = _skip_space(text, pos + 1)
@@ -131,7 +115,7 @@ def _mistral_array(body: str) -> list[ToolCall]:
     items = data if isinstance(data, list) else [data]
     if not items:
         return [ToolCall("", None, f"{TOOL_CALLS} is followed by an empty list of calls", body[:end])]
-    return [_object_call(item, json.dumps(item), "arguments") for item in items]
+    return [object_call(item, json.dumps(item), "arguments") for item in items]
 
 
 def _mistral_named(segment: str) -> ToolCall:
@@ -253,7 +237,7 @@ def parse_harmony(text: str) -> list[ToolCall]:
         except ValueError as exc:
             calls.append(ToolCall(name, None, f"tool call is not valid JSON ({exc}): {body[:200]!r}", chunk))
             continue
-        calls.append(_object_call({"name": name, "arguments": data}, chunk, "arguments"))
+        calls.append(object_call({"name": name, "arguments": data}, chunk, "arguments"))
     return calls
 
 
