@@ -14,7 +14,9 @@ concurrently (a thread pool), each with its own client:
 ``task`` is the env's task dict (the run's ``--env`` supplies the tasks and default rewards).
 The function returns a reward (a number: the episode's env return), the final messages (a list:
 the run's reward functions score them; ``completion_text`` is the last assistant message), or
-None (the reward functions score the last call's conversation and reply). Every call's prompt ids,
+None (the reward functions score the last call's conversation and reply); in the last two cases
+the run's env also scores the final answer (``env_scores``: :mod:`agentrl_rollouts.agent_scoring`),
+which gives agent runs an env return and held-out accuracy. Every call's prompt ids,
 sampled ids and sampler logprobs are recorded and merged into token-exact segments
 (:mod:`agentrl_rollouts.agent_record`); each segment is a training row with the episode's reward
 and group. An agent that raises or runs past ``plugins.openai_agent.timeout_s`` is handled by
@@ -48,6 +50,7 @@ from agentrl_rollouts.agent_engine import (
     EngineBatcher, GenerationRequest, assistant_message, call_format, cut_at_stop, normalized, with_tool_prompt,
 )
 from agentrl_rollouts.agent_record import EpisodeRecord
+from agentrl_rollouts.agent_scoring import score_with_env
 from agentrl_rollouts.agent_server import BackgroundServer, RequestError, completion_body, make_app
 
 SECTION = "openai_agent"
@@ -73,6 +76,10 @@ class OpenAIAgentConfig:
     timeout_s: Annotated[float, Field(ge=0)] = 600.0
     """Seconds one episode's agent may run, its waits for the model included (0: no limit); past
     it the episode is handled by ``on_call_error`` (``call_timeout_s`` is for env and reward calls)."""
+    env_scores: bool = True
+    """The run's env scores the final answer of an agent that returns messages or None (its reward
+    the episode's env return, its info the held-out accuracy: :mod:`agentrl_rollouts.agent_scoring`);
+    False: the reward functions alone score agent episodes."""
 
 
 @dataclass
@@ -134,7 +141,8 @@ class OpenAIAgentRollout:
 
     def run(self, envs: list[Any], tasks: list[dict[str, Any]], groups: list[int], sampling: SamplingParams,
             seeds: list[int] | None = None) -> list[Trajectory]:
-        """One agent episode per task; returns their trajectories in order (``envs`` only count)."""
+        """One agent episode per task; returns their trajectories in order (``envs[i]`` scores episode
+        i's final answer, ``env_scores``; None: no env score)."""
         if not len(envs) == len(tasks) == len(groups):
             raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
         if seeds is None:
@@ -157,7 +165,13 @@ class OpenAIAgentRollout:
             exc = step.engine_errors[0]
             raise EngineError(f"engine {type(self.engine).__name__} failed on an agent call: "
                               f"{exc if isinstance(exc, AgentRLError) else one_line(exc)}") from exc
-        return [self._trajectory(step.records[i], tasks[i], groups[i], *outcomes[i]) for i in range(len(tasks))]
+        trajectories = [self._trajectory(step.records[i], tasks[i], groups[i], *outcomes[i]) for i in range(len(tasks))]
+        if self.options.env_scores:
+            judged = [i for i, (result, error) in enumerate(outcomes)
+                      if error is None and envs[i] is not None and not isinstance(result, (int, float))]
+            score_with_env([envs[i] for i in judged], [trajectories[i] for i in judged],
+                           CallGuard.from_config(self.config), self.config.env_workers)
+        return trajectories
 
     def _episode(self, step: _Step, base_url: str, index: int) -> tuple[Any, dict[str, Any] | None]:
         """Run the agent on task ``index``: (what it returned, None) or (None, the error)."""
