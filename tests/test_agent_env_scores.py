@@ -99,3 +99,77 @@ def test_held_out_accuracy_of_an_agent_run_through_the_cli(tiny_model_dir, tmp_p
     assert [line["final/eval/accuracy"] for line in lines if "final/eval/accuracy" in line] == [1.0]
     train = [line for line in lines if "loss/total" in line]
     assert train[0]["reward/env_mean"] == 1.0
+
+
+class ScriptedEngine:
+    """Replies by call number since the last user message (counted by assistant headers), stop token included."""
+
+    def __init__(self, tokenizer, replies):
+        self.tokenizer, self.replies = tokenizer, replies
+
+    def generate(self, prompts, sampling):
+        from agentrl import Generation
+
+        out = []
+        for prompt in prompts:
+            calls = self.tokenizer.decode(prompt).rpartition("<|im_start|>user")[2].count("<|im_start|>assistant") - 1
+            ids = self.tokenizer(self.replies[min(calls, len(self.replies) - 1)], add_special_tokens=False)["input_ids"]
+            out.append(Generation(ids + [self.tokenizer.eos_token_id], "stop", [-0.5] * (len(ids) + 1)))
+        return out
+
+
+TOOL_LOOP = '''
+import json
+TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
+    "type": "object", "properties": {"expression": {"type": "string"}}}}}]
+
+def solve(task, client):
+    messages = [{"role": "user", "content": task["question"]}]
+    for _ in range(3):
+        message = client.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "5"})
+    return messages
+'''
+
+
+def test_tool_calls_are_counted_so_tool_use_rewards_agents_as_envs(tokenizer, tmp_path):
+    from agentrl_rewards import tool_use_reward
+
+    replies = ['<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>',
+               '<tool_call>{"name": "abacus", "arguments": {}}</tool_call>', "\\boxed{5}"]
+    plugins = load_plugins()
+    config = TrainConfig(max_new_tokens=40, plugins={"openai_agent": {"agent": _agent(tmp_path, TOOL_LOOP)}})
+    rollout = plugins.registry.get("rollout", "openai_agent").factory(
+        engine=ScriptedEngine(tokenizer, replies), tokenizer=tokenizer, config=config)
+    [trajectory] = rollout.run([None], [{"question": "What is 2 + 3?"}], [0], SamplingParams(seed=0))
+    assert [(t.tool_calls, t.tool_errors) for t in trajectory.turns] == [(1, 0), (1, 1), (0, 0)]
+    assert trajectory.num_tool_calls == 2 and trajectory.num_tool_calls_ok == 1
+    assert tool_use_reward([trajectory]) == [1.0]
+
+
+def test_the_calculator_agent_program_is_the_calculator_env_token_for_token(tokenizer):
+    """bench/agents/calculator_agent.py, the agent program of issue 34's learning comparison, gives the
+    same episode as ``--env calculator`` for the same replies: token ids, loss mask, env return."""
+    from pathlib import Path
+
+    from agentrl.build import make_env
+
+    agent = f"{Path(__file__).resolve().parents[1] / 'bench' / 'agents' / 'calculator_agent.py'}:solve"
+    plugins = load_plugins()
+    env_config = TrainConfig(env="calculator", max_new_tokens=40)
+    env = make_env(plugins, env_config)
+    task = dict(env.train_tasks()[3])
+    replies = [f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{task["expression"]}"}}}}</tool_call>',
+               f"The answer is \\boxed{{{task['answer']}}}."]
+    engine = ScriptedEngine(tokenizer, replies)
+    [by_env] = plugins.registry.get("rollout", "multi_turn").factory(engine=engine, tokenizer=tokenizer, config=env_config) \
+        .run([env], [task], [0], SamplingParams(seed=0))
+    agent_config = TrainConfig(env="calculator", max_new_tokens=40, plugins={"openai_agent": {"agent": agent}})
+    [by_agent] = plugins.registry.get("rollout", "openai_agent").factory(engine=engine, tokenizer=tokenizer,
+                                                                         config=agent_config) \
+        .run([make_env(plugins, env_config)], [task], [0], SamplingParams(seed=0))
+    assert by_env.env_return == by_agent.env_return == 1.0 and by_env.num_tool_calls_ok == by_agent.num_tool_calls_ok == 1
+    assert tokenizer.decode(by_agent.token_ids) == tokenizer.decode(by_env.token_ids)
+    assert by_agent.token_ids == by_env.token_ids and by_agent.loss_mask == by_env.loss_mask

@@ -66,8 +66,10 @@ class EpisodeRecord:
         return chat.encode(text), False
 
     def add(self, prompt: list[int], extends: bool, sampled: list[int], logprobs: list[float],
-            reason: str, messages: list[Message], tools: list[dict[str, Any]] | None) -> None:
-        """Record one call: ``prompt`` from :meth:`prompt_ids`, then the sampled ids."""
+            reason: str, messages: list[Message], tools: list[dict[str, Any]] | None,
+            tool_calls: tuple[int, int] = (0, 0)) -> None:
+        """Record one call: ``prompt`` from :meth:`prompt_ids`, then the sampled ids; ``tool_calls``
+        is (calls the reply wrote, of which malformed or to an unknown tool): :func:`count_calls`."""
         if not extends or not self.segments:
             self.segments.append(Segment([], [], [], tools=tools))
         segment = self.segments[-1]
@@ -78,6 +80,18 @@ class EpisodeRecord:
         segment.token_ids += sampled
         segment.loss_mask += [1] * len(sampled)
         segment.logprobs += [float(x) for x in logprobs]
-        segment.turns.append(Turn(start=start, end=len(segment.token_ids), finish_reason=reason))
+        segment.turns.append(Turn(start=start, end=len(segment.token_ids), finish_reason=reason,
+                                  tool_calls=tool_calls[0], tool_errors=tool_calls[1]))
         segment.messages = list(messages)
         self.calls += 1
+
+
+def count_calls(text: str, parser: Any, tools: list[dict[str, Any]] | None) -> tuple[int, int]:
+    """(tool calls ``text`` writes, of which malformed or naming a tool not offered): what the
+    episode's turns count, so ``tool_use`` and the tool metrics read agent episodes as env ones
+    (whether the agent then ran a call is its own business: a well-formed call counts as ran)."""
+    if not tools:
+        return 0, 0
+    names = {t.get("function", t).get("name") for t in tools}
+    calls = parser(text)
+    return len(calls), sum(c.error is not None or c.arguments is None or c.name not in names for c in calls)

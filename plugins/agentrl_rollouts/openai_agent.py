@@ -49,7 +49,7 @@ from agentrl import (
 from agentrl_rollouts.agent_engine import (
     EngineBatcher, GenerationRequest, assistant_message, call_format, cut_at_stop, normalized, with_tool_prompt,
 )
-from agentrl_rollouts.agent_record import EpisodeRecord
+from agentrl_rollouts.agent_record import EpisodeRecord, count_calls
 from agentrl_rollouts.agent_scoring import score_with_env
 from agentrl_rollouts.agent_server import BackgroundServer, RequestError, completion_body, make_app
 
@@ -240,7 +240,7 @@ class OpenAIAgentRollout:
                 text = self.chat.assistant_text(ids, reason == "stop")
             message = assistant_message(text, self.parser, tools, record.raw_texts)
             record.add(prompt, extends, ids, logprobs, reason, messages + [{"role": "assistant", "content": text}],
-                       rendered_tools)
+                       rendered_tools, count_calls(text, self.parser, tools))
         finish = "tool_calls" if message.get("tool_calls") else reason
         return completion_body(options["model"], message, finish, len(context), len(ids))
 
