@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentrl.engine import Engine, Generation, SamplingParams
+from agentrl.errors import EngineError
 
 
 @dataclass
@@ -79,41 +80,71 @@ class BatchingQueue(RequestQueue):
     def __init__(self, engine: Engine, wait_s: float, running: Callable[[], int]) -> None:
         self.engine, self.wait_s, self.running = engine, wait_s, running
         self.batches = []
+        self._closed = False
         self._queue: queue.Queue[GenerationRequest | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="agentrl-batching-queue", daemon=True)
         self._thread.start()
 
     def submit(self, request: GenerationRequest) -> Future:
-        """Queue ``request`` (see :meth:`RequestQueue.submit`)."""
+        """Queue ``request`` (see :meth:`RequestQueue.submit`); EngineError once the queue is closed."""
+        if self._closed:
+            raise EngineError("the request queue is closed: submit before close()")
         self._queue.put(request)
         return request.future
 
     def close(self) -> None:
-        """Stop the worker after the batches already queued."""
-        self._queue.put(None)
-        self._thread.join(timeout=60)
+        """Stop the worker after the batches already queued (waits for them)."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+        self._thread.join()
 
     def _loop(self) -> None:
-        while (first := self._queue.get()) is not None:
-            pending, closing = [first], False
-            deadline = time.monotonic() + self.wait_s
-            while len(pending) < self.running():  # some requester has no request pending yet
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:  # short polls: a requester that finishes instead of submitting ends the wait too
-                    item = self._queue.get(timeout=min(remaining, 0.005))
+        """The worker: batches until closed; an unexpected failure fails every request it holds
+        or will get, never leaving a future pending."""
+        try:
+            self._batches()
+        except BaseException as exc:
+            self._closed = True
+            while True:
+                try:
+                    item = self._queue.get_nowait()
                 except queue.Empty:
-                    continue
-                if item is None:
-                    closing = True
                     break
-                pending.append(item)
-            pending.sort(key=lambda r: r.order)
-            for key in dict.fromkeys(_batch_key(r) for r in pending):
-                self._sample([r for r in pending if _batch_key(r) == key])
+                if item is not None:
+                    _settle(item, exc=exc)
+
+    def _batches(self) -> None:
+        while (first := self._queue.get()) is not None:
+            pending = [first]
+            try:
+                closing = self._wait_for_more(pending)
+                pending.sort(key=lambda r: r.order)
+                for key in dict.fromkeys(_batch_key(r) for r in pending):
+                    self._sample([r for r in pending if _batch_key(r) == key])
+            except BaseException as exc:
+                for request in pending:
+                    _settle(request, exc=exc)
+                raise
             if closing:
                 return
+
+    def _wait_for_more(self, pending: list[GenerationRequest]) -> bool:
+        """Add requests to ``pending`` until every running requester has one there, or ``wait_s``
+        after the first; True when the queue was closed meanwhile."""
+        deadline = time.monotonic() + self.wait_s
+        while len(pending) < self.running():  # some requester has no request pending yet
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:  # short polls: a requester that finishes instead of submitting ends the wait too
+                item = self._queue.get(timeout=min(remaining, 0.005))
+            except queue.Empty:
+                continue
+            if item is None:
+                return True
+            pending.append(item)
+        return False
 
     def _sample(self, requests: list[GenerationRequest]) -> None:
         """One ``engine.generate`` for ``requests`` (same temperature/top_p/top_k); every caller of
@@ -128,10 +159,20 @@ class BatchingQueue(RequestQueue):
                 raise RuntimeError(f"the engine returned {len(generations)} generations for {len(requests)} prompts")
         except Exception as exc:
             for request in requests:
-                request.future.set_exception(exc)
+                _settle(request, exc=exc)
             return
         for request, generation in zip(requests, generations):
-            request.future.set_result(cut(generation, request.sampling.max_new_tokens))
+            _settle(request, cut(generation, request.sampling.max_new_tokens))
+
+
+def _settle(request: GenerationRequest, result: Generation | None = None, exc: BaseException | None = None) -> None:
+    """Give ``request``'s future its result or exception, unless it is already done (cancelled)."""
+    if request.future.done():
+        return
+    if exc is not None:
+        request.future.set_exception(exc)
+    else:
+        request.future.set_result(result)
 
 
 def _batch_key(request: GenerationRequest) -> tuple[Any, ...]:
