@@ -66,6 +66,7 @@ from agentrl.objectives import (
 )
 from agentrl.plugins import PluginManager, load_plugins
 from agentrl.precision import Precision, resolve_precision
+from agentrl.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
 from agentrl.sandbox import run_python
 from agentrl.tasks import LazyTasks
 from agentrl.tool_formats import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolCallFormat, type_arguments
@@ -123,6 +124,7 @@ __all__ = [
     "sample_label",
     "IMPORTANCE_LEVELS",
     "Algorithm",
+    "BatchingQueue",
     "ChatTokenizer",
     "ConfigCheck",
     "Allowed",
@@ -140,6 +142,7 @@ __all__ = [
     "EnvLibraryError",
     "EnvWorkers",
     "Generation",
+    "GenerationRequest",
     "LazyTasks",
     "LossContext",
     "LossOutput",
@@ -149,6 +152,7 @@ __all__ = [
     "PluginError",
     "PluginManager",
     "Precision",
+    "RequestQueue",
     "RewardError",
     "RunDirBusyError",
     "SamplingParams",
@@ -176,6 +180,7 @@ __all__ = [
     "masked",
     "masked_mean",
     "policy_loss",
+    "request_queue",
     "resolve_precision",
     "step_totals",
     "stop_token_ids",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl import ConfigError, EngineError, SamplingParams
+from agentrl import ConfigError, EngineError, GenerationRequest, SamplingParams, request_queue
 from agentrl.config import TrainConfig
 from agentrl_vllm_engine import VLLMEngine, VLLMEngineConfig, logprobs_mode
 
@@ -149,9 +149,94 @@ def test_weight_sync_reaches_the_tied_head_and_the_prefix_cache_is_reset(tiny_en
     assert after.token_ids == reference[0, len(prompt):].tolist()[:len(after.token_ids)]
 
 
+# -- requests one at a time: continuous batching --------------------------------------------------
+
+
+def _submit(queue, prompt, max_new_tokens, seed, order=0):
+    return queue.submit(GenerationRequest(prompt, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0),
+                                          seed=seed, order=order))
+
+
+@needs_vllm
+def test_the_request_queue_samples_what_generate_samples_with_the_same_seeds(tiny_engine):
+    """Same tokens, logprobs and finish reasons, each request cut to its own max_new_tokens."""
+    from agentrl_vllm_engine.continuous import VLLMRequestQueue
+
+    _, engine = tiny_engine
+    seeds, caps = (21, 22, 23, 24, 25), (16, 3, 16, 6, 16)
+    expected = engine.generate(PROMPTS, SamplingParams(max_new_tokens=16, temperature=1.0, prompt_seeds=seeds))
+    queue = request_queue(engine, wait_s=600, running=lambda: len(PROMPTS))
+    assert isinstance(queue, VLLMRequestQueue)  # the engine's own queue, not a BatchingQueue
+    with queue:
+        with pytest.raises(EngineError, match="cannot generate while its request queue is open"):
+            engine.generate(PROMPTS, SamplingParams())
+        futures = [_submit(queue, p, cap, seed, order=i) for i, (p, cap, seed) in enumerate(zip(PROMPTS, caps, seeds))]
+        got = [f.result(timeout=600) for f in futures]
+    assert queue.batches == [len(PROMPTS)] and queue.added_at == [0]  # the first step waited for all five
+    for want, have, cap in zip(expected, got, caps):
+        assert have.token_ids == want.token_ids[:cap]
+        assert have.finish_reason == ("length" if len(want.token_ids) > cap else want.finish_reason)
+        torch.testing.assert_close(torch.tensor(have.logprobs), torch.tensor(want.logprobs[:cap]), atol=1e-5, rtol=0)
+    assert any(len(want.token_ids) > cap for want, cap in zip(expected, caps))  # the per-request cap was used
+    again = engine.generate(PROMPTS, SamplingParams(max_new_tokens=16, temperature=1.0, prompt_seeds=seeds))
+    assert [g.token_ids for g in again] == [g.token_ids for g in expected]  # generate works again after close
+
+
+@needs_vllm
+def test_a_request_arriving_mid_decode_joins_the_running_batch(tiny_engine):
+    _, engine = tiny_engine
+    long_prompt, cap = [1, 30, 31, 32], 60
+    candidates = engine.generate([long_prompt] * 16, SamplingParams(max_new_tokens=cap, temperature=1.0,
+                                                                     prompt_seeds=tuple(range(16))))
+    seed = next(i for i, g in enumerate(candidates) if g.finish_reason == "length")  # decodes all 60 steps
+    late_reference = engine.generate([PROMPTS[2]], SamplingParams(max_new_tokens=10, temperature=1.0,
+                                                                  prompt_seeds=(99,)))[0]
+    late = []
+    with request_queue(engine, wait_s=600, running=lambda: 2) as queue:
+        long_one = _submit(queue, long_prompt, cap, seed)
+        short_one = _submit(queue, PROMPTS[1], 2, 5, order=1)
+        # submitted from the worker thread the moment the short request is done: the long one is mid-decode
+        short_one.add_done_callback(lambda _: late.append(_submit(queue, PROMPTS[2], 10, 99)))
+        assert short_one.result(timeout=600).token_ids
+        long_generation = long_one.result(timeout=600)
+        late_generation = late[0].result(timeout=600)
+    assert long_generation.token_ids == candidates[seed].token_ids and len(long_generation.token_ids) == cap
+    assert late_generation.token_ids == late_reference.token_ids
+    assert queue.batches == [2, 1]
+    assert 0 < queue.added_at[1] < cap - 1  # added before the long request's last step: same engine run
+    assert queue.steps == cap  # one decode step per token of the long request: the late one rode along
+
+
+@needs_vllm
+def test_an_engine_error_reaches_every_pending_request(tiny_engine, monkeypatch):
+    _, engine = tiny_engine
+    step, calls = engine.llm.llm_engine.step, []
+
+    def failing_step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("injected: the engine step failed")
+        return step()
+
+    monkeypatch.setattr(engine.llm.llm_engine, "step", failing_step)
+    requesters = [3]
+    with request_queue(engine, wait_s=600, running=lambda: requesters[0]) as queue:
+        futures = [_submit(queue, p, 20, seed=i, order=i) for i, p in enumerate(PROMPTS[:3])]
+        for future in futures:
+            with pytest.raises(RuntimeError, match="injected: the engine step failed"):
+                future.result(timeout=600)
+        requesters[0] = 1
+        after = _submit(queue, PROMPTS[0], 4, seed=3).result(timeout=600)  # the queue goes on after a failure
+    assert not engine.llm.llm_engine.has_unfinished_requests()  # the failed requests were aborted in vLLM
+    assert after.token_ids == engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4, temperature=1.0,
+                                                                           prompt_seeds=(3,)))[0].token_ids
+
+
 @needs_vllm
 def test_top_k_at_temperature_one_reports_full_vocabulary_logprobs():
-    """TRAPS 28 with vLLM: top_k=3 renormalises what it samples from, not what it reports."""
+    """TRAPS 28 with vLLM: top_k=3 renormalises what it samples from, not what it reports.
+    (Deleting this second engine tears down vLLM's process-wide parallel groups: tiny_engine's
+    tests must run before this one.)"""
     model = _tiny()
     engine = VLLMEngine(model=model, tokenizer=None, config=TrainConfig(max_total_tokens=128, top_k=3, seed=0,
                                                                         engine_args=SMALL))

@@ -25,6 +25,12 @@ torchaudio and torchcodec builds it pulls: they break ``import transformers``) o
   temperature 1 ``raw_logprobs`` (before any processing) is the full-vocabulary logprob at T=1;
   top_k/top_p with another temperature has no full-vocabulary logprob in vLLM and is refused.
   Greedy calls (evaluation) report the temperature-1 logprob. ``kept_logmass`` is not reported.
+* **Requests one at a time** (``agentrl.request_queue``): ``request_queue(wait_s, running)``
+  gives continuous batching (``continuous.py``): a worker thread adds each request to vLLM's
+  running batch as it arrives and steps vLLM, so a request arriving mid-decode joins at the next
+  step; each request is sampled as ``generate`` samples it with the same seed. While the queue is
+  open it owns vLLM: ``generate`` and ``sync_weights`` are refused until ``close()`` (which
+  finishes the queued requests); a sleeping engine wakes when the queue opens and sleeps on close.
 * **Threads.** vLLM's CPU worker would drop torch to one thread and disable
   ``torch.set_num_threads`` for the whole process, the trainer included; the engine restores both.
 * **Logs.** vLLM's INFO and WARNING lines (~30 per engine, one a harmless traceback about the
@@ -43,6 +49,7 @@ import random
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -51,12 +58,14 @@ from pydantic import Field
 
 from agentrl import (
     Allowed,
+    BatchingQueue,
     ConfigCheck,
     ConfigError,
     Engine,
     EngineError,
     Generation,
     OneOf,
+    RequestQueue,
     SamplingParams,
     build_plugin_config,
     hookimpl,
@@ -154,6 +163,7 @@ class VLLMEngine(Engine):
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.seeds = random.Random(int(getattr(config, "seed", 0)))
         self.model, self.asleep = model, False
+        self.queue: RequestQueue | None = None  # the open request queue, whose worker drives vLLM
         self.folder = tempfile.mkdtemp(prefix="agentrl-vllm-")
         model.save_pretrained(self.folder)
         max_len = self.options.max_model_len or int(getattr(config, "max_total_tokens", 2048))
@@ -180,6 +190,21 @@ class VLLMEngine(Engine):
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
         """Sample one completion per prompt; ids in, ids and full-vocabulary logprobs out."""
+        self._refuse_while_queued("generate")
+        self.validate(prompts, sampling)
+        if not prompts:
+            return []
+        self._wake()
+        seeds = sampling.seeds_for(len(prompts)) or [self.seeds.getrandbits(63) for _ in prompts]
+        outputs = self.llm.generate([self.tokens_prompt(p) for p in prompts],
+                                    [self.vllm_params(sampling, seed) for seed in seeds], use_tqdm=False)
+        generations = [generation(out.outputs[0], self.stop_ids) for out in outputs]
+        self._sleep()
+        return generations
+
+    def validate(self, prompts: list[list[int]], sampling: SamplingParams) -> None:
+        """Raise EngineError naming a bad prompt or sampling value, or sampling settings this
+        engine's ``logprobs_mode`` cannot report full-vocabulary logprobs for."""
         sampling.validate()
         for i, prompt in enumerate(prompts):
             if len(prompt) == 0:
@@ -192,22 +217,43 @@ class VLLMEngine(Engine):
             raise EngineError(f"this vllm engine was built for logprobs_mode={self.mode!r}, which does not give "
                               f"full-vocabulary logprobs for temperature={sampling.temperature}, "
                               f"top_k={sampling.top_k}, top_p={sampling.top_p}")
-        if not prompts:
-            return []
+
+    def vllm_params(self, sampling: SamplingParams, seed: int) -> Any:
+        """vLLM's ``SamplingParams`` for one prompt sampled with ``sampling`` and its own ``seed``."""
+        return self.vllm.SamplingParams(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                                        top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, logprobs=0,
+                                        stop_token_ids=self.stop_ids, detokenize=False)
+
+    def tokens_prompt(self, prompt: list[int]) -> Any:
+        """``prompt``'s ids as a vLLM ``TokensPrompt``."""
+        return self.vllm.inputs.TokensPrompt(prompt_token_ids=list(prompt))
+
+    def request_queue(self, wait_s: float, running: Callable[[], int]) -> RequestQueue:
+        """A queue with continuous batching (module docstring: requests one at a time); its worker
+        thread drives vLLM until it is closed. ``wait_s`` and ``running`` as for ``agentrl.request_queue``.
+        A vLLM without ``LLM.enqueue`` gets a ``BatchingQueue`` over ``generate`` instead."""
+        from agentrl_vllm_engine.continuous import VLLMRequestQueue
+
+        if not hasattr(self.llm, "enqueue"):
+            return BatchingQueue(self, wait_s, running)
+        self._refuse_while_queued("open another request queue")
         self._wake()
-        seeds = sampling.seeds_for(len(prompts)) or [self.seeds.getrandbits(63) for _ in prompts]
-        params = [self.vllm.SamplingParams(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                           top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, logprobs=0,
-                                           stop_token_ids=self.stop_ids, detokenize=False)
-                  for seed in seeds]
-        inputs = [self.vllm.inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self.llm.generate(inputs, params, use_tqdm=False)
-        generations = [_generation(out.outputs[0], self.stop_ids) for out in outputs]
+        self.queue = VLLMRequestQueue(self, wait_s, running)
+        return self.queue
+
+    def queue_closed(self) -> None:
+        """Called by the request queue once its worker has stopped: ``generate`` may drive vLLM again."""
+        self.queue = None
         self._sleep()
-        return generations
+
+    def _refuse_while_queued(self, action: str) -> None:
+        if self.queue is not None:
+            raise EngineError(f"engine 'vllm' cannot {action} while its request queue is open (the queue's "
+                              "worker thread drives vLLM): submit through the queue, or close it first")
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Push ``model``'s weights into vLLM and reset its prefix cache."""
+        self._refuse_while_queued("sync weights")
         self.model = model
         self._wake(reload=False)
         state = model.state_dict()
@@ -237,7 +283,7 @@ class VLLMEngine(Engine):
         shutil.rmtree(getattr(self, "folder", ""), ignore_errors=True)
 
 
-def _generation(completion: Any, stop_ids: list[int]) -> Generation:
+def generation(completion: Any, stop_ids: list[int]) -> Generation:
     """A vLLM ``CompletionOutput`` as a token-exact Generation."""
     ids = [int(t) for t in completion.token_ids]
     logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, ids)]
