@@ -1,4 +1,5 @@
-"""Built-in reward functions: ``format``, ``accuracy`` and ``tool_use``.
+"""Built-in reward functions: ``format``, ``accuracy`` and ``tool_use``; the reward scheme ``rm:``
+(a learned reward model, :mod:`agentrl_rewards.reward_model`).
 
 A reward function is called as ``fn(trajectories=list[Trajectory])`` and returns one
 ``float | None`` per trajectory (``None``: not scored). ``format`` and ``accuracy`` read only the
@@ -69,3 +70,19 @@ def agentrl_register_rewards(register: Callable[..., None]) -> None:
     register("format", format_reward)
     register("accuracy", accuracy_reward)
     register("tool_use", tool_use_reward)
+
+
+@hookimpl
+def agentrl_register_reward_schemes(register: Callable[..., None]) -> None:
+    """Register ``rm`` (``--reward rm:MODEL_DIR``: a learned reward model)."""
+    from agentrl_rewards.reward_model import reward_model_scheme
+
+    register("rm", reward_model_scheme)
+
+
+@hookimpl
+def agentrl_register_settings(register: Callable[..., None]) -> None:
+    """Register the ``plugins.reward_model`` section."""
+    from agentrl_rewards.reward_model import SECTION, RewardModelConfig
+
+    register(SECTION, RewardModelConfig)
