@@ -180,5 +180,5 @@ def test_cli_unknown_prefix_still_names_the_weight(tiny_model_dir, tmp_path):
     result = run_cli("train", "--model", str(tiny_model_dir), "--reward", "format:heavy", "--output-dir",
                      str(tmp_path / "r"), *TINY)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert ("weight 'heavy' is not a number, and 'format' is neither a reward scheme (rm) nor an importable module"
+    assert ("weight 'heavy' is not a number, and 'format' is neither a reward scheme (judge, rm) nor an importable module"
             in " ".join(result.stderr.split()))
