@@ -67,6 +67,7 @@ from agentrl.objectives import (
 from agentrl.plugins import PluginManager, load_plugins
 from agentrl.precision import Precision, resolve_precision
 from agentrl.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
+from agentrl.reward_schemes import RewardContext
 from agentrl.sandbox import run_python
 from agentrl.tasks import LazyTasks
 from agentrl.tool_formats import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolCallFormat, type_arguments
@@ -153,6 +154,7 @@ __all__ = [
     "PluginManager",
     "Precision",
     "RequestQueue",
+    "RewardContext",
     "RewardError",
     "RunDirBusyError",
     "SamplingParams",

@@ -28,6 +28,7 @@ from agentrl.models import load_model, load_tokenizer
 from agentrl.plugins import PluginManager
 from agentrl.policy import TokenLogprobs, check_packing
 from agentrl.precision import Precision, resolve_precision
+from agentrl.reward_schemes import RewardContext
 from agentrl.rewards import resolve_rewards
 from agentrl.schedules import build_scheduler
 from agentrl.testing import check_env_startup
@@ -129,8 +130,9 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     envs = [make_env(manager, config) for _ in range(max(local_batch, min(config.eval_tasks, 64), 1))]
     check_env_startup(envs[0], need_eval=config.eval_tasks > 0, timeout_s=config.call_timeout_s)
     call_guard = CallGuard.from_config(config)  # warns once per plugin per run
-    reward_fns = resolve_rewards(config, manager.registry, envs[0])
-    tokenizer = load_tokenizer(config.model)
+    context = RewardContext(config=config, settings=settings, device=accelerator.device, precision=precision)
+    reward_fns = resolve_rewards(config, manager.registry, envs[0], context)
+    tokenizer = context.tokenizer = load_tokenizer(config.model)
     check_prompt_room(envs[0], tokenizer, config.max_total_tokens)
     model = lora.with_adapter(load_model(config.model), config.lora)  # unchanged without LoRA
     # With LoRA the reference is the policy itself, its adapter off (lora.adapter_disabled): no copy.
@@ -148,6 +150,7 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
         ref_model.to(accelerator.device)
     run.engine, run.rollout = engine_and_rollout(manager, config, replica if replica is not None
                                                  else lora.sampling_model(model), tokenizer)
+    context.engine = run.engine  # a judge reward samples from the policy's own engine
     _train_owned(run, algorithm.trainable_modules())
     return run
 
@@ -177,7 +180,9 @@ def build_sampler(config: TrainConfig, manager: PluginManager, envs: list[Env]) 
     """The config's model, engine, rollout and rewards around ``envs`` (from :func:`make_env`)."""
     tokenizer, model = load_tokenizer(config.model), load_model(config.model)
     engine, rollout = engine_and_rollout(manager, config, model, tokenizer)
-    return Sampler(envs, tokenizer, model, engine, rollout, resolve_rewards(config, manager.registry, envs[0]),
+    context = RewardContext(config=config, settings=resolve_settings(config, manager.registry),
+                            precision=resolve_precision(config.precision), tokenizer=tokenizer, engine=engine)
+    return Sampler(envs, tokenizer, model, engine, rollout, resolve_rewards(config, manager.registry, envs[0], context),
                    CallGuard.from_config(config))
 
 

@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,20 +19,20 @@ from agentrl.cli_support import (DisablePluginOption, PluginOption, console, err
                                  quiet_library_progress, run_guarded)
 from agentrl.errors import ConfigError, TrainingInterrupted
 
-REWARD_HELP = ("Reward NAME[:WEIGHT], path/file.py:func[:WEIGHT] or module:func[:WEIGHT] (agentrl- or TRL-style); "
+REWARD_HELP = ("Reward NAME[:WEIGHT], SCHEME:ARGUMENT[:WEIGHT] (rm:MODEL_DIR, judge:policy), path/file.py:func[:WEIGHT] "
+               "or module:func[:WEIGHT] (agentrl- or TRL-style); "
                "repeatable; replaces the env's default rewards.")
 
 
 def parse_rewards(items: list[str]) -> dict[str, float]:
-    """``--reward`` items as name -> weight: ``NAME``, ``NAME:WEIGHT``, ``path/file.py:func[:WEIGHT]``
-    or ``module:func[:WEIGHT]``."""
+    """``--reward`` items as name -> weight: ``NAME``, ``NAME:WEIGHT``, ``SCHEME:ARGUMENT[:WEIGHT]``,
+    ``path/file.py:func[:WEIGHT]`` or ``module:func[:WEIGHT]``."""
     out: dict[str, float] = {}
     for item in items:
         head, sep, tail = item.rpartition(":")
+        # ``NAME:TEXT`` with TEXT not a number may be a reward scheme's ``rm:path``: the rewards are
+        # resolved with the plugins loaded, which refuse it naming the weight when it is neither.
         name, weight = (head, tail) if sep and _looks_numeric(tail) else (item, "")
-        if sep and not weight and head.isidentifier() and not _importable(head):
-            raise ConfigError(f"--reward {item!r}: weight {tail!r} is not a number, and {head!r} is not an "
-                              "importable module (use NAME[:WEIGHT], path/file.py:func[:WEIGHT] or module:func[:WEIGHT])")
         if not name:
             raise ConfigError(f"--reward {item!r}: expected NAME[:WEIGHT] or path/file.py:func[:WEIGHT]")
         out[name] = float(weight) if weight else 1.0
@@ -260,14 +259,6 @@ def _rewards_line(cfg: Any, trainer: Any) -> str:
     else:
         source = "--reward"
     return f"rewards: {' + '.join(parts)} ({source})"
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    if "" not in sys.path:
-        sys.path.insert(0, "")
-    return importlib.util.find_spec(module) is not None
 
 
 def _looks_numeric(text: str) -> bool:

@@ -68,6 +68,19 @@ def agentrl_register_rewards(register: Register) -> None:
 
 
 @hookspec
+def agentrl_register_reward_schemes(register: Register) -> None:
+    """Register reward schemes: ``register("rm", make_reward_model_reward)``.
+
+    Called once at load time. ``--reward SCHEME:ARGUMENT[:WEIGHT]`` calls
+    ``factory(argument=, context=)`` once per run, before the first rollout, with an
+    :class:`agentrl.RewardContext` (config, settings sections, device, precision, task columns; the
+    policy's tokenizer and engine, filled in once built: read them at call time). It returns a
+    reward function as for ``agentrl_register_rewards``, which may have a ``pop_metrics()`` method
+    (its counts are logged as ``<scheme>/<key>`` after each rollout).
+    """
+
+
+@hookspec
 def agentrl_register_rollouts(register: Register) -> None:
     """Register rollout functions: ``register("multi_turn", MultiTurnRollout)``.
 

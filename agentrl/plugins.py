@@ -23,10 +23,11 @@ from agentrl.faults import import_deadline, import_timeout_s, plugin_exit
 from agentrl.imports import import_module_or_file
 
 ENTRY_POINT_GROUP = "agentrl"
-KINDS = ("env", "reward", "rollout", "algorithm", "engine", "tool_parser", "settings")
+KINDS = ("env", "reward", "reward_scheme", "rollout", "algorithm", "engine", "tool_parser", "settings")
 _REGISTRATION_HOOKS = {
     "env": "agentrl_register_envs",
     "reward": "agentrl_register_rewards",
+    "reward_scheme": "agentrl_register_reward_schemes",
     "rollout": "agentrl_register_rollouts",
     "algorithm": "agentrl_register_algorithms",
     "engine": "agentrl_register_engines",

@@ -23,6 +23,7 @@ from typing import Any
 
 from agentrl.errors import ConfigError, RewardError
 from agentrl.imports import load_object
+from agentrl.reward_schemes import RewardContext, split_scheme, unknown_prefix_message
 from agentrl.scoring import RewardFn
 from agentrl.trajectory import Trajectory
 
@@ -137,37 +138,59 @@ def _await(awaitable: Any) -> Any:
 
 def find_reward(name: str, registry: Any) -> tuple[Callable[..., Any], str]:
     """(function, ``"agentrl"`` or ``"trl"``) for reward ``name``, a registered name or an import
-    spec: the error for an unknown name, a missing file or a wrong signature, without an env or a
-    model (``--print-config`` checks the rewards with it)."""
+    spec, or (the scheme's factory, ``"scheme"``) for ``SCHEME:ARGUMENT``: the error for an unknown
+    name, a missing file or a wrong signature, without an env or a model (``--print-config`` checks
+    the rewards with it)."""
+    scheme = split_scheme(name, registry)
+    if scheme is not None:
+        return registry.get("reward_scheme", scheme[0]).factory, "scheme"
+    refused = unknown_prefix_message(name, registry)
+    if refused is not None:
+        raise ConfigError(refused)
     fn = load_object(name, "reward") if is_import_spec(name) else registry.get("reward", name).factory
     return fn, reward_style(fn, name)
 
 
-def load_reward(name: str, registry: Any, columns: Sequence[str], completion_format: str = "conversational") -> RewardFn:
-    """The callable for reward ``name`` (registered name or import spec), adapted to the agentrl
-    signature and checked against the env's task ``columns``."""
+def load_reward(name: str, registry: Any, columns: Sequence[str], completion_format: str = "conversational",
+                context: RewardContext | None = None) -> RewardFn:
+    """The callable for reward ``name`` (registered name, import spec or ``SCHEME:ARGUMENT``, whose
+    factory gets ``context``), adapted to the agentrl signature and checked against the env's task
+    ``columns``."""
     fn, style = find_reward(name, registry)
+    if style == "scheme":
+        if context is None:
+            raise ConfigError(f"reward {name!r} is built by a reward scheme, which needs the run's context")
+        return fn(argument=split_scheme(name, registry)[1], context=context)
     if style == "agentrl":
         return fn
     check_trl_parameters(fn, name, columns)
     return TRLReward(fn, name, completion_format)
 
 
-def reward_label(name: str, taken: Sequence[str] = ()) -> str:
-    """The name a reward's metrics go by: its own name, or a spec's function name (``reward/func_mean``)
-    unless another reward already has that label."""
-    label = name.rpartition(":")[2] if is_import_spec(name) else name
+def reward_label(name: str, taken: Sequence[str] = (), scheme: str | None = None) -> str:
+    """The name a reward's metrics go by: its own name, a scheme's name (``reward/rm_mean``) or a spec's
+    function name (``reward/func_mean``) unless another reward already has that label."""
+    label = scheme or (name.rpartition(":")[2] if is_import_spec(name) else name)
     return label if label not in taken else name
 
 
-def resolve_rewards(config: Any, registry: Any, env: Any) -> dict[str, tuple[RewardFn, float]]:
+def resolve_rewards(config: Any, registry: Any, env: Any,
+                    context: RewardContext | None = None) -> dict[str, tuple[RewardFn, float]]:
     """The run's reward functions with weights by label: ``config.rewards``, else the env's
-    ``default_rewards``."""
+    ``default_rewards``. A ``SCHEME:ARGUMENT`` reward is built with ``context`` (default: the
+    config's settings sections on the CPU; its ``columns`` are filled in from the env)."""
     chosen = config.rewards if config.rewards is not None else dict(env.default_rewards)
     tasks = env.train_tasks()
     columns = sorted(tasks[0]) if len(tasks) else []
+    if context is None and any(split_scheme(name, registry) for name in chosen):
+        from agentrl.config import resolve_settings
+
+        context = RewardContext(config=config, settings=resolve_settings(config, registry))
+    if context is not None:
+        context.columns = columns
     resolved: dict[str, tuple[RewardFn, float]] = {}
     for name, weight in chosen.items():
-        fn = load_reward(name, registry, columns, config.reward_completion_format)
-        resolved[reward_label(name, [*resolved, "env", "total"])] = (fn, float(weight))
+        fn = load_reward(name, registry, columns, config.reward_completion_format, context)
+        scheme = split_scheme(name, registry)
+        resolved[reward_label(name, [*resolved, "env", "total"], scheme and scheme[0])] = (fn, float(weight))
     return resolved

@@ -19,7 +19,7 @@ from agentrl.engine import SamplingParams
 from agentrl.evaluate import evaluate
 from agentrl.metrics import reward_metrics, rollout_metrics
 from agentrl.rng import rng_states, set_rng_states
-from agentrl.scoring import score
+from agentrl.scoring import popped_metrics, score
 from agentrl.trajectory import TrainBatch, Trajectory, collate, with_segments
 
 
@@ -110,7 +110,8 @@ class RolloutPhase:
             kept_totals = [x for share in shares for x in share[6]]
         metrics = {**reward_metrics(sampled_totals, components), **rollout_metrics(sampled),
                    **{f"reward/{name}_nonfinite": float(n) for name, n in nonfinite.items() if n},
-                   **{f"errors/reward/{name}": float(n) for name, n in errors.items()}}
+                   **{f"errors/reward/{name}": float(n) for name, n in errors.items()},
+                   **popped_metrics(self.run.reward_fns)}  # this process's counts
         if cfg.dynamic_sampling:
             spread = [has_spread(sampled_totals[i:i + cfg.num_generations])
                       for i in range(0, len(sampled_totals), cfg.num_generations)]

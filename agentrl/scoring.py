@@ -94,6 +94,17 @@ def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, 
     return [float(x) for x in totals], components
 
 
+def popped_metrics(reward_fns: dict[str, tuple[RewardFn, float]]) -> dict[str, float]:
+    """What the reward functions that count things report (``pop_metrics()``, e.g. a judge's parse
+    failures since the last call), as ``<label>/<key>``."""
+    out: dict[str, float] = {}
+    for label, (fn, _) in reward_fns.items():
+        pop = getattr(fn, "pop_metrics", None)
+        if callable(pop):
+            out.update({f"{label}/{key}": float(value) for key, value in pop().items()})
+    return out
+
+
 def _check_magnitude(name: str, values: np.ndarray, weight: float, trajectories: list[Trajectory]) -> None:
     """RewardError for the first value whose weighted size passes ``MAX_ABS_REWARD`` (NaN: not scored)."""
     with np.errstate(over="ignore", invalid="ignore"):

@@ -1,4 +1,6 @@
-"""Built-in reward functions: ``format``, ``accuracy`` and ``tool_use``.
+"""Built-in reward functions: ``format``, ``accuracy`` and ``tool_use``; the reward schemes ``rm:``
+(a learned reward model, :mod:`agentrl_rewards.reward_model`) and ``judge:`` (an LLM judge,
+:mod:`agentrl_rewards.judge`).
 
 A reward function is called as ``fn(trajectories=list[Trajectory])`` and returns one
 ``float | None`` per trajectory (``None``: not scored). ``format`` and ``accuracy`` read only the
@@ -69,3 +71,23 @@ def agentrl_register_rewards(register: Callable[..., None]) -> None:
     register("format", format_reward)
     register("accuracy", accuracy_reward)
     register("tool_use", tool_use_reward)
+
+
+@hookimpl
+def agentrl_register_reward_schemes(register: Callable[..., None]) -> None:
+    """Register ``rm`` (``--reward rm:MODEL_DIR``: a learned reward model) and ``judge``
+    (``--reward judge:policy|openai|MODEL_DIR``: an LLM judge)."""
+    from agentrl_rewards.judge import judge_scheme
+    from agentrl_rewards.reward_model import reward_model_scheme
+
+    register("rm", reward_model_scheme)
+    register("judge", judge_scheme)
+
+
+@hookimpl
+def agentrl_register_settings(register: Callable[..., None]) -> None:
+    """Register the ``plugins.reward_model`` and ``plugins.judge`` sections."""
+    from agentrl_rewards import judge, reward_model
+
+    register(reward_model.SECTION, reward_model.RewardModelConfig)
+    register(judge.SECTION, judge.JudgeConfig)

@@ -1,0 +1,272 @@
+"""The ``judge`` reward scheme: an LLM grades each episode against a rubric.
+
+``--reward judge:WHO[:WEIGHT]`` where ``WHO`` is
+
+* ``policy``: the run's own engine (the weights being trained: no second copy), one greedy
+  ``generate`` for every episode of the call that is not cached;
+* ``openai``: an OpenAI-compatible endpoint (``base_url``, ``model``, the key read from the
+  environment variable ``api_key_env``), ``max_concurrency`` requests at once, each at most
+  ``timeout_s``;
+* anything else: a local causal-LM folder, loaded once per run and sampled greedily with
+  ``transformers``' ``generate`` (``batch_size`` prompts at a time, left-padded).
+
+The rubric is a ``str.format`` template (the default, or the file ``rubric`` names) sent as one
+user message; placeholders: ``{prompt}`` (the last user message before the model's first reply),
+``{completion}`` (the final reply, or every message from the first reply on as ``role: content``
+blocks in a multi-turn episode), ``{reference}`` (the task's ``answer``, empty when it has none)
+and any task column (``{question}``, ``{answer}``, ...); literal braces are doubled. The reply is
+read by :func:`parse_score`: the number after the last ``Score:``, else the last number, which must
+lie in ``[0, max_score]``; it is mapped to ``[0, 1]``. A reply that gives none is a parse failure:
+the episode is not scored (None) and counted. Replies are cached by judge prompt (the episode's
+prompt, completion and task) for the whole run.
+
+An endpoint request that fails or times out follows the run's ``on_call_error``: ``skip`` leaves
+the episode unscored (counted, warned about once), ``fail`` stops the run naming the judge.
+Metrics after each rollout: ``judge/judged`` (replies asked for), ``judge/cache_hits``,
+``judge/parse_failures`` and ``judge/errors``. Options: the ``plugins.judge`` settings section.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+from pydantic import Field
+
+from agentrl import ConfigError, RewardContext, RewardError, SamplingParams, Trajectory, import_extra, one_line
+
+SECTION = "judge"
+DEFAULT_RUBRIC = """You are grading a reply to a task.
+
+Task:
+{prompt}
+
+Reference answer (empty if none): {reference}
+
+Reply to grade:
+{completion}
+
+How correct is the reply? Think briefly, then end with a line "Score: N" where N is a whole number
+from 0 (wrong or no answer) to 10 (fully correct)."""
+SCORE = re.compile(r"score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+Backend = Callable[[list[str]], list["str | Exception"]]
+"""Judge prompts -> one reply each, or the exception that request failed with (an endpoint's)."""
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """The ``plugins.judge`` section: the rubric, the parser's scale and each judge kind's options."""
+
+    rubric: str = ""
+    """A file holding the rubric template (module docstring for its placeholders); empty: the default."""
+    max_score: Annotated[float, Field(gt=0)] = 10.0
+    """The top of the rubric's scale: a parsed score N in [0, max_score] gives the reward N / max_score."""
+    max_new_tokens: Annotated[int, Field(ge=1)] = 128
+    """Tokens the judge may write per reply (greedy)."""
+    batch_size: Annotated[int, Field(ge=1)] = 8
+    """Prompts per ``generate`` of a local judge model."""
+    base_url: str = ""
+    """``judge:openai``: the endpoint, e.g. ``http://localhost:8000/v1``."""
+    model: str = ""
+    """``judge:openai``: the model name sent with each request."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """``judge:openai``: the environment variable holding the API key (unset: ``EMPTY``)."""
+    timeout_s: Annotated[float, Field(gt=0)] = 60.0
+    """``judge:openai``: seconds one request may take; past it, ``on_call_error``."""
+    max_concurrency: Annotated[int, Field(ge=1)] = 8
+    """``judge:openai``: requests in flight at once."""
+
+
+def parse_score(reply: str, max_score: float = 10.0) -> float | None:
+    """The reward in [0, 1] a judge's reply gives: the number after its last ``Score:`` (else its
+    last number) divided by ``max_score``; None when there is none or it lies outside [0, max_score]."""
+    found = SCORE.findall(reply) or NUMBER.findall(reply)
+    if not found:
+        return None
+    value = float(found[-1])
+    return value / max_score if 0 <= value <= max_score else None
+
+
+class Judge:
+    """An LLM judge as a reward function ``fn(trajectories)``, cached per judge prompt."""
+
+    def __init__(self, name: str, backend: Backend, template: str, options: JudgeConfig, skips: bool) -> None:
+        self.name, self.backend, self.template, self.options, self.skips = name, backend, template, options, skips
+        self.cache: dict[str, float | None] = {}
+        self.counts = dict.fromkeys(("judged", "cache_hits", "parse_failures", "errors"), 0)
+        self.warned = False
+
+    def __call__(self, trajectories: list[Trajectory]) -> list[float | None]:
+        """One score in [0, 1] (None: parse failure or failed request) per episode."""
+        prompts = [render(self.template, t) for t in trajectories]
+        todo = [p for p in dict.fromkeys(prompts) if p not in self.cache]
+        failed: set[str] = set()
+        for index, (prompt, reply) in enumerate(zip(todo, self.backend(todo) if todo else [])):
+            if isinstance(reply, Exception):
+                self._failed(index, reply)
+                failed.add(prompt)
+            else:
+                self.cache[prompt] = parse_score(reply, self.options.max_score)
+        self.counts["judged"] += len(todo)
+        self.counts["cache_hits"] += len(prompts) - len(todo)
+        scores = [None if p in failed else self.cache[p] for p in prompts]
+        self.counts["parse_failures"] += sum(s is None and p not in failed for s, p in zip(scores, prompts))
+        self.counts["errors"] += sum(p in failed for p in prompts)
+        return scores
+
+    def _failed(self, index: int, error: Exception) -> None:
+        what = f"judge {self.name!r} failed on request {index} of the batch: {one_line(error)}"
+        if not self.skips:
+            raise RewardError(f"{what} (on_call_error=fail; with 'skip' the episode is left unscored and "
+                              "counted in judge/errors)") from error
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"{what}; such episodes are left unscored (on_call_error=skip) and counted in "
+                          "judge/errors; later failures are not warned about", RuntimeWarning, stacklevel=3)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Counts since the last call (logged as ``judge/<key>``)."""
+        out = {key: float(n) for key, n in self.counts.items()}
+        self.counts = dict.fromkeys(self.counts, 0)
+        return out
+
+
+def render(template: str, trajectory: Trajectory) -> str:
+    """The judge prompt for one episode (module docstring for the placeholders)."""
+    messages = trajectory.messages
+    start = first_reply(trajectory)
+    users = [m for m in messages[:start] if m.get("role") == "user"]
+    reply = messages[start:]
+    completion = (str(reply[0].get("content") or "") if len(reply) == 1 else
+                  "\n\n".join(f"{m.get('role', '')}: {m.get('content') or ''}" for m in reply))
+    values = {str(k): "" if v is None else str(v) for k, v in trajectory.task.items()}
+    values.update(prompt=str(users[-1].get("content") or "") if users else "", completion=completion,
+                  reference=values.get("answer", ""))
+    return template.format_map(values)
+
+
+def first_reply(trajectory: Trajectory) -> int:
+    """Index in ``messages`` of the model's first reply (counted back from the end, one assistant
+    message per turn, so a few-shot prompt's assistant messages stay in the prompt)."""
+    remaining = len(trajectory.turns)
+    for index in range(len(trajectory.messages) - 1, -1, -1):
+        if remaining and trajectory.messages[index].get("role") == "assistant":
+            remaining -= 1
+            if remaining == 0:
+                return index
+    return len(trajectory.messages)
+
+
+def load_template(options: JudgeConfig, columns: list[str]) -> str:
+    """The rubric template, its placeholders checked against what an episode provides."""
+    template = DEFAULT_RUBRIC
+    if options.rubric:
+        path = Path(options.rubric).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"plugins.{SECTION}.rubric={options.rubric!r}: no such file")
+        template = path.read_text()
+    allowed = {"prompt", "completion", "reference", *columns}
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ConfigError(f"plugins.{SECTION}.rubric: not a format template ({exc}); double literal braces") from None
+    for name in fields:
+        if name not in allowed:
+            raise ConfigError(f"plugins.{SECTION}.rubric has placeholder {{{name}}}; allowed: "
+                              + ", ".join(f"{{{a}}}" for a in sorted(allowed)))
+    return template
+
+
+def policy_backend(context: RewardContext, options: JudgeConfig) -> Backend:
+    """Replies from the run's own engine: one greedy ``generate`` per call."""
+    def judge(prompts: list[str]) -> list[str | Exception]:
+        engine, tokenizer = context.engine, context.tokenizer
+        if engine is None or tokenizer is None:
+            raise RewardError("judge:policy needs the run's engine and tokenizer, which are not built yet")
+        ids = [chat_ids(tokenizer, prompt) for prompt in prompts]
+        generations = engine.generate(ids, SamplingParams(max_new_tokens=options.max_new_tokens, temperature=0.0))
+        return [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
+
+    return judge
+
+
+def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """``prompt`` as one user message in the tokenizer's chat template, ready for the reply."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def local_backend(path: str, options: JudgeConfig, device: Any) -> Backend:
+    """Replies from the causal LM at ``path``, loaded once, greedy, ``batch_size`` prompts per generate."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (Path(path).expanduser() / "config.json").is_file():
+        raise ConfigError(f"judge model {path!r} is not a model folder (no config.json there): use judge:policy, "
+                          "judge:openai or judge:PATH to a saved causal LM")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    @torch.no_grad()
+    def judge(prompts: list[str]) -> list[str | Exception]:
+        replies: list[str | Exception] = []
+        for start in range(0, len(prompts), options.batch_size):
+            batch = [chat_ids(tokenizer, p) for p in prompts[start:start + options.batch_size]]
+            width = max(len(ids) for ids in batch)
+            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=model.device)
+            mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=model.device)
+            out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, pad_token_id=pad,
+                                 max_new_tokens=options.max_new_tokens)  # (B, width + new)
+            replies += [tokenizer.decode(row[width:], skip_special_tokens=True) for row in out]
+        return replies
+
+    return judge
+
+
+def openai_backend(options: JudgeConfig) -> Backend:
+    """Replies from an OpenAI-compatible endpoint; a failed or timed-out request is its exception."""
+    if not options.base_url or not options.model:
+        raise ConfigError(f"judge:openai needs plugins.{SECTION}.base_url and plugins.{SECTION}.model "
+                          f"(got base_url={options.base_url!r}, model={options.model!r})")
+    openai = import_extra("openai", "judge:openai needs the openai package: pip install openai", ConfigError)
+    client = openai.OpenAI(base_url=options.base_url, api_key=os.environ.get(options.api_key_env) or "EMPTY",
+                           timeout=options.timeout_s, max_retries=0)
+
+    def ask(prompt: str) -> str | Exception:
+        try:
+            response = client.chat.completions.create(
+                model=options.model, messages=[{"role": "user", "content": prompt}], temperature=0.0,
+                max_tokens=options.max_new_tokens)
+            return response.choices[0].message.content or ""
+        except Exception as exc:  # the request's failure: on_call_error decides
+            return exc
+
+    def judge(prompts: list[str]) -> list[str | Exception]:
+        with ThreadPoolExecutor(max_workers=options.max_concurrency) as pool:
+            return list(pool.map(ask, prompts))
+
+    return judge
+
+
+def judge_scheme(argument: str, context: RewardContext) -> Judge:
+    """``judge:policy``, ``judge:openai`` or ``judge:PATH`` with the run's ``plugins.judge`` options."""
+    options = context.settings.get(SECTION) or JudgeConfig()
+    template = load_template(options, list(context.columns))
+    if argument == "policy":
+        backend = policy_backend(context, options)
+    elif argument == "openai":
+        backend = openai_backend(options)
+    else:
+        backend = local_backend(argument, options, context.device)
+    skips = getattr(context.config, "on_call_error", "fail") == "skip"
+    return Judge(f"judge:{argument}", backend, template, options, skips)

@@ -1,0 +1,226 @@
+"""``--reward judge:...``: an LLM judge with a rubric, a score parser, a cache and the run's error policy."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from agentrl.config import TrainConfig
+from agentrl.errors import ConfigError, RewardError
+from agentrl.plugins import load_plugins
+from agentrl.reward_schemes import RewardContext
+from agentrl.rewards import resolve_rewards
+from agentrl.testing import build_tiny_model, make_trajectory
+from agentrl_rewards.judge import DEFAULT_RUBRIC, JudgeConfig, judge_scheme, parse_score, render
+
+
+@pytest.mark.parametrize(("reply", "score"), [
+    ("The reply is right.\nScore: 7", 0.7),
+    ("score = 10", 1.0),
+    ("**Score:** 0", 0.0),
+    ("Steps 1, 2 and 3 are fine. Score: 4.5", 0.45),
+    ("I would give it 8", 0.8),  # no "Score:": the last number
+    ("Score: 3, though 2 steps were wrong", 0.3),  # "Score:" wins over a later number
+    ("Score: 11", None),  # out of range
+    ("Score: -1", None),
+    ("I cannot grade this.", None),
+    ("", None),
+])
+def test_parse_score(reply, score):
+    assert parse_score(reply) == (pytest.approx(score) if score is not None else None)
+
+
+def test_parse_score_on_another_scale():
+    assert parse_score("Score: 4", max_score=5) == pytest.approx(0.8) and parse_score("Score: 6", max_score=5) is None
+
+
+def episode(question: str, reply: str, answer: str = "4") -> object:
+    return make_trajectory([{"role": "system", "content": "Be brief."}, {"role": "user", "content": question},
+                            {"role": "assistant", "content": reply}], {"question": question, "answer": answer})
+
+
+def test_render_fills_prompt_completion_reference_and_task_columns():
+    text = render("Q={prompt} A={completion} R={reference} q={question}", episode("2+2?", "\\boxed{4}"))
+    assert text == "Q=2+2? A=\\boxed{4} R=4 q=2+2?"
+    multi = make_trajectory([{"role": "user", "content": "17*3"}, {"role": "assistant", "content": "call"},
+                             {"role": "tool", "content": "51"}, {"role": "assistant", "content": "51"}], {})
+    assert render("{prompt}|{completion}|{reference}", multi) == "17*3|assistant: call\n\ntool: 51\n\nassistant: 51|"
+
+
+def context(**settings) -> RewardContext:
+    config = TrainConfig(on_call_error=settings.pop("on_call_error", "skip"))
+    return RewardContext(config=config, settings={"judge": JudgeConfig(**settings)}, columns=["answer", "question"])
+
+
+def test_a_rubric_placeholder_no_episode_has_is_refused(tmp_path):
+    (tmp_path / "rubric.txt").write_text("Grade {completion} against {solution}.")
+    with pytest.raises(ConfigError, match=r"plugins.judge.rubric has placeholder \{solution\}; allowed: \{answer\}"):
+        judge_scheme("policy", context(rubric=str(tmp_path / "rubric.txt")))
+    with pytest.raises(ConfigError, match=r"plugins.judge.rubric='/nope.txt': no such file"):
+        judge_scheme("policy", context(rubric="/nope.txt"))
+    with pytest.raises(ConfigError, match="judge:openai needs plugins.judge.base_url and plugins.judge.model"):
+        judge_scheme("openai", context())
+    with pytest.raises(ConfigError, match="judge model '/no/such/judge' is not a model folder"):
+        judge_scheme("/no/such/judge", context())
+
+
+class CountingEngine:
+    """The real hf engine, counting its generate calls and prompts."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.calls, self.prompts = engine, 0, 0
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        self.prompts += len(prompts)
+        assert sampling.temperature == 0.0
+        return self.engine.generate(prompts, sampling)
+
+
+@pytest.fixture(scope="module")
+def policy_engine(tokenizer):
+    model = build_tiny_model(len(tokenizer))
+    engine = load_plugins().registry.get("engine", "hf").factory(model=model, tokenizer=tokenizer, config=TrainConfig())
+    return CountingEngine(engine)
+
+
+def test_the_policy_engine_judges_a_batch_in_one_generate_and_caches(policy_engine, tokenizer):
+    ctx = context(max_new_tokens=6)
+    judge = judge_scheme("policy", ctx)
+    ctx.engine, ctx.tokenizer = policy_engine, tokenizer  # filled in once the run has built them
+    batch = [episode("2+2?", "4"), episode("3+3?", "6"), episode("2+2?", "4"), episode("5+5?", "9")]
+    before = policy_engine.calls, policy_engine.prompts
+    scores = judge(batch)
+    assert (policy_engine.calls - before[0], policy_engine.prompts - before[1]) == (1, 3)  # one generate, 3 unique
+    assert scores[0] == scores[2] and all(s is None or 0 <= s <= 1 for s in scores)
+    counts = judge.pop_metrics()
+    assert counts == {"judged": 3.0, "cache_hits": 1.0, "parse_failures": float(sum(s is None for s in scores)),
+                      "errors": 0.0}
+    assert judge(batch[:2]) == scores[:2] and policy_engine.calls == before[0] + 1  # cached: no engine call
+    assert judge.pop_metrics()["cache_hits"] == 2.0
+
+
+def test_a_judge_reply_that_gives_no_score_is_a_counted_parse_failure(policy_engine, tokenizer):
+    ctx = context(max_new_tokens=4, max_score=0.001)  # a random model's digits almost never land in [0, 0.001]
+    judge = judge_scheme("policy", ctx)
+    ctx.engine, ctx.tokenizer = policy_engine, tokenizer
+    scores = judge([episode(f"{i}+1?", str(i + 1)) for i in range(4)])
+    failures = judge.pop_metrics()["parse_failures"]
+    assert failures == sum(s is None for s in scores) and failures >= 3
+
+
+class JudgeServer:
+    """A real HTTP server speaking chat.completions: ``Score: 7`` unless the prompt says SLOW (sleeps)
+    or OUT (``Score: 15``)."""
+
+    def __init__(self) -> None:
+        self.received: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.received.append(body)
+                prompt = body["messages"][-1]["content"]
+                if "SLOW" in prompt:
+                    time.sleep(1.5)
+                reply = "Score: 15" if "OUT" in prompt else "Fine. Score: 7"
+                data = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                                   "choices": [{"index": 0, "finish_reason": "stop",
+                                                "message": {"role": "assistant", "content": reply}}],
+                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def server():
+    judge_server = JudgeServer()
+    yield judge_server
+    judge_server.httpd.shutdown()
+
+
+def endpoint(server, **settings) -> RewardContext:
+    return context(base_url=server.url, model="grader", timeout_s=0.5, **settings)
+
+
+def test_an_openai_endpoint_judges_with_the_rubric_file(server, tmp_path, monkeypatch):
+    (tmp_path / "rubric.txt").write_text("Question: {question}\nGold: {answer}\nReply: {completion}\nScore it.")
+    monkeypatch.setenv("JUDGE_KEY", "secret")
+    judge = judge_scheme("openai", endpoint(server, rubric=str(tmp_path / "rubric.txt"), api_key_env="JUDGE_KEY"))
+    server.received.clear()
+    assert judge([episode("2+2?", "\\boxed{4}"), episode("OUT 3+3?", "6")]) == [pytest.approx(0.7), None]
+    assert sorted(b["messages"][0]["content"] for b in server.received) == [
+        "Question: 2+2?\nGold: 4\nReply: \\boxed{4}\nScore it.", "Question: OUT 3+3?\nGold: 4\nReply: 6\nScore it."]
+    assert all(b["model"] == "grader" and b["temperature"] == 0.0 for b in server.received)
+    assert judge.pop_metrics() == {"judged": 2.0, "cache_hits": 0.0, "parse_failures": 1.0, "errors": 0.0}
+
+
+def test_an_endpoint_timeout_with_skip_leaves_the_episode_unscored_and_counts_it(server):
+    judge = judge_scheme("openai", endpoint(server, on_call_error="skip"))
+    with pytest.warns(RuntimeWarning, match="judge 'judge:openai' failed on request 1 of the batch: .*on_call_error=skip"):
+        scores = judge([episode("2+2?", "4"), episode("SLOW 3+3?", "6")])
+    assert scores == [pytest.approx(0.7), None]
+    assert judge.pop_metrics() == {"judged": 2.0, "cache_hits": 0.0, "parse_failures": 0.0, "errors": 1.0}
+    assert judge([episode("2+2?", "4")]) == [pytest.approx(0.7)]  # cached; the failure is not
+
+
+def test_an_endpoint_timeout_with_fail_stops_naming_the_judge(server):
+    judge = judge_scheme("openai", endpoint(server, on_call_error="fail"))
+    with pytest.raises(RewardError, match=r"judge 'judge:openai' failed on request 0 of the batch: .*on_call_error=fail"):
+        judge([episode("SLOW 2+2?", "4")])
+
+
+def test_resolve_rewards_builds_the_judge_with_the_runs_settings(server):
+    from agentrl_math import MathEnv
+
+    config = TrainConfig(rewards={"judge:openai": 0.5, "accuracy": 1.0}, on_call_error="skip",
+                         plugins={"judge": {"base_url": server.url, "model": "grader"}})
+    resolved = resolve_rewards(config, load_plugins().registry, MathEnv())
+    assert list(resolved) == ["judge", "accuracy"] and resolved["judge"][1] == 0.5
+    assert resolved["judge"][0]([episode("2+2?", "4")]) == [pytest.approx(0.7)]
+    assert "{prompt}" in DEFAULT_RUBRIC and "{completion}" in DEFAULT_RUBRIC
+
+
+def test_a_local_model_folder_judges_greedily(tiny_model_dir):
+    batch = [episode(f"{i}+1?", str(i + 1)) for i in range(3)]
+    first = judge_scheme(str(tiny_model_dir), context(max_new_tokens=4, batch_size=2))
+    second = judge_scheme(str(tiny_model_dir), context(max_new_tokens=4, batch_size=2))
+    scores = first(batch)
+    assert second(batch) == scores and all(s is None or 0 <= s <= 1 for s in scores)  # greedy: the same replies
+    assert first.pop_metrics() == {"judged": 3.0, "cache_hits": 0.0,
+                                   "parse_failures": float(sum(s is None for s in scores)), "errors": 0.0}
+
+
+def test_cli_trains_with_the_policy_as_its_own_judge(tiny_model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "--model", str(tiny_model_dir),
+                             "--reward", "judge:policy:0.5", "--reward", "format", "--set", "plugins.judge.max_new_tokens=4",
+                             "--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2",
+                             "--set", "eval_tasks=0", "--set", "max_new_tokens=8", "--output-dir", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for line in lines[:2]:
+        assert line["judge/judged"] + line["judge/cache_hits"] == 4.0
+        assert 0 <= line["judge/parse_failures"] <= 4.0 and line["judge/errors"] == 0.0
