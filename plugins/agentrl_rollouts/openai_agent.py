@@ -39,9 +39,8 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from agentrl import (
-    HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, AgentRLError, CallGuard, CallTimeout, ChatTokenizer,
-    ConfigError, Engine, EngineError, EnvError, SamplingParams, Trajectory, build_plugin_config, import_extra,
-    one_line, parse_xml_json, render_tools_system_prompt, sample_label,
+    AgentRLError, CallGuard, CallTimeout, ChatTokenizer, ConfigError, Engine, EngineError, EnvError, SamplingParams,
+    Trajectory, build_plugin_config, import_extra, one_line, render_tools_system_prompt, sample_label,
 )
 
 from agentrl_rollouts.agent_engine import (
@@ -49,11 +48,10 @@ from agentrl_rollouts.agent_engine import (
 )
 from agentrl_rollouts.agent_record import EpisodeRecord
 from agentrl_rollouts.agent_server import BackgroundServer, RequestError, completion_body, make_app
+from agentrl_rollouts.agent_tools import call_opener, resolve_tool_parser_name
 
 SECTION = "openai_agent"
 INSTALL = "the openai_agent rollout needs fastapi, uvicorn and openai: pip install 'agentrl[agents]'"
-PARSERS = {"xml_json": parse_xml_json, "llama3_json": LLAMA3_JSON, "mistral": MISTRAL,
-           "qwen3_coder": QWEN3_CODER, "harmony": HARMONY}
 PLACEHOLDER = [{"role": "user", "content": ""}]
 
 
@@ -63,8 +61,9 @@ class OpenAIAgentConfig:
 
     agent: str = ""
     """The agent function: ``path/to/file.py:solve`` or ``module:solve`` (module docstring)."""
-    tool_parser: str = "xml_json"
-    """Registered tool-call parser reading the model's calls into OpenAI ``tool_calls``."""
+    tool_parser: str = "auto"
+    """Registered tool-call parser reading the model's calls into OpenAI ``tool_calls``; ``auto``: the
+    one the model's chat template or special tokens show (``xml_json`` when they show none)."""
     max_concurrency: Annotated[int, Field(ge=0)] = 0
     """Episodes whose agent runs at once (0: every episode of the step)."""
     batch_wait_s: Annotated[float, Field(ge=0)] = 0.02
@@ -124,11 +123,7 @@ class OpenAIAgentRollout:
         if not self.options.agent:
             raise ConfigError(f"rollout openai_agent needs plugins.{SECTION}.agent: 'path/to/file.py:function'")
         self.agent = load_agent(self.options.agent)
-        if self.options.tool_parser not in PARSERS:
-            from agentrl import load_plugins  # a parser another plugin registers
-
-            PARSERS[self.options.tool_parser] = load_plugins().registry.get("tool_parser", self.options.tool_parser).factory
-        self.parser = PARSERS[self.options.tool_parser]
+        self.parser_name, self.parser = resolve_tool_parser_name(self.options.tool_parser, tokenizer)
         self.batches: list[int] = []
         """Engine batch sizes of the last :meth:`run`."""
 
@@ -210,7 +205,9 @@ class OpenAIAgentRollout:
                 messages = with_tool_prompt(messages, render_tools_system_prompt(options["tools"],
                                                                                  call_format(self.parser)))
             rendered_tools = options["tools"] if native else None
-            prompt, extends = record.prompt_ids(self.chat, self.chat.render(messages, True, tools=rendered_tools))
+            opener = call_opener(self.parser_name, options["tool_choice"])  # a call's start, prefilled and masked
+            rendered = self.chat.render(messages, True, tools=rendered_tools) + opener
+            prompt, extends = record.prompt_ids(self.chat, rendered)
             context = (record.segments[-1].token_ids if extends else []) + prompt
             cap = min(options["max_tokens"] or step.sampling.max_new_tokens, step.sampling.max_new_tokens,
                       self.config.max_total_tokens - len(context))
@@ -224,6 +221,7 @@ class OpenAIAgentRollout:
                 ids, logprobs, reason, text = ids[:cut[0]], logprobs[:cut[0]], "stop", cut[1]
             else:
                 text = self.chat.assistant_text(ids, reason == "stop")
+            text = opener + text
             message = assistant_message(text, self.parser, tools, record.raw_texts)
             record.add(prompt, extends, ids, logprobs, reason, messages + [{"role": "assistant", "content": text}],
                        rendered_tools)
