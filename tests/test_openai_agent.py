@@ -547,3 +547,67 @@ def test_stream_true_sends_the_completion_as_openai_chunks(tokenizer, tmp_path):
         assert got["finish"] == ["tool_calls"]
         assert got["usage"] == ([got["plain_usage"]] if with_usage == "True" else [])
     assert trajectory.info["agent_calls"] == 4 and len(engine.log) == 4
+
+
+N_CHOICES = '''
+import json
+
+
+def solve(task, client):
+    messages = [{"role": "user", "content": "Hello"}]
+    if task.get("stream"):
+        chunks = list(client.chat.completions.create(model="m", messages=messages, n=task["n"], stream=True))
+        texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+                 for i in range(task["n"])]
+    else:
+        reply = client.chat.completions.create(model="m", messages=messages, n=task["n"])
+        texts = [choice.message.content for choice in reply.choices]
+    if task["continue_with"] is not None:
+        messages += [{"role": "assistant", "content": texts[task["continue_with"]]}, {"role": "user", "content": "More."}]
+        client.chat.completions.create(model="m", messages=messages)
+    return [{"role": "assistant", "content": json.dumps(texts)}]
+'''
+
+
+def test_n_choices_the_continued_one_is_merged_the_others_are_segments_of_their_own(tokenizer, tmp_path):
+    engine = RecordingEngine(_hf(tokenizer))
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, N_CHOICES), on_call_error="fail")
+    tasks = [{"n": 3, "continue_with": 2}, {"n": 3, "continue_with": None, "stream": True},
+             {"n": 1, "continue_with": 0}]
+    # Episodes 0 and 2 share a seed: choice 0 of an n=3 call samples what the same call with n=1 samples.
+    chosen, unchosen, single = rollout.run([None] * 3, tasks, [0, 0, 1], SamplingParams(max_new_tokens=10, seed=3),
+                                           seeds=[7, 8, 7])
+    chat = ChatTokenizer(tokenizer)
+    prompt = chat.prompt_ids([{"role": "user", "content": "Hello"}])
+    sampled = {tuple(g.token_ids) for p, g in engine.log if p == prompt}
+    for trajectory in (chosen, unchosen):
+        assert trajectory.info["agent_calls"] == (2 if trajectory is chosen else 1) and len(trajectory.segments) == 2
+        for alone in trajectory.segments:  # a separate segment: the whole prompt masked, then its sampled ids
+            [turn] = alone.turns
+            assert alone.token_ids[:turn.start] == prompt and alone.loss_mask == [0] * turn.start + [1] * (
+                len(alone.token_ids) - turn.start) and alone.sampler_logprobs[:turn.start] == [0.0] * turn.start
+        first = trajectory.turns[0]
+        spans = [tuple(s.token_ids[s.turns[0].start:]) for s in trajectory.segments] + [
+            tuple(trajectory.token_ids[first.start:first.end])]
+        assert len(set(spans)) == 3 and set(spans) <= sampled  # three different samples, each what was sampled
+    # The continued choice (2) is merged with the next call: one token-exact row of two turns.
+    assert len(chosen.turns) == 2 and chosen.token_ids[:chosen.turns[0].start] == prompt
+    texts = json.loads(chosen.messages[-1]["content"])
+    assert chat.decode(chosen.token_ids[chosen.turns[0].start:chosen.turns[0].end]).startswith(texts[2])
+    assert chosen.segments[0].token_ids == single.token_ids[:single.turns[0].end]  # choice 0, as with n=1
+    assert chosen.segments[0].sampler_logprobs[len(prompt):] == pytest.approx(
+        single.sampler_logprobs[len(prompt):single.turns[0].end], abs=1e-4)
+    # Not continued: choice 0 stays the trajectory, the streamed texts are the three choices'.
+    streamed = json.loads(unchosen.messages[-1]["content"])
+    rows = [*unchosen.segments, unchosen]
+    order = [rows[2], rows[0], rows[1]]  # choice 0 is the trajectory; choices 1 and 2 its segments
+    assert streamed == [chat.assistant_text(r.token_ids[r.turns[0].start:r.turns[0].end],
+                                            r.turns[0].finish_reason == "stop") for r in order]
+    rows, totals = with_segments([chosen, unchosen, single], [1.0, 0.0, 0.5])
+    assert len(rows) == 7 and totals == [1.0] * 3 + [0.0] * 3 + [0.5]
+
+
+def test_n_out_of_range_is_a_400(tokenizer, tmp_path):
+    agent = _agent_file(tmp_path, BAD_FIELD.replace("presence_penalty=1.0", "n=17"))
+    [trajectory] = _rollout(_hf(tokenizer), tokenizer, agent).run([None], [{}], [0], SamplingParams(seed=0))
+    assert "'n' must be an integer from 1 to 16, got 17" in trajectory.messages[-1]["content"]

@@ -23,6 +23,8 @@ from typing import Any
 SUPPORTED = ("messages", "model", "tools", "tool_choice", "max_tokens", "max_completion_tokens",
              "temperature", "stop", "n", "stream", "stream_options")
 """Request fields the endpoint takes; any other is refused with a 400 naming it."""
+MAX_CHOICES = 16
+"""The most choices (``n``) one call may ask for."""
 
 
 class RequestError(Exception):
@@ -43,8 +45,9 @@ def check_request(body: Any) -> dict[str, Any]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise RequestError("'messages' must be a non-empty list of message objects", param="messages")
-    if body.get("n", 1) != 1:
-        raise RequestError(f"'n' must be 1 (one completion per call), got {body['n']!r}", param="n")
+    n = body.get("n") or 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
+        raise RequestError(f"'n' must be an integer from 1 to {MAX_CHOICES}, got {body['n']!r}", param="n")
     stream, stream_options = body.get("stream") or False, body.get("stream_options") or {}
     if not isinstance(stream, bool) or not isinstance(stream_options, dict):
         raise RequestError(f"'stream' must be true or false and 'stream_options' an object, got {stream!r} and "
@@ -65,7 +68,7 @@ def check_request(body: Any) -> dict[str, Any]:
         raise RequestError(f"'temperature' must be a number >= 0, got {temperature!r}", param="temperature")
     return {"messages": messages, "tools": tools, "tool_choice": choice, "stop": stop, "max_tokens": limit,
             "temperature": None if temperature is None else float(temperature), "model": body.get("model") or "agentrl",
-            "stream": stream, "include_usage": bool(stream_options.get("include_usage"))}
+            "stream": stream, "include_usage": bool(stream_options.get("include_usage")), "n": n}
 
 
 def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
@@ -87,12 +90,12 @@ def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
     return choice
 
 
-def completion_body(model: str, message: dict[str, Any], finish_reason: str, prompt_tokens: int,
+def completion_body(model: str, choices: list[tuple[dict[str, Any], str]], prompt_tokens: int,
                     completion_tokens: int) -> dict[str, Any]:
-    """An OpenAI ``chat.completion`` object holding one choice."""
+    """An OpenAI ``chat.completion`` object holding ``choices``, each (message, finish reason)."""
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish_reason,
-                                          "logprobs": None}],
+            "model": model, "choices": [{"index": i, "message": message, "finish_reason": finish, "logprobs": None}
+                                        for i, (message, finish) in enumerate(choices)],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}}
 

@@ -16,9 +16,11 @@ The function returns a reward (a number: the episode's env return), the final me
 the run's reward functions score them; ``completion_text`` is the last assistant message), or
 None (the reward functions score the last call's conversation and reply). Every call's prompt ids,
 sampled ids and sampler logprobs are recorded and merged into token-exact segments
-(:mod:`agentrl_rollouts.agent_record`); each segment is a training row with the episode's reward
-and group. An agent that raises or runs past ``plugins.openai_agent.timeout_s`` is handled by
-``on_call_error`` like a failing env: ``skip`` leaves the episode unscored.
+(:mod:`agentrl_rollouts.agent_record`; a call with ``n > 1`` records each choice); each segment is
+a training row with the episode's reward and group. ``tool_choice`` and the tool parser:
+:mod:`agentrl_rollouts.agent_tools`. An agent that raises or runs past
+``plugins.openai_agent.timeout_s`` is handled by ``on_call_error`` like a failing env: ``skip``
+leaves the episode unscored.
 """
 
 from __future__ import annotations
@@ -214,33 +216,49 @@ class OpenAIAgentRollout:
             if cap <= 0:
                 raise RequestError(f"the conversation is {len(context)} tokens: it fills max_total_tokens="
                                    f"{self.config.max_total_tokens}", param="messages")
-            generation = self._generate(step, index, record, context, cap, options["temperature"])
-            ids, logprobs, reason = generation.token_ids, generation.logprobs, generation.finish_reason
-            cut = cut_at_stop(self.chat, ids, options["stop"]) if options["stop"] else None
-            if cut is not None:
-                ids, logprobs, reason, text = ids[:cut[0]], logprobs[:cut[0]], "stop", cut[1]
-            else:
-                text = self.chat.assistant_text(ids, reason == "stop")
-            text = opener + text
-            message = assistant_message(text, self.parser, tools, record.raw_texts)
-            record.add(prompt, extends, ids, logprobs, reason, messages + [{"role": "assistant", "content": text}],
-                       rendered_tools)
-        finish = "tool_calls" if message.get("tool_calls") else reason
-        return completion_body(options["model"], message, finish, len(context), len(ids))
+            generations = self._generate(step, index, record, context, cap, options["temperature"], options["n"])
+            replies = [self._reply(g, options["stop"], opener, tools, record) for g in generations]
+            sampled = [(ids, logprobs, reason, messages + [{"role": "assistant", "content": text}])
+                       for ids, logprobs, reason, text, _ in replies]
+            if len(sampled) == 1:
+                record.add(prompt, extends, *sampled[0], rendered_tools)
+            else:  # n > 1: the choice the agent continues with is merged, the others are segments of their own
+                record.add_choices(prompt, extends, sampled, rendered_tools)
+        choices = [(message, "tool_calls" if message.get("tool_calls") else reason)
+                   for _, _, reason, _, message in replies]
+        return completion_body(options["model"], choices, len(context), sum(len(reply[0]) for reply in replies))
+
+    def _reply(self, generation: Any, stop: list[str], opener: str, tools: list[dict[str, Any]] | None,
+               record: EpisodeRecord) -> tuple[list[int], list[float], str, str, dict[str, Any]]:
+        """One choice: its kept ids and logprobs (cut after a ``stop`` string), finish reason, text
+        (the prefilled opener first) and OpenAI assistant message."""
+        ids, logprobs, reason = generation.token_ids, generation.logprobs, generation.finish_reason
+        cut = cut_at_stop(self.chat, ids, stop) if stop else None
+        if cut is not None:
+            ids, logprobs, reason, text = ids[:cut[0]], logprobs[:cut[0]], "stop", cut[1]
+        else:
+            text = self.chat.assistant_text(ids, reason == "stop")
+        text = opener + text
+        return ids, logprobs, reason, text, assistant_message(text, self.parser, tools, record.raw_texts)
 
     def _generate(self, step: _Step, index: int, record: EpisodeRecord, context: list[int], cap: int,
-                  temperature: float | None) -> Any:
-        """Sample one call through the batcher; an engine failure is kept for :meth:`run` and answered 500."""
+                  temperature: float | None, n: int = 1) -> list[Any]:
+        """Sample one call's ``n`` choices through the batcher, choice k with the call's seed mixed
+        with k (choice 0: the call's seed); an engine failure is kept for :meth:`run` and answered 500."""
         from agentrl_rollouts import turn_seed
 
         if temperature is not None and temperature != step.sampling.temperature:
             self.guard.warn_once("agent:temperature", f"the agent asked for temperature={temperature} but the run "
                                  f"trains at temperature={step.sampling.temperature}: its sampler logprobs then differ "
                                  "from the trainer's; leave temperature out of the agent's calls")
-        request = GenerationRequest(context, cap, step.sampling.temperature if temperature is None else temperature,
-                                    turn_seed(step.seeds[index], record.calls))
+        seed = turn_seed(step.seeds[index], record.calls)
+        requests = [GenerationRequest(context, cap, step.sampling.temperature if temperature is None else temperature,
+                                      turn_seed(seed, choice)) for choice in range(n)]
         try:
-            return step.batcher.submit(request)
+            if n == 1:
+                return [step.batcher.submit(requests[0])]
+            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="agentrl-choice") as pool:
+                return list(pool.map(step.batcher.submit, requests))
         except Exception as exc:
             step.engine_errors.append(exc)
             raise RequestError(f"the engine failed: {one_line(exc)}", 500) from exc
