@@ -80,7 +80,7 @@ def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
     if choice != "required" and not named:
         raise RequestError("'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
                            f"{{'name': NAME}}}}, got {json.dumps(choice)}", param="tool_choice")
-    given = [str(t.get("function", t).get("name")) for t in tools or []]
+    given = [str((t["function"] if isinstance(t.get("function"), dict) else t).get("name")) for t in tools or []]
     what = "'required'" if choice == "required" else f"function {choice['function']['name']!r}"
     if not given:
         raise RequestError(f"'tool_choice' {what} needs 'tools'; none were given", param="tool_choice")
