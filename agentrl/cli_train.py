@@ -119,7 +119,9 @@ def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextl
 
 
 def _print_config(cfg: Any, manager: Any) -> None:
-    """``--print-config``: the resolved config as YAML, its rewards refused here as train refuses them."""
+    """``--print-config``: the resolved config as YAML, its rewards and tool parsers refused here as
+    train refuses them (a ``tool_parser`` in ``env_args`` or in a plugin section names a registered
+    parser; a section's ``auto`` is chosen from the model at run time)."""
     import yaml
 
     from agentrl.config import resolved_dict
@@ -128,6 +130,11 @@ def _print_config(cfg: Any, manager: Any) -> None:
     resolved = resolved_dict(cfg, manager)
     for name in resolved["rewards"] or {}:
         find_reward(name, manager.registry)
+    parsers = [resolved["env_args"].get("tool_parser")] + [
+        section.get("tool_parser") for section in resolved["plugins"].values() if section.get("tool_parser") != "auto"]
+    for name in parsers:
+        if isinstance(name, str):
+            manager.registry.get("tool_parser", name)
     console.print(yaml.safe_dump(resolved, sort_keys=False), highlight=False)
 
 

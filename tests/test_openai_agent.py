@@ -338,7 +338,8 @@ def solve(task, client):
     plain = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="none")
     cut = client.chat.completions.create(model="m", messages=messages, stop=["compute"])
     try:
-        client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="required")
+        client.chat.completions.create(model="m", messages=messages, tools=TOOLS,
+                                       tool_choice={"type": "function", "function": {"name": "abacus"}})
     except openai.BadRequestError as exc:
         refused = str(exc)
     return [{"role": "assistant", "content": json.dumps([plain.choices[0].message.model_dump(),
@@ -358,7 +359,7 @@ def test_tool_choice_none_stop_strings_and_refused_choices(tokenizer, tmp_path):
     message, reason, cut, cut_reason, refused = json.loads(trajectory.completion_text)
     assert message["content"] == f"Let me compute.\n{call}" and not message["tool_calls"] and reason == "stop"
     assert cut == "Let me " and cut_reason == "stop"
-    assert "'tool_choice' must be 'auto' or 'none', got 'required'" in refused
+    assert "'tool_choice' names function 'abacus', which is not among the tools given: calculator" in refused
     # The cut call kept the sampled ids up to the one that completed "compute", and no more.
     [earlier] = trajectory.segments
     kept = trajectory.token_ids[trajectory.turns[0].start:]
@@ -372,3 +373,241 @@ def test_an_agent_past_its_timeout_is_unscored(tokenizer, tmp_path):
     with pytest.warns(RuntimeWarning, match="timed out"):
         [trajectory] = rollout.run([None], [{"question": "q"}], [0], SamplingParams())
     assert trajectory.info["error"]["timed_out"] is True and trajectory.env_return == 0.0
+
+
+# -- the tool parser chosen from the model, tool_choice, streaming -------------------------------------------
+
+def _variant(tokenizer, template: str | None = None, special: list[str] | None = None):
+    """A copy of the real tokenizer with another chat template or more special tokens."""
+    import copy
+
+    variant = copy.deepcopy(tokenizer)
+    if template is not None:
+        variant.chat_template = template
+    if special:
+        variant.add_special_tokens({"additional_special_tokens": special})
+    return variant
+
+
+@pytest.mark.parametrize(("template", "special", "expected", "why"), [
+    (None, None, "xml_json", "no native call syntax"),  # SmolLM2: the default model
+    ("{{ '<tool_call>' }}{{ messages }}", None, "xml_json", "the chat template writes <tool_call>"),
+    ("{{ '<tool_call>\\n<function=' }}{{ messages }}", None, "qwen3_coder", "the chat template writes <function="),
+    ("{{ '<|python_tag|>' }}{{ messages }}", None, "llama3_json", "the chat template writes <|python_tag|>"),
+    ("{{ '<|start_header_id|>' }}{{ messages }}", None, "llama3_json", "writes <|start_header_id|>"),
+    (None, ["[TOOL_CALLS]"], "mistral", "the tokenizer has the special token [TOOL_CALLS]"),
+    (None, ["<|call|>"], "harmony", "the tokenizer has the special token <|call|>"),
+])
+def test_the_tool_parser_is_chosen_from_the_model(tokenizer, template, special, expected, why):
+    from agentrl_rollouts.agent_tools import detect_tool_parser
+
+    name, reason = detect_tool_parser(_variant(tokenizer, template, special))
+    assert name == expected and why in reason
+
+
+def test_auto_is_the_default_and_resolves_to_xml_json_for_smollm2(tokenizer, tmp_path, capsys):
+    from agentrl import parse_xml_json
+    from agentrl_rollouts import agent_tools
+
+    agent_tools._announced.clear()
+    rollout = _rollout(_hf(tokenizer), tokenizer, _agent_file(tmp_path, LOOP))
+    assert rollout.options.tool_parser == "auto" and rollout.parser is parse_xml_json
+    _rollout(_hf(tokenizer), tokenizer, _agent_file(tmp_path, LOOP))  # said once, not per rollout
+    assert capsys.readouterr().err.count("openai_agent: tool_parser auto -> xml_json (no native call syntax") == 1
+    with pytest.raises(Exception, match="unknown tool_parser 'xml_jsn'; did you mean 'xml_json'"):
+        _rollout(_hf(tokenizer), tokenizer, "", plugins={"openai_agent": {"agent": _agent_file(tmp_path, LOOP),
+                                                                           "tool_parser": "xml_jsn"}})
+
+
+@pytest.mark.parametrize("where", ["env_args.tool_parser", "plugins.openai_agent.tool_parser"])
+def test_print_config_refuses_a_tool_parser_as_train_does(where, tiny_model_dir, tmp_path):
+    agent = _agent_file(tmp_path, LOOP)
+    common = ["--env", "calculator", "--set", f"{where}=xml_jsn", "--set", "rollout=openai_agent",
+              "--set", f"plugins.openai_agent.agent={agent}"]
+    run = [sys.executable, "-m", "agentrl.cli", "train", *common]
+    printed = subprocess.run([*run, "--print-config"], capture_output=True, text=True, timeout=300)
+    trained = subprocess.run([*run, "--model", str(tiny_model_dir), "--max-steps", "1", "--set", "eval_tasks=0",
+                              "--output-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    for result in (printed, trained):
+        assert result.returncode == 2 and "unknown tool_parser 'xml_jsn'; did you mean 'xml_json'?" in result.stderr, \
+            result.stdout + result.stderr
+    assert printed.stderr.splitlines()[-1] == trained.stderr.splitlines()[-1]
+
+
+TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {
+    "type": "object", "properties": {"expression": {"type": "string"}}}}}
+CHOICES = '''
+import json
+
+TOOLS = [%s, {"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}}]
+
+
+def solve(task, client):
+    messages = [{"role": "user", "content": "Add 2 and 3."}]
+    reply = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice=task["choice"])
+    message = reply.choices[0].message
+    messages.append(message.model_dump(exclude_none=True))
+    for call in message.tool_calls or []:
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": "5"})
+    client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    return [{"role": "assistant", "content": json.dumps([message.model_dump(), reply.choices[0].finish_reason])}]
+''' % json.dumps(TOOL)
+
+
+@pytest.mark.parametrize(("choice", "opener", "sampled"), [
+    ("required", "<tool_call>\n", '{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'),
+    ({"type": "function", "function": {"name": "calculator"}}, '<tool_call>\n{"name": "calculator", "arguments": ',
+     '{"expression": "2+3"}}\n</tool_call>'),
+])
+def test_tool_choice_required_and_named_prefill_the_call_opening_masked(tokenizer, tmp_path, choice, opener,
+                                                                           sampled):
+    engine = ScriptedEngine(tokenizer, [sampled, "\\boxed{5}"])
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, CHOICES), on_call_error="fail")
+    [trajectory] = rollout.run([None], [{"choice": choice}], [0], SamplingParams(seed=0))
+    message, reason = json.loads(trajectory.completion_text)
+    assert reason == "tool_calls" and message["content"] is None
+    assert [c["function"] for c in message["tool_calls"]] == [{"name": "calculator",
+                                                               "arguments": '{"expression": "2+3"}'}]
+    chat = ChatTokenizer(tokenizer)
+    (prompt1, gen1), (prompt2, gen2) = engine.log
+    assert chat.decode(prompt1).endswith("<|im_start|>assistant\n" + opener)  # prefilled: part of the prompt
+    # One token-exact row: the opener masked with the prompt, only the sampled ids trained.
+    assert not trajectory.segments and trajectory.token_ids == prompt2 + gen2.token_ids
+    assert prompt2[:len(prompt1) + len(gen1.token_ids)] == prompt1 + gen1.token_ids
+    assert trajectory.loss_mask[:len(prompt1) + len(gen1.token_ids)] == [0] * len(prompt1) + [1] * len(gen1.token_ids)
+    assert chat.decode(prompt2).count(opener + sampled) == 1  # the call re-rendered as sampled, opener included
+
+
+def test_tool_choice_required_with_a_call_the_parser_cannot_read_answers_the_text(tokenizer, tmp_path):
+    engine = ScriptedEngine(tokenizer, ["not json at all", "ok"])
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, CHOICES), on_call_error="fail")
+    [trajectory] = rollout.run([None], [{"choice": "required"}], [0], SamplingParams(seed=0))
+    message, reason = json.loads(trajectory.completion_text)
+    assert reason == "stop" and message["content"] == "<tool_call>\nnot json at all" and not message["tool_calls"]
+
+
+REFUSED_CHOICES = '''
+def solve(task, client):
+    refused = []
+    for tools, choice in task["cases"]:
+        try:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=tools,
+                                           tool_choice=choice)
+        except openai.BadRequestError as exc:
+            refused.append(exc.body["message"])
+    return [{"role": "assistant", "content": "\\n".join(refused)}]
+'''
+
+
+def test_tool_choice_mistakes_are_400s_naming_them(tokenizer, tmp_path):
+    cases = [[[TOOL], {"type": "function", "function": {"name": "clock"}}], [None, "required"],
+             [[TOOL], "any"]]
+    rollout = _rollout(_hf(tokenizer), tokenizer, _agent_file(tmp_path, REFUSED_CHOICES))
+    [trajectory] = rollout.run([None], [{"cases": cases}], [0], SamplingParams(seed=0))
+    assert trajectory.messages[-1]["content"].splitlines() == [  # no call reached the model: no completion
+        "'tool_choice' names function 'clock', which is not among the tools given: calculator",
+        "'tool_choice' 'required' needs 'tools'; none were given",
+        "'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': NAME}}, "
+        'got "any"']
+    assert trajectory.info["agent_calls"] == 0
+
+
+STREAM = '''
+import json
+
+
+def solve(task, client):
+    messages = [{"role": "user", "content": "Add 2 and 3."}]
+    kept = {}
+    for options in ({}, {"stream_options": {"include_usage": True}}):
+        chunks = list(client.chat.completions.create(model="m", messages=messages, tools=[%s], stream=True,
+                                                     **options))
+        plain = client.chat.completions.create(model="m", messages=messages, tools=[%s])
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        calls = [t.model_dump() for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+        kept[str(bool(options))] = {
+            "content": content, "calls": calls, "plain": plain.choices[0].message.model_dump(),
+            "finish": [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason],
+            "usage": [c.usage.model_dump() for c in chunks if c.usage], "plain_usage": plain.usage.model_dump()}
+    return [{"role": "assistant", "content": json.dumps(kept)}]
+''' % (json.dumps(TOOL), json.dumps(TOOL))
+
+
+def test_stream_true_sends_the_completion_as_openai_chunks(tokenizer, tmp_path):
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    engine = ScriptedEngine(tokenizer, [f"Let me compute.\n{call}"])
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, STREAM), on_call_error="fail")
+    [trajectory] = rollout.run([None], [{}], [0], SamplingParams(seed=0))
+    for with_usage, got in json.loads(trajectory.completion_text).items():
+        assert got["content"] == got["plain"]["content"] == "Let me compute."
+        [streamed] = got["calls"]  # the tool call arrives whole, with its index
+        [plain] = got["plain"]["tool_calls"]
+        assert streamed["index"] == 0 and streamed["function"] == plain["function"] == {
+            "name": "calculator", "arguments": '{"expression": "2+3"}'} and streamed["id"].startswith("call_")
+        assert got["finish"] == ["tool_calls"]
+        assert got["usage"] == ([got["plain_usage"]] if with_usage == "True" else [])
+    assert trajectory.info["agent_calls"] == 4 and len(engine.log) == 4
+
+
+N_CHOICES = '''
+import json
+
+
+def solve(task, client):
+    messages = [{"role": "user", "content": "Hello"}]
+    if task.get("stream"):
+        chunks = list(client.chat.completions.create(model="m", messages=messages, n=task["n"], stream=True))
+        texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+                 for i in range(task["n"])]
+    else:
+        reply = client.chat.completions.create(model="m", messages=messages, n=task["n"])
+        texts = [choice.message.content for choice in reply.choices]
+    if task["continue_with"] is not None:
+        messages += [{"role": "assistant", "content": texts[task["continue_with"]]}, {"role": "user", "content": "More."}]
+        client.chat.completions.create(model="m", messages=messages)
+    return [{"role": "assistant", "content": json.dumps(texts)}]
+'''
+
+
+def test_n_choices_the_continued_one_is_merged_the_others_are_segments_of_their_own(tokenizer, tmp_path):
+    engine = RecordingEngine(_hf(tokenizer))
+    rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, N_CHOICES), on_call_error="fail")
+    tasks = [{"n": 3, "continue_with": 2}, {"n": 3, "continue_with": None, "stream": True},
+             {"n": 1, "continue_with": 0}]
+    # Episodes 0 and 2 share a seed: choice 0 of an n=3 call samples what the same call with n=1 samples.
+    chosen, unchosen, single = rollout.run([None] * 3, tasks, [0, 0, 1], SamplingParams(max_new_tokens=10, seed=3),
+                                           seeds=[7, 8, 7])
+    chat = ChatTokenizer(tokenizer)
+    prompt = chat.prompt_ids([{"role": "user", "content": "Hello"}])
+    sampled = {tuple(g.token_ids) for p, g in engine.log if p == prompt}
+    for trajectory in (chosen, unchosen):
+        assert trajectory.info["agent_calls"] == (2 if trajectory is chosen else 1) and len(trajectory.segments) == 2
+        for alone in trajectory.segments:  # a separate segment: the whole prompt masked, then its sampled ids
+            [turn] = alone.turns
+            assert alone.token_ids[:turn.start] == prompt and alone.loss_mask == [0] * turn.start + [1] * (
+                len(alone.token_ids) - turn.start) and alone.sampler_logprobs[:turn.start] == [0.0] * turn.start
+        first = trajectory.turns[0]
+        spans = [tuple(s.token_ids[s.turns[0].start:]) for s in trajectory.segments] + [
+            tuple(trajectory.token_ids[first.start:first.end])]
+        assert len(set(spans)) == 3 and set(spans) <= sampled  # three different samples, each what was sampled
+    # The continued choice (2) is merged with the next call: one token-exact row of two turns.
+    assert len(chosen.turns) == 2 and chosen.token_ids[:chosen.turns[0].start] == prompt
+    texts = json.loads(chosen.messages[-1]["content"])
+    assert chat.decode(chosen.token_ids[chosen.turns[0].start:chosen.turns[0].end]).startswith(texts[2])
+    assert chosen.segments[0].token_ids == single.token_ids[:single.turns[0].end]  # choice 0, as with n=1
+    assert chosen.segments[0].sampler_logprobs[len(prompt):] == pytest.approx(
+        single.sampler_logprobs[len(prompt):single.turns[0].end], abs=1e-4)
+    # Not continued: choice 0 stays the trajectory, the streamed texts are the three choices'.
+    streamed = json.loads(unchosen.messages[-1]["content"])
+    rows = [*unchosen.segments, unchosen]
+    order = [rows[2], rows[0], rows[1]]  # choice 0 is the trajectory; choices 1 and 2 its segments
+    assert streamed == [chat.assistant_text(r.token_ids[r.turns[0].start:r.turns[0].end],
+                                            r.turns[0].finish_reason == "stop") for r in order]
+    rows, totals = with_segments([chosen, unchosen, single], [1.0, 0.0, 0.5])
+    assert len(rows) == 7 and totals == [1.0] * 3 + [0.0] * 3 + [0.5]
+
+
+def test_n_out_of_range_is_a_400(tokenizer, tmp_path):
+    agent = _agent_file(tmp_path, BAD_FIELD.replace("presence_penalty=1.0", "n=17"))
+    [trajectory] = _rollout(_hf(tokenizer), tokenizer, agent).run([None], [{}], [0], SamplingParams(seed=0))
+    assert "'n' must be an integer from 1 to 16, got 17" in trajectory.messages[-1]["content"]

@@ -217,6 +217,29 @@ def test_tool_calls_in_the_text_run_through_verifiers_tool_env(env_dir: Path) ->
     assert info["metrics"]["add_calls"] == info["metrics"]["total_tool_calls"] == 1.0
 
 
+@pytest.mark.parametrize("name, example, call", [
+    ("llama3_json", '{"name": "add", "parameters": {"a": ', '{"name": "add", "parameters": {"a": 2, "b": 3}}'),
+    # qwen3_coder values are text: typed by the tool's schema, 2 + 3 is 5 (untyped it would be "23")
+    ("qwen3_coder", "<function=add>", "<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n"
+                                      "<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>"),
+])
+def test_the_tool_parser_env_args_names_reads_the_calls(env_dir: Path, name: str, example: str, call: str) -> None:
+    from agentrl.build import make_env
+    from agentrl.config import TrainConfig
+    from agentrl.plugins import load_plugins
+
+    config = TrainConfig(env="verifiers", env_args={"env_id": MODULE, "env_kwargs": {"kind": "tools"}, "num_eval": 4,
+                                                    "tool_parser": name})
+    env = make_env(load_plugins(), config)
+    assert env.tool_parser is load_plugins().registry.get("tool_parser", name).factory
+    task = env.train_tasks()[0]
+    messages, _ = env.reset(options={"task": task})
+    assert example in messages[0]["content"] and "<tool_call>{" not in messages[0]["content"]
+    assert env.step(f"Let me add. {call}") == ([{"role": "tool", "content": "5"}], 0.0, False, False, {})
+    _, reward, terminated, _, info = env.step(task["answer"])
+    assert (reward, terminated, info["metrics"]["add_calls"]) == (1.0, True, 1.0)
+
+
 def test_splits_are_disjoint_seeded_and_prefer_the_eval_dataset(env_dir: Path) -> None:
     env = make("single", num_eval=8)
     train, held_out = list(env.train_tasks()), list(env.eval_tasks())

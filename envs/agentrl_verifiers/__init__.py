@@ -27,8 +27,10 @@ rows (at most half the dataset) are drawn with a fixed seed and held out of trai
 
 Supported: chat-format envs (``message_type="chat"``) with text content and rubrics of individual
 reward functions. ``ToolEnv``: the tools are described in the system message (unless the chat
-template renders ``tools=``) and the model's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-blocks are parsed into verifiers tool calls; verifiers runs the tools. ``max_turns`` is the env's own
+template renders ``tools=``) and the model's calls are read with ``env_args.tool_parser`` (a registered
+parser: ``xml_json``, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, by default;
+``llama3_json``, ``mistral``, ``qwen3_coder``, ``harmony`` or another plugin's; the description's
+example call is written in its syntax) into verifiers tool calls; verifiers runs the tools. ``max_turns`` is the env's own
 (10 where it sets none) and is set on the verifiers env, so verifiers itself ends and scores an
 episode at the limit. Errors verifiers records on a rollout (``vf.Error``: a tool that failed with a
 stop error...) are data, as in verifiers: the episode ends, scored, with ``info["error"]``; an
@@ -39,7 +41,8 @@ scores each episode on its own), prompts that rewrite history.
 Versions: verifiers 0.2.x has the classic API at ``verifiers.*``; 0.3.x keeps it (under
 ``verifiers.legacy``, aliased at the old paths); 0.4.0 removed it (only ``verifiers.v1``, whose
 tasksets run agent programs that talk to an OpenAI-compatible HTTP endpoint), so the extra pins
-``verifiers>=0.2,<0.4`` and 0.4 is refused with that reason. verifiers is imported when the env is
+``verifiers>=0.2,<0.4`` and 0.4 is refused with that reason (docs/agents.md shows a 0.4 taskset
+run through the ``openai_agent`` rollout instead). verifiers is imported when the env is
 built, so this plugin loads without it (install it with ``pip install 'agentrl[verifiers]'``).
 The verifiers env is loaded once per process for the same arguments and shared by every agentrl env
 instance (verifiers runs concurrent rollouts on one env too); loading one installs verifiers'
@@ -70,9 +73,12 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from agentrl import (ROLES, Allowed, Complaint, ConfigError, Env, EnvError, LazyTasks, Message, Task, check_declared,
-                     describe, hookimpl, import_extra, one_line, parse_xml_json, render_tools_system_prompt)
+from agentrl import (ROLES, Allowed, Complaint, ConfigError, Env, EnvError, LazyTasks, Message, Task, ToolCallFormat,
+                     check_declared, describe, hookimpl, import_extra, one_line, parse_xml_json,
+                     render_tools_system_prompt, type_arguments)
 
+Parser = Callable[[str], list[Any]]
+"""A tool-call parser (``agentrl.tools.ToolParser``): an assistant message's text -> its calls."""
 DEFAULT_MAX_TURNS = 10
 """Turn limit for envs that set none (MultiTurnEnv's default, -1, means unlimited)."""
 MODEL_NAME = "agentrl"
@@ -150,8 +156,8 @@ def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
 class _Rollout:
     """verifiers' ``run_rollout`` for one row, on the private loop, paused whenever it asks for a reply."""
 
-    def __init__(self, vf_env: Any, client_class: type, row: Task) -> None:
-        self.vf_env, self.row = vf_env, row
+    def __init__(self, vf_env: Any, client_class: type, row: Task, parser: Parser = parse_xml_json) -> None:
+        self.vf_env, self.row, self.parser = vf_env, row, parser
         self.client = client_class(self)  # the client parks its requests here (as its ``client``)
         self.task: asyncio.Task | None = None
         self.request: asyncio.Future | None = None
@@ -222,16 +228,16 @@ def _client_class(vf: Any) -> type:
                                       tools: list[Any] | None = None, **kwargs: Any) -> Any:
             reply = asyncio.get_running_loop().create_future()
             self.client.ask(prompt, bool(tools), reply)
-            return await reply, bool(tools)
+            schemas = {getattr(t, "name", None): getattr(t, "parameters", None) or {} for t in tools or []}
+            return await reply, (self.client.parser, schemas) if tools else None
 
         async def raise_from_native_response(self, response: Any) -> None:
             return None
 
         async def from_native_response(self, response: Any) -> Any:
-            text, parse_tools = response
-            calls = [types.ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=call.name,
-                                    arguments=call.raw if call.arguments is None else json.dumps(call.arguments))
-                     for call in (parse_xml_json(text) if parse_tools else [])]
+            text, parsing = response
+            calls = [types.ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=call.name, arguments=arguments)
+                     for call, arguments in (_read_calls(text, *parsing) if parsing else [])]
             message = types.ResponseMessage(content=text, tool_calls=calls or None, is_truncated=False,
                                             finish_reason="tool_calls" if calls else "stop")
             return types.Response(id=f"agentrl-{uuid.uuid4().hex}", created=int(time.time()), model=MODEL_NAME,
@@ -241,6 +247,18 @@ def _client_class(vf: Any) -> type:
             return None
 
     return AgentRLClient
+
+
+def _read_calls(text: str, parser: Parser, schemas: dict[str, Any]) -> list[tuple[Any, str]]:
+    """(call, its arguments as verifiers takes them: JSON text, or the raw call when malformed) for
+    each call ``parser`` reads; a text-valued format's values typed by the tool's schema."""
+    calls = []
+    for call in parser(text):
+        arguments = call.arguments
+        if arguments is not None and call.text_values and call.name in schemas:
+            arguments = type_arguments(arguments, schemas[call.name])
+        calls.append((call, call.raw if arguments is None else json.dumps(arguments)))
+    return calls
 
 
 # -- loading ----------------------------------------------------------------------------------------
@@ -333,6 +351,7 @@ class VerifiersArgs:
     env_kwargs: Annotated[dict[Any, Any] | None, Allowed("a mapping of keyword arguments")]
     num_eval: Annotated[int, Field(ge=1), Allowed("an int >= 1")]
     max_turns: Annotated[Annotated[int, Field(ge=1)] | None, Allowed("an int >= 1")]
+    tool_parser: Annotated[Callable[..., Any], Allowed("a registered parser name")]
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the first bad argument, its value and what is allowed."""
@@ -349,6 +368,8 @@ class VerifiersEnv(Env):
         num_eval: held-out rows for ``agentrl eval``.
         max_turns: the episode's turn limit (default: the env's own, else 10); set on the verifiers
             env too, so verifiers ends and scores the episode there.
+        tool_parser: reads the model's tool calls (``env_args.tool_parser`` names a registered one;
+            ``make_env`` passes the parser itself).
     """
 
     concurrent_safe = False
@@ -356,10 +377,12 @@ class VerifiersEnv(Env):
     made one after another, in episode order, as verifiers' environments may draw from shared state."""
 
     def __init__(self, env_id: str | None = None, env_kwargs: dict[str, Any] | None = None, num_eval: int = 64,
-                 max_turns: int | None = None) -> None:
+                 max_turns: int | None = None, tool_parser: Parser = parse_xml_json) -> None:
         super().__init__()
         vf = import_verifiers()
-        VerifiersArgs(env_id=env_id, env_kwargs=env_kwargs, num_eval=num_eval, max_turns=max_turns)
+        VerifiersArgs(env_id=env_id, env_kwargs=env_kwargs, num_eval=num_eval, max_turns=max_turns,
+                      tool_parser=tool_parser)
+        self.tool_parser = tool_parser
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.vf_env = _load(vf, env_id, self.env_kwargs, max_turns)
         self._client_class = _client_class(vf)
@@ -422,7 +445,7 @@ class VerifiersEnv(Env):
         if not isinstance(task.get("prompt"), list):
             raise EnvError(f"verifiers env {self.env_id!r}: a task must be a dataset row whose 'prompt' is a list "
                            f"of chat messages (only the chat format is supported); got {describe(task)}")
-        self._rollout = _Rollout(self.vf_env, self._client_class, copy.deepcopy(task))
+        self._rollout = _Rollout(self.vf_env, self._client_class, copy.deepcopy(task), self.tool_parser)
         self._finalizer = weakref.finalize(self, _cancel_soon, self._rollout)
         kind, value = self._advance(self._rollout, None)
         if kind == "done":
@@ -434,7 +457,8 @@ class VerifiersEnv(Env):
         messages = [dict(m) for m in self._request]
         schemas = self.tool_schemas()
         if schemas and not self.template_renders_tools:
-            description = render_tools_system_prompt(schemas)
+            description = render_tools_system_prompt(
+                schemas, self.tool_parser if isinstance(self.tool_parser, ToolCallFormat) else None)
             if messages and messages[0]["role"] == "system":
                 messages[0]["content"] = f"{messages[0]['content']}\n\n{description}"
             else:

@@ -11,6 +11,11 @@ A call that does not extend it (the agent rewrote, trimmed or summarised its his
 ``stop`` string cut the model's text) starts a new segment of the same episode: its whole prompt is
 masked and its sampled ids follow. Every segment becomes a training row; the rows of one episode
 share its reward and its group (:func:`agentrl.trajectory.with_segments`).
+
+A call with ``n > 1`` samples n choices of one prompt (:meth:`EpisodeRecord.add_choices`). The
+choice the agent continues with (the one the next call's prompt extends; the first when none
+does) is merged as above; each other choice is a segment of its own, recorded as a separate call
+with the same prompt would be: the whole prompt masked, its sampled ids after it.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class EpisodeRecord:
     segments: list[Segment] = field(default_factory=list)
     raw_texts: dict[str, str] = field(default_factory=dict)
     calls: int = 0
+    choices: list[tuple[Segment, Segment]] = field(default_factory=list)
+    """The last call's choices when it had ``n > 1``, each (merged, as a segment of its own): the
+    last segments are the others' own segments and then the chosen one merged."""
 
     @property
     def length(self) -> int:
@@ -55,15 +63,25 @@ class EpisodeRecord:
     def prompt_ids(self, chat: ChatTokenizer, text: str) -> tuple[list[int], bool]:
         """The ids this call's prompt adds to the current segment and whether it extends it
         (False: the ids are the whole prompt of a new segment)."""
-        if self.segments:
-            segment = self.segments[-1]
+        candidates = [merged for merged, _ in self.choices] or self.segments[-1:]
+        for number, segment in enumerate(candidates):
             stopped = bool(segment.turns) and segment.turns[-1].finish_reason == "stop"
             ends = [segment.token_ids] + ([segment.token_ids[:-1]] if stopped else [])
             for ids in ends:  # the sampled stop token may stand for the template's own closing text
                 done = chat.decode(ids)
                 if text.startswith(done):
+                    self._continue_with(number)
                     return chat.encode(text[len(done):]), True
+        self._continue_with(0)
         return chat.encode(text), False
+
+    def _continue_with(self, number: int) -> None:
+        """Make choice ``number`` of the last ``n > 1`` call the merged one (the last segment)."""
+        if self.choices:
+            del self.segments[-len(self.choices):]
+            self.segments += [alone for i, (_, alone) in enumerate(self.choices) if i != number]
+            self.segments.append(self.choices[number][0])
+            self.choices = []
 
     def add(self, prompt: list[int], extends: bool, sampled: list[int], logprobs: list[float],
             reason: str, messages: list[Message], tools: list[dict[str, Any]] | None,
@@ -85,6 +103,27 @@ class EpisodeRecord:
         segment.messages = list(messages)
         self.calls += 1
 
+    def add_choices(self, prompt: list[int], extends: bool, choices: list[tuple[list[int], list[float], str,
+                                                                                list[Message]]],
+                    tools: list[dict[str, Any]] | None, counts: list[tuple[int, int]] | None = None) -> None:
+        """Record one call with several choices, each (sampled ids, logprobs, finish reason,
+        conversation): the first merged for now; the next :meth:`prompt_ids` keeps the one it extends.
+        ``counts``: each choice's tool calls (:func:`count_calls`)."""
+        base = self.segments.pop() if extends and self.segments else Segment([], [], [], tools=tools)
+        context = base.token_ids + prompt
+        self.choices = []
+        for (ids, logprobs, reason, messages), (calls, errors) in zip(choices, counts or [(0, 0)] * len(choices)):
+            turn = Turn(start=len(context), end=len(context) + len(ids), finish_reason=reason, tool_calls=calls,
+                        tool_errors=errors)
+            sampled = ([1] * len(ids), [float(x) for x in logprobs])
+            merged = Segment(context + ids, base.loss_mask + [0] * len(prompt) + sampled[0],
+                             base.logprobs + [0.0] * len(prompt) + sampled[1], base.turns + [turn], list(messages),
+                             base.tools)
+            alone = Segment(context + ids, [0] * len(context) + sampled[0], [0.0] * len(context) + sampled[1],
+                            [turn], list(messages), base.tools)
+            self.choices.append((merged, alone))
+        self.segments += [alone for _, alone in self.choices[1:]] + [self.choices[0][0]]
+        self.calls += 1
 
 def count_calls(text: str, parser: Any, tools: list[dict[str, Any]] | None) -> tuple[int, int]:
     """(tool calls ``text`` writes, of which malformed or naming a tool not offered): what the

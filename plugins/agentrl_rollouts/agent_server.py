@@ -4,12 +4,15 @@ A FastAPI app served by uvicorn on 127.0.0.1 (a free port) in a background threa
 rollout. Each episode has its own base URL (``http://127.0.0.1:PORT/<episode key>/v1``); a
 request checks its fields (a 400 names any field the endpoint does not support), and the rollout
 answers it (:meth:`OpenAIAgentRollout.complete`) in a worker thread while the server keeps taking
-other episodes' requests, so calls that arrive together are sampled in one batch.
+other episodes' requests, so calls that arrive together are sampled in one batch. With
+``stream: true`` the finished reply is sent as OpenAI ``chat.completion.chunk`` server-sent
+events (:func:`completion_chunks`): sampled whole, then streamed.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the endpoint's annotations at definition time.
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -18,8 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 SUPPORTED = ("messages", "model", "tools", "tool_choice", "max_tokens", "max_completion_tokens",
-             "temperature", "stop", "n", "stream")
+             "temperature", "stop", "n", "stream", "stream_options")
 """Request fields the endpoint takes; any other is refused with a 400 naming it."""
+MAX_CHOICES = 16
+"""The most choices (``n``) one call may ask for."""
 
 
 class RequestError(Exception):
@@ -40,16 +45,17 @@ def check_request(body: Any) -> dict[str, Any]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise RequestError("'messages' must be a non-empty list of message objects", param="messages")
-    if body.get("n", 1) != 1:
-        raise RequestError(f"'n' must be 1 (one completion per call), got {body['n']!r}", param="n")
-    if body.get("stream"):
-        raise RequestError("'stream' must be false: streaming is not supported", param="stream")
-    choice = body.get("tool_choice", "auto")
-    if choice not in ("auto", "none"):
-        raise RequestError(f"'tool_choice' must be 'auto' or 'none', got {choice!r}", param="tool_choice")
+    n = body.get("n") or 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
+        raise RequestError(f"'n' must be an integer from 1 to {MAX_CHOICES}, got {body['n']!r}", param="n")
+    stream, stream_options = body.get("stream") or False, body.get("stream_options") or {}
+    if not isinstance(stream, bool) or not isinstance(stream_options, dict):
+        raise RequestError(f"'stream' must be true or false and 'stream_options' an object, got {stream!r} and "
+                           f"{stream_options!r}", param="stream")
     tools = body.get("tools") or None
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise RequestError("'tools' must be a list of tool objects", param="tools")
+    choice = check_tool_choice(body.get("tool_choice", "auto"), tools)
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
@@ -61,17 +67,62 @@ def check_request(body: Any) -> dict[str, Any]:
     if temperature is not None and (not isinstance(temperature, (int, float)) or temperature < 0):
         raise RequestError(f"'temperature' must be a number >= 0, got {temperature!r}", param="temperature")
     return {"messages": messages, "tools": tools, "tool_choice": choice, "stop": stop, "max_tokens": limit,
-            "temperature": None if temperature is None else float(temperature), "model": body.get("model") or "agentrl"}
+            "temperature": None if temperature is None else float(temperature), "model": body.get("model") or "agentrl",
+            "stream": stream, "include_usage": bool(stream_options.get("include_usage")), "n": n}
 
 
-def completion_body(model: str, message: dict[str, Any], finish_reason: str, prompt_tokens: int,
+def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
+    """``choice`` when valid for ``tools``, else RequestError naming what is wrong and what is allowed."""
+    if choice in ("auto", "none"):
+        return choice
+    named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(
+        choice.get("function"), dict) and isinstance(choice["function"].get("name"), str)
+    if choice != "required" and not named:
+        raise RequestError("'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
+                           f"{{'name': NAME}}}}, got {json.dumps(choice)}", param="tool_choice")
+    given = [str((t["function"] if isinstance(t.get("function"), dict) else t).get("name")) for t in tools or []]
+    what = "'required'" if choice == "required" else f"function {choice['function']['name']!r}"
+    if not given:
+        raise RequestError(f"'tool_choice' {what} needs 'tools'; none were given", param="tool_choice")
+    if named and choice["function"]["name"] not in given:
+        raise RequestError(f"'tool_choice' names function {choice['function']['name']!r}, which is not among the "
+                           f"tools given: {', '.join(given)}", param="tool_choice")
+    return choice
+
+
+def completion_body(model: str, choices: list[tuple[dict[str, Any], str]], prompt_tokens: int,
                     completion_tokens: int) -> dict[str, Any]:
-    """An OpenAI ``chat.completion`` object holding one choice."""
+    """An OpenAI ``chat.completion`` object holding ``choices``, each (message, finish reason)."""
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish_reason,
-                                          "logprobs": None}],
+            "model": model, "choices": [{"index": i, "message": message, "finish_reason": finish, "logprobs": None}
+                                        for i, (message, finish) in enumerate(choices)],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def completion_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of a finished ``chat.completion`` ``body``, as OpenAI
+    streams one: per choice its role, its content, each tool call whole (one delta per call, with
+    its ``index``), then its finish reason; with ``include_usage`` every chunk has ``usage: null``
+    and a last chunk with no choices carries the usage."""
+    head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
+    chunks = []
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> None:
+        chunks.append({**head, "choices": [{"index": index, "delta": delta, "finish_reason": finish,
+                                            "logprobs": None}], **({"usage": None} if include_usage else {})})
+
+    for choice in body["choices"]:
+        message, index = choice["message"], choice["index"]
+        chunk(index, {"role": "assistant", "content": ""})
+        if message.get("content"):
+            chunk(index, {"content": message["content"]})
+        for number, call in enumerate(message.get("tool_calls") or []):
+            chunk(index, {"tool_calls": [{"index": number, **call}]})
+        chunk(index, {}, choice["finish_reason"])
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": body["usage"]})
+    return chunks
 
 
 def _error(status: int, message: str, param: str | None) -> Any:
@@ -85,6 +136,7 @@ def _error(status: int, message: str, param: str | None) -> Any:
 def make_app(answer: Callable[[str, dict[str, Any]], dict[str, Any]]) -> Any:
     """The FastAPI app: ``answer(episode_key, options)`` gives the response body or raises RequestError."""
     from fastapi import FastAPI, Request
+    from fastapi.responses import StreamingResponse
 
     app = FastAPI(title="agentrl openai_agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -96,9 +148,13 @@ def make_app(answer: Callable[[str, dict[str, Any]], dict[str, Any]]) -> Any:
             except ValueError as exc:
                 raise RequestError(f"the request body is not JSON: {exc}") from exc
             options = check_request(body)
-            return await asyncio.to_thread(answer, episode, options)
+            reply = await asyncio.to_thread(answer, episode, options)
         except RequestError as exc:
             return _error(exc.status, str(exc), exc.param)
+        if not options["stream"]:
+            return reply
+        events = [f"data: {json.dumps(c)}\n\n" for c in completion_chunks(reply, options["include_usage"])]
+        return StreamingResponse(iter(events + ["data: [DONE]\n\n"]), media_type="text/event-stream")
 
     return app
 

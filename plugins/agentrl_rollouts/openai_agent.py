@@ -18,9 +18,11 @@ None (the reward functions score the last call's conversation and reply); in the
 the run's env also scores the final answer (``env_scores``: :mod:`agentrl_rollouts.agent_scoring`),
 which gives agent runs an env return and held-out accuracy. Every call's prompt ids,
 sampled ids and sampler logprobs are recorded and merged into token-exact segments
-(:mod:`agentrl_rollouts.agent_record`); each segment is a training row with the episode's reward
-and group. An agent that raises or runs past ``plugins.openai_agent.timeout_s`` is handled by
-``on_call_error`` like a failing env: ``skip`` leaves the episode unscored.
+(:mod:`agentrl_rollouts.agent_record`; a call with ``n > 1`` records each choice); each segment is
+a training row with the episode's reward and group. ``tool_choice`` and the tool parser:
+:mod:`agentrl_rollouts.agent_tools`. An agent that raises or runs past
+``plugins.openai_agent.timeout_s`` is handled by ``on_call_error`` like a failing env: ``skip``
+leaves the episode unscored.
 """
 
 from __future__ import annotations
@@ -41,9 +43,8 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from agentrl import (
-    HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, AgentRLError, CallGuard, CallTimeout, ChatTokenizer,
-    ConfigError, Engine, EngineError, EnvError, SamplingParams, Trajectory, build_plugin_config, import_extra,
-    one_line, parse_xml_json, render_tools_system_prompt, sample_label,
+    AgentRLError, CallGuard, CallTimeout, ChatTokenizer, ConfigError, Engine, EngineError, EnvError, SamplingParams,
+    Trajectory, build_plugin_config, import_extra, one_line, render_tools_system_prompt, sample_label,
 )
 
 from agentrl_rollouts.agent_engine import (
@@ -52,11 +53,10 @@ from agentrl_rollouts.agent_engine import (
 from agentrl_rollouts.agent_record import EpisodeRecord, count_calls
 from agentrl_rollouts.agent_scoring import score_with_env
 from agentrl_rollouts.agent_server import BackgroundServer, RequestError, completion_body, make_app
+from agentrl_rollouts.agent_tools import call_opener, resolve_tool_parser_name
 
 SECTION = "openai_agent"
 INSTALL = "the openai_agent rollout needs fastapi, uvicorn and openai: pip install 'agentrl[agents]'"
-PARSERS = {"xml_json": parse_xml_json, "llama3_json": LLAMA3_JSON, "mistral": MISTRAL,
-           "qwen3_coder": QWEN3_CODER, "harmony": HARMONY}
 PLACEHOLDER = [{"role": "user", "content": ""}]
 
 
@@ -66,8 +66,9 @@ class OpenAIAgentConfig:
 
     agent: str = ""
     """The agent function: ``path/to/file.py:solve`` or ``module:solve`` (module docstring)."""
-    tool_parser: str = "xml_json"
-    """Registered tool-call parser reading the model's calls into OpenAI ``tool_calls``."""
+    tool_parser: str = "auto"
+    """Registered tool-call parser reading the model's calls into OpenAI ``tool_calls``; ``auto``: the
+    one the model's chat template or special tokens show (``xml_json`` when they show none)."""
     max_concurrency: Annotated[int, Field(ge=0)] = 0
     """Episodes whose agent runs at once (0: every episode of the step)."""
     batch_wait_s: Annotated[float, Field(ge=0)] = 0.02
@@ -131,11 +132,7 @@ class OpenAIAgentRollout:
         if not self.options.agent:
             raise ConfigError(f"rollout openai_agent needs plugins.{SECTION}.agent: 'path/to/file.py:function'")
         self.agent = load_agent(self.options.agent)
-        if self.options.tool_parser not in PARSERS:
-            from agentrl import load_plugins  # a parser another plugin registers
-
-            PARSERS[self.options.tool_parser] = load_plugins().registry.get("tool_parser", self.options.tool_parser).factory
-        self.parser = PARSERS[self.options.tool_parser]
+        self.parser_name, self.parser = resolve_tool_parser_name(self.options.tool_parser, tokenizer)
         self.batches: list[int] = []
         """Engine batch sizes of the last :meth:`run`."""
 
@@ -224,39 +221,59 @@ class OpenAIAgentRollout:
                 messages = with_tool_prompt(messages, render_tools_system_prompt(options["tools"],
                                                                                  call_format(self.parser)))
             rendered_tools = options["tools"] if native else None
-            prompt, extends = record.prompt_ids(self.chat, self.chat.render(messages, True, tools=rendered_tools))
+            opener = call_opener(self.parser_name, options["tool_choice"])  # a call's start, prefilled and masked
+            rendered = self.chat.render(messages, True, tools=rendered_tools) + opener
+            prompt, extends = record.prompt_ids(self.chat, rendered)
             context = (record.segments[-1].token_ids if extends else []) + prompt
             cap = min(options["max_tokens"] or step.sampling.max_new_tokens, step.sampling.max_new_tokens,
                       self.config.max_total_tokens - len(context))
             if cap <= 0:
                 raise RequestError(f"the conversation is {len(context)} tokens: it fills max_total_tokens="
                                    f"{self.config.max_total_tokens}", param="messages")
-            generation = self._generate(step, index, record, context, cap, options["temperature"])
-            ids, logprobs, reason = generation.token_ids, generation.logprobs, generation.finish_reason
-            cut = cut_at_stop(self.chat, ids, options["stop"]) if options["stop"] else None
-            if cut is not None:
-                ids, logprobs, reason, text = ids[:cut[0]], logprobs[:cut[0]], "stop", cut[1]
-            else:
-                text = self.chat.assistant_text(ids, reason == "stop")
-            message = assistant_message(text, self.parser, tools, record.raw_texts)
-            record.add(prompt, extends, ids, logprobs, reason, messages + [{"role": "assistant", "content": text}],
-                       rendered_tools, count_calls(text, self.parser, tools))
-        finish = "tool_calls" if message.get("tool_calls") else reason
-        return completion_body(options["model"], message, finish, len(context), len(ids))
+            generations = self._generate(step, index, record, context, cap, options["temperature"], options["n"])
+            replies = [self._reply(g, options["stop"], opener, tools, record) for g in generations]
+            sampled = [(ids, logprobs, reason, messages + [{"role": "assistant", "content": text}])
+                       for ids, logprobs, reason, text, _ in replies]
+            counts = [count_calls(text, self.parser, tools) for _, _, _, text, _ in replies]
+            if len(sampled) == 1:
+                record.add(prompt, extends, *sampled[0], rendered_tools, counts[0])
+            else:  # n > 1: the choice the agent continues with is merged, the others are segments of their own
+                record.add_choices(prompt, extends, sampled, rendered_tools, counts)
+        choices = [(message, "tool_calls" if message.get("tool_calls") else reason)
+                   for _, _, reason, _, message in replies]
+        return completion_body(options["model"], choices, len(context), sum(len(reply[0]) for reply in replies))
+
+    def _reply(self, generation: Any, stop: list[str], opener: str, tools: list[dict[str, Any]] | None,
+               record: EpisodeRecord) -> tuple[list[int], list[float], str, str, dict[str, Any]]:
+        """One choice: its kept ids and logprobs (cut after a ``stop`` string), finish reason, text
+        (the prefilled opener first) and OpenAI assistant message."""
+        ids, logprobs, reason = generation.token_ids, generation.logprobs, generation.finish_reason
+        cut = cut_at_stop(self.chat, ids, stop) if stop else None
+        if cut is not None:
+            ids, logprobs, reason, text = ids[:cut[0]], logprobs[:cut[0]], "stop", cut[1]
+        else:
+            text = self.chat.assistant_text(ids, reason == "stop")
+        text = opener + text
+        return ids, logprobs, reason, text, assistant_message(text, self.parser, tools, record.raw_texts)
 
     def _generate(self, step: _Step, index: int, record: EpisodeRecord, context: list[int], cap: int,
-                  temperature: float | None) -> Any:
-        """Sample one call through the batcher; an engine failure is kept for :meth:`run` and answered 500."""
+                  temperature: float | None, n: int = 1) -> list[Any]:
+        """Sample one call's ``n`` choices through the batcher, choice k with the call's seed mixed
+        with k (choice 0: the call's seed); an engine failure is kept for :meth:`run` and answered 500."""
         from agentrl_rollouts import turn_seed
 
         if temperature is not None and temperature != step.sampling.temperature:
             self.guard.warn_once("agent:temperature", f"the agent asked for temperature={temperature} but the run "
                                  f"trains at temperature={step.sampling.temperature}: its sampler logprobs then differ "
                                  "from the trainer's; leave temperature out of the agent's calls")
-        request = GenerationRequest(context, cap, step.sampling.temperature if temperature is None else temperature,
-                                    turn_seed(step.seeds[index], record.calls))
+        seed = turn_seed(step.seeds[index], record.calls)
+        requests = [GenerationRequest(context, cap, step.sampling.temperature if temperature is None else temperature,
+                                      turn_seed(seed, choice)) for choice in range(n)]
         try:
-            return step.batcher.submit(request)
+            if n == 1:
+                return [step.batcher.submit(requests[0])]
+            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="agentrl-choice") as pool:
+                return list(pool.map(step.batcher.submit, requests))
         except Exception as exc:
             step.engine_errors.append(exc)
             raise RequestError(f"the engine failed: {one_line(exc)}", 500) from exc
