@@ -65,6 +65,7 @@ from agentrl.objectives import (
     step_totals,
 )
 from agentrl.plugins import PluginManager, load_plugins
+from agentrl.process_rewards import StepRewards, process_advantages, step_ends
 from agentrl.precision import Precision, resolve_precision
 from agentrl.sandbox import run_python
 from agentrl.tasks import LazyTasks
@@ -92,6 +93,9 @@ __all__ = [
     "GroupRelative",
     "GroupRelativeConfig",
     "group_advantages",
+    "StepRewards",
+    "process_advantages",
+    "step_ends",
     "ROLES",
     "PrivateGlobalRandom",
     "SeedTasks",
