@@ -65,6 +65,7 @@ from agentrl.objectives import (
     step_totals,
 )
 from agentrl.plugins import PluginManager, load_plugins
+from agentrl.process_reward_model import ProcessRewardModel
 from agentrl.process_rewards import StepRewards, process_advantages, step_ends
 from agentrl.precision import Precision, resolve_precision
 from agentrl.sandbox import run_python
@@ -94,6 +95,7 @@ __all__ = [
     "GroupRelativeConfig",
     "group_advantages",
     "StepRewards",
+    "ProcessRewardModel",
     "process_advantages",
     "step_ends",
     "ROLES",

@@ -82,12 +82,14 @@ class StepRewards:
 
 def step_ends(trajectory: Trajectory, tokenizer: Any, separator: str = "\n\n") -> list[int]:
     """Token positions where the steps of the model's turns end: the token whose text completes an
-    occurrence of ``separator``, and each turn's last sampled token (the turn's last step). The
+    occurrence of ``separator``, and each turn's last sampled token (the turn's last step, which
+    takes a stop token or blanks after a final separator along: no step holds only those). The
     text is each sampled token decoded on its own, concatenated (a separator split over tokens is
     found; a position holds at most one step)."""
     if not separator:
         raise ValueError("step separator '' is invalid: expected a non-empty string such as '\\n\\n'")
     ends: list[int] = []
+    special = set(getattr(tokenizer, "all_special_ids", None) or [])
     for turn in trajectory.turns:
         if turn.end <= turn.start:
             continue
@@ -96,11 +98,15 @@ def step_ends(trajectory: Trajectory, tokenizer: Any, separator: str = "\n\n") -
         for offset, piece in enumerate(pieces):
             text += piece
             owner += [turn.start + offset] * len(piece)
+        inside: list[int] = []
         found = text.find(separator)
         while found != -1:
-            ends.append(owner[found + len(separator) - 1])
+            inside.append(owner[found + len(separator) - 1])
             found = text.find(separator, found + len(separator))
-        ends.append(turn.end - 1)
+        tail = trajectory.token_ids[inside[-1] + 1:turn.end] if inside else []
+        if inside and all(tid in special or not tokenizer.decode([tid]).strip() for tid in tail):
+            inside.pop()  # nothing but the stop token (or blanks) after the last separator: no step of its own
+        ends += [*inside, turn.end - 1]
     return sorted(set(ends))
 
 
