@@ -175,6 +175,12 @@ class Algorithm(abc.ABC):
         return 1
 
     @property
+    def reference_reset(self) -> tuple[int, float]:
+        """``(every, mix)``: after every ``every``-th step the trainer sets the reference to
+        ``mix * ref + (1 - mix) * policy`` (:mod:`agentrl.reference`); ``(0, 0.0)``: never."""
+        return 0, 0.0
+
+    @property
     def needs_old_logprobs(self) -> bool:
         """True if the trainer must store the sampling policy's logprobs before any update
         (needed as soon as one rollout batch gives more than one optimizer step)."""

@@ -137,6 +137,9 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     model = lora.with_adapter(load_model(config.model), config.lora)  # unchanged without LoRA
     # With LoRA the reference is the policy itself, its adapter off (lora.adapter_disabled): no copy.
     ref_model = None if not algorithm.needs_reference else (model if lora.is_adapted(model) else _frozen_copy(model))
+    if ref_model is model and algorithm.reference_reset[0]:
+        raise ConfigError(f"algorithm.ref_sync_every={algorithm.reference_reset[0]} with lora: the reference is the "
+                          "policy with its adapter off, which a reset cannot move; set ref_sync_every 0 or drop lora")
     replica = sharding.sampling_replica(accelerator, model)  # FSDP / ZeRO-3 only
     check_sharded_run(config, replica is not None, sharding.is_fsdp(accelerator))
     run = Run(config, manager, accelerator, precision, algorithm, settings, needs_old, envs, call_guard, reward_fns,

@@ -46,6 +46,11 @@ class ClippedPolicyConfig:
     mini_batches: Annotated[int, Field(ge=1)] = 1
     """Optimizer steps per pass: the rollout batch's episodes are split into this many parts
     (TRL's steps_per_generation); > 1 makes the clipping matter. >= 1."""
+    ref_sync_every: Annotated[int, Field(ge=0)] = 0
+    """Iterative GRPO: after every this many steps the reference moves to the policy
+    (:mod:`agentrl.reference`); needs ``beta > 0``, not with LoRA. 0: never (a fixed reference)."""
+    ref_sync_mix: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """At a reset, ``ref <- ref_sync_mix * ref + (1 - ref_sync_mix) * policy``; 0: a copy. In [0, 1)."""
 
     kl_estimator_required: ClassVar[bool] = False
     """True where ``kl_estimator`` has no None (the algorithm's own default) to fall back on."""
@@ -60,6 +65,8 @@ class ClippedPolicyConfig:
         high = 1 + self.epsilon_high  # delta's bound depends on epsilon_high
         check.number("delta", low=high, low_open=True, optional=True,
                      allowed=f"expected None or a number > 1 + epsilon_high = {high}")
+        if self.ref_sync_every and not self.beta > 0:
+            check.fail("ref_sync_every", "a reference reset needs a reference: set beta > 0, or ref_sync_every 0")
 
 
 class ClippedPolicy(Algorithm):
@@ -77,6 +84,11 @@ class ClippedPolicy(Algorithm):
     def num_mini_batches(self) -> int:
         """Optimizer steps per pass (``config.mini_batches``)."""
         return self.config.mini_batches
+
+    @property
+    def reference_reset(self) -> tuple[int, float]:
+        """``(ref_sync_every, ref_sync_mix)`` (:mod:`agentrl.reference`)."""
+        return self.config.ref_sync_every, self.config.ref_sync_mix
 
     def kl_in_loss(self) -> str | None:
         """The KL estimator of the loss's ``beta x KL`` term, None for no term: ``kl_estimator``

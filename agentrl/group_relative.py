@@ -21,6 +21,7 @@ from agentrl.config_rules import OneOf
 from agentrl.objectives import KL_ESTIMATORS
 from agentrl.distributed import all_sum
 from agentrl.errors import ConfigError
+from agentrl.process_rewards import outcome_steps, process_advantages
 from agentrl.trajectory import TrainBatch
 
 
@@ -38,6 +39,10 @@ class GroupRelativeConfig(ClippedPolicyConfig):
     """Optimizer passes over each rollout batch (GRPO's mu); > 1 makes the clipping matter. >= 1."""
     std_epsilon: Annotated[float, Field(gt=0)] = 1e-4
     """Floor on the std that advantages are divided by. > 0."""
+    advantage: Annotated[str, OneOf("outcome", "process")] = "outcome"
+    """"outcome": each episode's total on all its tokens; "process": seed 002's process-supervised
+    advantage over the step rewards (:mod:`agentrl.process_rewards`; outcome rewards are steps at
+    the last sampled token)."""
     kl_estimator_required: ClassVar[bool] = True
 
 
@@ -140,13 +145,23 @@ class GroupRelative(ClippedPolicy):
         return self.config.num_iterations
 
     def compute_advantages(self, batch: TrainBatch, metrics: dict[str, float]) -> torch.Tensor:
-        """Each episode's group advantage on all its loss-mask tokens, ``(N, T)``; logs
+        """Each episode's group advantage on all its loss-mask tokens, ``(N, T)`` (``advantage:
+        process``: the process-supervised advantage of :mod:`agentrl.process_rewards`); logs
         ``advantage/frac_zero_std_groups``, ``advantage/frac_nan_rewards``, ``advantage/abs_mean``."""
+        mask = batch.loss_mask
+        if self.config.advantage == "process":
+            if "step_ends" in batch.extras:
+                steps, ends = batch.extras["step_rewards"], batch.extras["step_ends"]
+            else:  # no reward function returned step rewards: each episode's total is its one step
+                steps, ends = outcome_steps(batch.rewards, mask)
+            per_token, stats = process_advantages(steps, ends, mask, batch.groups, self.config.scale_rewards,
+                                                  self.config.std_epsilon)
+            metrics.update({f"advantage/{name}": value for name, value in stats.items()})
+            return per_token
         advantages, stats = group_advantages(
             batch.rewards, batch.groups, self.config.scale_rewards, self.config.std_epsilon
         )  # (N,)
         metrics.update({f"advantage/{name}": value for name, value in stats.items()})
-        mask = batch.loss_mask
         return advantages.to(device=mask.device, dtype=mask.dtype)[:, None] * mask  # (N, T)
 
     def loss(self, context: LossContext) -> LossOutput:

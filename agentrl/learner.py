@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from agentrl import distributed, lora
+from agentrl import distributed, lora, reference
 from agentrl.algorithm import LossContext
 from agentrl.batching import mini_batch_rows
 from agentrl.build import Run
@@ -86,6 +86,14 @@ class Learner:
         metrics["train/nonfinite_skipped_steps"] = float(self.nonfinite_skips)
         if train_policy:
             run.engine.sync_weights(run.sampling_model())
+
+    def sync_reference(self, step: int, metrics: dict[str, float]) -> None:
+        """After every ``ref_sync_every``-th step (``step`` 1-based), the reference moves to the
+        policy (:mod:`agentrl.reference`; every process calls it: under FSDP the gather is a collective)."""
+        every, mix = self.run.algorithm.reference_reset
+        if self.run.ref_model is not None and reference.reset_due(step, every):
+            reference.mix_into(self.run.ref_model, self.run.sampling_model(), mix)
+            metrics["train/reference_reset"] = 1.0
 
     def add_frozen_logprobs(self, batch: TrainBatch) -> None:
         """``old_logprobs`` (the policy before this step's updates) and ``ref_logprobs`` (the

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from agentrl import checkpoint as ckpt
-from agentrl import distributed, lora, sharding
+from agentrl import distributed, lora, reference, sharding
 from agentrl.build import Run, Trained
 from agentrl.errors import CheckpointError, ConfigError, one_line
 from agentrl.rng import rng_states, set_rng_states
@@ -117,6 +117,8 @@ class RunCheckpoints:
                 (policy_model or weights.policy_model()).save_pretrained(folder / "model")
                 run.tokenizer.save_pretrained(folder / "model")
             save_tensors(module_states, folder / ckpt.MODULES)
+            if run.ref_model is not None and reference.has_been_reset(step, run.algorithm.reference_reset[0]):
+                reference.save_reference(run.ref_model, folder)
             save_tensors(optim_states, folder / ckpt.OPTIMIZERS)
             plugins: dict[str, Any] = {}
             run.hook.agentrl_save_state(state=plugins)
@@ -156,6 +158,9 @@ class RunCheckpoints:
         for name, trained in run.trained.items():
             if name != "policy":
                 weights.load_module(trained, saved.modules[name], optim[name])
+        if run.ref_model is not None:
+            reference.load_reference(run.ref_model, folder, reference.has_been_reset(
+                int(state["step"]), run.algorithm.reference_reset[0]))
         for name, trained in run.trained.items():
             trained.scheduler.load_state_dict(saved.schedules[name])
             reapply_schedule(trained.scheduler)  # --resume --max-steps N: the rate of the schedule as now configured

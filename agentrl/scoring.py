@@ -33,9 +33,10 @@ import numpy as np
 
 from agentrl.env import MAX_ABS_REWARD, CallGuard, CallTimeout, sample_label
 from agentrl.errors import AgentRLError, RewardError, one_line
+from agentrl.process_rewards import StepRewards, merge_steps
 from agentrl.trajectory import Trajectory
 
-RewardFn = Callable[..., list[float | None]]
+RewardFn = Callable[..., list[float | StepRewards | None]]
 
 
 def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, float]],
@@ -65,11 +66,14 @@ def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, 
     counts = {"env": int((~np.isfinite(env[~broken])).sum())}
     weights = {"env": env_weight}
     failed = broken.copy()  # (N,) a sample some component could not score
+    steps: dict[str, dict[int, StepRewards]] = {}  # name -> batch index -> the step rewards it returned
     for name, (fn, weight) in reward_fns.items():
         values = np.full(len(trajectories), np.nan)
         lost = np.zeros(len(trajectories), dtype=bool)
+        steps[name] = {}
         if healthy:
-            values[~broken], lost[~broken], counts[name] = _call(name, fn, healthy, np.flatnonzero(~broken), guard)
+            values[~broken], lost[~broken], counts[name] = _call(name, fn, healthy, np.flatnonzero(~broken), guard,
+                                                                 steps[name])
         else:
             counts[name] = 0
         if errors is not None:
@@ -91,6 +95,8 @@ def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, 
                        or [np.full(len(trajectories), np.nan)])  # (C, N)
     scored = ~np.isnan(stacked)
     totals = np.where(scored.any(axis=0), np.nansum(stacked, axis=0), np.nan)
+    if any(steps.values()):
+        _attach_steps(trajectories, components, weights, steps, totals)
     return [float(x) for x in totals], components
 
 
@@ -103,6 +109,15 @@ def popped_metrics(reward_fns: dict[str, tuple[RewardFn, float]]) -> dict[str, f
         if callable(pop):
             out.update({f"{label}/{key}": float(value) for key, value in pop().items()})
     return out
+
+
+def _attach_steps(trajectories: list[Trajectory], components: dict[str, np.ndarray], weights: dict[str, float],
+                  steps: dict[str, dict[int, StepRewards]], totals: np.ndarray) -> None:
+    """Each scored trajectory's weighted step rewards (:func:`agentrl.process_rewards.merge_steps`)."""
+    for i, trajectory in enumerate(trajectories):
+        parts = [(name, steps.get(name, {}).get(i, float(values[i])), weights[name])
+                 for name, values in components.items() if weights[name] != 0 and not np.isnan(values[i])]
+        trajectory.step_rewards = None if np.isnan(totals[i]) else merge_steps(trajectory, parts)
 
 
 def _check_magnitude(name: str, values: np.ndarray, weight: float, trajectories: list[Trajectory]) -> None:
@@ -121,21 +136,22 @@ def _check_magnitude(name: str, values: np.ndarray, weight: float, trajectories:
 
 
 def _call(name: str, fn: RewardFn, trajectories: list[Trajectory], indices: np.ndarray,
-          guard: CallGuard) -> tuple[np.ndarray, np.ndarray, int]:
+          guard: CallGuard, steps: dict[int, StepRewards]) -> tuple[np.ndarray, np.ndarray, int]:
     """``fn``'s values as floats (None -> NaN), which samples it failed on ``(n,)``, and how many
-    values were inf, -inf or NaN. ``indices``: the trajectories' positions in the batch."""
+    values were inf, -inf or NaN. ``indices``: the trajectories' positions in the batch;
+    ``steps`` receives the :class:`StepRewards` it returned by position."""
     try:
         raw = guard.call(fn, trajectories=trajectories)
     except AgentRLError:
         raise
     except Exception as exc:
-        return _isolate(name, fn, trajectories, indices, guard, exc)
-    values, nonfinite = _parse(name, raw, indices)
+        return _isolate(name, fn, trajectories, indices, guard, exc, steps)
+    values, nonfinite = _parse(name, raw, indices, steps)
     return values, np.zeros(len(trajectories), dtype=bool), nonfinite
 
 
 def _isolate(name: str, fn: RewardFn, trajectories: list[Trajectory], indices: np.ndarray,
-             guard: CallGuard, exc: Exception) -> tuple[np.ndarray, np.ndarray, int]:
+             guard: CallGuard, exc: Exception, steps: dict[int, StepRewards]) -> tuple[np.ndarray, np.ndarray, int]:
     """After a batch call failed with ``exc``: retry one trajectory at a time (not after a timeout),
     then raise (``fail``) or warn once and mark the failed samples (``skip``)."""
     n = len(trajectories)
@@ -157,7 +173,7 @@ def _isolate(name: str, fn: RewardFn, trajectories: list[Trajectory], indices: n
                 break
             lost[i] = True
             continue
-        one, bad = _parse(name, raw, indices[i:i + 1])
+        one, bad = _parse(name, raw, indices[i:i + 1], steps)
         values[i], nonfinite = one[0], nonfinite + bad
     if first is None:  # every sample scored alone: the failure needs the whole batch
         values[:], lost[:], nonfinite, first = np.nan, True, 0, (None, exc)
@@ -174,22 +190,25 @@ def _isolate(name: str, fn: RewardFn, trajectories: list[Trajectory], indices: n
     return values, lost, nonfinite
 
 
-def _parse(name: str, values: Any, indices: np.ndarray) -> tuple[np.ndarray, int]:
-    """A reward function's output for the samples at ``indices`` as floats (None -> NaN) and how
-    many were inf, -inf or NaN; RewardError for the wrong count or a non-number."""
+def _parse(name: str, values: Any, indices: np.ndarray, steps: dict[int, StepRewards]) -> tuple[np.ndarray, int]:
+    """A reward function's output for the samples at ``indices`` as floats (None -> NaN; a
+    :class:`StepRewards`: the sum of its values, NaN without steps, kept in ``steps``) and how many
+    were inf, -inf or NaN; RewardError for the wrong count or a non-number."""
     n = len(indices)
     if not isinstance(values, (list, tuple)) or len(values) != n:
         got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-        raise RewardError(f"reward function {name!r} must return one float or None per trajectory ({n}), got {got}")
+        raise RewardError(f"reward function {name!r} must return one float, StepRewards or None per trajectory ({n}), got {got}")
     out = np.empty(n, dtype=np.float64)
     nonfinite = 0
     for i, value in enumerate(values):
         if value is None:
             out[i] = math.nan
+        elif isinstance(value, StepRewards):
+            out[i], steps[int(indices[i])] = value.total, value
         elif isinstance(value, numbers.Real) and not isinstance(value, bool):
             out[i] = float(value)
             nonfinite += not math.isfinite(out[i])
         else:
             raise RewardError(f"reward function {name!r} returned {value!r} for sample {int(indices[i])}: "
-                              "expected float or None")
+                              "expected float, StepRewards or None")
     return out, nonfinite

@@ -31,6 +31,7 @@ from agentrl.env import (
     task_label,
 )
 from agentrl.errors import AgentRLError, EnvError, RewardError, one_line
+from agentrl.process_rewards import StepRewards, merge_steps
 from agentrl.trajectory import Trajectory, Turn
 
 RewardFn = Callable[..., list[float | None]]
@@ -263,7 +264,8 @@ def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.E
 
 # -- rewards ---------------------------------------------------------------------------------------
 def check_reward_output(fn: RewardFn, trajectories: list[Trajectory]) -> list[float | None]:
-    """Call ``fn(trajectories=...)``; it must return one finite float or None per trajectory."""
+    """Call ``fn(trajectories=...)``; it must return one finite float, :class:`agentrl.StepRewards`
+    (at tokens the model sampled) or None per trajectory."""
     name = getattr(fn, "__name__", repr(fn))
     try:
         scores = fn(trajectories=trajectories)
@@ -275,6 +277,9 @@ def check_reward_output(fn: RewardFn, trajectories: list[Trajectory]) -> list[fl
     for i, score in enumerate(scores):
         if score is None:
             continue
+        if isinstance(score, StepRewards):
+            merge_steps(trajectories[i], [(name, score, 1.0)])  # a RewardError for a position off the loss mask
+            continue
         if isinstance(score, bool) or not isinstance(score, numbers.Real) or not math.isfinite(score):
             raise RewardError(f"reward {name!r}: score {i} is {score!r}; expected a finite float or None")
     return scores
@@ -285,6 +290,7 @@ def check_reward_gold(fn: RewardFn, trajectories: list[Trajectory], full_marks: 
     name = getattr(fn, "__name__", repr(fn))
     gold = [with_completion(t, text) for t in trajectories if (text := gold_text(t.task)) is not None]
     for trajectory, score in zip(gold, check_reward_output(fn, gold)):
+        score = score.total if isinstance(score, StepRewards) else score
         if score is None or not math.isclose(float(score), full_marks, abs_tol=1e-6):
             raise RewardError(f"reward {name!r} gave the gold reply {trajectory.completion_text!r} "
                               f"{score!r}, expected full marks {full_marks!r}")

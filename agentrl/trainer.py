@@ -101,8 +101,10 @@ class Trainer:
         return self.rollouts.collect(step)
 
     def update(self, batch: TrainBatch, metrics: dict[str, float], step: int = 1) -> None:
-        """All of the algorithm's optimizer steps on one batch (:meth:`agentrl.learner.Learner.update`)."""
+        """All of the algorithm's optimizer steps on one batch (:meth:`agentrl.learner.Learner.update`),
+        then the reference reset when one is due (:meth:`agentrl.learner.Learner.sync_reference`)."""
         self.learner.update(batch, metrics, step)
+        self.learner.sync_reference(step, metrics)
 
     def evaluate(self) -> dict[str, float]:
         """Held-out accuracy of the current policy (greedy by default)."""

@@ -75,6 +75,9 @@ class Trajectory:
     """Earlier segments of the same episode, each its own token-exact row: an agent program that
     rewrote its history (``openai_agent`` rollout) starts a new segment. They share this episode's
     reward and group (:func:`with_segments`); empty for every env-driven episode."""
+    step_rewards: dict[int, float] | None = None
+    """Weighted step rewards by token position (:mod:`agentrl.process_rewards`): scoring sets them
+    when a reward function returned step rewards for the batch; None: outcome rewards only."""
 
     @property
     def prompt_length(self) -> int:
@@ -214,7 +217,8 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
     A trajectory whose reward is NaN (not scored: no reward function scored it, or a reward
     function or its env failed) gets an all-zero ``loss_mask`` row: it adds nothing to the loss,
     its KL term or the loss denominators, exactly as if it were not in the batch; the group
-    statistics of the algorithms already leave NaN rewards out."""
+    statistics of the algorithms already leave NaN rewards out. When a trajectory has
+    ``step_rewards``, ``extras`` holds ``step_rewards`` and ``step_ends`` ``(N, T)`` (:mod:`agentrl.process_rewards`)."""
     if len(rewards) != len(trajectories):
         raise ValueError(f"{len(rewards)} rewards for {len(trajectories)} trajectories")
     n = len(trajectories)
@@ -234,6 +238,9 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
         for turn in traj.turns:
             if turn.end > turn.start:
                 token_rewards[i, turn.end - 1] += env_reward_weight * turn.reward
+    extras: dict[str, torch.Tensor] = {}
+    if any(t.step_rewards is not None for t in trajectories):
+        extras["step_rewards"], extras["step_ends"] = _step_tensors(trajectories, rewards, width)
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -244,4 +251,23 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
         token_rewards=token_rewards,
         truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
         lengths=attention_mask.sum(dim=1),
+        extras=extras,
     )
+
+
+def _step_tensors(trajectories: list[Trajectory], rewards: list[float], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(step_rewards, step_ends)``, both ``(N, width)`` float32: each row's weighted step rewards
+    at their positions and 1 where a step ends. A row without ``step_rewards`` (an agent episode's
+    earlier segment) has its total as one step at its last sampled token; an unscored row none."""
+    values = torch.zeros((len(trajectories), width), dtype=torch.float32)
+    ends = torch.zeros_like(values)
+    for i, (trajectory, total) in enumerate(zip(trajectories, rewards, strict=True)):
+        if math.isnan(total):
+            continue
+        steps = trajectory.step_rewards
+        if steps is None:
+            sampled = [t for t, m in enumerate(trajectory.loss_mask) if m]
+            steps = {sampled[-1]: total} if sampled else {}
+        for position, reward in steps.items():
+            values[i, position], ends[i, position] = reward, 1.0
+    return values, ends

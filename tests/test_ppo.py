@@ -30,7 +30,7 @@ def test_defaults_and_every_option_listed():
     expected = {"gamma", "lam", "credit", "critic_learning_rate", "critic_lr_warmup_steps", "critic_max_grad_norm",
                 "critic_warmup_steps", "value_clip", "whiten_advantages", "ppo_epochs", "mini_batches",
                 "epsilon_low", "epsilon_high", "delta", "importance_sampling_level", "beta", "kl_in", "kl_estimator",
-                "loss_type"}
+                "loss_type", "ref_sync_every", "ref_sync_mix"}
     assert {f.name for f in dataclasses.fields(PPOConfig)} == expected
 
 
