@@ -66,6 +66,7 @@ from agentrl.objectives import (
 )
 from agentrl.plugins import PluginManager, load_plugins
 from agentrl.precision import Precision, resolve_precision
+from agentrl.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
 from agentrl.sandbox import run_python
 from agentrl.tasks import LazyTasks
 from agentrl.tool_formats import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolCallFormat, type_arguments
@@ -107,6 +108,10 @@ __all__ = [
     "HARMONY",
     "type_arguments",
     "run_python",
+    "BatchingQueue",
+    "GenerationRequest",
+    "RequestQueue",
+    "request_queue",
     "seeded_rng",
     "AGGREGATIONS",
     "KL_ESTIMATORS",

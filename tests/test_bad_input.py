@@ -24,6 +24,7 @@ from agentrl_grpo import GRPOConfig
 from agentrl_gspo import GSPOConfig
 from agentrl_hf_engine import HFEngineConfig
 from agentrl_ppo import PPOConfig
+from agentrl_rollouts import MultiTurnConfig
 from agentrl_rollouts.openai_agent import OpenAIAgentConfig
 from agentrl_sampler_correction import SamplerCorrectionConfig
 from agentrl_vllm_engine import VLLMEngineConfig
@@ -32,7 +33,7 @@ from agentrl_vllm_engine.server import VLLMServerConfig
 PLUGIN_CONFIGS = {GRPOConfig: "algorithm", GSPOConfig: "algorithm", PPOConfig: "algorithm",
                   SamplerCorrectionConfig: "plugins.sampler_correction", HFEngineConfig: "engine_args",
                   VLLMEngineConfig: "engine_args", VLLMServerConfig: "engine_args",
-                  OpenAIAgentConfig: "plugins.openai_agent"}
+                  OpenAIAgentConfig: "plugins.openai_agent", MultiTurnConfig: "plugins.multi_turn"}
 FREE_SECTIONS = ("env_args", "algorithm", "engine_args", "plugins")
 """TrainConfig sections that their plugin's own config class validates."""
 
