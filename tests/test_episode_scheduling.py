@@ -217,6 +217,26 @@ def test_an_interrupt_stops_the_rollout_and_its_queue(tiny, env_class):
     assert [len(t.turns) for t in _run(rollout, [Talk() for _ in TASKS])] == [t["turns"] for t in TASKS]
 
 
+def test_a_keyboard_interrupt_raised_by_engine_code_reaches_the_rollout_as_it_was(tiny):
+    """The engine runs in the request queue's thread: what it raises that is not an Exception is
+    raised by the rollout (the trainer names it as the plugin's failure), never a hang."""
+    rollout = _rollout(tiny)
+    real = rollout.engine.generate
+
+    def generate(prompts, sampling):
+        if len(rollout.engine.seeds) == 1:  # the second turn's batch
+            raise KeyboardInterrupt
+        return real(prompts, sampling)
+
+    rollout.engine.generate = generate
+    before = len(_queue_threads())
+    with pytest.raises(KeyboardInterrupt) as caught:
+        _run(rollout, [Talk() for _ in TASKS])
+    assert caught.traceback[-1].name == "generate" and len(_queue_threads()) == before
+    rollout.engine.generate = real
+    assert [len(t.turns) for t in _run(rollout, [Talk() for _ in TASKS])] == [t["turns"] for t in TASKS]
+
+
 class Gate(Talk):
     """A ``step`` that waits for the test to open the gate, recording which calls ran."""
 

@@ -83,7 +83,7 @@ from agentrl import (
 )
 
 from agentrl_rollouts.episodes import (
-    SECTION, Episode, MultiTurnConfig, NamedEngine, Reply, episode_seed, turn_seed,
+    SECTION, EngineExit, Episode, MultiTurnConfig, NamedEngine, Reply, episode_seed, turn_seed,
 )
 
 PLACEHOLDER = [{"role": "user", "content": ""}]
@@ -183,9 +183,12 @@ class MultiTurnRollout:
         pending[queue.submit(request)] = (episode, None)
 
     def _generation(self, future: Future, turn: int) -> Generation:
-        """The future's Generation; an engine's own queue's failure becomes an EngineError naming it."""
+        """The future's Generation; what engine code raised that is not an Exception is raised as it
+        was; an engine's own queue's failure becomes an EngineError naming it."""
         try:
             return future.result()
+        except EngineExit as exc:
+            raise exc.exc from None
         except EngineError:
             raise
         except Exception as exc:

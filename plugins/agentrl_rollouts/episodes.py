@@ -89,9 +89,20 @@ class Reply:
     """The episode's messages before this turn."""
 
 
+class EngineExit(Exception):
+    """Carries what engine code raised that is not an ``Exception`` (a KeyboardInterrupt or
+    SystemExit it raised itself, in the request queue's thread) to the rollout, which raises it
+    as it was (the run then names it as a plugin's failure)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
 class NamedEngine:
     """The rollout's engine as its request queue calls it: a failing ``generate`` raises an
-    EngineError naming the engine, the turn(s) and the batch (prompt count and lengths). ``turns``
+    EngineError naming the engine, the turn(s) and the batch (prompt count and lengths), or an
+    :class:`EngineExit` for what is not an ``Exception``. ``turns``
     maps ``id(prompt)`` (an episode's token id list) to that episode's turn, 1-based. An engine with
     its own ``request_queue`` keeps it (:func:`agentrl.request_queue` uses it)."""
 
@@ -116,3 +127,5 @@ class NamedEngine:
             raise EngineError(f"engine {self.name} failed at {at} on {len(prompts)} prompts of "
                               f"{min(lengths, default=0)}-{max(lengths, default=0)} tokens (max_new_tokens="
                               f"{sampling.max_new_tokens}, temperature={sampling.temperature}): {detail}") from exc
+        except BaseException as exc:  # the queue's thread hands only Exceptions to the requests' futures
+            raise EngineExit(exc) from None
