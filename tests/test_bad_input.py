@@ -26,6 +26,7 @@ from agentrl_hf_engine import HFEngineConfig
 from agentrl_ppo import PPOConfig
 from agentrl_rewards.judge import JudgeConfig
 from agentrl_rewards.reward_model import RewardModelConfig
+from agentrl_rollouts import MultiTurnConfig
 from agentrl_rollouts.openai_agent import OpenAIAgentConfig
 from agentrl_sampler_correction import SamplerCorrectionConfig
 from agentrl_vllm_engine import VLLMEngineConfig
@@ -35,7 +36,7 @@ PLUGIN_CONFIGS = {GRPOConfig: "algorithm", GSPOConfig: "algorithm", PPOConfig: "
                   SamplerCorrectionConfig: "plugins.sampler_correction", HFEngineConfig: "engine_args",
                   VLLMEngineConfig: "engine_args", VLLMServerConfig: "engine_args",
                   OpenAIAgentConfig: "plugins.openai_agent", RewardModelConfig: "plugins.reward_model",
-                  JudgeConfig: "plugins.judge"}
+                  JudgeConfig: "plugins.judge", MultiTurnConfig: "plugins.multi_turn"}
 FREE_SECTIONS = ("env_args", "algorithm", "engine_args", "plugins")
 """TrainConfig sections that their plugin's own config class validates."""
 

@@ -52,12 +52,13 @@ def test_every_turn_gets_its_own_seed_reproducibly(tokenizer):
     hf = load_plugins().registry.get("engine", "hf").factory
 
     class RecordingEngine(hf):
-        """The real hf engine, recording the seed of every generate call."""
+        """The real hf engine, recording the seed of every generate call (the one prompt's: each
+        request carries its own, ``sampling.prompt_seeds``)."""
 
         seeds: list
 
         def generate(self, prompts, sampling):
-            self.seeds.append(sampling.seed)
+            self.seeds.append((sampling.seeds_for(len(prompts)) or [None])[0])
             return super().generate(prompts, sampling)
 
     runs = []
@@ -67,7 +68,8 @@ def test_every_turn_gets_its_own_seed_reproducibly(tokenizer):
         [trajectory] = rollout.run([TalkEnv()], [{"question": "Talk."}], [0], SamplingParams(max_new_tokens=8, seed=5))
         runs.append((engine.seeds, trajectory.token_ids))
     seeds = runs[0][0]
-    assert len(seeds) == 3 and seeds[0] == 5 and len(set(seeds)) == 3  # distinct per turn, turn 0 unchanged
+    # distinct per turn, turn 0 unchanged (the seed the engine derived for prompt 0 of a batch seeded 5)
+    assert len(seeds) == 3 and seeds[0] == 5 * 1_000_003 and len(set(seeds)) == 3
     assert runs[0] == runs[1]  # and reproducible from the one seed
     engine.seeds = []
     rollout.run([TalkEnv()], [{"question": "Talk."}], [0], SamplingParams(max_new_tokens=8))

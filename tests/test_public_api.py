@@ -83,7 +83,8 @@ def test_public_api_names_exist():
     for name in ("Algorithm", "LossContext", "SetupContext", "TrainableModule", "policy_loss", "AGGREGATIONS",
                  "KL_ESTIMATORS", "build_plugin_config", "step_totals", "ClippedPolicy", "ClippedPolicyConfig",
                  "GroupRelative", "GroupRelativeConfig", "group_advantages", "seeded_rng", "SeedTasks",
-                 "PrivateGlobalRandom", "library_call", "import_extra", "run_python", "parse_xml_json"):
+                 "PrivateGlobalRandom", "library_call", "import_extra", "run_python", "parse_xml_json",
+                 "GenerationRequest", "RequestQueue", "request_queue"):
         assert name in agentrl.__all__, name
 
 

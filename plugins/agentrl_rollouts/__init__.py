@@ -1,23 +1,35 @@
-"""The ``multi_turn`` rollout: drives many env episodes together, one batched generation per turn.
+"""The ``multi_turn`` rollout: drives many env episodes, each advancing as soon as its env answers.
 
-Every live episode contributes its whole token sequence as a prompt; the engine samples one turn
-for all of them at once; the envs answer, all at once (:class:`agentrl.EnvWorkers`: ``env_workers``
-threads for sync ``reset``/``step``, one event loop for ``async def`` ones); each answer, taken in
-episode order whichever env was first, is appended as chat-template delta ids (loss mask 0), so
-the tokens do not depend on env latency. Single-turn envs are the case where the env terminates
+Every episode asks for its next model turn as soon as its env has answered the last one: one
+:class:`agentrl.GenerationRequest` (its whole token sequence as the prompt) on the run's
+:func:`agentrl.request_queue`, which samples the pending requests together once every running
+episode has one pending, or ``plugins.multi_turn.batch_wait_s`` after the first
+(:class:`~agentrl_rollouts.episodes.MultiTurnConfig`). Each sampled turn goes to its env at once
+(:meth:`agentrl.EnvWorkers.submit`: ``env_workers`` threads for sync ``reset``/``step``, one event
+loop for ``async def`` ones); the env's answer is appended as chat-template delta ids (loss mask 0)
+and the episode asks again. So one slow env holds back its own episode only: the others go on
+sampling. With fast envs (all answering within ``batch_wait_s``) the batches are exactly the
+lockstep ones: every live episode's turn k together, in episode order. ``reset`` runs for every
+episode at once before the first turn. Single-turn envs are the case where the env terminates
 after the first turn.
 
 Limits, kept apart (TRAPS 27): ``max_new_tokens`` per turn, ``max_sampled_tokens`` per episode
 (model tokens), ``max_total_tokens`` per episode (everything), and the env's ``max_turns``
-(the env truncates itself). Whichever ends an episode, ``Trajectory.truncated`` records it.
+(the env truncates itself). Each turn's request asks for what is left of the episode's budget
+(its own ``max_new_tokens``). Whichever ends an episode, ``Trajectory.truncated`` records it.
 
-Randomness (TRAPS 40): turn 0 samples with ``sampling.seed``; turn k > 0 with a seed derived from
-``(sampling.seed, k)`` (:func:`turn_seed`), so every turn draws fresh random numbers and a whole
-rollout stays reproducible from the one seed. Reusing the seed each turn would repeat turn 0's
-draws on every turn: episodes would no longer be samples of the policy. With per-episode
-``seeds`` (the trainer's: one per episode of the global batch), each episode also samples from its
-own seed (``SamplingParams.prompt_seeds``, turn-derived the same way), so its tokens do not depend
-on which episodes share its batch or its process.
+Randomness (TRAPS 40): every request carries its own seed, so an episode's tokens depend neither
+on which episodes share its batch nor on when its env answered. With per-episode ``seeds`` (the
+trainer's: one per episode of the global batch), episode i's turn k (its own count, 0-based)
+samples with ``turn_seed(seeds[i], k)`` (:func:`turn_seed`: the seed itself for turn 0, a distinct
+mix for later turns, so every turn draws fresh random numbers; reusing the seed would repeat turn
+0's draws on every turn and episodes would no longer be samples of the policy). Without ``seeds``,
+episode i's turn k samples with ``turn_seed(sampling.seed, k) * 1_000_003 + i`` (mod 2**63): the
+seed the engine gave batch position i under the batch seed ``turn_seed(sampling.seed, k)``, so
+the whole rollout stays reproducible from the one seed (``sampling.seed`` None too: the engine's
+own generator). Token ids, loss masks and rewards are therefore the same whatever the env
+latency; sampler logprobs can differ in the last float bits when a batch's composition differs
+(slow or jittery envs: the engine pads and batches the prompts differently).
 
 An episode whose prompt alone fills ``max_total_tokens`` ends before the model speaks: it has no
 turns (so it scores as an empty reply), ``info["prompt_too_long"]`` is set, and the rollout warns.
@@ -27,17 +39,20 @@ Failures (a bad rollout is data, not a crash). ``reset`` and ``step`` run under 
 inside env code (an :class:`agentrl.EnvLibraryError` included: the library an adapter wraps failed,
 named with its env id and call) ends that episode with ``skip``: ``info["error"]`` holds
 ``method``, ``exception`` (``Type: message``, or the EnvLibraryError's line) and ``timed_out``; the
-scorer leaves it unscored. A reset that failed leaves a placeholder prompt (one empty user message)
-and no turns. With ``fail``, or for a broken contract (wrong shapes, non-finite reward, any other
-AgentRLError), the run stops with an EnvError naming the env, the method and the sample. An engine
-that raises stops the run with an EngineError naming the engine, the turn and the batch (prompt
-count and lengths).
+scorer leaves it unscored, and the run warns once per env class, naming the first failure (by turn,
+then episode) whichever env answered first. A reset that failed leaves a placeholder prompt (one
+empty user message) and no turns. With ``fail``, or for a broken contract (wrong shapes,
+non-finite reward, any other AgentRLError), the run stops with an EnvError naming the env, the
+method and the sample (once the env calls already running have answered: the first failure by
+turn, then episode). An engine that raises stops the run with an EngineError naming the engine,
+the turn and the batch (prompt count and lengths). A Ctrl-C stops the env calls not started yet
+and the request queue.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from agentrl import (
@@ -53,60 +68,26 @@ from agentrl import (
     EnvLibraryError,
     EnvWorkers,
     Generation,
+    GenerationRequest,
+    RequestQueue,
     SamplingParams,
     Trajectory,
     Turn,
+    build_plugin_config,
     check_reset_result,
     check_step_result,
     hookimpl,
     one_line,
+    request_queue,
     sample_label,
+)
+
+from agentrl_rollouts.episodes import (
+    SECTION, EngineExit, Episode, MultiTurnConfig, NamedEngine, Reply, episode_seed, turn_seed,
 )
 
 PLACEHOLDER = [{"role": "user", "content": ""}]
 """The prompt of an episode whose ``reset`` failed (so its trajectory still has tokens)."""
-
-
-def turn_seed(seed: int | None, turn: int) -> int | None:
-    """The sampling seed of turn ``turn`` (0-based): ``seed`` itself for turn 0, else a distinct
-    deterministic mix of both (64-bit, within any generator's range); None stays None."""
-    if seed is None or turn == 0:
-        return seed
-    return (seed * 6364136223846793005 + turn * 1442695040888963407) % (2**63 - 1)
-
-
-@dataclass
-class _Episode:
-    index: int
-    env: Env
-    task: dict[str, Any]
-    group: int
-    messages: list[dict[str, Any]]
-    token_ids: list[int]
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    turns: list[Turn] = field(default_factory=list)
-    done: bool = False
-    terminated: bool = False
-    truncated: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
-    tools: list[dict[str, Any]] | None = None
-
-    @property
-    def sampled(self) -> int:
-        return sum(self.loss_mask)
-
-
-@dataclass
-class _Reply:
-    """A model turn just appended to its episode, waiting for the env's answer."""
-
-    start: int
-    ids: list[int]
-    reason: str
-    assistant: dict[str, Any]
-    history: list[dict[str, Any]]
-    """The episode's messages before this turn."""
 
 
 class MultiTurnRollout:
@@ -116,42 +97,27 @@ class MultiTurnRollout:
         self.engine = engine
         self.chat = ChatTokenizer(tokenizer)
         self.config = config
+        self.options = build_plugin_config(MultiTurnConfig, (getattr(config, "plugins", None) or {}).get(SECTION, {}),
+                                           f"plugins.{SECTION}")
         self.guard = CallGuard.from_config(config)
         self.workers = EnvWorkers(self.guard, config.env_workers)
+        self.batches: list[int] = []
+        """Engine batch sizes of the last :meth:`run`, in order."""
+        self._skipped: list[tuple[tuple[int, int], str, str]] = []
+        """Env failures skipped and not yet warned about: ((turn, episode), plugin, message)."""
 
     def run(self, envs: list[Env], tasks: list[dict[str, Any]], groups: list[int],
             sampling: SamplingParams, seeds: list[int] | None = None) -> list[Trajectory]:
         """One episode per env on the matching task; returns them as trajectories, in order."""
         if not len(envs) == len(tasks) == len(groups):
             raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
-        episodes = self._reset(envs, tasks, groups, seeds)
-        max_sampled = self.config.max_sampled_tokens or self.config.max_new_tokens * max(
-            env.max_turns for env in envs)
-        turn = 0
-        while live := [e for e in episodes if not e.done]:
-            budget = [min(sampling.max_new_tokens, max_sampled - e.sampled,
-                          self.config.max_total_tokens - len(e.token_ids)) for e in live]
-            for episode, cap in zip(live, budget):
-                if cap <= 0:  # the token budget is spent (by the prompt alone if no turn yet)
-                    episode.done = episode.truncated = True
-                    if not episode.turns:
-                        episode.info["prompt_too_long"] = True
-            live, budget = [e for e in live if not e.done], [b for b in budget if b > 0]
-            if not live:
-                break
-            turn_sampling = SamplingParams(
-                max_new_tokens=max(budget), temperature=sampling.temperature, top_p=sampling.top_p,
-                top_k=sampling.top_k, seed=turn_seed(sampling.seed, turn),
-                prompt_seeds=None if seeds is None else tuple(turn_seed(seeds[e.index], turn) for e in live))
-            turn += 1
-            generations = self._generate([e.token_ids for e in live], turn_sampling, turn)
-            replies = [self._sampled(episode, generation, cap)
-                       for episode, generation, cap in zip(live, generations, budget)]
-            # Every live episode's env answers at once (env_workers); the answers are taken in order.
-            outcomes = self.workers.gather([EnvCall(e.env, "step", (r.assistant["content"],))
-                                            for e, r in zip(live, replies)])
-            for episode, reply, outcome in zip(live, replies, outcomes):
-                self._answered(episode, reply, outcome, max_sampled)
+        try:
+            episodes = self._reset(envs, tasks, groups, seeds)
+            max_sampled = self.config.max_sampled_tokens or self.config.max_new_tokens * max(
+                env.max_turns for env in envs)
+            self._advance(episodes, sampling, seeds, max_sampled)
+        finally:
+            self._warn_skipped()
         too_long = sum(bool(e.info.get("prompt_too_long")) for e in episodes)
         if too_long:
             warnings.warn(f"{too_long} of {len(episodes)} episodes ended before the model spoke: their prompt "
@@ -159,8 +125,97 @@ class MultiTurnRollout:
                           "replies. Raise max_total_tokens or shorten the prompt.", RuntimeWarning, stacklevel=2)
         return [self._trajectory(e) for e in episodes]
 
+    def _advance(self, episodes: list[Episode], sampling: SamplingParams, seeds: list[int] | None,
+                 max_sampled: int) -> None:
+        """Every episode to its end, each turn as soon as its own env has answered (module docstring)."""
+        turns: dict[int, int] = {}  # id(an episode's token ids) -> its turn, 1-based: names a failing batch
+        queue = request_queue(NamedEngine(self.engine, self._engine_name(), turns), self.options.batch_wait_s,
+                              lambda: sum(not e.done for e in episodes))
+        pending: dict[Future, tuple[Episode, Reply | None]] = {}  # a generation (no reply yet) or an env step
+        failed: list[tuple[tuple[int, int], BaseException]] = []  # stop once the running calls answered
+        try:
+            for episode in episodes:
+                self._ask(queue, episode, sampling, seeds, max_sampled, turns, pending)
+            while pending:
+                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: pending[f][0].index):
+                    episode, reply = pending.pop(future)
+                    if reply is None:  # the model's turn: its env answers next
+                        reply = self._sampled(episode, self._generation(future, turns[id(episode.token_ids)]))
+                        if not failed:
+                            call = EnvCall(episode.env, "step", (reply.assistant["content"],))
+                            pending[self.workers.submit(call)] = (episode, reply)
+                        continue
+                    try:
+                        self._answered(episode, reply, self._outcome(future), max_sampled)
+                    except AgentRLError as exc:
+                        failed.append(((len(episode.turns), episode.index), exc))
+                    if not failed:
+                        self._ask(queue, episode, sampling, seeds, max_sampled, turns, pending)
+        except BaseException:
+            self.workers.cancel(f for f, (_, reply) in pending.items() if reply is not None)  # env calls
+            raise
+        finally:
+            queue.close()
+            self.batches = list(queue.batches)
+        if failed:
+            raise min(failed, key=lambda item: item[0])[1]
+
+    def _ask(self, queue: RequestQueue, episode: Episode, sampling: SamplingParams, seeds: list[int] | None,
+             max_sampled: int, turns: dict[int, int], pending: dict[Future, Any]) -> None:
+        """Queue ``episode``'s next model turn, or end it when its token budget is spent (by the
+        prompt alone if it has no turn yet) or it is done."""
+        if episode.done:
+            return
+        cap = min(sampling.max_new_tokens, max_sampled - episode.sampled,
+                  self.config.max_total_tokens - len(episode.token_ids))
+        if cap <= 0:
+            episode.done = episode.truncated = True
+            if not episode.turns:
+                episode.info["prompt_too_long"] = True
+            return
+        turn = len(episode.turns)
+        turns[id(episode.token_ids)] = turn + 1
+        request = GenerationRequest(
+            episode.token_ids, SamplingParams(max_new_tokens=cap, temperature=sampling.temperature,
+                                              top_p=sampling.top_p, top_k=sampling.top_k),
+            seed=episode_seed(seeds, sampling.seed, episode.index, turn), order=episode.index)
+        pending[queue.submit(request)] = (episode, None)
+
+    def _generation(self, future: Future, turn: int) -> Generation:
+        """The future's Generation; what engine code raised that is not an Exception is raised as it
+        was; an engine's own queue's failure becomes an EngineError naming it."""
+        try:
+            return future.result()
+        except EngineExit as exc:
+            raise exc.exc from None
+        except EngineError:
+            raise
+        except Exception as exc:
+            detail = str(exc) if isinstance(exc, AgentRLError) else one_line(exc)
+            raise EngineError(f"engine {self._engine_name()} failed at turn {turn}: {detail}") from exc
+
+    @staticmethod
+    def _outcome(future: Future) -> tuple[Any, BaseException | None]:
+        """An env call's outcome; one that is not an ``Exception`` (a real Ctrl-C) is raised."""
+        outcome = future.result()
+        if outcome[1] is not None and not isinstance(outcome[1], Exception):
+            raise outcome[1]
+        return outcome
+
+    def _warn_skipped(self) -> None:
+        """Warn once per env class about its first skipped failure (by turn, then episode),
+        whichever env answered first."""
+        for _, plugin, message in sorted(self._skipped, key=lambda item: item[0]):
+            self.guard.warn_once(plugin, message)
+        self._skipped.clear()
+
+    def _engine_name(self) -> str:
+        name = getattr(self.config, "engine", None)
+        return f"{name!r} ({type(self.engine).__name__})" if name else type(self.engine).__name__
+
     def _reset(self, envs: list[Env], tasks: list[dict[str, Any]], groups: list[int],
-               seeds: list[int] | None) -> list[_Episode]:
+               seeds: list[int] | None) -> list[Episode]:
         """Every env reset on its task at once (env_workers); the episodes, in order."""
         schemas = [env.tool_schemas() for env in envs]
         native = [bool(tools) and self.chat.renders_tools for tools in schemas]
@@ -170,40 +225,25 @@ class MultiTurnRollout:
             for i, (env, task) in enumerate(zip(envs, tasks))])
         episodes = []
         for i, (env, task, group, outcome) in enumerate(zip(envs, tasks, groups, outcomes)):
-            result, error = self._checked(i, env, task, "reset", outcome)
+            result, error = self._checked(i, env, task, "reset", outcome, -1)
             if error is not None:  # the episode ends before it starts
                 ids = self.chat.prompt_ids(PLACEHOLDER)
-                episodes.append(_Episode(i, env, task, group, list(PLACEHOLDER), ids, [0] * len(ids),
+                episodes.append(Episode(i, env, task, group, list(PLACEHOLDER), ids, [0] * len(ids),
                                          [0.0] * len(ids), done=True, info={"error": error}))
                 continue
             messages, info = check_reset_result(env, result)
             tools = list(schemas[i]) if native[i] else None
             ids = self.chat.prompt_ids(messages, tools=tools)
-            episodes.append(_Episode(i, env, task, group, list(messages), ids, [0] * len(ids),
+            episodes.append(Episode(i, env, task, group, list(messages), ids, [0] * len(ids),
                                      [0.0] * len(ids), info=dict(info), tools=tools))
         return episodes
 
-    def _generate(self, prompts: list[list[int]], sampling: SamplingParams, turn: int) -> list[Generation]:
-        """``engine.generate``; any failure becomes an EngineError naming the engine and the batch."""
-        try:
-            generations = self.engine.generate(prompts, sampling)
-            if len(generations) != len(prompts):
-                raise EngineError(f"returned {len(generations)} generations for {len(prompts)} prompts")
-            return generations
-        except Exception as exc:
-            name = getattr(self.config, "engine", None)
-            engine = f"{name!r} ({type(self.engine).__name__})" if name else type(self.engine).__name__
-            lengths = [len(p) for p in prompts]
-            detail = str(exc) if isinstance(exc, AgentRLError) else one_line(exc)
-            raise EngineError(f"engine {engine} failed at turn {turn} on {len(prompts)} prompts of "
-                              f"{min(lengths, default=0)}-{max(lengths, default=0)} tokens (max_new_tokens="
-                              f"{sampling.max_new_tokens}, temperature={sampling.temperature}): {detail}") from exc
-
     def _checked(self, index: int, env: Env, task: dict[str, Any], method: str,
-                 outcome: tuple[Any, BaseException | None]) -> tuple[Any, dict[str, Any] | None]:
-        """What ``env.<method>(...)``, made under the guard, came to: ``(result, None)``, or ``(None,
-        error)`` when env code raised (an EnvLibraryError included: a wrapped library failed) or
-        timed out and ``on_call_error`` is ``skip``. Any other AgentRLError (a broken contract)
+                 outcome: tuple[Any, BaseException | None], turn: int) -> tuple[Any, dict[str, Any] | None]:
+        """What ``env.<method>(...)`` (at ``turn``, -1 for ``reset``), made under the guard, came to:
+        ``(result, None)``, or ``(None, error)`` when env code raised (an EnvLibraryError included: a
+        wrapped library failed) or timed out and ``on_call_error`` is ``skip`` (warned about at the
+        end of the rollout: :meth:`_warn_skipped`). Any other AgentRLError (a broken contract)
         always propagates; with ``fail`` the failure becomes an EnvError."""
         result, exc = outcome
         if exc is None:
@@ -216,29 +256,27 @@ class MultiTurnRollout:
         if not self.guard.skips:
             raise EnvError(f"{what}: {detail} (on_call_error=fail; with 'skip' the episode would "
                            "end unscored and count in errors/env)") from exc
-        self.guard.warn_once(f"env:{type(env).__name__}", f"{what}: {detail}; the episode ends unscored "
-                             "(on_call_error=skip). Later failures of this env are only counted in errors/env")
+        self._skipped.append(((turn, index), f"env:{type(env).__name__}", f"{what}: {detail}; the episode ends "
+                              "unscored (on_call_error=skip). Later failures of this env are only counted in errors/env"))
         return None, {"method": where, "exception": detail, "timed_out": isinstance(exc, CallTimeout)}
 
-    def _sampled(self, episode: _Episode, generation: Generation, cap: int) -> _Reply:
-        """Append the model's turn to ``episode`` (cut to its own budget ``cap``); the reply its env answers."""
+    def _sampled(self, episode: Episode, generation: Generation) -> Reply:
+        """Append the model's turn to ``episode``; the reply its env answers."""
         ids, logprobs, reason = list(generation.token_ids), list(generation.logprobs), generation.finish_reason
-        if len(ids) > cap:  # this episode had less budget than the batch's largest
-            ids, logprobs, reason = ids[:cap], logprobs[:cap], "length"
         start = len(episode.token_ids)
         episode.token_ids += ids
         episode.loss_mask += [1] * len(ids)
         episode.logprobs += logprobs
         stopped = reason == "stop"
         assistant = {"role": "assistant", "content": self.chat.assistant_text(ids, stopped)}
-        return _Reply(start, ids, reason, assistant, list(episode.messages))
+        return Reply(start, ids, reason, assistant, list(episode.messages))
 
-    def _answered(self, episode: _Episode, reply: _Reply, outcome: tuple[Any, BaseException | None],
+    def _answered(self, episode: Episode, reply: Reply, outcome: tuple[Any, BaseException | None],
                   max_sampled: int) -> None:
         """Append the env's answer to ``reply`` (its ``step`` outcome) to ``episode``, or end it."""
         start, ids, reason, assistant, history = reply.start, reply.ids, reply.reason, reply.assistant, reply.history
         stopped = reason == "stop"
-        result, error = self._checked(episode.index, episode.env, episode.task, "step", outcome)
+        result, error = self._checked(episode.index, episode.env, episode.task, "step", outcome, len(episode.turns))
         if error is not None:  # the env broke mid-episode: end it here, unscored
             episode.messages.append(assistant)
             episode.turns.append(Turn(start=start, end=len(episode.token_ids), finish_reason=reason))
@@ -268,7 +306,7 @@ class MultiTurnRollout:
         episode.logprobs += [0.0] * len(delta)
 
     @staticmethod
-    def _unseen(episode: _Episode, new_messages: list[dict[str, Any]]) -> None:
+    def _unseen(episode: Episode, new_messages: list[dict[str, Any]]) -> None:
         """The episode ended before the model read ``new_messages``: move them from ``messages``
         (which stays exactly what the token ids hold) to ``info["unseen_messages"]``."""
         if new_messages:
@@ -276,7 +314,7 @@ class MultiTurnRollout:
             episode.info["unseen_messages"] = new_messages
 
     @staticmethod
-    def _trajectory(episode: _Episode) -> Trajectory:
+    def _trajectory(episode: Episode) -> Trajectory:
         trajectory = Trajectory(
             token_ids=episode.token_ids, loss_mask=episode.loss_mask,
             sampler_logprobs=episode.logprobs, turns=episode.turns, messages=episode.messages,
@@ -297,7 +335,9 @@ def agentrl_register_rollouts(register: Any) -> None:
 
 @hookimpl
 def agentrl_register_settings(register: Any) -> None:
-    """Register the ``plugins.openai_agent`` section (the agent function and its endpoint's options)."""
-    from agentrl_rollouts.openai_agent import SECTION, OpenAIAgentConfig
+    """Register the ``plugins.multi_turn`` section (how its episodes' turns are batched) and the
+    ``plugins.openai_agent`` one (the agent function and its endpoint's options)."""
+    from agentrl_rollouts import openai_agent
 
-    register(SECTION, OpenAIAgentConfig)
+    register(SECTION, MultiTurnConfig)
+    register(openai_agent.SECTION, openai_agent.OpenAIAgentConfig)

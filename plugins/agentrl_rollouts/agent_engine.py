@@ -1,115 +1,18 @@
-"""What the ``openai_agent`` endpoint needs around the engine: batching calls, shaping messages.
+"""What the ``openai_agent`` endpoint needs around the engine: shaping messages and sampled text.
 
-:class:`EngineBatcher` owns the engine in one thread: it takes the generation requests the
-episodes' calls make, waits after the first for more (until every running agent has a call
-pending, at most ``wait_s``), and samples every pending request in one ``engine.generate`` (one
-batch per temperature); requests that arrive while a batch runs are batched next. Each request carries its own seed (``SamplingParams.prompt_seeds``), so
-its tokens do not depend on which requests share its batch.
+The calls themselves are batched by :func:`agentrl.request_queue` (the rollout's ``_generate``).
 """
 
 from __future__ import annotations
 
 import json
-import queue
-import threading
-import time
 import uuid
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl import ChatTokenizer, Engine, Generation, SamplingParams, ToolCallFormat, type_arguments
+from agentrl import ChatTokenizer, ToolCallFormat, type_arguments
 
 Message = dict[str, Any]
 _CALL_OPENERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<function=")
-
-
-@dataclass
-class GenerationRequest:
-    """One call's prompt ids, its token cap, temperature and seed; ``future`` gets the Generation."""
-
-    prompt: list[int]
-    max_new_tokens: int
-    temperature: float
-    seed: int | None
-    future: Future = field(default_factory=Future)
-
-
-class EngineBatcher:
-    """Runs ``engine.generate`` on batches of pending requests in a worker thread (module docstring)."""
-
-    def __init__(self, engine: Engine, base: SamplingParams, wait_s: float, agents: int = 1,
-                 concurrency: int = 1) -> None:
-        self.engine, self.base, self.wait_s = engine, base, wait_s
-        self.agents, self.concurrency, self.finished = agents, max(1, concurrency), 0
-        self._lock = threading.Lock()
-        self.queue: queue.Queue[GenerationRequest | None] = queue.Queue()
-        self.batches: list[int] = []
-        """Size of each batch sampled, in order (for metrics and tests)."""
-        self.thread = threading.Thread(target=self._loop, name="agentrl-engine-batcher", daemon=True)
-        self.thread.start()
-
-    def submit(self, request: GenerationRequest) -> Generation:
-        """Queue ``request`` and wait for its Generation (an engine failure is raised here)."""
-        self.queue.put(request)
-        return request.future.result()
-
-    @property
-    def running(self) -> int:
-        """Agents running now or about to (``concurrency`` at most): a batch starts at once when
-        each of them has a call pending, instead of waiting the whole ``wait_s``."""
-        return min(self.concurrency, self.agents - self.finished)
-
-    def agent_finished(self) -> None:
-        """An agent returned: no more calls from it."""
-        with self._lock:
-            self.finished += 1
-
-    def close(self) -> None:
-        """Stop the worker after the batches already queued."""
-        self.queue.put(None)
-        self.thread.join(timeout=60)
-
-    def _loop(self) -> None:
-        while (first := self.queue.get()) is not None:
-            pending, closing = [first], False
-            deadline = time.monotonic() + self.wait_s
-            while len(pending) < self.running:  # some running agent has no call pending yet
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:  # short polls: an agent that finishes instead of calling ends the wait too
-                    item = self.queue.get(timeout=min(remaining, 0.005))
-                except queue.Empty:
-                    continue
-                if item is None:
-                    closing = True
-                    break
-                pending.append(item)
-            for temperature in dict.fromkeys(r.temperature for r in pending):
-                self._sample([r for r in pending if r.temperature == temperature])
-            if closing:
-                return
-
-    def _sample(self, requests: list[GenerationRequest]) -> None:
-        sampling = SamplingParams(max_new_tokens=max(r.max_new_tokens for r in requests),
-                                  temperature=requests[0].temperature, top_p=self.base.top_p, top_k=self.base.top_k,
-                                  seed=self.base.seed, prompt_seeds=None if any(r.seed is None for r in requests)
-                                  else tuple(r.seed for r in requests))
-        self.batches.append(len(requests))
-        try:
-            generations = self.engine.generate([r.prompt for r in requests], sampling)
-            if len(generations) != len(requests):
-                raise RuntimeError(f"the engine returned {len(generations)} generations for {len(requests)} prompts")
-        except Exception as exc:  # every caller of the batch sees the failure
-            for request in requests:
-                request.future.set_exception(exc)
-            return
-        for request, generation in zip(requests, generations):
-            ids, logprobs, reason = generation.token_ids, generation.logprobs, generation.finish_reason
-            if len(ids) > request.max_new_tokens:  # the batch's cap was larger than this call's
-                ids, logprobs, reason = ids[:request.max_new_tokens], logprobs[:request.max_new_tokens], "length"
-            request.future.set_result(Generation(list(ids), reason, list(logprobs)))
 
 
 def cut_at_stop(chat: ChatTokenizer, ids: list[int], stop: list[str]) -> tuple[int, str] | None:

@@ -43,12 +43,13 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from agentrl import (
-    AgentRLError, CallGuard, CallTimeout, ChatTokenizer, ConfigError, Engine, EngineError, EnvError, SamplingParams,
-    Trajectory, build_plugin_config, import_extra, one_line, render_tools_system_prompt, sample_label,
+    AgentRLError, CallGuard, CallTimeout, ChatTokenizer, ConfigError, Engine, EngineError, EnvError, GenerationRequest,
+    RequestQueue, SamplingParams, Trajectory, build_plugin_config, import_extra, one_line, render_tools_system_prompt,
+    request_queue, sample_label,
 )
 
 from agentrl_rollouts.agent_engine import (
-    EngineBatcher, GenerationRequest, assistant_message, call_format, cut_at_stop, normalized, with_tool_prompt,
+    assistant_message, call_format, cut_at_stop, normalized, with_tool_prompt,
 )
 from agentrl_rollouts.agent_record import EpisodeRecord, count_calls
 from agentrl_rollouts.agent_scoring import score_with_env
@@ -88,11 +89,13 @@ class _Step:
     tasks: list[dict[str, Any]]
     seeds: list[int | None]
     sampling: SamplingParams
-    batcher: EngineBatcher
+    batcher: RequestQueue
     keys: dict[str, int]
     records: list[EpisodeRecord]
     locks: list[threading.Lock]
     engine_errors: list[BaseException] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    """Episodes whose agent returned (no more calls from them)."""
 
 
 def load_agent(spec: str) -> Any:
@@ -145,10 +148,12 @@ class OpenAIAgentRollout:
         if seeds is None:
             seeds = [None if sampling.seed is None else sampling.seed * 1_000_003 + i for i in range(len(tasks))]
         workers = self.options.max_concurrency or len(tasks)
-        batcher = EngineBatcher(self.engine, sampling, self.options.batch_wait_s, len(tasks), workers)
+        finished: list[int] = []  # a batch waits for the agents running now or about to, at most
+        batcher = request_queue(self.engine, self.options.batch_wait_s,
+                                lambda: min(max(1, workers), len(tasks) - len(finished)))
         keys = {f"episode-{i}-{uuid.uuid4().hex[:12]}": i for i in range(len(tasks))}
         step = _Step(list(tasks), list(seeds), sampling, batcher, keys, [EpisodeRecord() for _ in tasks],
-                     [threading.Lock() for _ in tasks])
+                     [threading.Lock() for _ in tasks], finished=finished)
         server = BackgroundServer(make_app(lambda key, options: self.complete(step, key, options)))
         try:
             with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="agentrl-agent") as pool:
@@ -201,7 +206,7 @@ class OpenAIAgentRollout:
                                  "unscored (on_call_error=skip)")
             return None, {"method": "agent", "exception": one_line(exc), "timed_out": isinstance(exc, CallTimeout)}
         finally:
-            step.batcher.agent_finished()
+            step.finished.append(index)
         if result is not None and not isinstance(result, (int, float, list)) or isinstance(result, bool):
             raise EnvError(f"agent {self.options.agent} returned {type(result).__name__} on {sample_label(index, task)}: "
                            "return a reward (a number), the final messages (a list) or None")
@@ -267,13 +272,12 @@ class OpenAIAgentRollout:
                                  f"trains at temperature={step.sampling.temperature}: its sampler logprobs then differ "
                                  "from the trainer's; leave temperature out of the agent's calls")
         seed = turn_seed(step.seeds[index], record.calls)
-        requests = [GenerationRequest(context, cap, step.sampling.temperature if temperature is None else temperature,
-                                      turn_seed(seed, choice)) for choice in range(n)]
+        sampling = SamplingParams(max_new_tokens=cap, temperature=step.sampling.temperature if temperature is None
+                                  else temperature, top_p=step.sampling.top_p, top_k=step.sampling.top_k)
+        requests = [GenerationRequest(context, sampling, seed=turn_seed(seed, choice), order=index) for choice in range(n)]
         try:
-            if n == 1:
-                return [step.batcher.submit(requests[0])]
-            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="agentrl-choice") as pool:
-                return list(pool.map(step.batcher.submit, requests))
+            futures = [step.batcher.submit(request) for request in requests]  # n > 1: sampled in one batch
+            return [future.result() for future in futures]
         except Exception as exc:
             step.engine_errors.append(exc)
             raise RequestError(f"the engine failed: {one_line(exc)}", 500) from exc
