@@ -184,10 +184,10 @@ class TrainConfig:
     ``errors/reward/<name>`` or ``errors/env`` and goes on; ``fail`` stops the run naming the plugin, the sample and
     the exception."""
     env_workers: Positive = 32
-    """How many env calls (``reset``/``step`` of the live episodes of a turn) run at once: threads
-    for sync envs, the same bound on one event loop for ``async def`` ones; each call keeps its
-    ``call_timeout_s``. Results are taken in episode order, so the tokens do not depend on which env
-    answers first. 1: one after another. An env class with ``concurrent_safe = False`` is always
+    """How many env calls (``reset``/``step`` of the live episodes) run at once: threads for sync
+    envs, the same bound on one event loop for ``async def`` ones; each call keeps its
+    ``call_timeout_s``. Each episode samples from its own seed, so the tokens do not depend on which
+    env answers first. 1: one after another. An env class with ``concurrent_safe = False`` is always
     called one at a time."""
 
     def __post_init__(self) -> None:

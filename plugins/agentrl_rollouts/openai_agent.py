@@ -28,6 +28,7 @@ leaves the episode unscored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -48,6 +49,7 @@ from agentrl import (
     request_queue, sample_label,
 )
 
+from agentrl_rollouts.agent_clock import ModelWaits, run_with_own_time_limit
 from agentrl_rollouts.agent_engine import (
     assistant_message, call_format, cut_at_stop, normalized, with_tool_prompt,
 )
@@ -76,8 +78,9 @@ class OpenAIAgentConfig:
     """After a call arrives, at most how long the engine waits for the other running agents' calls
     before sampling what is pending together (it starts at once when every running agent has one)."""
     timeout_s: Annotated[float, Field(ge=0)] = 600.0
-    """Seconds one episode's agent may run, its waits for the model included (0: no limit); past
-    it the episode is handled by ``on_call_error`` (``call_timeout_s`` is for env and reward calls)."""
+    """Seconds of its own time one episode's agent may take, its waits for the model NOT counted
+    (:mod:`agentrl_rollouts.agent_clock`; 0: no limit); past it the episode is handled by
+    ``on_call_error`` (``call_timeout_s`` is for env and reward calls)."""
     env_scores: bool = True
     """The run's env scores the final answer of an agent that returns messages or None (its reward
     the episode's env return, its info the held-out accuracy: :mod:`agentrl_rollouts.agent_scoring`);
@@ -96,6 +99,8 @@ class _Step:
     engine_errors: list[BaseException] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
     """Episodes whose agent returned (no more calls from them)."""
+    waits: ModelWaits | None = None
+    """Each episode's time waiting for the model (not counted against ``timeout_s``)."""
 
 
 def load_agent(spec: str) -> Any:
@@ -153,7 +158,7 @@ class OpenAIAgentRollout:
                                 lambda: min(max(1, workers), len(tasks) - len(finished)))
         keys = {f"episode-{i}-{uuid.uuid4().hex[:12]}": i for i in range(len(tasks))}
         step = _Step(list(tasks), list(seeds), sampling, batcher, keys, [EpisodeRecord() for _ in tasks],
-                     [threading.Lock() for _ in tasks], finished=finished)
+                     [threading.Lock() for _ in tasks], finished=finished, waits=ModelWaits(len(tasks)))
         server = BackgroundServer(make_app(lambda key, options: self.complete(step, key, options)))
         try:
             with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="agentrl-agent") as pool:
@@ -191,7 +196,8 @@ class OpenAIAgentRollout:
             return asyncio.run(fn(task, client)) if is_async else fn(task, client)
 
         try:
-            result = self.guard.call(call)
+            waits = step.waits or ModelWaits(index + 1)
+            result = run_with_own_time_limit(call, self.guard.timeout_s, lambda: waits.waited(index))
         except Exception as exc:
             if isinstance(exc, AgentRLError) and not isinstance(exc, (EnvError, CallTimeout)):
                 raise
@@ -277,7 +283,8 @@ class OpenAIAgentRollout:
         requests = [GenerationRequest(context, sampling, seed=turn_seed(seed, choice), order=index) for choice in range(n)]
         try:
             futures = [step.batcher.submit(request) for request in requests]  # n > 1: sampled in one batch
-            return [future.result() for future in futures]
+            with step.waits.waiting(index) if step.waits else contextlib.nullcontext():
+                return [future.result() for future in futures]
         except Exception as exc:
             step.engine_errors.append(exc)
             raise RequestError(f"the engine failed: {one_line(exc)}", 500) from exc
