@@ -27,9 +27,12 @@ mix for later turns, so every turn draws fresh random numbers; reusing the seed 
 episode i's turn k samples with ``turn_seed(sampling.seed, k) * 1_000_003 + i`` (mod 2**63): the
 seed the engine gave batch position i under the batch seed ``turn_seed(sampling.seed, k)``, so
 the whole rollout stays reproducible from the one seed (``sampling.seed`` None too: the engine's
-own generator). Token ids, loss masks and rewards are therefore the same whatever the env
-latency; sampler logprobs can differ in the last float bits when a batch's composition differs
-(slow or jittery envs: the engine pads and batches the prompts differently).
+own generator). With envs that answer within ``batch_wait_s`` the batches, and so every token and
+logprob, are those of a turn-by-turn loop, bit for bit. When slow or jittery envs change which
+episodes share a batch, the engine's numbers differ at ~1e-5 and a draw that lands on a token of
+tiny probability can flip: on the default model, 32 episodes x 4 turns with latency uniform(0, 2 s),
+5 of 32 episodes diverged, each at a token of logprob below -7.5 (bench/env_latency.py); on the tiny
+test model none did. A large ``batch_wait_s`` keeps the turn-by-turn batches (reproducible, slower).
 
 An episode whose prompt alone fills ``max_total_tokens`` ends before the model speaks: it has no
 turns (so it scores as an empty reply), ``info["prompt_too_long"]`` is set, and the rollout warns.
