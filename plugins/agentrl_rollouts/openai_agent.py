@@ -28,7 +28,6 @@ leaves the episode unscored.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -96,11 +95,11 @@ class _Step:
     keys: dict[str, int]
     records: list[EpisodeRecord]
     locks: list[threading.Lock]
+    waits: ModelWaits
+    """Each episode's time waiting for the model (not counted against ``timeout_s``)."""
     engine_errors: list[BaseException] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
     """Episodes whose agent returned (no more calls from them)."""
-    waits: ModelWaits | None = None
-    """Each episode's time waiting for the model (not counted against ``timeout_s``)."""
 
 
 def load_agent(spec: str) -> Any:
@@ -158,7 +157,7 @@ class OpenAIAgentRollout:
                                 lambda: min(max(1, workers), len(tasks) - len(finished)))
         keys = {f"episode-{i}-{uuid.uuid4().hex[:12]}": i for i in range(len(tasks))}
         step = _Step(list(tasks), list(seeds), sampling, batcher, keys, [EpisodeRecord() for _ in tasks],
-                     [threading.Lock() for _ in tasks], finished=finished, waits=ModelWaits(len(tasks)))
+                     [threading.Lock() for _ in tasks], ModelWaits(len(tasks)), finished=finished)
         server = BackgroundServer(make_app(lambda key, options: self.complete(step, key, options)))
         try:
             with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="agentrl-agent") as pool:
@@ -196,8 +195,7 @@ class OpenAIAgentRollout:
             return asyncio.run(fn(task, client)) if is_async else fn(task, client)
 
         try:
-            waits = step.waits or ModelWaits(index + 1)
-            result = run_with_own_time_limit(call, self.guard.timeout_s, lambda: waits.waited(index))
+            result = run_with_own_time_limit(call, self.guard.timeout_s, lambda: step.waits.waited(index))
         except Exception as exc:
             if isinstance(exc, AgentRLError) and not isinstance(exc, (EnvError, CallTimeout)):
                 raise
@@ -283,7 +281,7 @@ class OpenAIAgentRollout:
         requests = [GenerationRequest(context, sampling, seed=turn_seed(seed, choice), order=index) for choice in range(n)]
         try:
             futures = [step.batcher.submit(request) for request in requests]  # n > 1: sampled in one batch
-            with step.waits.waiting(index) if step.waits else contextlib.nullcontext():
+            with step.waits.waiting(index):
                 return [future.result() for future in futures]
         except Exception as exc:
             step.engine_errors.append(exc)
