@@ -188,6 +188,41 @@ def test_a_slow_episode_does_not_hold_back_the_others(tiny, env_class):
     assert _figures(trajectories) == _figures(reference)
 
 
+class SlowStart(Talk):
+    """Episode 0's ``reset`` waits until the other episodes have ended (all their turns answered)."""
+
+    others_done = threading.Event()
+
+    def reset(self, *, seed=None, options=None):
+        if options["task"]["id"] == "t0":
+            Talk.log.append(("waits", 0, 0))
+            SlowStart.others_done.wait(30)
+        return super().reset(seed=seed, options=options)
+
+    def _answer(self, action):
+        answer = super()._answer(action)
+        if sum(event == "answer" and turn == 3 for event, _, turn in Talk.log) == 3:
+            SlowStart.others_done.set()
+        return answer
+
+
+def test_a_slow_reset_does_not_hold_back_the_others(tiny):
+    """``reset`` is part of each episode's own chain: episode 0's env resets only once the others have
+    finished, and they do not wait for it (a rollout that reset every env first would wait 30 s)."""
+    tasks = [dict(task, turns=3) for task in TASKS[:4]]
+    reference = _rollout(tiny).run([Talk() for _ in tasks], tasks, [0] * 4, SamplingParams(6, seed=3), seeds=SEEDS[:4])
+    SlowStart.others_done.clear()
+    rollout = _rollout(tiny)
+    Talk.log = []
+    trajectories = rollout.run([SlowStart() for _ in tasks], tasks, [0] * 4, SamplingParams(6, seed=3), seeds=SEEDS[:4])
+    first_answer_of_0 = Talk.log.index(("answer", 0, 1))
+    assert {(i, turn) for event, i, turn in Talk.log[:first_answer_of_0] if event == "answer"} == {
+        (i, turn) for i in (1, 2, 3) for turn in (1, 2, 3)}
+    assert rollout.batches[-3:] == [1, 1, 1]  # episode 0's three turns alone, after the others ended
+    assert rollout.engine.seeds[-3:] == [(turn_seed(SEEDS[0], k),) for k in range(3)]
+    assert _figures(trajectories) == _figures(reference)
+
+
 class Interrupt(BaseException):
     """Stands for a Ctrl-C reaching the rollout (not an ``Exception``: never the env's failure)."""
 

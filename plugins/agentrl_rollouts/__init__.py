@@ -9,8 +9,8 @@ episode has one pending, or ``plugins.multi_turn.batch_wait_s`` after the first
 loop for ``async def`` ones); the env's answer is appended as chat-template delta ids (loss mask 0)
 and the episode asks again. So one slow env holds back its own episode only: the others go on
 sampling. With fast envs (all answering within ``batch_wait_s``) the batches are exactly the
-lockstep ones: every live episode's turn k together, in episode order. ``reset`` runs for every
-episode at once before the first turn. Single-turn envs are the case where the env terminates
+lockstep ones: every live episode's turn k together, in episode order. ``reset`` is part of the
+episode's chain too: each episode asks for its first turn as soon as its own env has reset. Single-turn envs are the case where the env terminates
 after the first turn.
 
 Limits, kept apart (TRAPS 27): ``max_new_tokens`` per turn, ``max_sampled_tokens`` per episode
@@ -91,6 +91,8 @@ from agentrl_rollouts.episodes import (
 
 PLACEHOLDER = [{"role": "user", "content": ""}]
 """The prompt of an episode whose ``reset`` failed (so its trajectory still has tokens)."""
+RESET = object()
+"""Marks an env ``reset`` call among the rollout's pending calls."""
 
 
 class MultiTurnRollout:
@@ -114,8 +116,8 @@ class MultiTurnRollout:
         """One episode per env on the matching task; returns them as trajectories, in order."""
         if not len(envs) == len(tasks) == len(groups):
             raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
+        episodes = [Episode(i, env, task, group, [], []) for i, (env, task, group) in enumerate(zip(envs, tasks, groups))]
         try:
-            episodes = self._reset(envs, tasks, groups, seeds)
             max_sampled = self.config.max_sampled_tokens or self.config.max_new_tokens * max(
                 env.max_turns for env in envs)
             self._advance(episodes, sampling, seeds, max_sampled)
@@ -136,13 +138,23 @@ class MultiTurnRollout:
                               lambda: sum(not e.done for e in episodes))
         pending: dict[Future, tuple[Episode, Reply | None]] = {}  # a generation (no reply yet) or an env step
         failed: list[tuple[tuple[int, int], BaseException]] = []  # stop once the running calls answered
+        tools = [self._tools(episode.env) for episode in episodes]
         try:
             for episode in episodes:
-                self._ask(queue, episode, sampling, seeds, max_sampled, turns, pending)
+                pending[self.workers.submit(self._reset_call(episode, seeds, tools[episode.index]))] = (episode, RESET)
             while pending:
                 done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
                 for future in sorted(done, key=lambda f: pending[f][0].index):
                     episode, reply = pending.pop(future)
+                    if reply is RESET:  # the env's first observation: the episode's first turn next
+                        try:
+                            self._start(episode, self._outcome(future), tools[episode.index])
+                        except AgentRLError as exc:
+                            episode.done = True
+                            failed.append(((-1, episode.index), exc))
+                        if not failed:
+                            self._ask(queue, episode, sampling, seeds, max_sampled, turns, pending)
+                        continue
                     if reply is None:  # the model's turn: its env answers next
                         reply = self._sampled(episode, self._generation(future, turns[id(episode.token_ids)]))
                         if not failed:
@@ -217,29 +229,31 @@ class MultiTurnRollout:
         name = getattr(self.config, "engine", None)
         return f"{name!r} ({type(self.engine).__name__})" if name else type(self.engine).__name__
 
-    def _reset(self, envs: list[Env], tasks: list[dict[str, Any]], groups: list[int],
-               seeds: list[int] | None) -> list[Episode]:
-        """Every env reset on its task at once (env_workers); the episodes, in order."""
-        schemas = [env.tool_schemas() for env in envs]
-        native = [bool(tools) and self.chat.renders_tools for tools in schemas]
-        outcomes = self.workers.gather([
-            EnvCall(env, "reset", kwargs={"seed": None if seeds is None else seeds[i],
-                                          "options": {"task": task, "template_renders_tools": native[i]}})
-            for i, (env, task) in enumerate(zip(envs, tasks))])
-        episodes = []
-        for i, (env, task, group, outcome) in enumerate(zip(envs, tasks, groups, outcomes)):
-            result, error = self._checked(i, env, task, "reset", outcome, -1)
-            if error is not None:  # the episode ends before it starts
-                ids = self.chat.prompt_ids(PLACEHOLDER)
-                episodes.append(Episode(i, env, task, group, list(PLACEHOLDER), ids, [0] * len(ids),
-                                         [0.0] * len(ids), done=True, info={"error": error}))
-                continue
-            messages, info = check_reset_result(env, result)
-            tools = list(schemas[i]) if native[i] else None
-            ids = self.chat.prompt_ids(messages, tools=tools)
-            episodes.append(Episode(i, env, task, group, list(messages), ids, [0] * len(ids),
-                                     [0.0] * len(ids), info=dict(info), tools=tools))
-        return episodes
+    def _tools(self, env: Env) -> list[dict[str, Any]] | None:
+        """The tool schemas the chat template renders for ``env`` (None: none, or the template does
+        not render tools and the env describes them in its prompt)."""
+        schemas = env.tool_schemas()
+        return list(schemas) if schemas and self.chat.renders_tools else None
+
+    @staticmethod
+    def _reset_call(episode: Episode, seeds: list[int] | None, tools: list[dict[str, Any]] | None) -> EnvCall:
+        """``episode``'s ``env.reset`` on its task."""
+        options = {"task": episode.task, "template_renders_tools": tools is not None}
+        return EnvCall(episode.env, "reset", kwargs={"seed": None if seeds is None else seeds[episode.index],
+                                                     "options": options})
+
+    def _start(self, episode: Episode, outcome: tuple[Any, BaseException | None],
+               tools: list[dict[str, Any]] | None) -> None:
+        """Give ``episode`` its prompt from its ``reset`` outcome; a reset that failed (skipped) ends
+        it before it starts, with the placeholder prompt."""
+        result, error = self._checked(episode.index, episode.env, episode.task, "reset", outcome, -1)
+        if error is not None:
+            messages, info, tools, episode.done = list(PLACEHOLDER), {"error": error}, None, True
+        else:
+            messages, info = check_reset_result(episode.env, result)
+        episode.messages, episode.info, episode.tools = list(messages), dict(info), tools
+        episode.token_ids = self.chat.prompt_ids(messages, tools=tools)
+        episode.loss_mask, episode.logprobs = [0] * len(episode.token_ids), [0.0] * len(episode.token_ids)
 
     def _checked(self, index: int, env: Env, task: dict[str, Any], method: str,
                  outcome: tuple[Any, BaseException | None], turn: int) -> tuple[Any, dict[str, Any] | None]:
