@@ -160,6 +160,8 @@ class RolloutPhase:
             sampled, _ = evaluate(self.run.rollout, self.run.envs, eval_tasks, max_new_tokens=cfg.max_new_tokens,
                                   temperature=cfg.temperature, seed=cfg.seed, batch_size=len(self.run.envs))
             metrics["eval/accuracy_sampled"] = sampled["eval/accuracy"]
+        # What the reward functions counted while scoring held-out episodes is evaluation's, not the next step's.
+        metrics.update({f"eval/{name}": value for name, value in popped_metrics(self.run.reward_fns).items()})
         return metrics
 
 

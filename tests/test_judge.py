@@ -217,10 +217,14 @@ def test_cli_trains_with_the_policy_as_its_own_judge(tiny_model_dir, tmp_path):
     result = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "--model", str(tiny_model_dir),
                              "--reward", "judge:policy:0.5", "--reward", "format", "--set", "plugins.judge.max_new_tokens=4",
                              "--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2",
-                             "--set", "eval_tasks=0", "--set", "max_new_tokens=8", "--output-dir", str(out)],
+                             "--set", "eval_tasks=3", "--set", "max_new_tokens=8", "--output-dir", str(out)],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    for line in lines[:2]:
+    train = [line for line in lines if "judge/judged" in line]
+    assert len(train) == 2
+    before = json.loads((out / "eval.json").read_text())["before"]  # evaluation's own counts
+    assert before["eval/judge/judged"] + before["eval/judge/cache_hits"] == 3.0
+    for line in train:  # the held-out episodes the judge scored before step 1 are not counted in it
         assert line["judge/judged"] + line["judge/cache_hits"] == 4.0
         assert 0 <= line["judge/parse_failures"] <= 4.0 and line["judge/errors"] == 0.0
