@@ -65,7 +65,6 @@ from agentrl.objectives import (
     step_totals,
 )
 from agentrl.plugins import PluginManager, load_plugins
-from agentrl.process_reward_model import ProcessRewardModel
 from agentrl.process_rewards import StepRewards, process_advantages, step_ends
 from agentrl.precision import Precision, resolve_precision
 from agentrl.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
@@ -97,7 +96,6 @@ __all__ = [
     "GroupRelativeConfig",
     "group_advantages",
     "StepRewards",
-    "ProcessRewardModel",
     "process_advantages",
     "step_ends",
     "ROLES",

@@ -76,7 +76,9 @@ def agentrl_register_reward_schemes(register: Register) -> None:
     :class:`agentrl.RewardContext` (config, settings sections, device, precision, task columns; the
     policy's tokenizer and engine, filled in once built: read them at call time). It returns a
     reward function as for ``agentrl_register_rewards``, which may have a ``pop_metrics()`` method
-    (its counts are logged as ``<scheme>/<key>`` after each rollout).
+    (its counts are logged as ``<scheme>/<key>`` after each rollout). ``register("rm", factory,
+    path_argument=True)`` declares the argument a local path (a predicate ``fn(argument) -> bool``
+    when only some are): a new run stores a relative one that exists as an absolute path.
     """
 
 

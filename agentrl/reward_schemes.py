@@ -6,6 +6,12 @@ A plugin registers a scheme with ``agentrl_register_reward_schemes``: ``register
 reward function ``fn(trajectories) -> list[float | None]``. The built-ins are ``rm`` (a learned
 reward model) and ``judge`` (an LLM judge); a third party adds ``api:`` the same way.
 
+A scheme whose argument is a local path says so when it registers: ``register("rm", factory,
+path_argument=True)``, or a predicate ``path_argument=fn(argument) -> bool`` when only some of its
+arguments are paths (``judge:PATH`` but not ``judge:policy``). A new run then stores such an
+argument, when it names an existing relative path, as an absolute one (:func:`with_absolute_paths`),
+so its ``config.yaml`` resumes from any directory.
+
 A reward function may also have a ``pop_metrics() -> dict[str, float]`` method: the trainer logs
 what it returns after each rollout as ``<label>/<key>`` (counts since the last call, e.g.
 ``judge/parse_failures``).
@@ -13,9 +19,12 @@ what it returns after each rollout as ``<label>/<key>`` (counts since the last c
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
@@ -50,6 +59,29 @@ def split_scheme(name: str, registry: Any) -> tuple[str, str] | None:
     if not argument:
         raise ConfigError(f"reward {name!r}: scheme {scheme!r} needs an argument ({scheme}:ARGUMENT[:WEIGHT])")
     return scheme, argument
+
+
+def with_absolute_paths(config: Any, registry: Any) -> Any:
+    """``config`` with each ``SCHEME:ARGUMENT`` reward whose scheme declares its argument a path
+    (``path_argument``, see the module docstring) and that names an existing relative path made
+    absolute; ``config`` itself when nothing changes."""
+    if not config.rewards:
+        return config
+    rewards = {absolute_argument(name, registry): weight for name, weight in config.rewards.items()}
+    return config if list(rewards) == list(config.rewards) else dataclasses.replace(config, rewards=rewards)
+
+
+def absolute_argument(name: str, registry: Any) -> str:
+    """``name`` with its scheme argument made absolute when the scheme declares it a path and it
+    names an existing relative path; ``name`` as it is otherwise."""
+    scheme = split_scheme(name, registry)
+    if scheme is None:
+        return name
+    declared = registry.get("reward_scheme", scheme[0]).meta.get("path_argument", False)
+    path = Path(scheme[1]).expanduser()
+    if not (declared(scheme[1]) if callable(declared) else declared) or path.is_absolute() or not path.exists():
+        return name
+    return f"{scheme[0]}:{os.path.abspath(path)}"
 
 
 def unknown_prefix_message(name: str, registry: Any) -> str | None:

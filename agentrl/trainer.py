@@ -43,6 +43,7 @@ from agentrl.memory import peak_rss_gb, rss_gb
 from agentrl.metrics import MetricsWriter
 from agentrl.paths import check_output_dir
 from agentrl.plugins import PluginManager
+from agentrl.reward_schemes import with_absolute_paths
 from agentrl.rollout_phase import RolloutPhase
 from agentrl.run_checkpoints import RunCheckpoints
 from agentrl.rundir import log_completions, read_history, refuse_existing_run, run_dir_for, truncate
@@ -73,6 +74,7 @@ class Trainer:
         if resume is None:
             check_output_dir(self.run_dir)
             refuse_existing_run(self.run_dir)
+            config = with_absolute_paths(config, manager.registry)  # config.yaml works from any directory
         self.run: Run = build_run(config, manager)
         self.rollouts = RolloutPhase(self.run)
         self.learner = Learner(self.run)

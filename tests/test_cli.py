@@ -64,8 +64,8 @@ def test_print_config_shows_resolved_values(tmp_path):
     (["--model", "/nonexistent/model"], "model '/nonexistent/model' not found"),
     (["--reward", "format:heavy"], "weight 'heavy' is not a number"),
     (["--set", "plugins.sampler_correction.mode=clip"], "plugins.sampler_correction.mode='clip' is invalid"),
-    (["--set", "plugins.nope.x=1"], "unknown plugin settings section plugins.nope; sections: judge, "
-                                      "multi_turn, openai_agent, reward_model, sampler_correction"),
+    (["--set", "plugins.nope.x=1"], "unknown plugin settings section plugins.nope; sections: judge, multi_turn, "
+                                      "openai_agent, process_reward_model, reward_model, sampler_correction"),
 ])
 def test_bad_input_is_one_clear_line(args, message, tmp_path):
     result = run("train", "--output-dir", str(tmp_path / "r"), "--set", "eval_tasks=0", *args, check=False)

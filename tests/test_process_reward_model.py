@@ -1,15 +1,29 @@
 """ProcessRewardModel: a tiny token-classification PRM built here scores each step; the positions are
 the tokens completing each separator (checked on the decoded text), the values equal a forward of
-the PRM on each prefix alone, batching changes nothing, the model loads once."""
+the PRM on each prefix alone, batching changes nothing, the model loads once. The ``prm:PATH``
+scheme builds it from the run's settings and tokenizer, and trains through the CLI."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
+import yaml
 from transformers import LlamaConfig, LlamaForTokenClassification
 
-from agentrl import ProcessRewardModel, StepRewards, Trajectory, Turn
+from agentrl import StepRewards, Trajectory, Turn
+from agentrl.config import TrainConfig, resolve_settings
+from agentrl.errors import ConfigError
+from agentrl.plugins import load_plugins
+from agentrl.reward_schemes import RewardContext
+from agentrl.rewards import resolve_rewards
 from agentrl.scoring import score
+from agentrl_math import MathEnv
+from agentrl_rewards.process_reward_model import ProcessRewardModel
 
 REPLIES = ["First, 3 * 4 = 12.\n\nThen 2 + 12 = 14.\n\nSo the answer is \\boxed{14}.",
            "It is 14.",
@@ -116,3 +130,91 @@ def test_long_episodes_keep_their_last_tokens_and_bad_models_are_refused(tmp_pat
         ProcessRewardModel(str(_prm_dir(tmp_path, tokenizer, num_labels=2)), policy_tokenizer=tokenizer)(episodes)
     with pytest.raises(ValueError, match=r"separator '' is invalid"):
         ProcessRewardModel(folder, separator="")
+
+
+# -- the ``prm:PATH`` reward scheme, through the run's config -------------------------------------------------
+
+AGENTRL = [sys.executable, "-m", "agentrl.cli"]
+TINY = ("--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=0",
+        "--set", "max_new_tokens=8")
+
+
+def _resolve(config: TrainConfig) -> dict:
+    """The run's rewards as the run builds them (before its tokenizer is loaded)."""
+    manager = load_plugins()
+    context = RewardContext(config=config, settings=resolve_settings(config, manager.registry))
+    return resolve_rewards(config, manager.registry, MathEnv(), context)
+
+
+def test_the_scheme_scores_steps_with_the_runs_settings_and_tokenizer(tmp_path, tokenizer, episodes):
+    folder = _prm_dir(tmp_path, tokenizer)
+    config = TrainConfig(rewards={f"prm:{folder}": 0.5, "format": 1.0},
+                         plugins={"process_reward_model": {"separator": " = ", "batch_size": 2, "max_length": 12}})
+    manager = load_plugins()
+    context = RewardContext(config=config, settings=resolve_settings(config, manager.registry))
+    resolved = resolve_rewards(config, manager.registry, MathEnv(), context)
+    assert list(resolved) == ["prm", "format"] and resolved["prm"][1] == 0.5
+    prm = resolved["prm"][0]
+    assert prm.model is not None and not prm.model.training  # loaded once, when the run builds its rewards
+    model = prm.model
+    context.tokenizer = tokenizer  # the run's tokenizer arrives after the rewards are built
+    steps = prm(episodes)
+    direct = ProcessRewardModel(str(folder), policy_tokenizer=tokenizer, separator=" = ", max_length=12,
+                                device="cpu")
+    want = direct(episodes)
+    assert all(isinstance(s, StepRewards) for s in steps) and sum(len(s.positions) for s in steps) > 0
+    for got, expected in zip(steps, want):
+        assert got.positions == expected.positions
+        assert torch.allclose(torch.tensor(got.values), torch.tensor(expected.values), atol=1e-6)
+    assert prm.pop_metrics() == {"truncated_steps": float(direct.truncated_steps)} and direct.truncated_steps >= 1
+    assert prm.pop_metrics() == {"truncated_steps": 0.0}
+    prm(episodes[:1])
+    assert prm.model is model
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"separator": ""}, "plugins.process_reward_model.separator must be a non-empty string such as '\\n\\n', got ''"),
+    ({"max_length": 1}, "plugins.process_reward_model.max_length must be >= 2, got 1"),
+    ({"batch_size": 0}, "plugins.process_reward_model.batch_size must be >= 1, got 0"),
+])
+def test_bad_settings_are_refused_naming_the_key(options, message):
+    config = TrainConfig(plugins={"process_reward_model": options})
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve_settings(config, load_plugins().registry)
+
+
+def test_a_folder_that_is_no_token_classification_prm_is_refused(tmp_path, tokenizer):
+    two = _prm_dir(tmp_path, tokenizer, num_labels=2)
+    with pytest.raises(ConfigError, match=re.escape(f"PRM '{two}' has num_labels=2: expected 1 (a score per token)")):
+        _resolve(TrainConfig(rewards={f"prm:{two}": 1.0}))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=re.escape(f"process reward model '{empty}' is not a model folder (no "
+                                                    "config.json there): prm:PATH takes a local folder saved by "
+                                                    "AutoModelForTokenClassification.save_pretrained")):
+        _resolve(TrainConfig(rewards={f"prm:{empty}": 1.0}))
+
+
+def test_cli_bad_prm_folder_is_one_line_naming_it(tiny_model_dir, tmp_path):
+    result = subprocess.run([*AGENTRL, "train", "--model", str(tiny_model_dir), "--reward", "prm:/nonexistent/prm:0.5",
+                             "--output-dir", str(tmp_path / "r"), *TINY], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stdout + result.stderr
+    err = " ".join(result.stderr.split())
+    assert "process reward model '/nonexistent/prm' is not a model folder (no config.json there)" in err
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_trains_with_process_advantages_from_a_relative_prm_folder(tiny_model_dir, tokenizer, tmp_path):
+    folder = _prm_dir(tmp_path, tokenizer)
+    out = tmp_path / "run"
+    result = subprocess.run([*AGENTRL, "train", "--model", str(tiny_model_dir), "--reward", f"prm:{folder.name}:1",
+                             "--set", "algorithm.advantage=process", "--set", "env_reward_weight=0",
+                             "--set", "precision=fp32", "--set", "log_completions_every=1", "--output-dir", str(out),
+                             *TINY], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["rewards"] == {f"prm:{folder}": 1.0} and saved["algorithm"]["advantage"] == "process"
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("reward/prm_mean" in line and "prm/truncated_steps" in line for line in lines[:2])
+    rewards = [json.loads(line)["reward"] for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert len(rewards) == 8 and len(set(rewards)) > 1  # the PRM's step scores summed: they differ by episode

@@ -1,18 +1,22 @@
-"""``--reward rm:PATH``: a learned reward model scores whole conversations, as a direct forward would."""
+"""``--reward rm:PATH``: a learned reward model scores whole conversations, as a direct forward would;
+a scheme argument declared a path is stored absolute, so a run resumes from any directory."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+import yaml
+from agentrl import hookimpl
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigError
 from agentrl.plugins import load_plugins
-from agentrl.reward_schemes import RewardContext
+from agentrl.reward_schemes import RewardContext, absolute_argument, with_absolute_paths
 from agentrl.rewards import resolve_rewards
 from agentrl.testing import make_trajectory
 from agentrl_rewards.reward_model import RewardModel, RewardModelConfig
@@ -180,5 +184,52 @@ def test_cli_unknown_prefix_still_names_the_weight(tiny_model_dir, tmp_path):
     result = run_cli("train", "--model", str(tiny_model_dir), "--reward", "format:heavy", "--output-dir",
                      str(tmp_path / "r"), *TINY)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert ("weight 'heavy' is not a number, and 'format' is neither a reward scheme (judge, rm) nor an importable module"
+    assert ("weight 'heavy' is not a number, and 'format' is neither a reward scheme (judge, prm, rm) nor an importable module"
             in " ".join(result.stderr.split()))
+
+
+class PathSchemes:
+    """A third-party plugin: ``mine:`` takes a folder (declared a path), ``api:`` a name."""
+
+    @hookimpl
+    def agentrl_register_reward_schemes(self, register):
+        register("mine", lambda argument, context: None, path_argument=True)
+        register("api", lambda argument, context: None)
+
+
+def test_scheme_arguments_declared_paths_are_made_absolute(tmp_path, monkeypatch):
+    for name in ("my_rm", "policy", "judge_model"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path)
+    manager = load_plugins()
+    manager.register_plugin(PathSchemes(), name="path_schemes")
+    registry = manager.registry
+    made = {name: absolute_argument(name, registry) for name in (
+        "rm:my_rm", "rm:./my_rm", "prm:my_rm", "judge:judge_model", "mine:my_rm", f"rm:{tmp_path}/my_rm")}
+    assert made == {"rm:my_rm": f"rm:{tmp_path}/my_rm", "rm:./my_rm": f"rm:{tmp_path}/my_rm",
+                    "prm:my_rm": f"prm:{tmp_path}/my_rm", "judge:judge_model": f"judge:{tmp_path}/judge_model",
+                    "mine:my_rm": f"mine:{tmp_path}/my_rm", f"rm:{tmp_path}/my_rm": f"rm:{tmp_path}/my_rm"}
+    for kept in ("judge:policy", "judge:openai", "api:my_rm", "rm:missing_folder", "format", "accuracy"):
+        assert absolute_argument(kept, registry) == kept  # not a declared path, or no such path here
+    config = TrainConfig(rewards={"rm:./my_rm": 0.5, "judge:policy": 1.0, "format": 0.2})
+    assert with_absolute_paths(config, registry).rewards == {f"rm:{tmp_path}/my_rm": 0.5, "judge:policy": 1.0,
+                                                               "format": 0.2}
+    unchanged = TrainConfig(rewards={"judge:policy": 1.0})
+    assert with_absolute_paths(unchanged, registry) is unchanged
+
+
+def test_cli_run_with_a_relative_rm_path_resumes_from_another_directory(rm_dir, tiny_model_dir, tmp_path):
+    start, elsewhere, out = tmp_path / "start", tmp_path / "elsewhere", tmp_path / "run"
+    shutil.copytree(rm_dir[0], start / "my_rm")
+    elsewhere.mkdir()
+    flags = ["--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=0",
+             "--set", "max_new_tokens=8", "--set", "checkpoint_every=1", "--set", "save_model=false"]
+    first = subprocess.run([*AGENTRL, "train", "--model", str(tiny_model_dir), "--reward", "rm:./my_rm:1",
+                            "--output-dir", str(out), *flags], capture_output=True, text=True, timeout=600, cwd=start)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert yaml.safe_load((out / "config.yaml").read_text())["rewards"] == {f"rm:{start / 'my_rm'}": 1.0}
+    resumed = subprocess.run([*AGENTRL, "train", "--resume", str(out), "--max-steps", "2"], capture_output=True,
+                             text=True, timeout=600, cwd=elsewhere)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in steps if "reward/rm_mean" in row] == [1, 2]

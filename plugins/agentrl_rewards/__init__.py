@@ -1,5 +1,6 @@
 """Built-in reward functions: ``format``, ``accuracy`` and ``tool_use``; the reward schemes ``rm:``
-(a learned reward model, :mod:`agentrl_rewards.reward_model`) and ``judge:`` (an LLM judge,
+(a learned reward model, :mod:`agentrl_rewards.reward_model`), ``prm:`` (a process reward model
+scoring each step, :mod:`agentrl_rewards.process_reward_model`) and ``judge:`` (an LLM judge,
 :mod:`agentrl_rewards.judge`).
 
 A reward function is called as ``fn(trajectories=list[Trajectory])`` and returns one
@@ -75,19 +76,23 @@ def agentrl_register_rewards(register: Callable[..., None]) -> None:
 
 @hookimpl
 def agentrl_register_reward_schemes(register: Callable[..., None]) -> None:
-    """Register ``rm`` (``--reward rm:MODEL_DIR``: a learned reward model) and ``judge``
-    (``--reward judge:policy|openai|MODEL_DIR``: an LLM judge)."""
-    from agentrl_rewards.judge import judge_scheme
+    """Register ``rm`` (``--reward rm:MODEL_DIR``: a learned reward model), ``prm``
+    (``--reward prm:MODEL_DIR``: a process reward model) and ``judge``
+    (``--reward judge:policy|openai|MODEL_DIR``: an LLM judge); their folder arguments are paths."""
+    from agentrl_rewards.judge import is_model_path, judge_scheme
+    from agentrl_rewards.process_reward_model import process_reward_model_scheme
     from agentrl_rewards.reward_model import reward_model_scheme
 
-    register("rm", reward_model_scheme)
-    register("judge", judge_scheme)
+    register("rm", reward_model_scheme, path_argument=True)
+    register("prm", process_reward_model_scheme, path_argument=True)
+    register("judge", judge_scheme, path_argument=is_model_path)
 
 
 @hookimpl
 def agentrl_register_settings(register: Callable[..., None]) -> None:
-    """Register the ``plugins.reward_model`` and ``plugins.judge`` sections."""
-    from agentrl_rewards import judge, reward_model
+    """Register the ``plugins.reward_model``, ``plugins.process_reward_model`` and ``plugins.judge`` sections."""
+    from agentrl_rewards import judge, process_reward_model, reward_model
 
     register(reward_model.SECTION, reward_model.RewardModelConfig)
+    register(process_reward_model.SECTION, process_reward_model.ProcessRewardModelConfig)
     register(judge.SECTION, judge.JudgeConfig)

@@ -258,6 +258,11 @@ def openai_backend(options: JudgeConfig) -> Backend:
     return judge
 
 
+def is_model_path(argument: str) -> bool:
+    """Whether a ``judge:`` argument names a local model folder (anything but ``policy`` and ``openai``)."""
+    return argument not in ("policy", "openai")
+
+
 def judge_scheme(argument: str, context: RewardContext) -> Judge:
     """``judge:policy``, ``judge:openai`` or ``judge:PATH`` with the run's ``plugins.judge`` options."""
     options = context.settings.get(SECTION) or JudgeConfig()
