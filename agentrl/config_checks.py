@@ -12,7 +12,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, get_type_hints
 
-from agentrl.config_rules import declared_failure
+from agentrl.config_rules import check_declared, declared_failure
 from agentrl.errors import AgentRLError, ConfigError, one_line
 
 
@@ -179,8 +179,9 @@ class ConfigCheck:
 
 
 def build_plugin_config(config_class: type[Any], values: Any, section: str) -> Any:
-    """Instantiate a plugin's config dataclass from a mapping: unknown keys and values of the wrong
-    type (see :func:`check_types`) are refused naming the section, whatever the class checks itself."""
+    """Instantiate a plugin's config dataclass from a mapping: unknown keys, values of the wrong type
+    (see :func:`check_types`) and values outside a field's declared range are refused naming the
+    section and key, whatever the class checks itself."""
     if not isinstance(values, Mapping):
         raise ConfigError(f"{section} must be a mapping of options, got {values!r}")
     known = {f.name for f in dataclasses.fields(config_class)}
@@ -193,8 +194,10 @@ def build_plugin_config(config_class: type[Any], values: Any, section: str) -> A
     values = with_int_floats(config_class, values)
     check_types(config_class, values, section)
     try:
-        return config_class(**values)
+        built = config_class(**values)
     except AgentRLError:
         raise
     except Exception as exc:  # a third-party class whose own checks assumed other types
         raise ConfigError(f"{section}: {config_class.__name__} refused {values!r}: {one_line(exc)}") from exc
+    check_declared(built, section)  # the declared ranges (``Field(ge=1)``), whether or not the class checks them
+    return built

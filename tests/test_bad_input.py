@@ -25,6 +25,7 @@ from agentrl_gspo import GSPOConfig
 from agentrl_hf_engine import HFEngineConfig
 from agentrl_ppo import PPOConfig
 from agentrl_rewards.judge import JudgeConfig
+from agentrl_rewards.process_reward_model import ProcessRewardModelConfig
 from agentrl_rewards.reward_model import RewardModelConfig
 from agentrl_rollouts import MultiTurnConfig
 from agentrl_rollouts.openai_agent import OpenAIAgentConfig
@@ -36,7 +37,8 @@ PLUGIN_CONFIGS = {GRPOConfig: "algorithm", GSPOConfig: "algorithm", PPOConfig: "
                   SamplerCorrectionConfig: "plugins.sampler_correction", HFEngineConfig: "engine_args",
                   VLLMEngineConfig: "engine_args", VLLMServerConfig: "engine_args",
                   OpenAIAgentConfig: "plugins.openai_agent", RewardModelConfig: "plugins.reward_model",
-                  JudgeConfig: "plugins.judge", MultiTurnConfig: "plugins.multi_turn"}
+                  JudgeConfig: "plugins.judge", MultiTurnConfig: "plugins.multi_turn",
+                  ProcessRewardModelConfig: "plugins.process_reward_model"}
 FREE_SECTIONS = ("env_args", "algorithm", "engine_args", "plugins")
 """TrainConfig sections that their plugin's own config class validates."""
 
@@ -279,6 +281,15 @@ def test_any_plugin_config_value_builds_or_is_an_agentrl_error(config_class: typ
     except AgentRLError:
         return
     assert all(math.isfinite(f) for f in floats_in(dataclasses.asdict(built)))
+
+
+@pytest.mark.parametrize("config_class, key, value", [
+    (RewardModelConfig, "batch_size", 0), (MultiTurnConfig, "batch_wait_s", -1.0), (JudgeConfig, "max_score", 0.0),
+    (OpenAIAgentConfig, "batch_wait_s", -0.5), (ProcessRewardModelConfig, "max_length", 1)])
+def test_a_plugin_setting_outside_its_declared_range_is_refused_naming_it(config_class, key, value):
+    section = PLUGIN_CONFIGS[config_class]
+    with pytest.raises(ConfigError, match=rf"^{section}\.{key} must be .*got {value}$"):
+        build_plugin_config(config_class, {key: value}, section)
 
 
 SET_KEYS = [*field_names(), "algorithm.beta", "algorithm.loss_type", "algorithm.delta", "engine_args.dtype",

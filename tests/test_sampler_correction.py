@@ -150,7 +150,7 @@ def test_bad_settings_are_named(section, message):
 
 def test_unknown_section_lists_the_known_ones():
     with pytest.raises(ConfigError, match="unknown plugin settings section plugins.sampler_corection; sections: "
-                                          "judge, multi_turn, openai_agent, reward_model, sampler_correction"):
+                                          "judge, multi_turn, openai_agent, process_reward_model, reward_model, sampler_correction"):
         resolve_settings(TrainConfig(plugins={"sampler_corection": {}}), load_plugins().registry)
     resolved = resolve_settings(TrainConfig(), load_plugins().registry)
     assert resolved["sampler_correction"] == SamplerCorrectionConfig()
