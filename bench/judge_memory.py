@@ -18,7 +18,8 @@ summed over the steps (``judge/judged``: replies asked for, ``judge/cache_hits``
 episodes whose judge reply gave a score in range / episodes that got a reply, i.e. ``1 -
 parse_failures / (judged + cache_hits - errors)``, and the judge's mean score (``reward/judge_mean``,
 over scored episodes, averaged over the steps that scored any). Prints a table and writes
-``DIR/judge_memory.json``.
+``DIR/judge_memory.json`` (with the rollout and update seconds per step too). A parsed reply need
+not follow the rubric's ``Score: N``: the parser falls back to the reply's last number.
 
 ``--tiny``: the same flow on ``agentrl.testing``'s tiny random model (saved to ``DIR/judge-model``
 and used as both the policy and the judge), 1 step, short replies: seconds, for the test.
@@ -121,7 +122,8 @@ def summarise(name: str, judge: str, run_dir: Path, wall: float, peaks: dict[int
             "peak_rss_mib": sum(peaks.values()) / 1024, "processes": len(peaks),
             "trainer_peak_rss_mib": max(line["perf/peak_rss_gb"] for line in steps) * 1e9 / 2**20,
             "wall_s": wall, "steps": len(steps),
-            "s_per_step": sum(line["perf/step_seconds"] for line in steps) / len(steps),
+            **{f"{key}_s_per_step": sum(line[f"perf/{key}_seconds"] for line in steps) / len(steps)
+               for key in ("step", "rollout", "update")},
             **counts, "parse_rate": 1 - counts["parse_failures"] / answered if answered else None,
             "judge_score_mean": sum(scores) / len(scores) if scores else None}
 
@@ -144,20 +146,20 @@ def run_config(name: str, slug: str, judge: str, out: Path, args: argparse.Names
 def show(rows: list[dict[str, Any]], title: str) -> None:
     """The comparison as a rich table, the difference in peak RSS under it."""
     table = Table(title=title)
-    for column in ("config", "peak RSS MiB", "trainer peak MiB", "wall s", "s/step", "judged", "cache hits",
-                   "parse failures", "parse rate", "mean judge score"):
-        table.add_column(column, justify="left" if column == "config" else "right", no_wrap=True)
+    for column in ("config", "peak RSS MiB", "trainer peak MiB", "wall s", "s/step", "rollout s/step",
+                   "update s/step", "judged", "cache hits", "parse failures", "parse rate", "mean judge score"):
+        table.add_column(column, justify="left" if column == "config" else "right", no_wrap=column == "config")
     for r in rows:
         rate = "-" if r["parse_rate"] is None else f"{r['parse_rate']:.3f}"
         score = "-" if r["judge_score_mean"] is None else f"{r['judge_score_mean']:.3f}"
-        table.add_row(r["config"], f"{r['peak_rss_mib']:.0f}", f"{r['trainer_peak_rss_mib']:.0f}",
-                      f"{r['wall_s']:.1f}", f"{r['s_per_step']:.1f}", f"{r['judged']:.0f}", f"{r['cache_hits']:.0f}",
-                      f"{r['parse_failures']:.0f}", rate, score)
+        table.add_row(r["config"], f"{r['peak_rss_mib']:.0f}", f"{r['trainer_peak_rss_mib']:.0f}", f"{r['wall_s']:.1f}",
+                      *(f"{r[f'{key}_s_per_step']:.1f}" for key in ("step", "rollout", "update")),
+                      *(f"{r[key]:.0f}" for key in ("judged", "cache_hits", "parse_failures")), rate, score)
     console = Console(width=150)
     console.print(table)
     extra = rows[1]["peak_rss_mib"] - rows[0]["peak_rss_mib"]
     console.print(f"a second copy as the judge: {extra:+.0f} MiB peak RSS "
-                  f"({rows[1]['s_per_step'] - rows[0]['s_per_step']:+.1f} s/step)")
+                  f"({rows[1]['step_s_per_step'] - rows[0]['step_s_per_step']:+.1f} s/step)")
 
 
 def main() -> None:
