@@ -65,6 +65,8 @@ def test_a_rubric_placeholder_no_episode_has_is_refused(tmp_path):
         judge_scheme("openai", context())
     with pytest.raises(ConfigError, match="judge model '/no/such/judge' is not a model folder"):
         judge_scheme("/no/such/judge", context())
+    with pytest.raises(ConfigError, match="judge:openai cannot take plugins.judge.reply_prefix='Score:'"):
+        judge_scheme("openai", context(base_url="http://localhost:1/v1", model="m", reply_prefix="Score:"))
 
 
 class CountingEngine:
@@ -98,9 +100,32 @@ def test_the_policy_engine_judges_a_batch_in_one_generate_and_caches(policy_engi
     assert scores[0] == scores[2] and all(s is None or 0 <= s <= 1 for s in scores)
     counts = judge.pop_metrics()
     assert counts == {"judged": 3.0, "cache_hits": 1.0, "parse_failures": float(sum(s is None for s in scores)),
-                      "errors": 0.0}
+                      "unformatted": float(len({b.messages[1]["content"] for b, s in zip(batch, scores) if s is not None})),
+                      "errors": 0.0}  # a random model never writes "Score:": every score it gives is its last number
     assert judge(batch[:2]) == scores[:2] and policy_engine.calls == before[0] + 1  # cached: no engine call
     assert judge.pop_metrics()["cache_hits"] == 2.0
+
+
+def test_the_reply_prefix_is_written_for_the_judge_and_read_with_its_reply(policy_engine, tokenizer, tiny_model_dir):
+    """A prefix ending in a score line: whatever a random model writes after it (a new line first),
+    every episode gets that score, read from a ``Score:`` line."""
+    recorded = []
+
+    class Recording:
+        def generate(self, prompts, sampling):
+            recorded.extend(prompts)
+            return policy_engine.generate(prompts, sampling)
+
+    batch = [episode(f"{i}+1?", str(i + 1)) for i in range(3)]
+    ctx = context(max_new_tokens=4, reply_prefix="Score: 7\n")
+    judge = judge_scheme("policy", ctx)
+    ctx.engine, ctx.tokenizer = Recording(), tokenizer
+    assert judge(batch) == [pytest.approx(0.7)] * 3
+    assert all(tokenizer.decode(ids).endswith("Score: 7\n") for ids in recorded)
+    assert judge.pop_metrics() == {"judged": 3.0, "cache_hits": 0.0, "parse_failures": 0.0, "unformatted": 0.0,
+                                   "errors": 0.0}
+    local = judge_scheme(str(tiny_model_dir), context(max_new_tokens=4, batch_size=2, reply_prefix="Score: 7\n"))
+    assert local(batch) == [pytest.approx(0.7)] * 3
 
 
 def test_a_judge_reply_that_gives_no_score_is_a_counted_parse_failure(policy_engine, tokenizer):
@@ -170,7 +195,8 @@ def test_an_openai_endpoint_judges_with_the_rubric_file(server, tmp_path, monkey
     assert sorted(b["messages"][0]["content"] for b in server.received) == [
         "Question: 2+2?\nGold: 4\nReply: \\boxed{4}\nScore it.", "Question: OUT 3+3?\nGold: 4\nReply: 6\nScore it."]
     assert all(b["model"] == "grader" and b["temperature"] == 0.0 for b in server.received)
-    assert judge.pop_metrics() == {"judged": 2.0, "cache_hits": 0.0, "parse_failures": 1.0, "errors": 0.0}
+    assert judge.pop_metrics() == {"judged": 2.0, "cache_hits": 0.0, "parse_failures": 1.0, "unformatted": 0.0,
+                                   "errors": 0.0}
 
 
 def test_an_endpoint_timeout_with_skip_leaves_the_episode_unscored_and_counts_it(server):
@@ -178,7 +204,8 @@ def test_an_endpoint_timeout_with_skip_leaves_the_episode_unscored_and_counts_it
     with pytest.warns(RuntimeWarning, match="judge 'judge:openai' failed on request 1 of the batch: .*on_call_error=skip"):
         scores = judge([episode("2+2?", "4"), episode("SLOW 3+3?", "6")])
     assert scores == [pytest.approx(0.7), None]
-    assert judge.pop_metrics() == {"judged": 2.0, "cache_hits": 0.0, "parse_failures": 0.0, "errors": 1.0}
+    assert judge.pop_metrics() == {"judged": 2.0, "cache_hits": 0.0, "parse_failures": 0.0, "unformatted": 0.0,
+                                   "errors": 1.0}
     assert judge([episode("2+2?", "4")]) == [pytest.approx(0.7)]  # cached; the failure is not
 
 
@@ -206,7 +233,8 @@ def test_a_local_model_folder_judges_greedily(tiny_model_dir):
     scores = first(batch)
     assert second(batch) == scores and all(s is None or 0 <= s <= 1 for s in scores)  # greedy: the same replies
     assert first.pop_metrics() == {"judged": 3.0, "cache_hits": 0.0,
-                                   "parse_failures": float(sum(s is None for s in scores)), "errors": 0.0}
+                                   "parse_failures": float(sum(s is None for s in scores)),
+                                   "unformatted": float(sum(s is not None for s in scores)), "errors": 0.0}
 
 
 def test_cli_trains_with_the_policy_as_its_own_judge(tiny_model_dir, tmp_path):

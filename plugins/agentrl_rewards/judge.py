@@ -15,15 +15,18 @@ user message; placeholders: ``{prompt}`` (the last user message before the model
 ``{completion}`` (the final reply, or every message from the first reply on as ``role: content``
 blocks in a multi-turn episode), ``{reference}`` (the task's ``answer``, empty when it has none)
 and any task column (``{question}``, ``{answer}``, ...); literal braces are doubled. The reply is
-read by :func:`parse_score`: the number after the last ``Score:``, else the last number, which must
-lie in ``[0, max_score]``; it is mapped to ``[0, 1]``. A reply that gives none is a parse failure:
-the episode is not scored (None) and counted. Replies are cached by judge prompt (the episode's
+read by :func:`parse_score`: the number after the last ``Score:``, else the last number (counted
+in ``judge/unformatted``: a judge that ignores the format often just repeats a number from the
+task), which must lie in ``[0, max_score]``; it is mapped to ``[0, 1]``. A reply that gives none is
+a parse failure: the episode is not scored (None) and counted. ``reply_prefix`` (for example
+``Score:``) writes the start of a local judge's reply for it. Replies are cached by judge prompt (the episode's
 prompt, completion and task) for the whole run.
 
 An endpoint request that fails or times out follows the run's ``on_call_error``: ``skip`` leaves
 the episode unscored (counted, warned about once), ``fail`` stops the run naming the judge.
 Metrics after each rollout: ``judge/judged`` (replies asked for), ``judge/cache_hits``,
-``judge/parse_failures`` and ``judge/errors``. Options: the ``plugins.judge`` settings section.
+``judge/parse_failures``, ``judge/unformatted`` (scores read from a reply's last number, no
+``Score:`` line; counted per reply asked for) and ``judge/errors``. Options: the ``plugins.judge`` settings section.
 """
 
 from __future__ import annotations
@@ -84,6 +87,11 @@ class JudgeConfig:
     """``judge:openai``: seconds one request may take; past it, ``on_call_error``."""
     max_concurrency: Annotated[int, Field(ge=1)] = 8
     """``judge:openai``: requests in flight at once."""
+    reply_prefix: str = ""
+    """Text written as the start of the judge's reply, which goes on from it (``judge:policy`` and
+    ``judge:PATH``; ``judge:openai`` refuses one: a chat endpoint starts its own reply). ``Score:``
+    makes a small judge give its number at once (with a rubric that asks for no reasoning); the
+    parser reads the prefix and the reply together."""
 
 
 def parse_score(reply: str, max_score: float = 10.0) -> float | None:
@@ -102,7 +110,7 @@ class Judge:
     def __init__(self, name: str, backend: Backend, template: str, options: JudgeConfig, skips: bool) -> None:
         self.name, self.backend, self.template, self.options, self.skips = name, backend, template, options, skips
         self.cache: dict[str, float | None] = {}
-        self.counts = dict.fromkeys(("judged", "cache_hits", "parse_failures", "errors"), 0)
+        self.counts = dict.fromkeys(("judged", "cache_hits", "parse_failures", "unformatted", "errors"), 0)
         self.warned = False
 
     def __call__(self, trajectories: list[Trajectory]) -> list[float | None]:
@@ -116,6 +124,7 @@ class Judge:
                 failed.add(prompt)
             else:
                 self.cache[prompt] = parse_score(reply, self.options.max_score)
+                self.counts["unformatted"] += self.cache[prompt] is not None and not SCORE.search(reply)
         self.counts["judged"] += len(todo)
         self.counts["cache_hits"] += len(prompts) - len(todo)
         scores = [None if p in failed else self.cache[p] for p in prompts]
@@ -192,18 +201,19 @@ def policy_backend(context: RewardContext, options: JudgeConfig) -> Backend:
         engine, tokenizer = context.engine, context.tokenizer
         if engine is None or tokenizer is None:
             raise RewardError("judge:policy needs the run's engine and tokenizer, which are not built yet")
-        ids = [chat_ids(tokenizer, prompt) for prompt in prompts]
+        ids = [chat_ids(tokenizer, prompt, options.reply_prefix) for prompt in prompts]
         generations = engine.generate(ids, SamplingParams(max_new_tokens=options.max_new_tokens, temperature=0.0))
-        return [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
+        return [options.reply_prefix + tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
 
     return judge
 
 
-def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
-    """``prompt`` as one user message in the tokenizer's chat template, ready for the reply."""
+def chat_ids(tokenizer: Any, prompt: str, reply_prefix: str = "") -> list[int]:
+    """``prompt`` as one user message in the tokenizer's chat template, ready for the reply (which
+    starts with ``reply_prefix``, written here)."""
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(text + reply_prefix, add_special_tokens=False)["input_ids"])
 
 
 def local_backend(path: str, options: JudgeConfig, device: Any) -> Backend:
@@ -221,13 +231,13 @@ def local_backend(path: str, options: JudgeConfig, device: Any) -> Backend:
     def judge(prompts: list[str]) -> list[str | Exception]:
         replies: list[str | Exception] = []
         for start in range(0, len(prompts), options.batch_size):
-            batch = [chat_ids(tokenizer, p) for p in prompts[start:start + options.batch_size]]
+            batch = [chat_ids(tokenizer, p, options.reply_prefix) for p in prompts[start:start + options.batch_size]]
             width = max(len(ids) for ids in batch)
             input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=model.device)
             mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=model.device)
             out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, pad_token_id=pad,
                                  max_new_tokens=options.max_new_tokens)  # (B, width + new)
-            replies += [tokenizer.decode(row[width:], skip_special_tokens=True) for row in out]
+            replies += [options.reply_prefix + tokenizer.decode(row[width:], skip_special_tokens=True) for row in out]
         return replies
 
     return judge
@@ -238,6 +248,9 @@ def openai_backend(options: JudgeConfig) -> Backend:
     if not options.base_url or not options.model:
         raise ConfigError(f"judge:openai needs plugins.{SECTION}.base_url and plugins.{SECTION}.model "
                           f"(got base_url={options.base_url!r}, model={options.model!r})")
+    if options.reply_prefix:
+        raise ConfigError(f"judge:openai cannot take plugins.{SECTION}.reply_prefix={options.reply_prefix!r}: a chat "
+                          "endpoint writes its reply from the start (use a rubric that asks for 'Score: N' instead)")
     openai = import_extra("openai", "judge:openai needs the openai package: pip install openai", ConfigError)
     client = openai.OpenAI(base_url=options.base_url, api_key=os.environ.get(options.api_key_env) or "EMPTY",
                            timeout=options.timeout_s, max_retries=0)
