@@ -85,6 +85,10 @@ class LockstepRollout(MultiTurnRollout):
 
     def _advance(self, episodes: list[Any], sampling: SamplingParams, seeds: list[int] | None,
                  max_sampled: int) -> None:
+        tools = [self._tools(e.env) for e in episodes]  # every env resets at once, before the first turn
+        resets = self.workers.gather([self._reset_call(e, seeds, tools[e.index]) for e in episodes])
+        for episode, outcome in zip(episodes, resets):
+            self._start(episode, outcome, tools[episode.index])
         turn = 0
         while live := [e for e in episodes if not e.done]:
             budget = [min(sampling.max_new_tokens, max_sampled - e.sampled,
