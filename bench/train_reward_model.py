@@ -31,13 +31,22 @@ slow to fine-tune it whole in minutes; so the frozen part runs once and is cache
 head (default, ``--train-layers 0``: a linear probe of the last token's final hidden state) or the
 top ``--train-layers`` decoder layers, the final norm and the head are trained.
 
+Measured with the defaults (128 questions x 3 samples + 4 written replies each: 896 conversations,
+26 questions held out; 2026-11-27, the 2-core CPU shared with learning runs): 10.5 min (sampling
+384 episodes 109 s, the frozen forward 481 s, the head 17 s). Held-out AUC 0.73: sampled replies
+alone 0.68, written replies alone 0.52 (a right and a wrong number in the same style are not told
+apart: the model mostly prefers clean boxed replies to rambling ones); same-question pair accuracy
+0.76. Under the bf16 autocast of a training run on this CPU scores move by up to 0.15 (held-out
+scores' std 1.0).
+
 Written to DIR: the model and tokenizer (``save_pretrained``, chat template included),
 ``rm_report.json`` (counts, label balance, held-out AUC, seconds) and ``rm_examples.jsonl`` (every
 example: split, source, label, messages; held-out ones with the trained model's score). The
 held-out figures are the trained model's fp32 scores; ``--check`` held-out examples are scored
 again by DIR loaded through the ``rm:`` reward scheme's own class, in fp32 and under the bf16
 autocast a training run on a bf16 CPU uses, and the largest differences reported. ``--tiny``: a
-random 2-layer model, 6 prompts x 2 samples of 8 tokens, 2 epochs (proves the script runs; figures meaningless).
+random 2-layer model, 6 prompts x 2 samples of 8 tokens, 2 epochs (proves the script runs; figures
+meaningless).
 """
 
 from __future__ import annotations
@@ -219,7 +228,8 @@ def frozen_features(model: LlamaForSequenceClassification, examples: list[Exampl
     for start in range(0, len(order), batch_size):
         part = order[start:start + batch_size]
         ids, mask, lengths = right_padded([torch.tensor(e.ids) for e in part])  # (B, L), (B, L), (B,)
-        hidden = model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[cut]  # (B, L, H)
+        states = model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        hidden = states[cut]  # (B, L, H): entering layer ``cut``; the last entry is after the final norm
         for row, (example, n) in enumerate(zip(part, lengths.tolist())):
             out[id(example)] = hidden[row, n - 1:n].clone() if layers == 0 else hidden[row, :n].clone()
         progress.advance(bar, len(part))
@@ -445,7 +455,8 @@ def main() -> None:
                            "\\boxed{ANSWER} and 'A op B = ANSWER. The final answer is \\boxed{ANSWER}.'",
               "negatives": "sampled replies the env judges wrong, and the written replies with ANSWER +- 1 or 2",
               "counts": {"all": counts(examples), "train": counts(train_set), "heldout": counts(held)},
-              "heldout_share": len(held) / len(examples), "heldout": figures(held, cached_scores), "saved_model_check": check,
+              "heldout_share": len(held) / len(examples), "heldout": figures(held, cached_scores),
+              "saved_model_check": check,
               "epochs": history,
               "seconds": timings}
     (out / "rm_report.json").write_text(json.dumps(report, indent=2) + "\n")

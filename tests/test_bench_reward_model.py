@@ -77,7 +77,8 @@ def test_labels_are_the_env_verdicts_on_train_questions_only(trained):
     written = [e for e in examples if e["source"] == "reference"]
     for question, answer in answers.items():  # each question: the gold reply right, a wrong-number one wrong
         mine = [e for e in written if e["question"] == question]
-        assert {"content": f"\\boxed{{{answer}}}", "role": "assistant"} in [e["messages"][-1] for e in mine if e["label"]]
+        right = [e["messages"][-1] for e in mine if e["label"]]
+        assert {"role": "assistant", "content": f"\\boxed{{{answer}}}"} in right
         assert sum(e["label"] for e in mine) == 2 and len(mine) == 4
     sampled = [e for e in examples if e["source"] == "sampled"]
     assert len(sampled) == report["settings"]["prompts"] * report["settings"]["samples"]
