@@ -277,6 +277,7 @@ class Saved:
     processes: list[dict[str, Any]]  # each process's {"rng", "engine"} state
     algorithm: dict[str, Any]
     plugins: dict[str, Any]
+    ahead: dict[str, Any] | None = None  # an asynchronous run's batches collected for later steps
 
 
 def read_checkpoint(folder: Path) -> Saved:
@@ -295,7 +296,7 @@ def read_checkpoint(folder: Path) -> Saved:
         optim = load_tensors(folder / OPTIMIZERS) if OPTIMIZERS in manifest["files"] else {}
         schedules = extra["schedules"]
         return Saved(trainer, modules, {name: optim.get(name) for name in schedules}, schedules,
-                     extra["processes"], extra["algorithm"], extra["plugins"])
+                     extra["processes"], extra["algorithm"], extra["plugins"], extra.get("async"))
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {str(folder)!r} lacks what a resume needs ({one_line(exc)}): "
                               "resume from another checkpoint or start the run again") from None

@@ -1,9 +1,8 @@
 """``TrainConfig``: every knob of a run, validated when it is built.
 
-The docstring under each field is the only help text (``agentrl train --print-config`` shows
-the resolved whole). Sections owned by plugins (``algorithm``, ``env_args``, ``engine_args`` and each entry of
-``plugins``) are plain dicts here and validated by the plugin's own config class at start-up;
-``lora`` is validated here, by ``agentrl.lora.LoRAConfig``.
+The docstring under each field is the only help text (``agentrl train --print-config`` shows the
+resolved whole). Plugin sections (``algorithm``, ``env_args``, ``engine_args``, each of ``plugins``)
+are plain dicts here, validated by the plugin's config class at start-up; ``lora`` here (LoRAConfig).
 """
 
 from __future__ import annotations
@@ -153,9 +152,8 @@ class TrainConfig:
     objective, env return and reward functions with their weights, on the greedy evaluation; at
     step 0, every ``eval_every`` steps and at the end; ties go to the later one) as
     ``<run_dir>/model``. Not ``eval/accuracy`` alone: the most accurate math policy may not box its
-    answers, which the run is also rewarded for. The last
-    step's policy goes to ``<run_dir>/last`` when it is not the best. ``eval.json`` records which.
-    False: ``model/`` is always the last policy. Needs ``eval_tasks`` > 0."""
+    answers, which the run is also rewarded for. The last step's policy goes to ``<run_dir>/last``
+    when it is not the best. ``eval.json`` records which. False: ``model/`` is always the last policy."""
     log_completions_every: NonNegative = 10
     """Write sampled conversations to ``completions.jsonl`` every this many steps (0: never)."""
     save_model: bool = True
@@ -189,6 +187,11 @@ class TrainConfig:
     ``call_timeout_s``. Each episode samples from its own seed, so the tokens do not depend on which
     env answers first. 1: one after another. An env class with ``concurrent_safe = False`` is always
     called one at a time."""
+    async_steps: NonNegative = 0
+    """Collect the episodes of the next N steps while a step trains (:mod:`agentrl.async_rollouts`):
+    step t trains on episodes sampled by the policy after step t - 1 - N (one version per batch,
+    so a resumed run is the same as an uninterrupted one); the ``sampler_correction`` plugin's
+    ``auto`` then corrects the stale tokens (TIS). 0: synchronous. One process only, for now."""
 
     def __post_init__(self) -> None:
         """Check every value against its field's type and declared range, then the rules that

@@ -214,8 +214,9 @@ def agentrl_per_token_loss_factors(
     policy loss.
 
     Called per micro-batch after the clipped surrogate. ``old_logprobs`` are the trainer-old
-    logprobs (the trainer's forward of the policy that sampled the data); ``batch.sampler_logprobs``
-    the engine's; ``logprobs`` the current ones. Every non-None result is multiplied in (e.g.
+    logprobs (the trainer's forward of the policy before this step's updates: the one that sampled
+    the data in a synchronous run, a newer one with ``async_steps``); ``batch.sampler_logprobs``
+    the engine's (of the version that sampled each token); ``logprobs`` the current ones. Every non-None result is multiplied in (e.g.
     truncated importance sampling of the sampler/trainer mismatch).
     """
 

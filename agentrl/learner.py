@@ -35,6 +35,8 @@ class Learner:
         """The longest completion an episode may sample (the ``max_completion_length`` of some losses)."""
         self.nonfinite_skips = 0  # optimizer steps skipped over the run
         self.skipped_in_a_row = 0  # rollout steps in a row whose update was skipped entirely
+        self.sync_engine = True
+        """Whether an update hands the new weights to the engine (an asynchronous run does it itself)."""
 
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         """Micro-batches of similar lengths (less padding; the loss is invariant to the split)."""
@@ -84,7 +86,7 @@ class Learner:
         metrics.update(_mean_over_processes({k: v for k, v in metrics.items() if k not in logged_before}))
         metrics.update(stats.means(combine=distributed.gather_objects))
         metrics["train/nonfinite_skipped_steps"] = float(self.nonfinite_skips)
-        if train_policy:
+        if train_policy and self.sync_engine:
             run.engine.sync_weights(run.sampling_model())
 
     def sync_reference(self, step: int, metrics: dict[str, float]) -> None:

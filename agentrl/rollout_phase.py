@@ -52,6 +52,9 @@ class RolloutPhase:
         self.cursor = TaskCursor(len(self.tasks), run.config.seed)
         self.step_rewards: list[float] = []
         """The last collected batch's total rewards (every process's, in group order)."""
+        self.sampling_version: int | None = None
+        """The policy version the engine holds, stamped on every sampled token (an asynchronous run;
+        None: not recorded)."""
 
     def boundary(self) -> tuple[int, dict[str, Any]]:
         """Where the next step starts (task cursor, RNG states): :meth:`rewind` returns there."""
@@ -141,6 +144,9 @@ class RolloutPhase:
             seeds = [int(np.random.SeedSequence([cfg.seed, step, round_index, offset + i]).generate_state(1)[0])
                      for i in range(len(tasks))]
         trajectories = self.run.rollout.run(self.run.envs[:len(tasks)], tasks, groups, sampling, seeds=seeds)
+        if self.sampling_version is not None:
+            for row in (r for t in trajectories for r in (*t.segments, t)):
+                row.policy_versions = [self.sampling_version if m else -1 for m in row.loss_mask]
         for i, trajectory in enumerate(trajectories):  # an abandoned env call may still touch its env
             if (trajectory.info.get("error") or {}).get("timed_out"):
                 self.run.envs[i] = make_env(self.run.manager, cfg)

@@ -123,7 +123,8 @@ class RunCheckpoints:
             plugins: dict[str, Any] = {}
             run.hook.agentrl_save_state(state=plugins)
             save_json({"schedules": {name: t.scheduler.state_dict() for name, t in run.trained.items()},
-                       "processes": processes, "algorithm": run.algorithm.state_dict(), "plugins": plugins},
+                       "processes": processes, "algorithm": run.algorithm.state_dict(), "plugins": plugins,
+                       "async": progress.get("async")},
                       folder / ckpt.EXTRA)
             (folder / ckpt.STATE).write_text(json.dumps({
                 "step": step, "task_cursor": progress["task_cursor"],
@@ -170,7 +171,7 @@ class RunCheckpoints:
         run.algorithm.load_state_dict(saved.algorithm)
         run.hook.agentrl_load_state(state=saved.plugins)
         set_rng_states(own["rng"])
-        return state
+        return {**state, "async": saved.ahead}
 
     def finish(self, completed_step: int, exported: str | None) -> None:
         """At the end of a run that finished normally: keep only the checkpoint of its last step

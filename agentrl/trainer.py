@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
+from agentrl import async_rollouts, distributed
 from agentrl import checkpoint as ckpt
-from agentrl import distributed
 from agentrl.best_model import BestModel
 from agentrl.build import Run, build_run
 from agentrl.config import TrainConfig
@@ -78,6 +78,8 @@ class Trainer:
         self.run: Run = build_run(config, manager)
         self.rollouts = RolloutPhase(self.run)
         self.learner = Learner(self.run)
+        self.learner.sync_engine = not config.async_steps  # else the rollout thread takes each version
+        self.producer: async_rollouts.AsyncRollouts | None = None  # with async_steps, once training
         self.checkpoints = RunCheckpoints(self.run, self.run_dir)
         self.completed_step = 0
         self.eval_before: dict[str, float] = {}
@@ -116,16 +118,9 @@ class Trainer:
         """One step: rollout (interruptible), then update, evaluation, records and checkpoint as
         one unit Ctrl-C waits for; stops the run after too many skipped steps in a row."""
         cfg = self.config
-        boundary = self.rollouts.boundary()
         t0 = time.perf_counter()
         _phase(progress, "rollout")
-        try:
-            batch, trajectories, metrics = self.rollout_step(step)
-            if any_process(guard.requested):  # every process stops here together (several processes)
-                raise KeyboardInterrupt
-        except KeyboardInterrupt:  # nothing trained yet: rewind to the step boundary
-            self.rollouts.rewind(boundary)
-            raise
+        batch, trajectories, metrics, rewards = self.batch_for(step, guard)
         t1 = time.perf_counter()
         with guard.deferred():
             _phase(progress, "update")
@@ -135,10 +130,16 @@ class Trainer:
                             "perf/step_seconds": t2 - t0,
                             "perf/episodes_per_second": len(trajectories) / (t2 - t0),
                             "perf/rss_gb": rss_gb(), "perf/peak_rss_gb": peak_rss_gb()})
-            self.evaluate_and_record(step, trajectories, metrics, writer, progress)
             too_many = self.learner.skipped_in_a_row >= cfg.max_nonfinite_steps
-            if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or too_many):
+            save = bool(cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or too_many))
+            if self.producer is not None:  # the new version goes to the rollout thread
+                self.producer.hand_over(step, self.run.sampling_model(), quiesce=save or self.eval_due(step),
+                                        evaluate=self.eval_due(step))
+            self.evaluate_and_record(step, trajectories, metrics, writer, progress, rewards)
+            if save:
                 self.save_checkpoint(step)
+            if self.producer is not None:
+                self.producer.release()
         if progress is not None:
             progress(step, metrics)
         if too_many:
@@ -152,19 +153,40 @@ class Trainer:
             raise KeyboardInterrupt
         return metrics
 
+    def batch_for(self, step: int, guard: InterruptGuard) -> tuple[TrainBatch, list[Any], dict[str, float], list[float]]:
+        """The step's batch, episodes, metrics and rewards: collected now (an interrupt rewinds to
+        the step's start) or, with ``async_steps``, taken from the rollout thread."""
+        if self.producer is not None:
+            return self.producer.take_step(step, self.run.accelerator.device)
+        boundary = self.rollouts.boundary()
+        try:
+            batch, trajectories, metrics = self.rollout_step(step)
+            if any_process(guard.requested):  # every process stops here together (several processes)
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:  # nothing trained yet: rewind to the step boundary
+            self.rollouts.rewind(boundary)
+            raise
+        return batch, trajectories, metrics, self.rollouts.step_rewards
+
+    def eval_due(self, step: int) -> bool:
+        """Whether the periodic evaluation runs after ``step`` (on this process)."""
+        cfg = self.config
+        return bool(cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks
+                    and self.is_main)
+
     def evaluate_and_record(self, step: int, trajectories: list[Any], metrics: dict[str, float],
-                            writer: MetricsWriter, progress: Any) -> None:
+                            writer: MetricsWriter, progress: Any, rewards: list[float] | None = None) -> None:
         """The periodic evaluation (and best policy), completions, the step-end hook and the metrics row."""
         cfg = self.config
-        if (cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks
-                and self.is_main):
+        if self.eval_due(step):
             _phase(progress, "eval")
             evaluation = self.evaluate()
             metrics.update(evaluation)
             self.offer_best(step, evaluation)
         if self.is_main:
             if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
-                log_completions(self.run_dir, step, trajectories, self.rollouts.step_rewards)
+                log_completions(self.run_dir, step, trajectories,
+                                self.rollouts.step_rewards if rewards is None else rewards)
             self.run.hook.agentrl_on_step_end(step=step, metrics=metrics)
         writer.write(step, metrics)
         self.completed_step = step
@@ -192,6 +214,8 @@ class Trainer:
                 if failure is not None:
                     raise TrainingError(f"the run stopped: {failure}") from None
                 raise interruption(guard, self.completed_step, self.run_dir, self.save_checkpoint) from None
+            finally:
+                self.stop_producer()
         _report(progress, "eval after", eval_after)
         owned_states = self.checkpoints.gather_owned() if self.config.save_model else {}  # a collective (FSDP)
         if self.is_main:
@@ -231,12 +255,22 @@ class Trainer:
                 self.best.resume(self.resumed["step"])
         _report(progress, "eval before", self.eval_before)
         history = read_history(self.run_dir / "metrics.jsonl") if main else []
+        if cfg.async_steps:
+            self.producer = async_rollouts.start(self.run, self.rollouts, self.completed_step, self.resumed)
         for step in range(self.completed_step + 1, cfg.max_steps + 1):
             history.append(self.train_step(step, writer, guard, progress))
         if self.completed_step and cfg.checkpoint_every:
             self.save_checkpoint(self.completed_step)
+        self.stop_producer()
         _phase(progress, "eval")
         return history, self.evaluate() if cfg.eval_tasks and main else {}
+
+    def stop_producer(self) -> None:
+        """End the rollout thread (an asynchronous run); the engine gets the trained policy."""
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
+            self.run.engine.sync_weights(self.run.sampling_model())
 
     def finish(self, eval_after: dict[str, float], writer: Any, owned_states: dict[str, Any]) -> None:
         """The final metrics, eval.json, the exported model (the best one if it beat the last),
@@ -266,16 +300,23 @@ class Trainer:
 
     # -- state on disk -------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> Path:
-        """Everything ``--resume`` needs to continue after ``step`` exactly (every process calls it)."""
+        """Everything ``--resume`` needs to continue after ``step`` exactly (every process calls it);
+        with ``async_steps`` the batches collected for later steps too."""
+        ahead = {}
+        if self.producer is not None:
+            self.producer.quiesce(step)
+            ahead = {"async": self.producer.state()}
         return self.checkpoints.save(step, {
             "task_cursor": self.rollouts.cursor.position, "nonfinite_skips": self.learner.nonfinite_skips,
-            "skipped_in_a_row": self.learner.skipped_in_a_row, "eval_before": self.eval_before})
+            "skipped_in_a_row": self.learner.skipped_in_a_row, "eval_before": self.eval_before, **ahead})
 
     def load_checkpoint(self, folder: Path) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save_checkpoint`; returns its trainer state."""
         state = self.checkpoints.load(folder)
         self.rollouts.cursor.position = state["task_cursor"]
         self.learner.nonfinite_skips, self.learner.skipped_in_a_row = state["nonfinite_skips"], state["skipped_in_a_row"]
+        if not self.config.async_steps and (dropped := async_rollouts.restore(state.get("async"), 0, state["step"])[2]):
+            print(f"note: {dropped} episodes the asynchronous run collected ahead are not trained on (async_steps=0)")
         return state
 
     def offer_best(self, step: int, evaluation: dict[str, float]) -> None:

@@ -78,6 +78,10 @@ class Trajectory:
     step_rewards: dict[int, float] | None = None
     """Weighted step rewards by token position (:mod:`agentrl.process_rewards`): scoring sets them
     when a reward function returned step rewards for the batch; None: outcome rewards only."""
+    policy_versions: list[int] | None = None
+    """The policy version (completed training steps) that sampled each token, -1 where the model
+    did not sample; set by an asynchronous run (:mod:`agentrl.async_rollouts`), None otherwise
+    (every token sampled by the policy being trained)."""
 
     @property
     def prompt_length(self) -> int:
@@ -241,6 +245,11 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
     extras: dict[str, torch.Tensor] = {}
     if any(t.step_rewards is not None for t in trajectories):
         extras["step_rewards"], extras["step_ends"] = _step_tensors(trajectories, rewards, width)
+    if any(t.policy_versions is not None for t in trajectories):
+        extras["policy_versions"] = torch.full((n, width), -1, dtype=torch.long)
+        for i, traj in enumerate(trajectories):
+            if traj.policy_versions is not None:
+                extras["policy_versions"][i, :len(traj.token_ids)] = torch.tensor(traj.policy_versions)
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -136,7 +136,7 @@ def test_off_changes_nothing_and_computes_no_old_logprobs(tiny_model_dir, tmp_pa
 
 
 @pytest.mark.parametrize(("section", "message"), [
-    ({"mode": "clip"}, "plugins.sampler_correction.mode='clip' is invalid: expected one of off, measure, tis, mis"),
+    ({"mode": "clip"}, "plugins.sampler_correction.mode='clip' is invalid: expected one of auto, off, measure, tis, mis"),
     ({"level": "seq"}, "plugins.sampler_correction.level='seq' is invalid: expected one of token, sequence, geometric"),
     ({"cap": 1.0}, "plugins.sampler_correction.cap=1.0 is invalid: expected a finite number > 1"),
     ({"lower": 2}, "plugins.sampler_correction.lower=2 is invalid: expected None or a number in (0, 1)"),

@@ -6,8 +6,11 @@ log-probabilities of each sampled token are kept apart by name:
 
 * ``sampler``: the engine's (``batch.sampler_logprobs``; full vocabulary at the sampling
   temperature, the same support as the trainer's even with top_k/top_p);
-* ``trainer-old``: the trainer's forward of the policy that sampled the batch
-  (``batch.extras["old_logprobs"]``; this plugin asks for it even with one optimizer step);
+* ``trainer-old``: the trainer's forward of the policy before this step's updates
+  (``batch.extras["old_logprobs"]``; this plugin asks for it even with one optimizer step): the
+  policy that sampled the batch in a synchronous run; in an asynchronous one (``async_steps``) the
+  sampler was up to ``async_steps`` versions older, and ``w`` below corrects that staleness too
+  (the decoupled objective: the ratio clips around the current policy, ``w`` re-weights the data);
 * ``current``: the policy being optimised (the loss's ratio is current / trainer-old).
 
 With ``w = pi_old / pi_sampler`` the policy-gradient loss is corrected by (Yao et al. 2025,
@@ -21,7 +24,8 @@ With ``w = pi_old / pi_sampler`` the policy-gradient loss is corrected by (Yao e
 the unbiased sequence-level weight) or ``geometric`` (their geometric mean, GSPO-style
 length-normalised). ``measure`` computes and logs the mismatch without changing the loss.
 
-Enable with ``--set plugins.sampler_correction.mode=tis`` (see ``agentrl train --print-config``).
+Enable with ``--set plugins.sampler_correction.mode=tis`` (see ``agentrl train --print-config``);
+the default ``auto`` is ``tis`` in an asynchronous run and ``off`` in a synchronous one.
 Per rollout batch it logs ``mismatch/kl`` (k3 estimate of KL(sampler || trainer-old) per token),
 ``mismatch/k1``, ``mismatch/abs_log_ratio``, ``mismatch/ratio_mean|min|max`` (of ``w`` at
 ``level``), ``mismatch/frac_truncated`` (tis: share of weights above ``cap``) and
@@ -41,7 +45,7 @@ from pydantic import Field
 
 from agentrl import Allowed, ConfigCheck, OneOf, TrainBatch, hookimpl, masked
 
-MODES = ("off", "measure", "tis", "mis")
+MODES = ("auto", "off", "measure", "tis", "mis")
 LEVELS = ("token", "sequence", "geometric")
 SECTION = "sampler_correction"
 
@@ -50,8 +54,9 @@ SECTION = "sampler_correction"
 class SamplerCorrectionConfig:
     """The ``plugins.sampler_correction`` section."""
 
-    mode: Annotated[str, OneOf(*MODES), Allowed(f"expected one of {', '.join(MODES)}")] = "off"
-    """"off", "measure" (log the mismatch only), "tis" (truncated IS) or "mis" (masked IS)."""
+    mode: Annotated[str, OneOf(*MODES), Allowed(f"expected one of {', '.join(MODES)}")] = "auto"
+    """"off", "measure" (log the mismatch only), "tis" (truncated IS), "mis" (masked IS), or "auto":
+    "tis" in an asynchronous run (``async_steps`` > 0: stale episodes are corrected), else "off"."""
     level: Annotated[str, OneOf(*LEVELS), Allowed(f"expected one of {', '.join(LEVELS)}")] = "token"
     """"token", "sequence" (product of token ratios) or "geometric" (their geometric mean)."""
     cap: Annotated[float, Field(gt=1), Allowed("expected a finite number > 1")] = 2.0
@@ -86,6 +91,14 @@ def _section(settings: dict[str, Any]) -> SamplerCorrectionConfig:
     return settings.get(SECTION) or SamplerCorrectionConfig()
 
 
+def _mode(config: Any, settings: dict[str, Any]) -> str:
+    """The mode in force: ``auto`` is ``tis`` in an asynchronous run, ``off`` in a synchronous one."""
+    mode = _section(settings).mode
+    if mode == "auto":
+        return "tis" if getattr(config, "async_steps", 0) > 0 else "off"
+    return mode
+
+
 def _units(loss_mask: torch.Tensor, level: str) -> torch.Tensor:
     """Which entries of a level's weights are real: tokens on the mask, or rows with a token."""
     return loss_mask > 0 if level == "token" else (loss_mask.sum(dim=-1, keepdim=True) > 0)
@@ -98,17 +111,17 @@ def agentrl_register_settings(register: Callable[..., None]) -> None:
 
 
 @hookimpl
-def agentrl_needs_old_logprobs(settings: dict[str, Any]) -> bool:
+def agentrl_needs_old_logprobs(config: Any, settings: dict[str, Any]) -> bool:
     """The trainer-old logprobs are needed whenever the correction is not off."""
-    return _section(settings).mode != "off"
+    return _mode(config, settings) != "off"
 
 
 @hookimpl
-def agentrl_adjust_loss_mask(batch: TrainBatch, settings: dict[str, Any],
+def agentrl_adjust_loss_mask(batch: TrainBatch, config: Any, settings: dict[str, Any],
                              metrics: dict[str, float]) -> torch.Tensor | None:
     """Log the mismatch of the rollout batch; for ``mis`` return the mask keeping weights in range."""
-    cfg = _section(settings)
-    if cfg.mode == "off":
+    cfg, mode = _section(settings), _mode(config, settings)
+    if mode == "off":
         return None
     if "old_logprobs" not in batch.extras:
         raise RuntimeError("sampler_correction needs batch.extras['old_logprobs'] before the loss mask is "
@@ -128,8 +141,8 @@ def agentrl_adjust_loss_mask(batch: TrainBatch, settings: dict[str, Any],
     metrics["mismatch/ratio_mean"] = float(ratios.mean())
     metrics["mismatch/ratio_min"] = float(ratios.min())
     metrics["mismatch/ratio_max"] = float(ratios.max())
-    metrics["mismatch/frac_truncated"] = float((ratios > cfg.cap).float().mean()) if cfg.mode == "tis" else 0.0
-    if cfg.mode != "mis":
+    metrics["mismatch/frac_truncated"] = float((ratios > cfg.cap).float().mean()) if mode == "tis" else 0.0
+    if mode != "mis":
         return None
     keep = (log_w >= math.log(cfg.low)) & (log_w <= math.log(cfg.cap))  # (N, T) or (N, 1)
     metrics["mismatch/frac_masked"] = float((~keep[units]).float().mean())
@@ -137,11 +150,11 @@ def agentrl_adjust_loss_mask(batch: TrainBatch, settings: dict[str, Any],
 
 
 @hookimpl
-def agentrl_per_token_loss_factors(batch: TrainBatch, old_logprobs: torch.Tensor,
+def agentrl_per_token_loss_factors(batch: TrainBatch, old_logprobs: torch.Tensor, config: Any,
                                    settings: dict[str, Any]) -> torch.Tensor | None:
     """For ``tis``: ``min(pi_old / pi_sampler, cap)`` per token ``(n, T)`` or per sequence ``(n, 1)``."""
     cfg = _section(settings)
-    if cfg.mode != "tis":
+    if _mode(config, settings) != "tis":
         return None
     log_w = log_weights(old_logprobs, batch.sampler_logprobs, batch.loss_mask, cfg.level)
     return torch.exp(log_w.clamp(max=math.log(cfg.cap)))  # min(w, cap) without overflow

@@ -1,0 +1,261 @@
+"""Asynchronous rollouts (``async_steps: N``): the episodes of later steps are collected while the
+current step trains, from weights at most N policy versions old.
+
+A policy *version* counts the completed training steps of the weights (0: the initial policy;
+after step t's update the policy is version t). In a synchronous run step t trains on episodes of
+version t - 1. With ``async_steps = N`` step t trains on episodes sampled by version
+``max(floor, t - 1 - N)`` (``floor``: the version the run started or resumed from), so one
+background thread (:class:`AsyncRollouts`) can collect steps t + 1 .. t + N while step t trains.
+Every episode of a step's batch comes from one version, fixed by the step number alone, never by
+timing: with per-episode seeds the batches, and so a resumed run, are the same bit for bit as an
+uninterrupted one (``deterministic``).
+
+The sampler's logprobs of a stale token are those of the version that sampled it, so the
+trainer's importance weights (old / sampler, the ``sampler_correction`` plugin's TIS/MIS) correct
+for the staleness; ``policy_versions`` (per token) and ``async/*`` metrics record it.
+
+The learner hands each new version over as a copy (:meth:`AsyncRollouts.publish`); the engine
+loads it when the thread needs it, between two steps' collections. Evaluation and checkpoints
+need the thread idle (:meth:`AsyncRollouts.quiesce`): a checkpoint after step t holds every batch
+collected for later steps (at least t + 1 .. t + N, whose versions are no longer anywhere else).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentrl.trajectory import TrainBatch
+
+
+@dataclass
+class Collected:
+    """One step's collected batch, waiting to be trained on."""
+
+    step: int
+    version: int
+    """The policy version that sampled every episode of the batch."""
+    batch: TrainBatch
+    episodes: list[Any]
+    """The kept trajectories (a restored batch: what ``completions.jsonl`` needs of them)."""
+    metrics: dict[str, float]
+    rewards: list[float]
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON values and tensors (:func:`agentrl.statefiles.to_json`) that :meth:`from_state` restores."""
+        b = self.batch
+        tensors = {name: getattr(b, name).cpu() for name in _BATCH_TENSORS}
+        return {"step": self.step, "version": self.version, "batch": tensors, "extras": dict(b.extras),
+                "episodes": [{"group": e.group, "task": {"answer": e.task.get("answer")}, "messages": e.messages}
+                             for e in self.episodes],
+                "metrics": self.metrics, "rewards": self.rewards}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Collected:
+        """The batch :meth:`to_state` stored."""
+        batch = TrainBatch(**state["batch"], extras=dict(state["extras"]))
+        episodes = [_Logged(**e) for e in state["episodes"]]
+        return cls(int(state["step"]), int(state["version"]), batch, episodes,
+                   {k: float(v) for k, v in state["metrics"].items()}, [float(r) for r in state["rewards"]])
+
+
+_BATCH_TENSORS = ("input_ids", "attention_mask", "loss_mask", "sampler_logprobs", "rewards", "groups",
+                  "token_rewards", "truncated", "lengths")
+
+
+@dataclass
+class _Logged:
+    """What a restored batch keeps of an episode: what ``completions.jsonl`` writes."""
+
+    group: int
+    task: dict[str, Any]
+    messages: list[Any] = field(default_factory=list)
+
+
+def version_for(step: int, async_steps: int, floor: int) -> int:
+    """The policy version that samples ``step``'s episodes."""
+    return max(floor, step - 1 - async_steps)
+
+
+def staleness_metrics(batch: TrainBatch, learner_version: int) -> dict[str, float]:
+    """``async/staleness_mean|max`` over the batch's sampled tokens (versions between the one that
+    sampled a token and the one trained on it) and ``async/tokens_lag_<k>`` (share of tokens k
+    versions old)."""
+    versions = batch.extras.get("policy_versions")
+    on = batch.loss_mask > 0
+    if versions is None or not bool(on.any()):
+        return {}
+    lag = (learner_version - versions[on]).double()
+    out = {"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max())}
+    for k in torch.unique(lag).tolist():
+        out[f"async/tokens_lag_{int(k)}"] = float((lag == k).double().mean())
+    return out
+
+
+def restore(state: dict[str, Any] | None, async_steps: int, step: int) -> tuple[list[Collected], int, int]:
+    """From a checkpoint's ``async`` state after ``step``: the batches still within the staleness
+    bound (``async_steps`` may have changed since), the next step to collect and how many episodes
+    were dropped (a batch too stale now, and every one after it, is not trained on: its tasks are
+    lost, never repeated)."""
+    if not state:
+        return [], step + 1, 0
+    ready = [Collected.from_state(c) for c in state["ready"]]
+    n = 0
+    while n < len(ready) and ready[n].step - 1 - ready[n].version <= async_steps:
+        n += 1
+    dropped = sum(len(c.episodes) for c in ready[n:])
+    return ready[:n], (ready[n].step if n < len(ready) else int(state["next_step"])), dropped
+
+
+def start(run: Any, rollouts: Any, step: int, resumed: dict[str, Any] | None) -> AsyncRollouts:
+    """The background collection of a run (``run``: :class:`agentrl.build.Run`, ``rollouts``: its
+    :class:`agentrl.rollout_phase.RolloutPhase`) that has completed ``step`` steps (``resumed``: the
+    checkpoint's trainer state, when resumed)."""
+    def collect(at: int, version: int) -> Collected:
+        rollouts.sampling_version = version
+        batch, kept, metrics = rollouts.collect(at)
+        return Collected(at, version, batch.to("cpu"), kept, metrics, list(rollouts.step_rewards))
+
+    ready, next_step, dropped = restore((resumed or {}).get("async"), run.config.async_steps, step)
+    producer = AsyncRollouts(collect, run.engine.sync_weights, run.sampling_model(), run.config.async_steps,
+                             next_step, run.config.max_steps, floor=step, ready=ready)
+    producer.dropped_episodes = dropped
+    return producer
+
+
+class AsyncRollouts:
+    """A background thread collecting steps ahead of the learner (see the module docstring).
+
+    ``collect(step, version)`` returns a :class:`Collected`; ``load(module)`` puts weights into the
+    engine. ``model`` is the sampling model whose copy the engine samples from while the learner
+    trains the original.
+    """
+
+    def __init__(self, collect: Any, load: Any, model: torch.nn.Module, async_steps: int, next_step: int,
+                 last_step: int, floor: int, ready: list[Collected] | None = None) -> None:
+        self.collect, self.load, self.async_steps = collect, load, async_steps
+        self.last_step, self.floor = last_step, floor
+        self.next_step = next_step  # the next step this thread collects
+        self.ready: dict[int, Collected] = {c.step: c for c in ready or []}
+        self.copy = copy.deepcopy(model)  # what the engine samples from: the learner trains ``model``
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self.loaded = floor  # the version in the engine
+        self.load(self.copy)
+        self.held = False
+        self.busy = False
+        self.stopped = False
+        self.error: BaseException | None = None
+        self.dropped_episodes = 0
+        """Episodes collected but never trained on (too stale after a resume with a smaller bound)."""
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="agentrl-async-rollouts", daemon=True)
+        self.thread.start()
+
+    # -- the thread ----------------------------------------------------------------------------------
+    def _needed(self) -> int:
+        return version_for(self.next_step, self.async_steps, self.floor)
+
+    def _can_start(self) -> bool:
+        return (not self.held and self.next_step <= self.last_step
+                and (self._needed() == self.loaded or self._needed() in self.snapshots))
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.stopped or self._can_start())
+                if self.stopped:
+                    return
+                step, version = self.next_step, self._needed()
+                weights = self.snapshots.get(version) if version != self.loaded else None
+                self.busy = True
+            try:
+                if weights is not None:
+                    self.copy.load_state_dict(weights)
+                    self.load(self.copy)
+                self.loaded = version
+                collected = self.collect(step, version)
+            except BaseException as exc:  # handed to the learner, raised by take()
+                with self.cond:
+                    self.error, self.busy, self.stopped = exc, False, True
+                    self.cond.notify_all()
+                return
+            with self.cond:
+                self.ready[step] = collected
+                self.next_step, self.busy = step + 1, False
+                for old in [v for v in self.snapshots if v < self._needed()]:
+                    del self.snapshots[old]
+                self.cond.notify_all()
+
+    # -- the learner's side --------------------------------------------------------------------------
+    def take(self, step: int) -> Collected:
+        """``step``'s batch, once collected (raises what the thread raised)."""
+        with self.cond:
+            self.cond.wait_for(lambda: step in self.ready or self.error is not None)
+            if step not in self.ready:
+                raise self.error  # type: ignore[misc]
+            return self.ready.pop(step)
+
+    def take_step(self, step: int, device: Any) -> tuple[TrainBatch, list[Any], dict[str, float], list[float]]:
+        """``step``'s batch (on ``device``), episodes, metrics (with ``async/*``) and rewards."""
+        collected = self.take(step)
+        metrics = {**collected.metrics, **staleness_metrics(collected.batch, step - 1),
+                   "async/sampling_version": float(collected.version),
+                   "async/dropped_episodes": float(self.dropped_episodes)}
+        return collected.batch.to(device), collected.episodes, metrics, collected.rewards
+
+    def hand_over(self, step: int, model: torch.nn.Module, quiesce: bool, evaluate: bool) -> None:
+        """After step ``step``'s update: publish the new version; with ``quiesce`` first wait for
+        the thread (evaluation, a checkpoint); with ``evaluate`` the engine then holds it."""
+        if quiesce:
+            self.quiesce(step)
+        self.publish(step, model)
+        if evaluate:
+            self.engine_at(step)
+
+    def publish(self, version: int, model: torch.nn.Module) -> None:
+        """Hand over the policy ``version`` (a copy of ``model``'s weights)."""
+        weights = {name: t.detach().clone() for name, t in model.state_dict().items()}
+        with self.cond:
+            self.snapshots[version] = weights
+            self.cond.notify_all()
+
+    def quiesce(self, step: int) -> None:
+        """Wait until the thread is idle, with every step that needs a version older than ``step``
+        collected; it starts nothing more until :meth:`release`."""
+        through = min(step + self.async_steps, self.last_step)
+        with self.cond:
+            self.cond.wait_for(lambda: self.error is not None or (self.next_step > through and not self.busy))
+            if self.error is not None:
+                raise self.error
+            self.held = True
+
+    def engine_at(self, version: int) -> None:
+        """Load ``version`` (published) into the engine: evaluation at a quiesced step."""
+        with self.cond:
+            if not self.held or self.busy:
+                raise RuntimeError("AsyncRollouts.engine_at needs the thread quiesced (quiesce() first)")
+            if version != self.loaded:
+                self.copy.load_state_dict(self.snapshots[version])
+                self.load(self.copy)
+                self.loaded = version
+
+    def release(self) -> None:
+        """Let the thread go on after :meth:`quiesce`."""
+        with self.cond:
+            self.held = False
+            self.cond.notify_all()
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (call quiesced): the collected batches and the next step."""
+        with self.cond:
+            return {"next_step": self.next_step, "ready": [self.ready[s].to_state() for s in sorted(self.ready)]}
+
+    def close(self) -> None:
+        """Stop the thread at its next step boundary (a collection in progress runs to its end)."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()

@@ -1,0 +1,253 @@
+"""Asynchronous training (``async_steps``): which policy version samples each step, the correction
+of stale tokens against an independent float64 computation, and resumes (Ctrl-C, SIGKILL) that
+lose no episode, train none twice and equal an uninterrupted run bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentrl.async_rollouts import version_for
+from agentrl.build import check_process_split
+from agentrl.config import TrainConfig
+from agentrl.errors import ConfigError, TrainingInterrupted
+from agentrl.plugins import load_plugins
+from agentrl.rundir import resume_config
+from agentrl.trainer import Trainer
+
+PARITY = {"agentrl.testing:parity_reward": 1.0}  # groups with a reward spread: every step changes the weights
+
+
+def _config(model_dir: Path, out: Path, **overrides) -> TrainConfig:
+    base = dict(model=str(model_dir), max_steps=5, prompts_per_step=2, num_generations=3, max_new_tokens=8,
+                eval_tasks=4, eval_every=2, output_dir=str(out), log_completions_every=1, checkpoint_every=3,
+                keep_checkpoints=10, learning_rate=1e-2, rewards=PARITY, async_steps=2)
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+def _lines(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    return {k: v for file in sorted(folder.glob("*.safetensors")) for k, v in load_file(file).items()}
+
+
+def _assert_same_run(a: Path, b: Path) -> None:
+    """Same metrics (but timings), completions and final weights, bit for bit."""
+    assert _lines(a) == _lines(b)
+    assert (a / "completions.jsonl").read_text() == (b / "completions.jsonl").read_text()
+    wa, wb = _weights(a / "model"), _weights(b / "model")
+    assert wa and wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("async_steps", [1, 2])
+def test_each_step_is_sampled_by_the_version_its_bound_allows(tiny_model_dir, tmp_path, async_steps):
+    out = tmp_path / "run"
+    Trainer(_config(tiny_model_dir, out, async_steps=async_steps, max_steps=4), load_plugins()).train()
+    rows = [r for r in _lines(out) if "async/sampling_version" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for row in rows:
+        version = version_for(row["step"], async_steps, 0)  # max(0, step - 1 - N)
+        lag = row["step"] - 1 - version
+        assert row["async/sampling_version"] == version
+        assert row["async/staleness_mean"] == row["async/staleness_max"] == lag <= async_steps
+        assert row[f"async/tokens_lag_{lag}"] == 1.0  # one version per batch
+        assert row["async/dropped_episodes"] == 0
+        assert "mismatch/ratio_mean" in row  # sampler_correction's auto is tis in an asynchronous run
+    assert rows[-1]["async/staleness_max"] == async_steps
+    stale = [r for r in rows if r["async/staleness_mean"] > 0]
+    assert max(abs(r["mismatch/ratio_max"] - 1) for r in stale) > 1e-3  # the stale weights differ visibly
+
+
+def test_a_synchronous_run_records_no_versions_and_corrects_nothing(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    Trainer(_config(tiny_model_dir, out, async_steps=0, max_steps=2, eval_tasks=0), load_plugins()).train()
+    assert not [k for row in _lines(out) for k in row if k.startswith(("async/", "mismatch/"))]
+
+
+CAPTURE_PLUGIN = '''
+import os, torch
+from agentrl import hookimpl
+
+batches = {}
+
+@hookimpl
+def agentrl_adjust_loss_mask(batch, config, settings, metrics):
+    batches[len(batches) + 1] = {"input_ids": batch.input_ids.clone(), "attention_mask": batch.attention_mask.clone(),
+                                 "loss_mask": batch.loss_mask.clone(), "sampler": batch.sampler_logprobs.clone(),
+                                 "old": batch.extras["old_logprobs"].clone(),
+                                 "versions": batch.extras["policy_versions"].clone()}
+    torch.save(batches, os.environ["AGENTRL_TEST_CAPTURE"])
+'''
+
+
+def _float64_logprobs(model_dir: Path, weights: Path, captured: dict, temperature: float) -> torch.Tensor:
+    """Token logprobs of the weights in ``weights`` at ``temperature``, in float64, by a plain forward."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    state = _weights(weights)
+    assert state, weights
+    model.load_state_dict({k: v.double() for k, v in state.items()}, strict=False)
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=captured["input_ids"], attention_mask=captured["attention_mask"]).logits.double()
+    logp = torch.log_softmax(logits[:, :-1] / temperature, dim=-1)
+    out = torch.zeros(captured["input_ids"].shape, dtype=torch.float64)
+    out[:, 1:] = logp.gather(-1, captured["input_ids"][:, 1:, None])[..., 0]
+    return out * captured["loss_mask"].double()
+
+
+def test_stale_tokens_are_weighted_by_old_over_sampler_of_their_own_version(tiny_model_dir, tmp_path, monkeypatch):
+    """Step 4 with async_steps=2 trains on episodes of version 1 while the policy is version 3:
+    the sampler logprobs are version 1's and the old ones version 3's (each checked against a
+    float64 forward of the checkpointed weights), and the TIS factor is min(old/sampler, cap)."""
+    plugin = tmp_path / "capture_plugin.py"
+    plugin.write_text(CAPTURE_PLUGIN)
+    manager = load_plugins(modules=[str(plugin)])
+    monkeypatch.setenv("AGENTRL_TEST_CAPTURE", str(tmp_path / "captured.pt"))
+    out = tmp_path / "run"
+    config = _config(tiny_model_dir, out, max_steps=4, checkpoint_every=1, eval_tasks=0, precision="fp32",
+                     keep_finished_checkpoints=True)
+    Trainer(config, manager).train()
+    captured = torch.load(tmp_path / "captured.pt")[4]  # the 4th rollout batch: step 4
+    mask = captured["loss_mask"] > 0
+    assert set(captured["versions"][mask].tolist()) == {1} and set(captured["versions"][~mask].tolist()) <= {-1}
+    sampler_v1 = _float64_logprobs(tiny_model_dir, out / "checkpoints" / "step-000001" / "model", captured,
+                                   config.temperature)
+    old_v3 = _float64_logprobs(tiny_model_dir, out / "checkpoints" / "step-000003" / "model", captured,
+                               config.temperature)
+    torch.testing.assert_close(captured["sampler"].double()[mask], sampler_v1[mask], atol=2e-4, rtol=0)
+    torch.testing.assert_close(captured["old"].double()[mask], old_v3[mask], atol=2e-4, rtol=0)
+    assert float((old_v3 - sampler_v1)[mask].abs().max()) > 1e-2  # two versions apart: visibly different
+
+    from agentrl_sampler_correction import agentrl_per_token_loss_factors
+    from agentrl.trajectory import TrainBatch
+
+    batch = TrainBatch(input_ids=captured["input_ids"], attention_mask=captured["attention_mask"],
+                       loss_mask=captured["loss_mask"], sampler_logprobs=captured["sampler"],
+                       rewards=torch.zeros(len(mask)), groups=torch.zeros(len(mask), dtype=torch.long),
+                       token_rewards=torch.zeros_like(captured["sampler"]), truncated=torch.zeros(len(mask), dtype=torch.bool),
+                       lengths=captured["attention_mask"].sum(1))
+    factors = agentrl_per_token_loss_factors(batch=batch, old_logprobs=captured["old"], config=config,
+                                             settings={})
+    expected = torch.clamp(torch.exp(old_v3 - sampler_v1), max=2.0)  # the default cap, from the float64 forwards
+    torch.testing.assert_close(factors.double()[mask], expected[mask], atol=1e-3, rtol=1e-3)
+
+
+INTERRUPT_PLUGIN = '''
+import os, signal
+from agentrl import hookimpl
+
+def _stop_at():
+    return int(os.environ.get("AGENTRL_TEST_SIGINT_AT", "0"))
+
+@hookimpl
+def agentrl_on_rollout_end(trajectories, step, metrics):
+    if step == _stop_at() and os.environ.get("AGENTRL_TEST_SIGINT_IN") == "rollout":
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the rollout thread collects a later step
+
+@hookimpl
+def agentrl_on_step_end(step, metrics):
+    if step == _stop_at() and os.environ.get("AGENTRL_TEST_SIGINT_IN") == "update":
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while a step's records are written
+'''
+
+
+@pytest.mark.parametrize("where", ["rollout", "update"])
+def test_ctrl_c_with_episodes_in_flight_then_resume_equals_straight(tiny_model_dir, tmp_path, monkeypatch, where):
+    plugin = tmp_path / "interrupt_plugin.py"
+    plugin.write_text(INTERRUPT_PLUGIN)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    Trainer(_config(tiny_model_dir, straight), load_plugins(modules=[str(plugin)])).train()
+    monkeypatch.setenv("AGENTRL_TEST_SIGINT_AT", "4" if where == "rollout" else "2")
+    monkeypatch.setenv("AGENTRL_TEST_SIGINT_IN", where)
+    with pytest.raises(TrainingInterrupted) as info:
+        Trainer(_config(tiny_model_dir, split), load_plugins(modules=[str(plugin)])).train()
+    monkeypatch.delenv("AGENTRL_TEST_SIGINT_AT")
+    config, checkpoint = resume_config(split)
+    assert checkpoint == Path(info.value.checkpoint)
+    saved = json.loads((checkpoint / "state.json").read_text())["async"]
+    step = int(checkpoint.name.split("-")[1])
+    ahead = [c["step"] for c in saved["ready"]]
+    assert ahead == list(range(step + 1, saved["next_step"])) and len(ahead) >= 2  # t+1 .. t+N at least
+    Trainer(config, load_plugins(modules=[str(plugin)]), resume=checkpoint).train()
+    _assert_same_run(straight, split)
+    assert [r["step"] for r in _lines(split)][:-1] == [1, 2, 3, 4, 5]  # every step once (then the final row)
+
+
+SLOW_ROLLOUT_PLUGIN = '''
+import os, time
+from pathlib import Path
+from agentrl import hookimpl
+
+@hookimpl
+def agentrl_on_rollout_end(trajectories, step, metrics):
+    ready = os.environ.get("AGENTRL_TEST_SLOW_ROLLOUT")
+    if ready and step == 5:  # step 5's episodes are in flight (scored, not handed over) until killed
+        Path(ready).write_text("collecting")
+        time.sleep(600)
+'''
+
+
+def test_sigkill_with_episodes_in_flight_then_resume_equals_straight(tiny_model_dir, tmp_path):
+    plugin = tmp_path / "slow_rollout.py"
+    plugin.write_text(SLOW_ROLLOUT_PLUGIN)
+    cli = [sys.executable, "-m", "agentrl.cli", "train"]
+    common = ["--model", str(tiny_model_dir), "--max-steps", "6", "--num-generations", "3", "--prompts-per-step",
+              "2", "--reward", "agentrl.testing:parity_reward", "--set", "max_new_tokens=8", "--set", "eval_tasks=0",
+              "--set", "checkpoint_every=2", "--set", "async_steps=2", "--set", "learning_rate=0.01",
+              "--set", "log_completions_every=1", "--plugin", str(plugin)]
+    straight, killed, ready = tmp_path / "straight", tmp_path / "killed", tmp_path / "ready"
+    first = subprocess.Popen([*cli, *common, "--output-dir", str(straight)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*cli, *common, "--output-dir", str(killed)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "AGENTRL_TEST_SLOW_ROLLOUT": str(ready)})
+    deadline = time.monotonic() + 300
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), proc.communicate()[1]
+    time.sleep(1.0)  # the learner goes on meanwhile: steps 3 and 4 train on what was collected ahead
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    done = subprocess.run([*cli, "--resume", str(killed), "--plugin", str(plugin)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "step-000002" in done.stdout  # the checkpoint of step 4 waits for step 5's episodes: never written
+    _assert_same_run(straight, killed)
+
+
+def test_batches_too_stale_for_a_smaller_bound_are_dropped_and_counted(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    Trainer(_config(tiny_model_dir, out, max_steps=4, checkpoint_every=2, eval_tasks=0, save_model=False,
+                    keep_finished_checkpoints=True), load_plugins()).train()
+    checkpoint = out / "checkpoints" / "step-000002"
+    ahead = json.loads((checkpoint / "state.json").read_text())["async"]
+    assert [c["step"] for c in ahead["ready"]] == [3, 4]  # versions 0 and 1: collected for the run's next steps
+    # Resumed from step 2 with a bound of 1: the two batches would be 2 versions stale at steps 3 and 4: dropped.
+    config = _config(tiny_model_dir, out, max_steps=4, checkpoint_every=2, eval_tasks=0, save_model=False,
+                     async_steps=1)
+    Trainer(config, load_plugins(), resume=checkpoint).train()
+    rows = _lines(out)
+    assert [(r["step"], r["async/sampling_version"], r["async/dropped_episodes"]) for r in rows[2:]] == [
+        (3, 2.0, 12.0), (4, 2.0, 12.0)]  # re-collected from the resumed version 2: staleness 0, then 1
+
+
+def test_async_steps_refuses_several_processes():
+    config = TrainConfig(async_steps=1, prompts_per_step=2)
+    check_process_split(config, 1)
+    with pytest.raises(ConfigError, match=r"async_steps=1 runs on one process only .*2 processes"):
+        check_process_split(config, 2)
