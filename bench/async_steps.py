@@ -13,7 +13,7 @@ Per configuration it prints steps per hour over the steps after the first two (a
 fills its pipeline in them), the learner's mean wait for a batch (``perf/rollout_seconds``: the
 whole rollout when synchronous, only what the background collection did not hide otherwise), the
 update's mean seconds, the mean staleness of the trained tokens, and the speed-up over the
-synchronous run at the same L. ``--tiny``: a random 2-layer model, 3 steps, L = 0 and 0.05, async
+synchronous run at the same L (figures: README, "Asynchronous training"). ``--tiny``: a random 2-layer model, 3 steps, L = 0 and 0.05, async
 0 and 1 (proves the script runs; the figures mean nothing).
 """
 

@@ -312,6 +312,28 @@ def test_train_with_vllm_end_to_end_on_the_default_model(tmp_path):
 
 
 @needs_vllm
+def test_train_asynchronously_with_vllm_on_the_default_model(tmp_path):
+    """``async_steps=1`` with ``--engine vllm``: the rollout thread samples from vLLM while a step
+    trains, each step from the version its bound allows, the stale tokens corrected (auto: tis)."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    result = CliRunner().invoke(app, ["train", "--env", "math", "--engine", "vllm", "--max-steps", "3",
+                                      "--prompts-per-step", "2", "--num-generations", "4", "--output-dir",
+                                      str(tmp_path / "run"), "--set", "eval_tasks=4", "--set", "eval_every=2",
+                                      "--set", "max_new_tokens=24", "--set", "async_steps=1",
+                                      "--set", "save_model=false", "--set", "engine_args.kv_cache_gb=0.5"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "async/sampling_version" in m]
+    assert [(m["step"], m["async/sampling_version"], m["async/staleness_max"]) for m in steps] == [
+        (1, 0.0, 0.0), (2, 0.0, 1.0), (3, 1.0, 1.0)]
+    assert all(0 < m["mismatch/abs_log_ratio"] and m["mismatch/frac_truncated"] >= 0 for m in steps)
+    assert "eval/accuracy" in steps[1]  # evaluated at step 2 with the thread quiesced
+
+
+@needs_vllm
 def test_server_engine_samples_over_http_and_takes_pushed_weights(tmp_path):
     """``vllm_server``: a real ``vllm serve`` process on localhost; parity, stops, and a weight push
     through a shared folder that reaches the tied LM head (save_pretrained alone would not)."""
