@@ -254,8 +254,11 @@ class AsyncRollouts:
         with self.cond:
             return {"next_step": self.next_step, "ready": [self.ready[s].to_state() for s in sorted(self.ready)]}
 
-    def close(self) -> None:
-        """Stop the thread at its next step boundary (a collection in progress runs to its end)."""
+    def close(self, wait_s: float = 5.0) -> bool:
+        """Stop the thread at its next step boundary (a collection in progress runs to its end);
+        returns whether it ended within ``wait_s`` (the engine is then free)."""
         with self.cond:
             self.stopped = True
             self.cond.notify_all()
+        self.thread.join(wait_s)
+        return not self.thread.is_alive()

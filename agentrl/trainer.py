@@ -268,9 +268,10 @@ class Trainer:
     def stop_producer(self) -> None:
         """End the rollout thread (an asynchronous run); the engine gets the trained policy."""
         if self.producer is not None:
-            self.producer.close()
+            idle = self.producer.close()  # not idle: a run stopping on an error, mid-collection
             self.producer = None
-            self.run.engine.sync_weights(self.run.sampling_model())
+            if idle:
+                self.run.engine.sync_weights(self.run.sampling_model())
 
     def finish(self, eval_after: dict[str, float], writer: Any, owned_states: dict[str, Any]) -> None:
         """The final metrics, eval.json, the exported model (the best one if it beat the last),

@@ -215,6 +215,17 @@ def test_a_raising_reward_with_fail_names_the_function_the_sample_and_the_except
                      r"ValueError: cannot score the bad task \(on_call_error=fail", message), message
 
 
+def test_a_raising_reward_with_fail_in_the_rollout_thread_stops_an_async_run_with_the_same_error(
+        tiny_model_dir, tmp_path, faults):
+    import threading
+
+    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:fragile": 1.0},
+                     on_call_error="fail", async_steps=1, max_steps=3)
+    with pytest.raises(RewardError, match=r"^reward function 'fragile' raised on sample \d \(task 'bad'"):
+        Trainer(config, load_plugins()).train()
+    assert not [t for t in threading.enumerate() if t.name == "agentrl-async-rollouts"]  # the thread ended
+
+
 def test_a_hanging_reward_times_out_and_the_step_finishes(tiny_model_dir, tmp_path, faults):
     config = _config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:slow": 1.0},
                      env_reward_weight=0.0, call_timeout_s=1.0, on_call_error="skip")
