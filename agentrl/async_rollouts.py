@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from agentrl import distributed
 from agentrl.trajectory import TrainBatch
 
 
@@ -120,6 +121,7 @@ def start(run: Any, rollouts: Any, step: int, resumed: dict[str, Any] | None) ->
         batch, kept, metrics = rollouts.collect(at)
         return Collected(at, version, batch.to("cpu"), kept, metrics, list(rollouts.step_rewards))
 
+    rollouts.group = distributed.new_group()  # the thread's collectives must not meet the learner's
     ready, next_step, dropped = restore((resumed or {}).get("async"), run.config.async_steps, step)
     producer = AsyncRollouts(collect, run.engine.sync_weights, run.sampling_model(), run.config.async_steps,
                              next_step, run.config.max_steps, floor=step, ready=ready)

@@ -270,9 +270,6 @@ def check_process_split(config: TrainConfig, num_processes: int) -> None:
     if config.prompts_per_step % num_processes:
         raise ConfigError(f"prompts_per_step={config.prompts_per_step} does not split over {num_processes} processes: "
                           "each process rolls out whole groups; use a multiple of the process count")
-    if config.async_steps and num_processes > 1:
-        raise ConfigError(f"async_steps={config.async_steps} runs on one process only for now ({num_processes} "
-                          "processes were launched): use async_steps=0 with several processes")
 
 
 def make_env(manager: PluginManager, config: TrainConfig) -> Env:

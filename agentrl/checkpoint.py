@@ -274,10 +274,9 @@ class Saved:
     modules: dict[str, Any]  # name -> state dict of an algorithm-owned module
     optimizers: dict[str, Any]  # name -> optimizer state dict; None where not kept (a finished run's)
     schedules: dict[str, Any]  # name -> LR schedule state
-    processes: list[dict[str, Any]]  # each process's {"rng", "engine"} state
+    processes: list[dict[str, Any]]  # each process's {"rng", "engine", "async"} state
     algorithm: dict[str, Any]
     plugins: dict[str, Any]
-    ahead: dict[str, Any] | None = None  # an asynchronous run's batches collected for later steps
 
 
 def read_checkpoint(folder: Path) -> Saved:
@@ -296,7 +295,7 @@ def read_checkpoint(folder: Path) -> Saved:
         optim = load_tensors(folder / OPTIMIZERS) if OPTIMIZERS in manifest["files"] else {}
         schedules = extra["schedules"]
         return Saved(trainer, modules, {name: optim.get(name) for name in schedules}, schedules,
-                     extra["processes"], extra["algorithm"], extra["plugins"], extra.get("async"))
+                     extra["processes"], extra["algorithm"], extra["plugins"])
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {str(folder)!r} lacks what a resume needs ({one_line(exc)}): "
                               "resume from another checkpoint or start the run again") from None

@@ -191,7 +191,7 @@ class TrainConfig:
     """Collect the episodes of the next N steps while a step trains (:mod:`agentrl.async_rollouts`):
     step t trains on episodes sampled by the policy after step t - 1 - N (one version per batch,
     so a resumed run is the same as an uninterrupted one); the ``sampler_correction`` plugin's
-    ``auto`` then corrects the stale tokens (TIS). 0: synchronous. One process only, for now."""
+    ``auto`` then corrects the stale tokens (TIS). 0: synchronous."""
 
     def __post_init__(self) -> None:
         """Check every value against its field's type and declared range, then the rules that

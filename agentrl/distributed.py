@@ -50,13 +50,20 @@ def all_sum(tensor: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def gather_objects(obj: T) -> list[T]:
-    """Every process's ``obj`` (picklable), in rank order, on every process."""
+def gather_objects(obj: T, group: Any = None) -> list[T]:
+    """Every process's ``obj`` (picklable), in rank order, on every process (``group``: a process
+    group of its own, e.g. a background thread's; None: the default one)."""
     if not _active():
         return [obj]
     out: list[Any] = [None] * world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=group)
     return out
+
+
+def new_group() -> Any:
+    """A process group of every process over gloo, for collectives of a thread beside the main one
+    (every process calls it, in the same order); None in a one-process run."""
+    return dist.new_group(backend="gloo") if _active() else None
 
 
 def broadcast_object(obj: T) -> T:

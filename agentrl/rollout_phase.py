@@ -52,6 +52,9 @@ class RolloutPhase:
         self.cursor = TaskCursor(len(self.tasks), run.config.seed)
         self.step_rewards: list[float] = []
         """The last collected batch's total rewards (every process's, in group order)."""
+        self.group: Any = None
+        """The process group of this phase's collectives (an asynchronous run's rollout thread has its
+        own, beside the learner's); None: the default one."""
         self.sampling_version: int | None = None
         """The policy version the engine holds, stamped on every sampled token (an asynchronous run;
         None: not recorded)."""
@@ -82,7 +85,7 @@ class RolloutPhase:
         errors: dict[str, int] = {}
         rounds = 0
         for round_index in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
-            if round_index and not sum(distributed.gather_objects(selector.missing)):
+            if round_index and not sum(distributed.gather_objects(selector.missing, self.group)):
                 break  # every process has its groups
             indices = self.cursor.take(cfg.prompts_per_step)  # every process walks the same cursor
             mine = indices[first:first + selector.missing]  # a refill round samples only what is missing
@@ -103,7 +106,7 @@ class RolloutPhase:
         components = {name: np.concatenate([c[name] for c in sampled_components]) for name in sampled_components[0]}
         # Metrics and hooks see the whole batch: every process's share, in group order.
         shares = distributed.gather_objects((sampled, sampled_totals, components, nonfinite, errors,
-                                             kept, kept_totals, filled))
+                                             kept, kept_totals, filled), self.group)
         if len(shares) > 1:
             sampled = [t for share in shares for t in share[0]]
             sampled_totals = [x for share in shares for x in share[1]]

@@ -102,7 +102,8 @@ class RunCheckpoints:
         ``progress``: the loop's own state (task cursor, skip counters, the first evaluation).
         Every process calls it (each one's RNG and engine state is kept); the main one writes."""
         run, weights = self.run, self.weights
-        processes = distributed.gather_objects({"rng": rng_states(), "engine": run.engine.state_dict()})
+        processes = distributed.gather_objects({"rng": rng_states(), "engine": run.engine.state_dict(),
+                                                "async": progress.get("async")})  # each process's own batches
         policy_model = weights.policy_model() if weights.sharded else None  # a collective under FSDP
         optim_states = {name: weights.optimizer_state(t) for name, t in run.trained.items()}
         module_states = {name: weights.module_state(t) for name, t in run.trained.items() if name != "policy"}
@@ -123,8 +124,7 @@ class RunCheckpoints:
             plugins: dict[str, Any] = {}
             run.hook.agentrl_save_state(state=plugins)
             save_json({"schedules": {name: t.scheduler.state_dict() for name, t in run.trained.items()},
-                       "processes": processes, "algorithm": run.algorithm.state_dict(), "plugins": plugins,
-                       "async": progress.get("async")},
+                       "processes": processes, "algorithm": run.algorithm.state_dict(), "plugins": plugins},
                       folder / ckpt.EXTRA)
             (folder / ckpt.STATE).write_text(json.dumps({
                 "step": step, "task_cursor": progress["task_cursor"],
@@ -171,7 +171,7 @@ class RunCheckpoints:
         run.algorithm.load_state_dict(saved.algorithm)
         run.hook.agentrl_load_state(state=saved.plugins)
         set_rng_states(own["rng"])
-        return {**state, "async": saved.ahead}
+        return {**state, "async": own.get("async")}
 
     def finish(self, completed_step: int, exported: str | None) -> None:
         """At the end of a run that finished normally: keep only the checkpoint of its last step

@@ -17,9 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from agentrl.async_rollouts import version_for
-from agentrl.build import check_process_split
 from agentrl.config import TrainConfig
-from agentrl.errors import ConfigError, TrainingInterrupted
+from agentrl.errors import TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.rundir import resume_config
 from agentrl.trainer import Trainer
@@ -179,7 +178,7 @@ def test_ctrl_c_with_episodes_in_flight_then_resume_equals_straight(tiny_model_d
     monkeypatch.delenv("AGENTRL_TEST_SIGINT_AT")
     config, checkpoint = resume_config(split)
     assert checkpoint == Path(info.value.checkpoint)
-    saved = json.loads((checkpoint / "state.json").read_text())["async"]
+    saved = json.loads((checkpoint / "state.json").read_text())["processes"][0]["async"]
     step = int(checkpoint.name.split("-")[1])
     ahead = [c["step"] for c in saved["ready"]]
     assert ahead == list(range(step + 1, saved["next_step"])) and len(ahead) >= 2  # t+1 .. t+N at least
@@ -235,7 +234,7 @@ def test_batches_too_stale_for_a_smaller_bound_are_dropped_and_counted(tiny_mode
     Trainer(_config(tiny_model_dir, out, max_steps=4, checkpoint_every=2, eval_tasks=0, save_model=False,
                     keep_finished_checkpoints=True), load_plugins()).train()
     checkpoint = out / "checkpoints" / "step-000002"
-    ahead = json.loads((checkpoint / "state.json").read_text())["async"]
+    ahead = json.loads((checkpoint / "state.json").read_text())["processes"][0]["async"]
     assert [c["step"] for c in ahead["ready"]] == [3, 4]  # versions 0 and 1: collected for the run's next steps
     # Resumed from step 2 with a bound of 1: the two batches would be 2 versions stale at steps 3 and 4: dropped.
     config = _config(tiny_model_dir, out, max_steps=4, checkpoint_every=2, eval_tasks=0, save_model=False,
@@ -244,10 +243,3 @@ def test_batches_too_stale_for_a_smaller_bound_are_dropped_and_counted(tiny_mode
     rows = _lines(out)
     assert [(r["step"], r["async/sampling_version"], r["async/dropped_episodes"]) for r in rows[2:]] == [
         (3, 2.0, 12.0), (4, 2.0, 12.0)]  # re-collected from the resumed version 2: staleness 0, then 1
-
-
-def test_async_steps_refuses_several_processes():
-    config = TrainConfig(async_steps=1, prompts_per_step=2)
-    check_process_split(config, 1)
-    with pytest.raises(ConfigError, match=r"async_steps=1 runs on one process only .*2 processes"):
-        check_process_split(config, 2)

@@ -128,6 +128,27 @@ def test_ppo_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp_path:
     assert refused.returncode == 2 and "written by 2 process(es)" in refused.stderr
 
 
+@pytest.mark.timeout(900)
+def test_async_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``async_steps=2``: each process's rollout thread gathers on a process group of its own beside
+    the learner's DDP; a checkpoint holds each process's batches collected ahead, and resumes."""
+    args = common(tiny_model_dir, tmp_path, "grpo", "async_steps=2", "checkpoint_every=2",
+                  "keep_finished_checkpoints=true", "algorithm.scale_rewards=batch")
+    agentrl(*args, "--max-steps", "4", "--output-dir", str(tmp_path / "one"))
+    two = tmp_path / "two"
+    agentrl(*args, "--max-steps", "4", "--output-dir", str(two), "--num-processes", "2")
+    assert_same_run(tmp_path / "one", two)
+    assert [row["async/sampling_version"] for row in metric_rows(two)[:4]] == [0.0, 0.0, 0.0, 1.0]
+    state = json.loads((two / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert [[c["step"] for c in p["async"]["ready"]] for p in state["processes"]] == [[3, 4], [3, 4]]
+    shutil.rmtree(two / "checkpoints" / "step-000004")  # resume the two-process run from step 2
+    for leftover in ("model", "eval.json"):
+        path = two / leftover
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    agentrl("train", "--resume", str(two), "--num-processes", "2")
+    assert_same_run(tmp_path / "one", two)
+
+
 PREAMBLE = "Read this slowly and with great care, because every word of it matters a great deal to the person who is asking: "
 
 
