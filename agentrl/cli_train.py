@@ -119,15 +119,17 @@ def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextl
 
 
 def _print_config(cfg: Any, manager: Any) -> None:
-    """``--print-config``: the resolved config as YAML, its rewards and tool parsers refused here as
-    train refuses them (a ``tool_parser`` in ``env_args`` or in a plugin section names a registered
-    parser; a section's ``auto`` is chosen from the model at run time)."""
+    """``--print-config``: the resolved config as YAML (scheme paths absolute, as a run stores them),
+    its rewards and tool parsers refused here as train refuses them (a ``tool_parser`` in ``env_args``
+    or in a plugin section names a registered parser; a section's ``auto`` is chosen from the model at
+    run time)."""
     import yaml
 
     from agentrl.config import resolved_dict
+    from agentrl.reward_schemes import with_absolute_paths
     from agentrl.rewards import find_reward
 
-    resolved = resolved_dict(cfg, manager)
+    resolved = resolved_dict(with_absolute_paths(cfg, manager.registry), manager)  # as config.yaml will hold it
     for name in resolved["rewards"] or {}:
         find_reward(name, manager.registry)
     parsers = [resolved["env_args"].get("tool_parser")] + [

@@ -228,6 +228,9 @@ def test_cli_run_with_a_relative_rm_path_resumes_from_another_directory(rm_dir, 
                             "--output-dir", str(out), *flags], capture_output=True, text=True, timeout=600, cwd=start)
     assert first.returncode == 0, first.stdout + first.stderr
     assert yaml.safe_load((out / "config.yaml").read_text())["rewards"] == {f"rm:{start / 'my_rm'}": 1.0}
+    shown = subprocess.run([*AGENTRL, "train", "--reward", "rm:./my_rm:1", "--print-config"], capture_output=True,
+                           text=True, timeout=600, cwd=start)
+    assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["rewards"] == {f"rm:{start / 'my_rm'}": 1.0}, shown
     resumed = subprocess.run([*AGENTRL, "train", "--resume", str(out), "--max-steps", "2"], capture_output=True,
                              text=True, timeout=600, cwd=elsewhere)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
