@@ -119,7 +119,7 @@ def start(run: Any, rollouts: Any, step: int, resumed: dict[str, Any] | None) ->
     def collect(at: int, version: int) -> Collected:
         rollouts.sampling_version = version
         batch, kept, metrics = rollouts.collect(at)
-        return Collected(at, version, batch.to("cpu"), kept, metrics, list(rollouts.step_rewards))
+        return Collected(at, version, batch, kept, metrics, list(rollouts.step_rewards))  # stays on its device
 
     rollouts.group = distributed.new_group()  # the thread's collectives must not meet the learner's
     ready, next_step, dropped = restore((resumed or {}).get("async"), run.config.async_steps, step)
