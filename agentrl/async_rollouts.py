@@ -18,18 +18,29 @@ The learner hands each new version over as a copy (:meth:`AsyncRollouts.publish`
 loads it when the thread needs it, between two steps' collections. Evaluation and checkpoints
 need the thread idle (:meth:`AsyncRollouts.quiesce`): a checkpoint after step t holds every batch
 collected for later steps (at least t + 1 .. t + N, whose versions are no longer anywhere else).
+
+``partial_rollouts: true`` goes further: an episode in flight when a new version is published
+continues with it. The rollout's engine is a :class:`VersionedEngine`; before each ``generate``
+call (a batch of turns) it loads the newest published version, and stamps the version on each
+Generation, so every turn records the version that sampled it (``Turn.policy_version``) and its
+sampler logprobs are that version's. A collection also starts from the newest version, never
+older than the bound. Fresher tokens, no idle time, but which turn gets which version depends on
+timing: such a run is not reproducible bit for bit (a resume still loses no episode and trains
+none twice: a checkpoint waits for the collection in flight).
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from agentrl import distributed
+from agentrl.engine import Engine, Generation, SamplingParams
 from agentrl.trajectory import TrainBatch
 
 
@@ -124,9 +135,50 @@ def start(run: Any, rollouts: Any, step: int, resumed: dict[str, Any] | None) ->
     rollouts.group = distributed.new_group()  # the thread's collectives must not meet the learner's
     ready, next_step, dropped = restore((resumed or {}).get("async"), run.config.async_steps, step)
     producer = AsyncRollouts(collect, run.engine.sync_weights, run.sampling_model(), run.config.async_steps,
-                             next_step, run.config.max_steps, floor=step, ready=ready)
+                             next_step, run.config.max_steps, floor=step, ready=ready,
+                             partial=run.config.partial_rollouts)
     producer.dropped_episodes = dropped
+    if isinstance(run.engine, VersionedEngine):
+        run.engine.before = producer.version_to_sample
     return producer
+
+
+class VersionedEngine(Engine):
+    """The engine of an asynchronous run (``engine``: the config's): each :meth:`generate` first
+    asks ``before`` (:meth:`AsyncRollouts.version_to_sample`) which version it samples from, which
+    with ``partial`` may load a newer one, and stamps it on every Generation. ``partial`` hides the
+    engine's own ``request_queue`` (continuous batching adds requests between decode steps, past
+    any point where weights could change): every batch of turns then goes through ``generate``.
+    Anything else is the wrapped engine's."""
+
+    def __init__(self, engine: Engine, partial: bool = False) -> None:
+        self.engine, self.partial = engine, partial
+        self.before: Callable[[], int | None] | None = None
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
+        """The wrapped engine's generations, stamped with the version that sampled them."""
+        version = self.before() if self.before is not None else None
+        generations = self.engine.generate(prompts, sampling)
+        for generation in generations:
+            generation.policy_version = version
+        return generations
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """The wrapped engine's."""
+        self.engine.sync_weights(model)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped engine's."""
+        return self.engine.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The wrapped engine's."""
+        self.engine.load_state_dict(state)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("engine", "partial") or (name == "request_queue" and self.partial):
+            raise AttributeError(name)
+        return getattr(self.engine, name)
 
 
 class AsyncRollouts:
@@ -138,8 +190,8 @@ class AsyncRollouts:
     """
 
     def __init__(self, collect: Any, load: Any, model: torch.nn.Module, async_steps: int, next_step: int,
-                 last_step: int, floor: int, ready: list[Collected] | None = None) -> None:
-        self.collect, self.load, self.async_steps = collect, load, async_steps
+                 last_step: int, floor: int, ready: list[Collected] | None = None, partial: bool = False) -> None:
+        self.collect, self.load, self.async_steps, self.partial = collect, load, async_steps, partial
         self.last_step, self.floor = last_step, floor
         self.next_step = next_step  # the next step this thread collects
         self.ready: dict[int, Collected] = {c.step: c for c in ready or []}
@@ -161,9 +213,13 @@ class AsyncRollouts:
     def _needed(self) -> int:
         return version_for(self.next_step, self.async_steps, self.floor)
 
+    def _newest(self) -> int:
+        return max([self.loaded, *self.snapshots])
+
     def _can_start(self) -> bool:
-        return (not self.held and self.next_step <= self.last_step
-                and (self._needed() == self.loaded or self._needed() in self.snapshots))
+        needed = self._needed()
+        ready = self._newest() >= needed if self.partial else needed == self.loaded or needed in self.snapshots
+        return not self.held and self.next_step <= self.last_step and ready
 
     def _run(self) -> None:
         while True:
@@ -171,7 +227,7 @@ class AsyncRollouts:
                 self.cond.wait_for(lambda: self.stopped or self._can_start())
                 if self.stopped:
                     return
-                step, version = self.next_step, self._needed()
+                step, version = self.next_step, self._newest() if self.partial else self._needed()
                 weights = self.snapshots.get(version) if version != self.loaded else None
                 self.busy = True
             try:
@@ -191,6 +247,23 @@ class AsyncRollouts:
                 for old in [v for v in self.snapshots if v < self._needed()]:
                     del self.snapshots[old]
                 self.cond.notify_all()
+
+    def version_to_sample(self) -> int | None:
+        """The version the engine's next ``generate`` call samples from; with ``partial`` during a
+        collection the newest published one, loaded first (the engine is then the thread's alone).
+        None once stopped."""
+        with self.cond:
+            if self.stopped:
+                return None
+            newest = self._newest()
+            if not (self.partial and self.busy) or newest == self.loaded:
+                return self.loaded
+            weights = self.snapshots[newest]
+        self.copy.load_state_dict(weights)
+        self.load(self.copy)
+        with self.cond:
+            self.loaded = newest
+        return newest
 
     # -- the learner's side --------------------------------------------------------------------------
     def take(self, step: int) -> Collected:

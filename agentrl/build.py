@@ -18,6 +18,7 @@ from accelerate.utils import set_seed
 
 from agentrl import distributed, lora, sharding
 from agentrl.algorithm import Algorithm, SetupContext, TrainableModule
+from agentrl.async_rollouts import VersionedEngine
 from agentrl.batching import plan_micro_batches, split_to_count
 from agentrl.chat import ChatTokenizer
 from agentrl.config import TrainConfig, build_plugin_config, resolve_settings
@@ -162,6 +163,8 @@ def engine_and_rollout(manager: PluginManager, config: TrainConfig, model: torch
                        tokenizer: Any) -> tuple[Any, Any]:
     """The config's engine sampling from ``model``, and its rollout driving that engine."""
     engine = manager.registry.get("engine", config.engine).factory(model=model, tokenizer=tokenizer, config=config)
+    if config.async_steps:  # each call stamped with the version that sampled it (partial_rollouts: the newest)
+        engine = VersionedEngine(engine, config.partial_rollouts)
     rollout = manager.registry.get("rollout", config.rollout).factory(engine=engine, tokenizer=tokenizer, config=config)
     return engine, rollout
 

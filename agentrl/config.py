@@ -124,16 +124,14 @@ class TrainConfig:
     micro-batches planned group by group. Same logprobs to float rounding (checked at start-up;
     off with a warning where the model's attention takes no custom mask). False: padded rows."""
     dynamic_sampling: bool = False
-    """DAPO dynamic sampling: train only on groups whose rewards differ (a group all solved, or all
-    failed, has zero group-relative advantage) by rolling out more tasks, up to
-    ``max_sampling_rounds`` rounds per step, until ``prompts_per_step`` such groups are found; if
-    the rounds run out the batch is filled with zero-spread groups. Logs ``sampling/*``."""
+    """DAPO dynamic sampling: train only on groups whose rewards differ (zero group-relative advantage
+    otherwise), rolling out more tasks for up to ``max_sampling_rounds`` rounds per step; if the rounds
+    run out, zero-spread groups fill the batch. Logs ``sampling/*``."""
     max_sampling_rounds: Positive = 3
     """Rollout rounds per step at most with ``dynamic_sampling`` (the first one included); a refill
     round rolls out only the missing groups."""
     mask_truncated_completions: bool = False
     """Drop episodes cut by a length/turn limit from the loss (DAPO overlong filtering)."""
-
     seed: Annotated[int, Field(ge=0, lt=2**32), Allowed("an integer in [0, 2**32)")] = 0
     """Seed for model init, task order and sampling."""
     output_dir: Annotated[Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] | None,
@@ -148,12 +146,10 @@ class TrainConfig:
     eval_sampled: bool = True
     """Also report accuracy at the training temperature (``eval/accuracy_sampled``)."""
     keep_best: bool = True
-    """Save the policy with the best held-out mean reward (``eval/reward_mean``: the run's own
-    objective, env return and reward functions with their weights, on the greedy evaluation; at
-    step 0, every ``eval_every`` steps and at the end; ties go to the later one) as
-    ``<run_dir>/model``. Not ``eval/accuracy`` alone: the most accurate math policy may not box its
-    answers, which the run is also rewarded for. The last step's policy goes to ``<run_dir>/last``
-    when it is not the best. ``eval.json`` records which. False: ``model/`` is always the last policy."""
+    """Save the policy with the best held-out mean reward (``eval/reward_mean``: the run's own objective
+    on the greedy evaluation, at step 0, every ``eval_every`` steps and the end; ties: the later) as
+    ``<run_dir>/model``, not the most accurate (which may not box its answers); the last policy then
+    goes to ``<run_dir>/last``; ``eval.json`` records which. False: ``model/`` is the last policy."""
     log_completions_every: NonNegative = 10
     """Write sampled conversations to ``completions.jsonl`` every this many steps (0: never)."""
     save_model: bool = True
@@ -165,12 +161,11 @@ class TrainConfig:
     keep_checkpoints: Positive = 2
     """Checkpoints kept on disk (the newest); older ones are deleted after a new one is complete."""
     keep_finished_checkpoints: bool = False
-    """Leave a finished run's checkpoints as written (the newest ``keep_checkpoints``, whole), so
-    that ``agentrl train --resume RUN_DIR --max-steps N`` continues exactly as one longer run would.
-    False: a run that ends normally keeps only its last checkpoint, without the optimizer moments
-    (AdamW's are twice the weights) and without the policy's weights when ``model/`` (or
-    ``last/``) holds the same; ``--resume --max-steps N`` still continues it, its moments starting
-    afresh. A run stopped by Ctrl-C or an error always keeps its checkpoints whole."""
+    """Leave a finished run's checkpoints whole, so ``--resume RUN_DIR --max-steps N`` continues
+    exactly as one longer run would. False: a run that ends normally keeps only its last checkpoint,
+    without the optimizer moments and without the weights when ``model/`` (``last/``) holds them;
+    ``--resume --max-steps N`` still continues it, its moments afresh. A run stopped by Ctrl-C or
+    an error always keeps its checkpoints whole."""
     max_nonfinite_steps: Positive = 3
     """Stop the run when this many steps in a row were skipped for a non-finite loss, gradient
     or reward (every episode unscored)."""
@@ -192,6 +187,9 @@ class TrainConfig:
     step t trains on episodes sampled by the policy after step t - 1 - N (one version per batch,
     so a resumed run is the same as an uninterrupted one); the ``sampler_correction`` plugin's
     ``auto`` then corrects the stale tokens (TIS). 0: synchronous."""
+    partial_rollouts: bool = False
+    """With ``async_steps``: episodes in flight continue with each new policy version as soon as it
+    is published (between turns), each turn recording its own; fresher, not bitwise reproducible."""
 
     def __post_init__(self) -> None:
         """Check every value against its field's type and declared range, then the rules that
@@ -208,6 +206,8 @@ class TrainConfig:
         if self.env_reward_weight == 0 and self.rewards is not None and not any(self.rewards.values()):
             raise ConfigError(f"env_reward_weight=0 with rewards={self.rewards!r} leaves nothing to reward: every "
                               "episode would score 0 and nothing would train")
+        if self.partial_rollouts and not self.async_steps:
+            raise ConfigError("partial_rollouts=true needs async_steps >= 1 (got 0): nothing is in flight")
         if self.lora is not None:
             lora_options(self.lora)
         object.__setattr__(self, "env", _absolute(self.env, "env"))  # frozen: set once, here

@@ -74,6 +74,9 @@ class Generation:
     kept_logmass: list[float] | None = None
     """Per sampled id, log of the probability mass top_k/top_p kept at that step (0.0 when they
     are off); None when the engine cannot report it."""
+    policy_version: int | None = None
+    """The policy version (completed training steps) that sampled it: stamped in an asynchronous
+    run (:class:`agentrl.async_rollouts.VersionedEngine`), None otherwise."""
 
 
 class Engine(abc.ABC):

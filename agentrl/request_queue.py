@@ -186,4 +186,4 @@ def cut(generation: Generation, max_new_tokens: int) -> Generation:
         return generation
     kept = None if generation.kept_logmass is None else list(generation.kept_logmass[:max_new_tokens])
     return Generation(list(generation.token_ids[:max_new_tokens]), "length",
-                      list(generation.logprobs[:max_new_tokens]), kept)
+                      list(generation.logprobs[:max_new_tokens]), kept, generation.policy_version)

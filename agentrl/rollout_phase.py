@@ -149,7 +149,7 @@ class RolloutPhase:
         trajectories = self.run.rollout.run(self.run.envs[:len(tasks)], tasks, groups, sampling, seeds=seeds)
         if self.sampling_version is not None:
             for row in (r for t in trajectories for r in (*t.segments, t)):
-                row.policy_versions = [self.sampling_version if m else -1 for m in row.loss_mask]
+                row.policy_versions = _token_versions(row, self.sampling_version)
         for i, trajectory in enumerate(trajectories):  # an abandoned env call may still touch its env
             if (trajectory.info.get("error") or {}).get("timed_out"):
                 self.run.envs[i] = make_env(self.run.manager, cfg)
@@ -172,6 +172,16 @@ class RolloutPhase:
         # What the reward functions counted while scoring held-out episodes is evaluation's, not the next step's.
         metrics.update({f"eval/{name}": value for name, value in popped_metrics(self.run.reward_fns).items()})
         return metrics
+
+
+def _token_versions(row: Trajectory, version: int) -> list[int]:
+    """Per token of ``row``: the version that sampled it (its turn's ``policy_version``, else
+    ``version``, the collection's), -1 where the model did not sample."""
+    out = [-1] * len(row.token_ids)
+    for turn in row.turns:
+        sampled_by = version if turn.policy_version is None else turn.policy_version
+        out[turn.start:turn.end] = [sampled_by] * (turn.end - turn.start)
+    return out
 
 
 def _summed(counts: list[dict[str, int]]) -> dict[str, int]:

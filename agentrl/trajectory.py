@@ -38,6 +38,9 @@ class Turn:
     """Tool calls the environment parsed from this turn."""
     tool_errors: int = 0
     """Of those, how many failed (malformed call, unknown tool, the tool raised or timed out)."""
+    policy_version: int | None = None
+    """The policy version that sampled this turn (the engine's ``Generation.policy_version``);
+    None: the version the step's collection started from."""
 
 
 @dataclass

@@ -16,9 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from agentrl import async_rollouts
 from agentrl.async_rollouts import version_for
 from agentrl.config import TrainConfig
-from agentrl.errors import TrainingInterrupted
+from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.rundir import resume_config
 from agentrl.trainer import Trainer
@@ -77,13 +78,14 @@ def test_a_synchronous_run_records_no_versions_and_corrects_nothing(tiny_model_d
 
 
 CAPTURE_PLUGIN = '''
-import os, torch
+import os, time, torch
 from agentrl import hookimpl
 
 batches = {}
 
 @hookimpl
 def agentrl_adjust_loss_mask(batch, config, settings, metrics):
+    time.sleep(float(os.environ.get("AGENTRL_TEST_UPDATE_S", "0")))  # a slower update, before the new version
     batches[len(batches) + 1] = {"input_ids": batch.input_ids.clone(), "attention_mask": batch.attention_mask.clone(),
                                  "loss_mask": batch.loss_mask.clone(), "sampler": batch.sampler_logprobs.clone(),
                                  "old": batch.extras["old_logprobs"].clone(),
@@ -92,12 +94,13 @@ def agentrl_adjust_loss_mask(batch, config, settings, metrics):
 '''
 
 
-def _float64_logprobs(model_dir: Path, weights: Path, captured: dict, temperature: float) -> torch.Tensor:
-    """Token logprobs of the weights in ``weights`` at ``temperature``, in float64, by a plain forward."""
+def _float64_logprobs(model_dir: Path, weights: Path | dict, captured: dict, temperature: float) -> torch.Tensor:
+    """Token logprobs of the weights in ``weights`` (a folder, or a state dict) at ``temperature``, in
+    float64, by a plain forward."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
-    state = _weights(weights)
+    state = _weights(weights) if isinstance(weights, Path) else weights
     assert state, weights
     model.load_state_dict({k: v.double() for k, v in state.items()}, strict=False)
     model.eval()
@@ -243,3 +246,54 @@ def test_batches_too_stale_for_a_smaller_bound_are_dropped_and_counted(tiny_mode
     rows = _lines(out)
     assert [(r["step"], r["async/sampling_version"], r["async/dropped_episodes"]) for r in rows[2:]] == [
         (3, 2.0, 12.0), (4, 2.0, 12.0)]  # re-collected from the resumed version 2: staleness 0, then 1
+
+
+SLOW_CHAT = f"{Path(__file__).resolve().parents[1] / 'bench' / 'env_latency.py'}:SlowChat"
+
+
+def test_partial_rollouts_turns_take_each_new_version_and_record_it(tiny_model_dir, tmp_path, monkeypatch):
+    """partial_rollouts: an episode in flight when the learner publishes a version samples its next
+    turn from it. 5-turn episodes whose env answers in 0.4 s, updates that take 1 s: step s's
+    collection starts while step s - 1 trains, so its first turns are version s - 2's and its last
+    ones version s - 1's. Every token's version stays within the bound, and every token's sampler
+    logprob is its own version's (a float64 forward of the weights the learner published as it)."""
+    plugin = tmp_path / "capture_plugin.py"
+    plugin.write_text(CAPTURE_PLUGIN)
+    monkeypatch.setenv("AGENTRL_TEST_CAPTURE", str(tmp_path / "captured.pt"))
+    monkeypatch.setenv("AGENTRL_TEST_UPDATE_S", "1.0")
+    published = {}  # each version's weights as the learner hands them over (a checkpoint would quiesce the thread)
+    publish = async_rollouts.AsyncRollouts.publish
+
+    def keep(self, version, model):
+        published[version] = {k: t.detach().clone() for k, t in model.state_dict().items()}
+        publish(self, version, model)
+
+    monkeypatch.setattr(async_rollouts.AsyncRollouts, "publish", keep)
+    out = tmp_path / "run"
+    config = _config(tiny_model_dir, out, env=SLOW_CHAT, env_args={"latency": 0.4, "turns": 5}, async_steps=1,
+                     partial_rollouts=True, max_steps=5, prompts_per_step=2, num_generations=2, eval_tasks=0,
+                     checkpoint_every=0, precision="fp32")
+    Trainer(config, load_plugins(modules=[str(plugin)])).train()
+    captured = torch.load(tmp_path / "captured.pt")
+    assert sorted(captured) == [1, 2, 3, 4, 5]
+    mixed = 0
+    for step, batch in captured.items():
+        mask = batch["loss_mask"] > 0
+        versions = batch["versions"]
+        assert set(versions[~mask].tolist()) <= {-1}
+        assert set(versions[mask].tolist()) <= set(range(max(0, step - 2), step))  # within async_steps=1
+        mixed += sum(len(set(row[m].tolist())) > 1 for row, m in zip(versions, mask))
+        for version in set(versions[mask].tolist()):
+            weights = tiny_model_dir if version == 0 else published[version]
+            expected = _float64_logprobs(tiny_model_dir, weights, batch, config.temperature)
+            on = mask & (versions == version)
+            torch.testing.assert_close(batch["sampler"].double()[on], expected[on], atol=2e-4, rtol=0)
+    assert mixed >= 3  # episodes whose later turns were sampled by a newer version than their first
+    rows = [r for r in _lines(out) if "async/staleness_max" in r]
+    assert max(r["async/staleness_max"] for r in rows) <= 1
+    assert any(0 < r.get("async/tokens_lag_0", 0) < 1 for r in rows)  # fresh tokens beside stale ones
+
+
+def test_partial_rollouts_need_an_asynchronous_run():
+    with pytest.raises(ConfigError, match="partial_rollouts=true needs async_steps >= 1"):
+        TrainConfig(partial_rollouts=True)

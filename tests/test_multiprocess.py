@@ -106,49 +106,31 @@ def test_grpo_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
 
 
 @pytest.mark.timeout(900)
-def test_ppo_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """PPO's critic is a second DDP module and its advantages are whitened over both processes;
-    a two-process checkpoint resumes (each process's sampling state restored) to the same run."""
-    args = common(tiny_model_dir, tmp_path, "ppo", "checkpoint_every=1", "algorithm.mini_batches=1",
+def test_ppo_async_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """PPO's critic is a second DDP module and its advantages are whitened over both processes; with
+    ``async_steps=2`` each process's rollout thread gathers on a process group of its own beside the
+    learner's DDP, and a checkpoint holds each process's sampling state and batches collected ahead:
+    the two-process run, and its resume, equal one process."""
+    args = common(tiny_model_dir, tmp_path, "ppo", "async_steps=2", "checkpoint_every=2", "algorithm.mini_batches=1",
                   "algorithm.ppo_epochs=2", "keep_finished_checkpoints=true")  # step 2's stays: resumed below
-    agentrl(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
-    two = tmp_path / "two"
-    agentrl(*args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2")
-    assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
-    state = json.loads((two / "checkpoints" / "step-000003" / "state.json").read_text())
-    assert len(state["processes"]) == 2
-    # Drop the last step and the final outputs, then resume the two-process run from step 2.
-    shutil.rmtree(two / "checkpoints" / "step-000003")
-    for leftover in ("model", "critic", "eval.json"):
-        path = two / leftover
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    agentrl("train", "--resume", str(two), "--num-processes", "2")
-    assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
-    refused = subprocess.run([sys.executable, "-m", "agentrl", "train", "--resume", str(two)],
-                             capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 2 and "written by 2 process(es)" in refused.stderr
-
-
-@pytest.mark.timeout(900)
-def test_async_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """``async_steps=2``: each process's rollout thread gathers on a process group of its own beside
-    the learner's DDP; a checkpoint holds each process's batches collected ahead, and resumes."""
-    args = common(tiny_model_dir, tmp_path, "grpo", "async_steps=2", "checkpoint_every=2",
-                  "keep_finished_checkpoints=true", "algorithm.scale_rewards=batch")
     agentrl(*args, "--max-steps", "4", "--output-dir", str(tmp_path / "one"))
     two = tmp_path / "two"
     agentrl(*args, "--max-steps", "4", "--output-dir", str(two), "--num-processes", "2")
     extremes = ("mismatch/ratio_min", "mismatch/ratio_max")  # each process's, averaged (stale tokens: not 1)
-    assert_same_run(tmp_path / "one", two, per_process=extremes)
+    assert_same_run(tmp_path / "one", two, parts=("model", "critic"), per_process=extremes)
     assert [row["async/sampling_version"] for row in metric_rows(two)[:4]] == [0.0, 0.0, 0.0, 1.0]
     state = json.loads((two / "checkpoints" / "step-000002" / "state.json").read_text())
     assert [[c["step"] for c in p["async"]["ready"]] for p in state["processes"]] == [[3, 4], [3, 4]]
-    shutil.rmtree(two / "checkpoints" / "step-000004")  # resume the two-process run from step 2
-    for leftover in ("model", "eval.json"):
+    # Drop the last step and the final outputs, then resume the two-process run from step 2.
+    shutil.rmtree(two / "checkpoints" / "step-000004")
+    for leftover in ("model", "critic", "eval.json"):
         path = two / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     agentrl("train", "--resume", str(two), "--num-processes", "2")
-    assert_same_run(tmp_path / "one", two, per_process=extremes)
+    assert_same_run(tmp_path / "one", two, parts=("model", "critic"), per_process=extremes)
+    refused = subprocess.run([sys.executable, "-m", "agentrl", "train", "--resume", str(two)],
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "written by 2 process(es)" in refused.stderr
 
 
 PREAMBLE = "Read this slowly and with great care, because every word of it matters a great deal to the person who is asking: "

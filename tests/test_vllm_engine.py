@@ -149,6 +149,62 @@ def test_weight_sync_reaches_the_tied_head_and_the_prefix_cache_is_reset(tiny_en
     assert after.token_ids == reference[0, len(prompt):].tolist()[:len(after.token_ids)]
 
 
+def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.Module) -> None:
+    """``partial_rollouts`` on a vLLM engine: a version published while a collection runs is loaded
+    before the next batch of turns: each batch's logprobs are those of the version stamped on it
+    (fp32 forwards). The engine holds ``model``'s weights again afterwards."""
+    import copy
+    import threading
+
+    from agentrl.async_rollouts import AsyncRollouts, VersionedEngine
+    from agentrl.request_queue import BatchingQueue
+
+    versioned = VersionedEngine(engine, partial=True)
+    assert not hasattr(versioned, "request_queue")  # each batch of turns goes through generate
+    first_done, published, seen = threading.Event(), threading.Event(), []
+
+    def collect(step: int, version: int) -> str:
+        with request_queue(versioned, wait_s=0.0, running=lambda: 1) as queue:
+            assert isinstance(queue, BatchingQueue)
+            seen.append(_submit(queue, PROMPTS[0], 8, seed=1).result(timeout=600))
+            first_done.set()
+            assert published.wait(600)
+            seen.append(_submit(queue, PROMPTS[2], 8, seed=2).result(timeout=600))
+        return "collected"
+
+    newer, draws = copy.deepcopy(model), torch.Generator().manual_seed(1)
+    with torch.no_grad():  # other weights altogether (``model`` may sample one token with probability ~1)
+        for weight in newer.parameters():
+            weight.normal_(0.0, 0.1, generator=draws)
+    try:
+        producer = AsyncRollouts(collect, engine.sync_weights, model, async_steps=1, next_step=1, last_step=1,
+                                 floor=0, partial=True)
+        versioned.before = producer.version_to_sample
+        assert first_done.wait(600)
+        producer.publish(1, newer)  # the learner's step 1, while step 1's collection is between two turns
+        published.set()
+        assert producer.take(1) == "collected" and producer.close()
+    finally:
+        engine.sync_weights(model)
+    assert [g.policy_version for g in seen] == [0, 1]
+    for generation, prompt, weights in zip(seen, (PROMPTS[0], PROMPTS[2]), (model, newer)):
+        expected = _recompute(weights, prompt, generation.token_ids, 1.0)
+        torch.testing.assert_close(torch.tensor(generation.logprobs, dtype=torch.float64), expected, atol=1e-3, rtol=0)
+    other = _recompute(model, PROMPTS[2], seen[1].token_ids, 1.0)
+    assert float((other - torch.tensor(seen[1].logprobs, dtype=torch.float64)).abs().max()) > 1e-2  # really swapped
+
+
+@needs_vllm
+def test_partial_rollouts_load_a_version_published_mid_collection_before_the_next_turns(tiny_engine):
+    """In-process vLLM: without ``partial_rollouts`` the async wrapper keeps vLLM's own continuous
+    batching queue; with it, versions are swapped between batches of turns (the helper above)."""
+    from agentrl.async_rollouts import VersionedEngine
+
+    model, engine = tiny_engine
+    assert VersionedEngine(engine).request_queue == engine.request_queue
+    _assert_partial_rollouts_swap_weights_between_turns(engine, model)
+
+
 # -- requests one at a time: continuous batching --------------------------------------------------
 
 
@@ -335,8 +391,9 @@ def test_train_asynchronously_with_vllm_on_the_default_model(tmp_path):
 
 @needs_vllm
 def test_server_engine_samples_over_http_and_takes_pushed_weights(tmp_path):
-    """``vllm_server``: a real ``vllm serve`` process on localhost; parity, stops, and a weight push
-    through a shared folder that reaches the tied LM head (save_pretrained alone would not)."""
+    """``vllm_server``: a real ``vllm serve`` process on localhost; parity, stops, a weight push
+    through a shared folder that reaches the tied LM head (save_pretrained alone would not), and
+    partial rollouts' pushes between two batches of turns."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from agentrl.models import DEFAULT_MODEL, load_tokenizer
@@ -366,6 +423,7 @@ def test_server_engine_samples_over_http_and_takes_pushed_weights(tmp_path):
             assert g.token_ids == reference[0, len(prompt):].tolist()[:len(g.token_ids)]
             torch.testing.assert_close(torch.tensor(g.logprobs, dtype=torch.float64),
                                        _recompute(model, prompt, g.token_ids, 1.0), atol=1e-3, rtol=0)
+        _assert_partial_rollouts_swap_weights_between_turns(engine, model)  # pushes between two turns
     finally:
         engine.close()
     assert engine.process is None

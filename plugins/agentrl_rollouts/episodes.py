@@ -87,6 +87,8 @@ class Reply:
     assistant: dict[str, Any]
     history: list[dict[str, Any]]
     """The episode's messages before this turn."""
+    version: int | None = None
+    """The policy version that sampled it (``Generation.policy_version``)."""
 
 
 class EngineExit(Exception):

@@ -246,8 +246,12 @@ class OpenAIAgentRollout:
             counts = [count_calls(text, self.parser, tools) for _, _, _, text, _ in replies]
             if len(sampled) == 1:
                 record.add(prompt, extends, *sampled[0], rendered_tools, counts[0])
+                turns = [record.segments[-1].turns[-1]]
             else:  # n > 1: the choice the agent continues with is merged, the others are segments of their own
                 record.add_choices(prompt, extends, sampled, rendered_tools, counts)
+                turns = [alone.turns[-1] for _, alone in record.choices]
+            for turn, generation in zip(turns, generations):
+                turn.policy_version = generation.policy_version
         choices = [(message, "tool_calls" if message.get("tool_calls") else reason)
                    for _, _, reason, _, message in replies]
         return completion_body(options["model"], choices, len(context), sum(len(reply[0]) for reply in replies))
