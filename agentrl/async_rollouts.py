@@ -213,6 +213,11 @@ class AsyncRollouts:
     def _needed(self) -> int:
         return version_for(self.next_step, self.async_steps, self.floor)
 
+    def _into_engine(self, weights: dict[str, torch.Tensor]) -> None:
+        """Put a published version's ``weights`` into the engine (through the copy it samples from)."""
+        self.copy.load_state_dict(weights)
+        self.load(self.copy)
+
     def _newest(self) -> int:
         return max([self.loaded, *self.snapshots])
 
@@ -232,8 +237,7 @@ class AsyncRollouts:
                 self.busy = True
             try:
                 if weights is not None:
-                    self.copy.load_state_dict(weights)
-                    self.load(self.copy)
+                    self._into_engine(weights)
                 self.loaded = version
                 collected = self.collect(step, version)
             except BaseException as exc:  # handed to the learner, raised by take()
@@ -259,8 +263,7 @@ class AsyncRollouts:
             if not (self.partial and self.busy) or newest == self.loaded:
                 return self.loaded
             weights = self.snapshots[newest]
-        self.copy.load_state_dict(weights)
-        self.load(self.copy)
+        self._into_engine(weights)
         with self.cond:
             self.loaded = newest
         return newest
@@ -314,8 +317,7 @@ class AsyncRollouts:
             if not self.held or self.busy:
                 raise RuntimeError("AsyncRollouts.engine_at needs the thread quiesced (quiesce() first)")
             if version != self.loaded:
-                self.copy.load_state_dict(self.snapshots[version])
-                self.load(self.copy)
+                self._into_engine(self.snapshots[version])
                 self.loaded = version
 
     def release(self) -> None:
