@@ -297,3 +297,46 @@ def test_partial_rollouts_turns_take_each_new_version_and_record_it(tiny_model_d
 def test_partial_rollouts_need_an_asynchronous_run():
     with pytest.raises(ConfigError, match="partial_rollouts=true needs async_steps >= 1"):
         TrainConfig(partial_rollouts=True)
+
+
+def _episodes_by_step(run_dir: Path) -> dict[int, list[tuple]]:
+    """Each step's episodes as (group, task question), from ``completions.jsonl``."""
+    steps: dict[int, list[tuple]] = {}
+    for line in (run_dir / "completions.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        question = next(m["content"] for m in row["messages"] if m["role"] == "user")
+        steps.setdefault(row["step"], []).append((row["group"], question))
+    return {step: sorted(episodes) for step, episodes in steps.items()}
+
+
+def test_partial_rollouts_ctrl_c_with_turns_in_flight_then_resume_loses_and_repeats_no_episode(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """Which version samples which turn is timing, so a resumed partial run is not bitwise; it still
+    trains every step once, on the episodes of the tasks an uninterrupted run trains on there."""
+    plugin = tmp_path / "interrupt_plugin.py"
+    plugin.write_text(INTERRUPT_PLUGIN)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    overrides = dict(env=SLOW_CHAT, env_args={"latency": 0.05, "turns": 3}, async_steps=1, partial_rollouts=True,
+                     prompts_per_step=2, num_generations=2, eval_tasks=0, checkpoint_every=2)
+    Trainer(_config(tiny_model_dir, straight, **overrides), load_plugins(modules=[str(plugin)])).train()
+    monkeypatch.setenv("AGENTRL_TEST_SIGINT_AT", "4")
+    monkeypatch.setenv("AGENTRL_TEST_SIGINT_IN", "rollout")  # step 4's episodes collected while step 3 trains
+    with pytest.raises(TrainingInterrupted) as info:
+        Trainer(_config(tiny_model_dir, split, **overrides), load_plugins(modules=[str(plugin)])).train()
+    monkeypatch.delenv("AGENTRL_TEST_SIGINT_AT")
+    config, checkpoint = resume_config(split)
+    saved = json.loads((checkpoint / "state.json").read_text())["processes"][0]["async"]
+    step = int(checkpoint.name.split("-")[1])
+    ahead = [c["step"] for c in saved["ready"]]
+    assert checkpoint == Path(info.value.checkpoint) and ahead == list(range(step + 1, saved["next_step"])) and ahead
+    Trainer(config, load_plugins(modules=[str(plugin)]), resume=checkpoint).train()
+    rows = _lines(split)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]  # every step once (no evaluation: no final row)
+    assert max(r["async/staleness_max"] for r in rows if "async/staleness_max" in r) <= 1
+    episodes = _episodes_by_step(split)
+    assert sorted(episodes) == [1, 2, 3, 4, 5] and all(len(e) == 4 for e in episodes.values())
+    assert episodes == _episodes_by_step(straight)  # the same tasks at each step: none lost, none twice
+    logged = [json.loads(line) for line in (split / "completions.jsonl").read_text().splitlines()]
+    for collected in saved["ready"]:  # trained as the checkpoint holds them (partly sampled before it), not re-sampled
+        again = [(r["group"], r["messages"]) for r in logged if r["step"] == collected["step"]]
+        assert again == [(e["group"], e["messages"]) for e in collected["episodes"]]
