@@ -55,28 +55,29 @@ def _group_sum(values: torch.Tensor, group_index: torch.Tensor, num_groups: int)
     return sums.index_add_(0, group_index, values)
 
 
-def _group_std(deviation: torch.Tensor, rewards: torch.Tensor, valid: torch.Tensor,
+def _group_std(deviation: torch.Tensor, rewards: torch.Tensor, weight: torch.Tensor,
                group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Population std of each episode's group's scored rewards, per episode ``(N,)``."""
-    count = _group_sum(valid.double(), group_index, num_groups).clamp(min=1.0)  # (K,)
-    variance = _group_sum(deviation**2, group_index, num_groups) / count  # (K,)
+    """Population std of each episode's group's scored rewards, per row ``(N,)`` (``weight``:
+    each row's share of an episode, 0 for an unscored one)."""
+    count = _group_sum(weight, group_index, num_groups).clamp(min=1e-12)  # (K,) scored episodes
+    variance = _group_sum(weight * deviation**2, group_index, num_groups) / count  # (K,)
     return variance.sqrt()[group_index]  # (N,)
 
 
-def _batch_std(deviation: torch.Tensor, rewards: torch.Tensor, valid: torch.Tensor,
+def _batch_std(deviation: torch.Tensor, rewards: torch.Tensor, weight: torch.Tensor,
                group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Population std of all scored rewards in the batch, per episode ``(N,)``; over every
+    """Population std of all scored episodes' rewards in the batch, per row ``(N,)``; over every
     process's share of the batch in a multi-process run (two-pass, global sums)."""
-    scored = rewards[valid]  # (V,)
-    count = all_sum(scored.new_tensor(float(scored.numel())))
+    scored = torch.where(weight > 0, rewards, torch.zeros_like(rewards))  # (N,) NaN-free
+    count = all_sum(weight.sum())
     if count == 0:
         return rewards.new_zeros(()).expand_as(rewards)
-    mean = all_sum(scored.sum()) / count
-    std = (all_sum(((scored - mean) ** 2).sum()) / count).sqrt()
+    mean = all_sum((weight * scored).sum()) / count
+    std = (all_sum((weight * (scored - mean) ** 2).sum()) / count).sqrt()
     return std.expand_as(rewards)  # (N,)
 
 
-def _no_scale(deviation: torch.Tensor, rewards: torch.Tensor, valid: torch.Tensor,
+def _no_scale(deviation: torch.Tensor, rewards: torch.Tensor, weight: torch.Tensor,
               group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
     """No scaling (Dr. GRPO): a divisor of 1, per episode ``(N,)``."""
     return torch.ones_like(rewards)  # (N,)
@@ -87,18 +88,22 @@ _SCALES: dict[str, Callable[..., torch.Tensor]] = {
     "batch": _batch_std,
     "none": _no_scale,
 }
-"""``scale_rewards`` -> per-episode std ``(N,)`` that deviations are divided by."""
+"""``scale_rewards`` -> per-row std ``(N,)`` that deviations are divided by."""
 
 
 def group_advantages(
-    rewards: torch.Tensor, groups: torch.Tensor, scale: str = "group", eps: float = 1e-4
+    rewards: torch.Tensor, groups: torch.Tensor, scale: str = "group", eps: float = 1e-4,
+    shares: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Group-relative advantages ``(N,)`` of rewards ``(N,)`` in groups ``(N,)``, and stats.
 
     ``(R - group mean) / max(std, eps)`` with ``scale`` choosing the std (see the module
     docstring; ``"none"`` divides by 1). NaN rewards are left out of every mean and std and get
     advantage 0; a group whose scored rewards are all equal (or that has fewer than two) gets
-    exactly 0. Stats: ``frac_zero_std_groups``, ``frac_nan_rewards``, ``abs_mean``.
+    exactly 0. ``shares`` ``(N,)``: each row's share of its episode (``1 / rows`` when an agent
+    episode is several rows, :func:`agentrl.trajectory.with_segments`; default 1), so that every
+    episode counts once in the means and stds. Stats (per episode): ``frac_zero_std_groups``,
+    ``frac_nan_rewards``, ``abs_mean``.
     """
     if scale not in _SCALES:
         listed = ", ".join(map(repr, sorted(_SCALES)))
@@ -107,11 +112,13 @@ def group_advantages(
         return rewards.clone(), {"frac_zero_std_groups": 0.0, "frac_nan_rewards": 0.0, "abs_mean": 0.0}
     values = rewards.detach().double()  # (N,)
     valid = ~torch.isnan(values)  # (N,)
+    share = torch.ones_like(values) if shares is None else shares.detach().to(values)  # (N,)
+    weight = torch.where(valid, share, torch.zeros_like(share))  # (N,) a scored row's share of an episode
     _, group_index = torch.unique(groups, return_inverse=True)  # (N,)
     num_groups = int(group_index.max().item()) + 1
     scored = torch.where(valid, values, torch.zeros_like(values))  # (N,)
-    count = _group_sum(valid.double(), group_index, num_groups)  # (K,)
-    mean = _group_sum(scored, group_index, num_groups) / count.clamp(min=1.0)  # (K,)
+    count = _group_sum(weight, group_index, num_groups)  # (K,) scored episodes
+    mean = _group_sum(weight * scored, group_index, num_groups) / count.clamp(min=1e-12)  # (K,)
     inf = torch.full_like(values, float("inf"))  # (N,)
     highest = torch.full_like(mean, -float("inf")).scatter_reduce(
         0, group_index, torch.where(valid, values, -inf), "amax")  # (K,)
@@ -120,13 +127,14 @@ def group_advantages(
     constant = ~(highest > lowest)  # (K,) all scored rewards equal, or fewer than two scored
     varies = valid & ~constant[group_index]  # (N,)
     deviation = torch.where(varies, values - mean[group_index], torch.zeros_like(values))  # (N,)
-    std = _SCALES[scale](deviation, values, valid, group_index, num_groups)  # (N,)
+    std = _SCALES[scale](deviation, values, weight, group_index, num_groups)  # (N,)
     divisor = std.clamp(min=eps) if scale != "none" else std  # (N,)
     advantages = deviation / divisor  # (N,)
+    episodes = share.sum()
     stats = {
         "frac_zero_std_groups": float(constant.double().mean().item()),
-        "frac_nan_rewards": float((~valid).double().mean().item()),
-        "abs_mean": float(advantages.abs().mean().item()),
+        "frac_nan_rewards": float((share * ~valid).sum() / episodes),
+        "abs_mean": float((share * advantages.abs()).sum() / episodes),
     }
     return advantages.to(rewards.dtype), stats
 
@@ -159,8 +167,8 @@ class GroupRelative(ClippedPolicy):
             metrics.update({f"advantage/{name}": value for name, value in stats.items()})
             return per_token
         advantages, stats = group_advantages(
-            batch.rewards, batch.groups, self.config.scale_rewards, self.config.std_epsilon
-        )  # (N,)
+            batch.rewards, batch.groups, self.config.scale_rewards, self.config.std_epsilon,
+            batch.extras.get("episode_shares"))  # (N,)
         metrics.update({f"advantage/{name}": value for name, value in stats.items()})
         return advantages.to(device=mask.device, dtype=mask.dtype)[:, None] * mask  # (N, T)
 

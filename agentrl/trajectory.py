@@ -200,23 +200,26 @@ class TrainBatch:
         )
 
 
-def with_segments(trajectories: list[Trajectory], rewards: list[float]) -> tuple[list[Trajectory], list[float]]:
+def with_segments(trajectories: list[Trajectory],
+                  rewards: list[float]) -> tuple[list[Trajectory], list[float], list[float]]:
     """The training rows of ``trajectories``: each one's earlier ``segments`` (in order, with its
-    group and its reward) and then the trajectory itself. Without segments: the inputs unchanged."""
+    group and its reward) and then the trajectory itself, with each row's share of its episode
+    (``1 / rows``: an episode counts once in group statistics). Without segments: the inputs
+    unchanged, every share 1."""
     rows: list[Trajectory] = []
     totals: list[float] = []
+    shares: list[float] = []
     for trajectory, reward in zip(trajectories, rewards, strict=True):
         for segment in trajectory.segments:
             segment.group = trajectory.group
-            rows.append(segment)
-            totals.append(reward)
-        rows.append(trajectory)
-        totals.append(reward)
-    return rows, totals
+        rows += [*trajectory.segments, trajectory]
+        totals += [reward] * (len(trajectory.segments) + 1)
+        shares += [1.0 / (len(trajectory.segments) + 1)] * (len(trajectory.segments) + 1)
+    return rows, totals, shares
 
 
 def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: int,
-            env_reward_weight: float = 1.0) -> TrainBatch:
+            env_reward_weight: float = 1.0, shares: list[float] | None = None) -> TrainBatch:
     """Pad trajectories (right padding) into a TrainBatch; ``rewards`` is one total per trajectory,
     each turn's env reward times ``env_reward_weight`` goes to ``token_rewards`` (the weight the
     totals were scored with, so the per-turn rewards add up to the env's part of the total).
@@ -225,7 +228,8 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
     function or its env failed) gets an all-zero ``loss_mask`` row: it adds nothing to the loss,
     its KL term or the loss denominators, exactly as if it were not in the batch; the group
     statistics of the algorithms already leave NaN rewards out. When a trajectory has
-    ``step_rewards``, ``extras`` holds ``step_rewards`` and ``step_ends`` ``(N, T)`` (:mod:`agentrl.process_rewards`)."""
+    ``step_rewards``, ``extras`` holds ``step_rewards`` and ``step_ends`` ``(N, T)`` (:mod:`agentrl.process_rewards`);
+    when an episode is several rows (``shares`` from :func:`with_segments`), ``episode_shares`` ``(N,)``."""
     if len(rewards) != len(trajectories):
         raise ValueError(f"{len(rewards)} rewards for {len(trajectories)} trajectories")
     n = len(trajectories)
@@ -253,6 +257,8 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
         for i, traj in enumerate(trajectories):
             if traj.policy_versions is not None:
                 extras["policy_versions"][i, :len(traj.token_ids)] = torch.tensor(traj.policy_versions)
+    if shares is not None and any(share != 1.0 for share in shares):
+        extras["episode_shares"] = torch.tensor(shares, dtype=torch.float32)
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

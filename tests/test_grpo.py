@@ -16,6 +16,7 @@ import agentrl_grpo
 from agentrl import ConfigError, LossContext, TrainBatch, defaults
 from agentrl.objectives import step_totals
 from agentrl.plugins import PluginManager
+from agentrl.trajectory import Trajectory, collate, with_segments
 from agentrl_grpo import GRPO, GRPOConfig, group_advantages
 
 CONFIG = SimpleNamespace(mask_truncated_completions=False)
@@ -146,6 +147,32 @@ def test_group_advantages_degenerate_groups_are_exactly_zero(scale: str) -> None
     assert got[:8].tolist() == [0.0] * 8  # all-equal / single scored / all-NaN -> exactly 0
     assert got[8] > 0 > got[9]
     assert stats["frac_zero_std_groups"] == 0.75
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_an_agent_episode_split_in_segments_counts_once_in_the_group_statistics(scale: str) -> None:
+    """An agent program that rewrote its history is one episode in several rows (segments, which
+    share its reward): every row gets the advantage the episode has among its group's episodes."""
+    episode_rewards = [1.0, 0.0, 0.0, 0.0, 0.2, NAN, 0.9, 0.5]
+    episode_groups = [0, 0, 0, 0, 1, 1, 1, 1]
+    rows_of = [3, 1, 1, 1, 2, 2, 1, 4]  # episode 0: three rows; with them counted thrice its group mean is 0.5
+    expected = reference_advantages(episode_rewards, episode_groups, scale, 1e-4)  # one value per episode
+    trajectories = []
+    for reward, group, rows in zip(episode_rewards, episode_groups, rows_of):
+        episode = Trajectory([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [], [], {}, group=group)
+        episode.segments = [Trajectory([1, 4], [0, 1], [0.0, -1.0], [], [], {}) for _ in range(rows - 1)]
+        trajectories.append(episode)
+    rows, totals, shares = with_segments(trajectories, episode_rewards)
+    batch = collate(rows, totals, pad_token_id=0, shares=shares)
+    got, stats = group_advantages(batch.rewards, batch.groups, scale, 1e-4, batch.extras["episode_shares"])
+    per_row = [a for a, rows in zip(expected, rows_of) for _ in range(rows)]
+    np.testing.assert_allclose(got.double().numpy(), per_row, rtol=1e-6, atol=1e-7)
+    assert stats["frac_nan_rewards"] == pytest.approx(1 / 8)  # one episode of eight, in two rows
+    metrics: dict[str, float] = {}
+    advantages = GRPO(GRPOConfig(scale_rewards=scale)).compute_advantages(batch, metrics)
+    torch.testing.assert_close(advantages, got.float()[:, None] * batch.loss_mask)
+    unweighted, _ = group_advantages(batch.rewards, batch.groups, scale, 1e-4)
+    assert not torch.allclose(unweighted, got)  # counted once per row, the group mean would differ
 
 
 def test_group_std_is_population_std_floored_by_eps() -> None:

@@ -218,8 +218,9 @@ def test_a_history_rewrite_starts_a_second_segment_sharing_reward_and_group(toke
         assert earlier.token_ids[:earlier.turns[0].start] == chat.prompt_ids([{"role": "user", "content": "Hello"}])
         assert chat.decode(trajectory.token_ids[:trajectory.turns[0].start]).count("Summary of before") == 1
         assert sum(earlier.loss_mask) and sum(trajectory.loss_mask)
-    rows, totals = with_segments(trajectories, [0.5, -1.0])
+    rows, totals, shares = with_segments(trajectories, [0.5, -1.0])
     assert len(rows) == 4 and totals == [0.5, 0.5, -1.0, -1.0] and [r.group for r in rows] == [4, 4, 4, 4]
+    assert shares == [0.5] * 4  # each episode counts once in its group's statistics
 
 
 BAD_FIELD = '''
@@ -603,8 +604,8 @@ def test_n_choices_the_continued_one_is_merged_the_others_are_segments_of_their_
     order = [rows[2], rows[0], rows[1]]  # choice 0 is the trajectory; choices 1 and 2 its segments
     assert streamed == [chat.assistant_text(r.token_ids[r.turns[0].start:r.turns[0].end],
                                             r.turns[0].finish_reason == "stop") for r in order]
-    rows, totals = with_segments([chosen, unchosen, single], [1.0, 0.0, 0.5])
-    assert len(rows) == 7 and totals == [1.0] * 3 + [0.0] * 3 + [0.5]
+    rows, totals, shares = with_segments([chosen, unchosen, single], [1.0, 0.0, 0.5])
+    assert len(rows) == 7 and totals == [1.0] * 3 + [0.0] * 3 + [0.5] and shares == [1 / 3] * 6 + [1.0]
 
 
 def test_n_out_of_range_is_a_400(tokenizer, tmp_path):

@@ -30,7 +30,8 @@ How this departs from the papers, on purpose:
   the group mean but divides by the std of the whole batch's rewards; ``"none"`` does not scale
   (Dr. GRPO). A group whose rewards are all equal gets advantage exactly 0 (TRAPS.md 15).
 * Rewards that are NaN (a reward function returned None) are left out of the group statistics and
-  their episodes get advantage 0 (TRAPS.md 17).
+  their episodes get advantage 0 (TRAPS.md 17). An agent episode in several rows (segments) counts
+  once in them (``batch.extras["episode_shares"]``).
 * Multi-turn: an episode's advantage covers every token the model sampled in any turn; env and
   tool tokens are off the loss mask. No dynamic sampling or soft overlong penalty (DAPO);
   truncated episodes can be masked with the trainer's ``mask_truncated_completions``.
