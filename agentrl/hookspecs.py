@@ -182,6 +182,8 @@ def agentrl_adjust_loss_mask(
     sequences from the loss, e.g. DAPO overlong filtering, masked importance sampling), or
     ``None`` to leave it. Every non-None result is multiplied in; advantages and every loss
     denominator are then taken from the final mask. ``batch.sampler_logprobs`` are the engine's.
+    Keys added to ``metrics`` are combined over processes: the mean, or the min / max for a key
+    ending in ``_min`` / ``_max``.
     """
 
 

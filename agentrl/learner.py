@@ -82,8 +82,8 @@ class Learner:
             for rows in self.mini_batch_rows(batch, step, epoch):
                 stepped |= self.optimizer_step(batch.select(rows), step, train_policy, stats, metrics)
         self.skipped_in_a_row = 0 if stepped else self.skipped_in_a_row + 1
-        # What hooks and the algorithm logged here is this process's: the mean over processes.
-        metrics.update(_mean_over_processes({k: v for k, v in metrics.items() if k not in logged_before}))
+        # What hooks and the algorithm logged here is this process's: combined over processes.
+        metrics.update(_combined_over_processes({k: v for k, v in metrics.items() if k not in logged_before}))
         metrics.update(stats.means(combine=distributed.gather_objects))
         metrics["train/nonfinite_skipped_steps"] = float(self.nonfinite_skips)
         if train_policy and self.sync_engine:
@@ -183,10 +183,15 @@ def _record(stats: StepStats, out: Any, entropy: torch.Tensor, logprobs: torch.T
         stats.add_tokens(key, value.detach(), mb.loss_mask)
 
 
-def _mean_over_processes(values: dict[str, float]) -> dict[str, float]:
-    """Each key's mean over the processes that logged it (the value itself in a one-process run)."""
+def _combined_over_processes(values: dict[str, float]) -> dict[str, float]:
+    """Each key over the processes that logged it: the smallest for a key ending in ``_min``, the
+    largest for ``_max``, else the mean (the value itself in a one-process run)."""
     parts = distributed.gather_objects(values)
     if len(parts) == 1:
         return values
-    keys = {k for part in parts for k in part}
-    return {k: sum(p[k] for p in parts if k in p) / sum(k in p for p in parts) for k in sorted(keys)}
+    combined = {}
+    for key in sorted({k for part in parts for k in part}):
+        logged = [p[key] for p in parts if key in p]
+        reduce = min if key.endswith("_min") else max if key.endswith("_max") else None
+        combined[key] = float(reduce(logged)) if reduce else sum(logged) / len(logged)
+    return combined
