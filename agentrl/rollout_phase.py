@@ -100,9 +100,9 @@ class RolloutPhase:
             sampled_components.append(components)
         filled = selector.filled
         kept, kept_totals, _ = selector.batch(first)
-        rows, row_totals, shares = with_segments(kept, kept_totals)  # an agent episode may hold several rows
+        rows, row_totals, row_shares = with_segments(kept, kept_totals)  # an agent episode may hold several rows
         batch = collate(rows, row_totals, self.run.tokenizer.pad_token_id, env_reward_weight=cfg.env_reward_weight,
-                        shares=shares).to(self.run.accelerator.device)
+                        shares=row_shares).to(self.run.accelerator.device)
         components = {name: np.concatenate([c[name] for c in sampled_components]) for name in sampled_components[0]}
         # Metrics and hooks see the whole batch: every process's share, in group order.
         shares = distributed.gather_objects((sampled, sampled_totals, components, nonfinite, errors,

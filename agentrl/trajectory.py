@@ -212,9 +212,10 @@ def with_segments(trajectories: list[Trajectory],
     for trajectory, reward in zip(trajectories, rewards, strict=True):
         for segment in trajectory.segments:
             segment.group = trajectory.group
+        k = len(trajectory.segments) + 1
         rows += [*trajectory.segments, trajectory]
-        totals += [reward] * (len(trajectory.segments) + 1)
-        shares += [1.0 / (len(trajectory.segments) + 1)] * (len(trajectory.segments) + 1)
+        totals += [reward] * k
+        shares += [1.0 / k] * k
     return rows, totals, shares
 
 
