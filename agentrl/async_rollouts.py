@@ -175,6 +175,11 @@ class VersionedEngine(Engine):
         """The wrapped engine's."""
         self.engine.load_state_dict(state)
 
+    @property
+    def display_name(self) -> str:
+        """The wrapped engine's: errors name the engine the user chose."""
+        return getattr(self.engine, "display_name", type(self.engine).__name__)
+
     def __getattr__(self, name: str) -> Any:
         if name in ("engine", "partial") or (name == "request_queue" and self.partial):
             raise AttributeError(name)

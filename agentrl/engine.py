@@ -103,6 +103,11 @@ class Engine(abc.ABC):
         """Restore :meth:`state_dict`'s output on ``--resume``."""
         return None
 
+    @property
+    def display_name(self) -> str:
+        """How error messages name this engine: its class; an engine wrapping another names that one."""
+        return type(self).__name__
+
 
 def token_ids(value: Any) -> list[int]:
     """A config's token id field (None, an int or a list of ints) as a list."""

@@ -337,8 +337,13 @@ def test_env_contract_violations_are_named_before_the_model_loads(tiny_model_dir
 
 
 # -- engines -----------------------------------------------------------------------------------------
-def test_an_engine_failure_names_the_engine_and_the_batch(tiny_model_dir, tmp_path, faults, monkeypatch):
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks"), load_plugins())
+@pytest.mark.parametrize("async_steps", [0, 1])
+def test_an_engine_failure_names_the_engine_and_the_batch(tiny_model_dir, tmp_path, faults, monkeypatch, async_steps):
+    """The message names the engine the user chose, also in an asynchronous run (whose engine is a
+    VersionedEngine wrapping it)."""
+    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", async_steps=async_steps),
+                      load_plugins())
+    assert type(trainer.engine).__name__ == ("VersionedEngine" if async_steps else "HFEngine")
 
     def broken_generate(prompts, sampling):
         raise RuntimeError("CUDA error: out of memory\nCompile with TORCH_USE_CUDA_DSA")

@@ -227,7 +227,8 @@ class MultiTurnRollout:
 
     def _engine_name(self) -> str:
         name = getattr(self.config, "engine", None)
-        return f"{name!r} ({type(self.engine).__name__})" if name else type(self.engine).__name__
+        kind = getattr(self.engine, "display_name", type(self.engine).__name__)  # a wrapper names the wrapped
+        return f"{name!r} ({kind})" if name else kind
 
     def _tools(self, env: Env) -> list[dict[str, Any]] | None:
         """The tool schemas the chat template renders for ``env`` (None: none, or the template does

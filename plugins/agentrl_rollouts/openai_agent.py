@@ -169,7 +169,8 @@ class OpenAIAgentRollout:
             self.batches = list(batcher.batches)
         if step.engine_errors:
             exc = step.engine_errors[0]
-            raise EngineError(f"engine {type(self.engine).__name__} failed on an agent call: "
+            kind = getattr(self.engine, "display_name", type(self.engine).__name__)
+            raise EngineError(f"engine {kind} failed on an agent call: "
                               f"{exc if isinstance(exc, AgentRLError) else one_line(exc)}") from exc
         trajectories = [self._trajectory(step.records[i], tasks[i], groups[i], *outcomes[i]) for i in range(len(tasks))]
         if self.options.env_scores:
