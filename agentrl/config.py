@@ -115,7 +115,7 @@ class TrainConfig:
     default model in bf16 autocast). A row longer than this goes alone."""
     precision: Annotated[str, OneOf("auto", "bf16", "fp32")] = "auto"
     """``auto``: ``bf16`` where the hardware computes bf16 natively (a CPU with AMX or AVX512-BF16,
-    a GPU with bf16), ``fp32`` elsewhere (on an AVX2-only CPU bf16 is ~30x slower), decided at
+    a GPU with bf16), ``fp32`` elsewhere (on a CPU without native bf16 it is 3.6-30x slower), decided at
     start-up and printed with its reason (:mod:`agentrl.precision`); ``bf16`` (autocast, fp32
     master weights) or ``fp32`` as given. The hf engine's ``dtype: auto`` follows it."""
     pack_sequences: bool = True

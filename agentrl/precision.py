@@ -4,8 +4,9 @@ bf16 autocast pays on a CPU with native bf16 matrix instructions (Intel AMX, AVX
 Arm ``bf16`` extension) and on GPUs that support it. On a CPU without them (AVX2 only: most
 laptops, Intel consumer CPUs since Alder Lake, AMD before Zen 4) oneDNN emulates bf16 and the
 same forward + backward ran ~30x slower than fp32 (issue 31: 12.3 + 140 s against 3.3 + 4.3 s on
-8 x 92 tokens of the default model). The decision is made once per run from what the hardware
-reports and printed in the banner with its reason; ``bf16`` and ``fp32`` are honoured as given.
+8 x 92 tokens of the default model); on a Xeon with AVX-512 but not its BF16 extension, 3.6x
+slower. The decision is made once per run from what the hardware reports and printed in the
+banner with its reason; ``bf16`` and ``fp32`` are honoured as given.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def decide_cpu(flags: set[str] | None) -> Precision:
     native = sorted(f for f in NATIVE_BF16_FLAGS if f in flags)
     if native:
         return Precision("bf16", f"the CPU computes bf16 natively ({', '.join(native)})")
-    return Precision("fp32", "the CPU has no native bf16 (no amx_bf16/avx512_bf16): bf16 would be ~30x slower")
+    return Precision("fp32", "the CPU has no native bf16 (no amx_bf16/avx512_bf16): "
+                             "bf16 would be emulated, 3.6-30x slower")
 
 
 def resolve_precision(asked: str, device: torch.device | str = "cpu") -> Precision:
