@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import threading
 from pathlib import Path
@@ -28,3 +29,18 @@ def test_a_second_run_waits_for_the_first_conversion_and_reuses_it(tmp_path: Pat
     waiter.join(timeout=30)
     assert resolved == [str(folder)]
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "tokenizer_config.json"]  # reused as is
+
+
+def test_a_cache_on_a_filesystem_without_flock_still_resolves(tmp_path: Path, monkeypatch) -> None:
+    """Where ``flock`` fails (ENOLCK: some network filesystems) resolving goes on unlocked, as before."""
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path))
+    folder = tmp_path / "models" / "smollm2-135m"
+
+    def no_flock(fd, operation):  # the filesystem refuses the lock; another run's conversion has just ended
+        folder.mkdir(parents=True)
+        for name in ("config.json", "tokenizer_config.json"):
+            (folder / name).write_text("{}")
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    assert resolve_model("smollm2-135m") == str(folder)
