@@ -274,6 +274,35 @@ def test_bfloat16_copy_follows_sync_weights(tied: bool) -> None:
         torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=0.1, rtol=0)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_bfloat16_weights_copy_rounds_the_weights_and_computes_in_float32(tied: bool) -> None:
+    model = tiny_model(tied=tied)
+    engine = make_engine(model, dtype="bfloat16_weights")
+    copy = engine.model
+
+    def rounded_as_trained() -> None:
+        for (name, p), q in zip(model.named_parameters(), copy.parameters()):
+            assert q.dtype == torch.float32 and not q.requires_grad, name
+            assert torch.equal(q, p.detach().to(torch.bfloat16).float()), name
+        assert not torch.equal(copy.lm_head.weight, model.lm_head.weight)  # random weights: off bf16's grid
+
+    assert copy is not model and not copy.training
+    assert (copy.lm_head.weight is copy.model.embed_tokens.weight) == tied
+    rounded_as_trained()
+    assert torch.equal(copy.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq)  # buffers as they are
+    pointers = [p.data_ptr() for p in copy.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-4 * torch.randn_like(p))  # an optimizer step's size: most weights keep their bf16 value
+    engine.sync_weights(model)
+    rounded_as_trained()
+    assert [p.data_ptr() for p in copy.parameters()] == pointers
+    sampling = SamplingParams(max_new_tokens=8, temperature=1.0, seed=0)
+    for prompt, generation in zip(PROMPTS, engine.generate(PROMPTS, sampling)):
+        expected = recompute(copy, prompt, generation.token_ids, sampling)  # fp32 forward, rounded weights
+        torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-5, rtol=0)
+
+
 def test_sync_refuses_a_model_whose_tie_was_broken() -> None:
     model = tiny_model(tied=True)
     engine = make_engine(model, dtype="bfloat16")
@@ -286,7 +315,7 @@ def test_engine_args_are_validated() -> None:
     model = tiny_model()
     with pytest.raises(ConfigError, match=re.escape("unknown key(s) 'dtyp' in engine_args")):
         make_engine(model, dtyp="float32")
-    bad_dtype = "engine_args.dtype must be one of auto, float32, bfloat16; got 'fp16'"
+    bad_dtype = "engine_args.dtype must be one of auto, float32, bfloat16, bfloat16_weights; got 'fp16'"
     with pytest.raises(ConfigError, match=re.escape(bad_dtype)):
         make_engine(model, dtype="fp16")
     with pytest.raises(ConfigError, match=re.escape("engine_args.batch_size must be an integer >= 1, got 0")):

@@ -53,6 +53,6 @@ def test_auto_is_the_default_and_the_hf_engine_follows_it():
     assert sampling_dtype("auto", "bf16", "cpu") == "bfloat16"
     assert sampling_dtype("auto", "fp32", "cpu") == "float32"
     native = resolve_precision("auto", "cpu").bf16
-    assert sampling_dtype("auto", "auto", "cpu") == ("bfloat16" if native else "float32")
+    assert sampling_dtype("auto", "auto", "cpu") == ("bfloat16" if native else "bfloat16_weights")
     with pytest.raises(ConfigError, match="precision must be one of"):
         TrainConfig(precision="half")

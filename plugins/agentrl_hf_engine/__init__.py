@@ -8,6 +8,13 @@ Which policy samples (``engine_args.dtype``):
   AMX; far slower than fp32 on an AVX2-only CPU). ``sync_weights(model)`` copies the trainer's
   parameters into it in place after every optimizer step; a tied LM head is the same tensor as
   the embedding, so it follows.
+* ``bfloat16_weights``: an fp32 copy holding the trainer's weights rounded to bf16, synced the same
+  way: bf16's sampler at fp32's speed where bf16 compute is emulated. ``auto`` picks it where
+  ``precision: auto`` chose fp32, so the default job samples from the same rounded weights on every
+  CPU. It is what makes the main job learn the ``\\boxed{}`` format there: an AdamW step of lr 2e-5
+  is below bf16's spacing for most weights, so the sampler moves only where several steps agree;
+  sampling from the exact fp32 weights, the policy followed every step's noise and settled on
+  short unboxed answers within ten steps on some seeds (README "Which CPU").
 * ``float32``: the trainer's own model object, put in eval mode for the call and restored after.
 
 Logprob semantics. Tokens are drawn from ``softmax(warp(logits / T))`` in float32 (logits upcast
@@ -60,6 +67,8 @@ from agentrl import (
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ROUNDED = "bfloat16_weights"
+"""fp32 compute on the trainer's weights rounded to bf16 (see :class:`HFEngineConfig`)."""
 _NO_IDS = torch.empty(0, 0, dtype=torch.long)  # the warpers' unused input_ids
 
 
@@ -67,11 +76,13 @@ _NO_IDS = torch.empty(0, 0, dtype=torch.long)  # the warpers' unused input_ids
 class HFEngineConfig:
     """Options of the ``hf`` engine (``engine_args`` in the run config)."""
 
-    dtype: Annotated[str, OneOf("auto", *DTYPES)] = "auto"
-    """``auto``: ``bfloat16`` when the run's ``precision`` resolves to bf16, else ``float32``;
+    dtype: Annotated[str, OneOf("auto", *DTYPES, ROUNDED)] = "auto"
+    """``auto``: ``bfloat16`` when the run's ``precision`` resolves to bf16, ``bfloat16_weights``
+    when ``precision: auto`` resolves to fp32, ``float32`` when precision is set to fp32;
     ``bfloat16``: sample from a bf16 copy of the weights, synced after each step (faster where the
-    CPU has native bf16); ``float32``: sample from the trainer's own model object (exact logprob
-    parity)."""
+    CPU has native bf16); ``bfloat16_weights``: an fp32 copy of the weights rounded to bf16 (the
+    same rounding, fp32 compute); ``float32``: sample from the trainer's own model object (exact
+    logprob parity)."""
     batch_size: Annotated[int, Field(ge=1), Allowed("an integer >= 1")] = 64
     """Most prompts decoded together; larger requests are split."""
 
@@ -81,10 +92,14 @@ class HFEngineConfig:
 
 
 def sampling_dtype(asked: str, precision: str, device: torch.device) -> str:
-    """The dtype the engine samples in: ``asked`` unless ``auto``, which follows the run's precision."""
+    """The dtype the engine samples in: ``asked`` unless ``auto``, which follows the run's precision:
+    ``bfloat16`` where the run computes in bf16, ``bfloat16_weights`` where ``precision: auto``
+    chose fp32 (the hardware has no native bf16), ``float32`` where the config asked for fp32."""
     if asked != "auto":
         return asked
-    return "bfloat16" if resolve_precision(precision, device).bf16 else "float32"
+    if resolve_precision(precision, device).bf16:
+        return "bfloat16"
+    return ROUNDED if precision == "auto" else "float32"
 
 
 def warp_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -122,7 +137,8 @@ class HFEngine(Engine):
         if self.dtype == "float32":
             self.model = model
         else:
-            self.model = _low_precision_copy(model, DTYPES[self.dtype])
+            self.model = _low_precision_copy(model, DTYPES.get(self.dtype, torch.float32))
+            self.sync_weights(model)
         parameters = inspect.signature(model.forward).parameters
         self._keep_logits = "logits_to_keep" in parameters
         # transformers >= 5.24 renamed the forward's ``past_key_values`` to ``cache`` (and warns at the old name)
@@ -150,7 +166,8 @@ class HFEngine(Engine):
                             raise EngineError(f"sync_weights: {name!r} is tied in the engine's copy but not in "
                                               "the trainer's model; build the engine from the model as trained")
                         continue
-                    tensor.copy_(source[name])
+                    rounded = self.dtype == ROUNDED and kind == "parameters"
+                    tensor.copy_(source[name].to(torch.bfloat16) if rounded else source[name])
                     copied[id(tensor)] = source[name]
 
     def state_dict(self) -> dict[str, Any]:
