@@ -66,9 +66,10 @@ from agentrl import (
     token_ids,
 )
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ROUNDED = "bfloat16_weights"
 """fp32 compute on the trainer's weights rounded to bf16 (see :class:`HFEngineConfig`)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, ROUNDED: torch.float32}
+"""Each ``engine_args.dtype`` and the dtype its sampling copy stores."""
 _NO_IDS = torch.empty(0, 0, dtype=torch.long)  # the warpers' unused input_ids
 
 
@@ -76,7 +77,7 @@ _NO_IDS = torch.empty(0, 0, dtype=torch.long)  # the warpers' unused input_ids
 class HFEngineConfig:
     """Options of the ``hf`` engine (``engine_args`` in the run config)."""
 
-    dtype: Annotated[str, OneOf("auto", *DTYPES, ROUNDED)] = "auto"
+    dtype: Annotated[str, OneOf("auto", *DTYPES)] = "auto"
     """``auto``: ``bfloat16`` when the run's ``precision`` resolves to bf16, ``bfloat16_weights``
     when ``precision: auto`` resolves to fp32, ``float32`` when precision is set to fp32;
     ``bfloat16``: sample from a bf16 copy of the weights, synced after each step (faster where the
@@ -137,8 +138,9 @@ class HFEngine(Engine):
         if self.dtype == "float32":
             self.model = model
         else:
-            self.model = _low_precision_copy(model, DTYPES.get(self.dtype, torch.float32))
-            self.sync_weights(model)
+            self.model = _low_precision_copy(model, DTYPES[self.dtype])
+            if self.dtype == ROUNDED:
+                self.sync_weights(model)  # the copy's fp32 weights, rounded
         parameters = inspect.signature(model.forward).parameters
         self._keep_logits = "logits_to_keep" in parameters
         # transformers >= 5.24 renamed the forward's ``past_key_values`` to ``cache`` (and warns at the old name)
@@ -159,6 +161,7 @@ class HFEngine(Engine):
                 missing = sorted(source.keys() ^ target.keys())[:5]
                 raise EngineError(f"sync_weights: model {kind} differ from the engine's copy: {missing}")
             copied: dict[int, torch.Tensor] = {}
+            rounded = self.dtype == ROUNDED and kind == "parameters"
             with torch.no_grad():
                 for name, tensor in target.items():
                     if id(tensor) in copied:  # tied: one tensor under two names
@@ -166,7 +169,6 @@ class HFEngine(Engine):
                             raise EngineError(f"sync_weights: {name!r} is tied in the engine's copy but not in "
                                               "the trainer's model; build the engine from the model as trained")
                         continue
-                    rounded = self.dtype == ROUNDED and kind == "parameters"
                     tensor.copy_(source[name].to(torch.bfloat16) if rounded else source[name])
                     copied[id(tensor)] = source[name]
 
