@@ -180,6 +180,11 @@ class VersionedEngine(Engine):
         """The wrapped engine's: errors name the engine the user chose."""
         return getattr(self.engine, "display_name", type(self.engine).__name__)
 
+    @property
+    def description(self) -> str:
+        """The wrapped engine's."""
+        return getattr(self.engine, "description", self.display_name)
+
     def __getattr__(self, name: str) -> Any:
         if name in ("engine", "partial") or (name == "request_queue" and self.partial):
             raise AttributeError(name)

@@ -139,7 +139,7 @@ class TrainConfig:
     """Run directory (None: ``runs/<env>-<algo>-<timestamp>``)."""
     eval_tasks: NonNegative = 64
     """Held-out tasks evaluated before and after training (0: skip evaluation)."""
-    eval_every: NonNegative = 10
+    eval_every: NonNegative = 20
     """Also evaluate every this many steps (0: only before and after)."""
     eval_temperature: Annotated[float, Field(ge=0), Note("0: greedy")] = 0.0
     """Temperature for evaluation (0: greedy)."""

@@ -108,6 +108,11 @@ class Engine(abc.ABC):
         """How error messages name this engine: its class; an engine wrapping another names that one."""
         return type(self).__name__
 
+    @property
+    def description(self) -> str:
+        """How this engine samples, for the start-up banner (``sampler: ...``): its name unless it says more."""
+        return self.display_name
+
 
 def token_ids(value: Any) -> list[int]:
     """A config's token id field (None, an int or a list of ints) as a list."""

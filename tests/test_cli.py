@@ -121,6 +121,11 @@ def test_train_on_the_real_default_model(tmp_path):
                  "--num-generations", "4", "--output-dir", str(out), "--set", "eval_tasks=8",
                  "--set", "max_new_tokens=24")
     assert "held-out accuracy:" in result.stdout
+    banner = " ".join(result.stdout.split())  # the console wraps long lines
+    # what samples: auto's choices, bf16 where the run is bf16, else fp32 on the bf16-rounded weights
+    assert ("sampler: hf engine, bf16, a copy of the weights (engine_args.dtype: auto -> bfloat16)" in banner
+            or "sampler: hf engine, fp32, a copy of the weights rounded to bf16 (engine_args.dtype: auto -> "
+               "bfloat16_weights)" in banner), result.stdout
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(0.0 <= line["reward/total_mean"] <= 1.2 for line in lines[:2])
     # At step 1 the bf16 sampler and the trainer agree to within bf16 noise (TRAPS 7, 12).

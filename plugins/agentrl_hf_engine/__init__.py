@@ -70,6 +70,9 @@ ROUNDED = "bfloat16_weights"
 """fp32 compute on the trainer's weights rounded to bf16 (see :class:`HFEngineConfig`)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, ROUNDED: torch.float32}
 """Each ``engine_args.dtype`` and the dtype its sampling copy stores."""
+SAMPLES_WITH = {"float32": "fp32, the trainer's own weights", "bfloat16": "bf16, a copy of the weights",
+                ROUNDED: "fp32, a copy of the weights rounded to bf16"}
+"""What each ``engine_args.dtype`` samples with, in words (the banner's ``sampler:`` line)."""
 _NO_IDS = torch.empty(0, 0, dtype=torch.long)  # the warpers' unused input_ids
 
 
@@ -145,6 +148,11 @@ class HFEngine(Engine):
         self._keep_logits = "logits_to_keep" in parameters
         # transformers >= 5.24 renamed the forward's ``past_key_values`` to ``cache`` (and warns at the old name)
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
+
+    @property
+    def description(self) -> str:
+        """``hf`` engine, what it samples with and the dtype that chose it."""
+        return f"hf engine, {SAMPLES_WITH[self.dtype]} (engine_args.dtype: {self.options.dtype} -> {self.dtype})"
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Copy ``model``'s parameters and buffers into the sampling copy, in place (no reallocation).
