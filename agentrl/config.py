@@ -143,8 +143,8 @@ class TrainConfig:
     """Also evaluate every this many steps (0: only before and after)."""
     eval_temperature: Annotated[float, Field(ge=0), Note("0: greedy")] = 0.0
     """Temperature for evaluation (0: greedy)."""
-    eval_sampled: bool = True
-    """Also report accuracy at the training temperature (``eval/accuracy_sampled``)."""
+    eval_sampled: bool = False
+    """Also report accuracy at the training temperature (``eval/accuracy_sampled``): a second evaluation."""
     keep_best: bool = True
     """Save the policy with the best held-out mean reward (``eval/reward_mean``: the run's own objective
     on the greedy evaluation, at step 0, every ``eval_every`` steps and the end; ties: the later) as

@@ -49,7 +49,7 @@ COMMON: dict[str, Any] = dict(prompts_per_step=2, num_generations=4, max_new_tok
                               precision="fp32",  # "auto" would pick bf16 on some CPUs
                               log_completions_every=0, seed=0)
 GRPO: dict[str, Any] = dict(COMMON, algo="grpo", max_steps=5, algorithm={"beta": 0.04}, micro_batch_size=4,
-                            eval_tasks=2, eval_every=2, checkpoint_every=0)
+                            eval_tasks=2, eval_every=2, eval_sampled=True, checkpoint_every=0)
 PPO: dict[str, Any] = dict(COMMON, algo="ppo", max_steps=4, algorithm={"ppo_epochs": 2, "mini_batches": 2},
                            eval_tasks=0, checkpoint_every=0)
 RESUME_STOP = 3

@@ -32,6 +32,7 @@ def test_train_two_steps_on_tiny_model_writes_the_run(tiny_model_dir, tmp_path):
     recorded = json.loads((out / "eval.json").read_text())
     assert set(recorded) == {"before", "after", "best"}  # keep_best: which evaluated policy model/ holds
     assert recorded["best"]["step"] in (0, 2) and recorded["best"]["metric"] == "eval/reward_mean"
+    assert "eval/accuracy_sampled" not in recorded["after"]  # one (greedy) evaluation unless eval_sampled
     evaluated = run("eval", "--model", str(out), "--num-tasks", "4", "--max-new-tokens", "8", "--json")
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["eval/num_tasks"] == 4
 
