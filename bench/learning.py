@@ -332,6 +332,10 @@ def write_plot(report: dict[str, Any], path: Path) -> Path:
             ax.grid(alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=8)
+            else:  # say why the panel is empty
+                why = {"sampled": "no sampled evaluation\n(the runs had eval_sampled: false)",
+                       "format": "no format metric logged"}.get(metric, "no evaluation logged")
+                ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="grey")
     fig.suptitle("mean over seeds, band = min..max")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

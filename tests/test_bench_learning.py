@@ -129,6 +129,20 @@ def test_report_cli_writes_png_and_json(runs: list[Path], tmp_path: Path,
     assert (runs[1].parent / "learning.png").stat().st_size > 0
 
 
+def test_an_empty_panel_says_why(runs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bad`` has neither a sampled evaluation nor a format metric: those panels say so, not blank."""
+    import matplotlib.figure
+
+    figures: list[Any] = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *args, **kwargs: figures.append(fig))
+    report = learning.build_report([learning.load_run(p) for p in runs if p.name.startswith("bad-")], [])
+    learning.write_plot(report, tmp_path / "plot.png")
+    texts = {ax.get_title(): [t.get_text() for t in ax.texts] for ax in figures[0].axes}
+    assert texts["held-out accuracy (sampled) by step"] == ["no sampled evaluation\n(the runs had eval_sampled: false)"]
+    assert texts["format rate (boxed answers) by step"] == ["no format metric logged"]
+    assert texts["held-out accuracy (greedy) by step"] == []  # it has data
+
+
 FAKE_TRAIN = """
 import json, sys
 from pathlib import Path
