@@ -151,7 +151,8 @@ def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
     trainer = Trainer(cfg, manager, resume=checkpoint)
     console.print(_rewards_line(cfg, trainer), highlight=False)
     console.print(f"precision: {trainer.run.precision.name} ({trainer.run.precision.reason})", highlight=False)
-    console.print(f"sampler: {trainer.run.engine.description}", highlight=False)
+    engine = trainer.run.engine  # an engine need not subclass Engine: its class names it then
+    console.print(f"sampler: {getattr(engine, 'description', type(engine).__name__)}", highlight=False)
     if trainer.run.num_processes > 1:
         console.print(sharding.layout(trainer.accelerator), highlight=False)
     progress = TrainProgress(cfg.max_steps)
