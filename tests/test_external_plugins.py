@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.serial  # installs into the venv every other test process shares
+
 AGENTRL = [sys.executable, "-m", "agentrl.cli"]
 TINY = ["--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=2",
         "--set", "max_new_tokens=8"]

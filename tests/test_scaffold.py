@@ -101,6 +101,7 @@ def test_tool_env_package_is_a_tool_env_whose_reward_needs_its_tool_and_trains(t
     assert all("rollout/tool_calls_mean" in m and "reward/tool_use_mean" in m for m in metrics)
 
 
+@pytest.mark.serial  # installs into the venv every other test process shares
 def test_installed_env_package_is_listed_trains_and_is_gone_after_uninstall(tmp_path, tiny_model_dir):
     name = f"scaffold_{uuid.uuid4().hex[:8]}"  # unique: the venv is shared with other test runs
     dist, folder = f"agentrl-env-{name}", tmp_path / "package"
