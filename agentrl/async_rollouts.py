@@ -136,10 +136,9 @@ def start(run: Any, rollouts: Any, step: int, resumed: dict[str, Any] | None) ->
     ready, next_step, dropped = restore((resumed or {}).get("async"), run.config.async_steps, step)
     producer = AsyncRollouts(collect, run.engine.sync_weights, run.sampling_model(), run.config.async_steps,
                              next_step, run.config.max_steps, floor=step, ready=ready,
-                             partial=run.config.partial_rollouts)
+                             partial=run.config.partial_rollouts,
+                             versioned=run.engine if isinstance(run.engine, VersionedEngine) else None)
     producer.dropped_episodes = dropped
-    if isinstance(run.engine, VersionedEngine):
-        run.engine.before = producer.version_to_sample
     return producer
 
 
@@ -196,11 +195,13 @@ class AsyncRollouts:
 
     ``collect(step, version)`` returns a :class:`Collected`; ``load(module)`` puts weights into the
     engine. ``model`` is the sampling model whose copy the engine samples from while the learner
-    trains the original.
+    trains the original. ``versioned``: the rollout's :class:`VersionedEngine`, which asks this
+    thread for its version from the first ``generate`` call on (wired before the thread starts).
     """
 
     def __init__(self, collect: Any, load: Any, model: torch.nn.Module, async_steps: int, next_step: int,
-                 last_step: int, floor: int, ready: list[Collected] | None = None, partial: bool = False) -> None:
+                 last_step: int, floor: int, ready: list[Collected] | None = None, partial: bool = False,
+                 versioned: VersionedEngine | None = None) -> None:
         self.collect, self.load, self.async_steps, self.partial = collect, load, async_steps, partial
         self.last_step, self.floor = last_step, floor
         self.next_step = next_step  # the next step this thread collects
@@ -216,6 +217,8 @@ class AsyncRollouts:
         self.dropped_episodes = 0
         """Episodes collected but never trained on (too stale after a resume with a smaller bound)."""
         self.cond = threading.Condition()
+        if versioned is not None:
+            versioned.before = self.version_to_sample
         self.thread = threading.Thread(target=self._run, name="agentrl-async-rollouts", daemon=True)
         self.thread.start()
 

@@ -340,3 +340,24 @@ def test_partial_rollouts_ctrl_c_with_turns_in_flight_then_resume_loses_and_repe
     for collected in saved["ready"]:  # trained as the checkpoint holds them (partly sampled before it), not re-sampled
         again = [(r["group"], r["messages"]) for r in logged if r["step"] == collected["step"]]
         assert again == [(e["group"], e["messages"]) for e in collected["episodes"]]
+
+
+def test_the_first_turn_of_a_collection_is_stamped_with_its_version(tokenizer):
+    """The versioned engine asks the rollout thread for its version from the thread's first
+    ``generate`` on: it is wired before the thread starts (it was wired after, a race)."""
+    from agentrl import SamplingParams
+    from agentrl.testing import build_tiny_model
+    from agentrl_hf_engine import HFEngine
+
+    model = build_tiny_model(len(tokenizer))
+    versioned = async_rollouts.VersionedEngine(HFEngine(model, tokenizer), partial=True)
+    stamped = []
+
+    def collect(step: int, version: int) -> str:
+        stamped.extend(g.policy_version for g in versioned.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2)))
+        return "collected"
+
+    producer = async_rollouts.AsyncRollouts(collect, versioned.sync_weights, model, async_steps=1, next_step=1,
+                                            last_step=1, floor=3, partial=True, versioned=versioned)
+    assert producer.take(1) == "collected" and producer.close()
+    assert stamped == [3]

@@ -178,8 +178,7 @@ def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.
             weight.normal_(0.0, 0.1, generator=draws)
     try:
         producer = AsyncRollouts(collect, engine.sync_weights, model, async_steps=1, next_step=1, last_step=1,
-                                 floor=0, partial=True)
-        versioned.before = producer.version_to_sample
+                                 floor=0, partial=True, versioned=versioned)
         assert first_done.wait(600)
         producer.publish(1, newer)  # the learner's step 1, while step 1's collection is between two turns
         published.set()
