@@ -344,12 +344,14 @@ def test_print_config_lists_every_ppo_option():
 
 @pytest.mark.slow
 def test_ppo_on_the_real_default_model_multi_turn(tmp_path):
-    """``--algo ppo`` with per-turn credit on the embedded SmolLM2, two small steps of guess."""
+    """``--algo ppo`` with per-turn credit on the embedded SmolLM2, two small steps of guess
+    (3 turns at most: the test's longest run on the real model)."""
     out = tmp_path / "run"
     command = [sys.executable, "-m", "agentrl.cli", "train", "--env", "guess", "--algo", "ppo", "--max-steps", "2",
                "--prompts-per-step", "2", "--num-generations", "4", "--output-dir", str(out),
-               "--set", "eval_tasks=4", "--set", "max_new_tokens=12", "--set", "algorithm.credit=turn",
-               "--set", "env_args.consistency_bonus=0.1", "--set", "algorithm.critic_learning_rate=1e-3"]
+               "--set", "eval_tasks=2", "--set", "max_new_tokens=12", "--set", "algorithm.credit=turn",
+               "--set", "env_args.consistency_bonus=0.1", "--set", "env_args.max_turns=3",
+               "--set", "algorithm.critic_learning_rate=1e-3"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
