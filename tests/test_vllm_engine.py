@@ -195,6 +195,37 @@ def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.
 
 
 @needs_vllm
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: a torch thread count other than OpenMP's default")
+def test_a_new_thread_samples_after_torch_threads_were_set(tiny_engine):
+    """After ``torch.set_num_threads`` (a user's script, a launcher), a new thread's OpenMP pool still
+    has the default size until torch first runs there; vLLM's CPU attention sized its metadata by
+    one and ran by the other and aborted ("Check failed: ...thread_num == thread_num (2 vs. 1)"),
+    in the threads that async and partial rollouts sample from. It samples as the main thread does."""
+    import threading
+
+    model, engine = tiny_engine
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    expected = engine.generate([PROMPTS[0]], greedy)[0].token_ids
+    before = torch.get_num_threads()
+    seen: list[object] = []
+
+    def sample() -> None:  # vLLM first: no torch call before it in this thread
+        try:
+            seen.append(engine.generate([PROMPTS[0]], greedy)[0].token_ids)
+        except Exception as exc:  # reported below, not lost in the thread
+            seen.append(exc)
+
+    torch.set_num_threads(1 if before > 1 else 2)
+    try:
+        thread = threading.Thread(target=sample)
+        thread.start()
+        thread.join(600)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [expected], seen
+
+
+@needs_vllm
 def test_partial_rollouts_load_a_version_published_mid_collection_before_the_next_turns(tiny_engine):
     """In-process vLLM: without ``partial_rollouts`` the async wrapper keeps vLLM's own continuous
     batching queue; with it, versions are swapped between batches of turns (the helper above)."""

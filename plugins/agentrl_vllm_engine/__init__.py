@@ -33,6 +33,9 @@ torchaudio and torchcodec builds it pulls: they break ``import transformers``) o
   finishes the queued requests); a sleeping engine wakes when the queue opens and sleeps on close.
 * **Threads.** vLLM's CPU worker would drop torch to one thread and disable
   ``torch.set_num_threads`` for the whole process, the trainer included; the engine restores both.
+  A thread that samples gets torch's thread count first: a new thread's OpenMP pool has the
+  default size until torch runs there, and vLLM's CPU attention aborts on the mismatch after a
+  ``torch.set_num_threads`` (async and partial rollouts sample from new threads).
 * **Logs.** vLLM's INFO and WARNING lines (~30 per engine, one a harmless traceback about the
   tokenizer it runs without) are hidden: ``VLLM_LOGGING_LEVEL`` defaults to ``ERROR`` here, so its
   errors still show; ``VLLM_LOGGING_LEVEL=INFO`` brings the rest back.
@@ -194,6 +197,7 @@ class VLLMEngine(Engine):
         self.validate(prompts, sampling)
         if not prompts:
             return []
+        torch.set_num_threads(torch.get_num_threads())  # this thread's OpenMP pool: see "Threads"
         self._wake()
         seeds = sampling.seeds_for(len(prompts)) or [self.seeds.getrandbits(63) for _ in prompts]
         outputs = self.llm.generate([self.tokens_prompt(p) for p in prompts],
