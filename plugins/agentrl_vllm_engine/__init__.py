@@ -197,7 +197,7 @@ class VLLMEngine(Engine):
         self.validate(prompts, sampling)
         if not prompts:
             return []
-        torch.set_num_threads(torch.get_num_threads())  # this thread's OpenMP pool: see "Threads"
+        use_torch_threads()
         self._wake()
         seeds = sampling.seeds_for(len(prompts)) or [self.seeds.getrandbits(63) for _ in prompts]
         outputs = self.llm.generate([self.tokens_prompt(p) for p in prompts],
@@ -285,6 +285,11 @@ class VLLMEngine(Engine):
 
     def __del__(self) -> None:
         shutil.rmtree(getattr(self, "folder", ""), ignore_errors=True)
+
+
+def use_torch_threads() -> None:
+    """Size the calling thread's OpenMP pool as torch's thread count (module docstring, "Threads")."""
+    torch.set_num_threads(torch.get_num_threads())
 
 
 def generation(completion: Any, stop_ids: list[int]) -> Generation:

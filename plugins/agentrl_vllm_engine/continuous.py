@@ -22,11 +22,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from agentrl import EngineError, GenerationRequest, RequestQueue
 
-from agentrl_vllm_engine import generation
+from agentrl_vllm_engine import generation, use_torch_threads
 
 if TYPE_CHECKING:
     from agentrl_vllm_engine import VLLMEngine
@@ -45,7 +43,6 @@ class VLLMRequestQueue(RequestQueue):
         self._inbox: queue.Queue[GenerationRequest | None] = queue.Queue()
         self._in_vllm: dict[str, GenerationRequest] = {}
         self._lock, self._closed, self._closing = threading.Lock(), False, False
-        self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._loop, name="agentrl-vllm-queue", daemon=True)
         self._thread.start()
 
@@ -73,7 +70,7 @@ class VLLMRequestQueue(RequestQueue):
         self.engine.queue_closed()
 
     def _loop(self) -> None:
-        torch.set_num_threads(self._threads)  # a new thread's OpenMP pool would use the default
+        use_torch_threads()  # a new thread's OpenMP pool would use the default
         while not (self._closing and not self._in_vllm):
             try:
                 self._add(self._collect())
