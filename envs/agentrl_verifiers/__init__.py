@@ -48,7 +48,9 @@ The verifiers env is loaded once per process for the same arguments and shared b
 instance (verifiers runs concurrent rollouts on one env too); loading one installs verifiers'
 SIGINT/SIGTERM handlers, and the adapter puts the host's back. Rollouts left unfinished (an episode
 reset, closed or garbage-collected before its end, or cut short by agentrl's token limits, which
-leaves it unscored) are cancelled; no thread is started per episode.
+leaves it unscored) are cancelled; no thread is started per episode: verifiers' own ``to_thread`` calls
+(one per model reply) run on the private loop's pool of at most ``EXECUTOR_THREADS`` threads named
+``agentrl_verifiers``, reused for the life of the process and shut down at exit.
 """
 
 from __future__ import annotations
@@ -111,12 +113,16 @@ def import_verifiers() -> Any:
 # episode stays parked on its pending request meanwhile.
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
+EXECUTOR_THREADS = 4
+"""The most threads the private loop's default executor (verifiers' ``asyncio.to_thread``) starts."""
 
 
 def _private_loop() -> asyncio.AbstractEventLoop:
     global _loop
     if _loop is None or _loop.is_closed():
         _loop = asyncio.new_event_loop()
+        _loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
+            max_workers=EXECUTOR_THREADS, thread_name_prefix="agentrl_verifiers"))
         atexit.register(_close_loop, _loop)
     return _loop
 
