@@ -119,12 +119,17 @@ def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextl
 
 
 def _print_config(cfg: Any, manager: Any) -> None:
-    """``--print-config``: the resolved config as YAML (scheme paths absolute, as a run stores them),
-    its rewards and tool parsers refused here as train refuses them (a ``tool_parser`` in ``env_args``
-    or in a plugin section names a registered parser; a section's ``auto`` is chosen from the model at
-    run time)."""
+    """``--print-config``: the resolved config as YAML (scheme paths absolute, as a run stores them)."""
     import yaml
 
+    console.print(yaml.safe_dump(_checked_config(cfg, manager), sort_keys=False), highlight=False)
+
+
+def _checked_config(cfg: Any, manager: Any) -> dict[str, Any]:
+    """The resolved config as plain data, its names checked against what is installed (env,
+    algorithm, engine, plugin sections, rewards, tool parsers: a ``tool_parser`` in ``env_args`` or in
+    a plugin section names a registered parser; a section's ``auto`` is chosen from the model at run
+    time) before any model or the trainer's modules load, so a misspelt name fails in seconds."""
     from agentrl.config import resolved_dict
     from agentrl.reward_schemes import with_absolute_paths
     from agentrl.rewards import find_reward
@@ -137,11 +142,12 @@ def _print_config(cfg: Any, manager: Any) -> None:
     for name in parsers:
         if isinstance(name, str):
             manager.registry.get("tool_parser", name)
-    console.print(yaml.safe_dump(resolved, sort_keys=False), highlight=False)
+    return resolved
 
 
 def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
     """Train in this process, showing progress; a signal stops it with the shell's exit status."""
+    _checked_config(cfg, manager)  # a bad name fails here, before the banner and the trainer's imports
     from agentrl import sharding
     from agentrl.trainer import Trainer
 

@@ -75,6 +75,16 @@ def test_bad_input_is_one_clear_line(args, message, tmp_path):
     assert "Traceback" not in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("args", [["--env", "maths"], ["--reward", "tiny_rm"],
+                                  ["--set", "plugins.sampler_correction.mode=clip"]])
+def test_a_bad_name_fails_before_the_run_starts(args, tmp_path):
+    """Checked against what is installed before the run's banner, the trainer's imports or a model."""
+    result = run("train", "--output-dir", str(tmp_path / "r"), *args, check=False)
+    assert result.returncode == 2 and "error:" in result.stderr, result.stdout + result.stderr
+    assert "agentrl grpo on" not in result.stdout, result.stdout  # the banner _fit prints once the names hold
+    assert not (tmp_path / "r" / "config.yaml").exists()
+
+
 @pytest.mark.parametrize(("reward", "message"), [
     ("tiny_rm", "error: unknown reward 'tiny_rm'; Installed: "),
     ("no_such_file.py:score", "no_such_file.py' does not exist"),
