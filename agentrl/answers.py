@@ -11,8 +11,6 @@ import re
 import threading
 from decimal import Decimal, InvalidOperation
 
-from math_verify import parse, verify
-
 __all__ = ["answer_value", "answers_match", "extract_answer", "extract_boxed", "is_correct", "is_number"]
 
 _BOXED = "\\boxed{"
@@ -85,6 +83,8 @@ def answers_match(predicted: str | None, gold: str) -> bool:
             return Decimal(predicted.strip()) == Decimal(gold)
         except InvalidOperation:
             return False
+    from math_verify import parse, verify  # here: sympy's import (~1 s) is paid by the first symbolic answer
+
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     gold_parsed = parse(gold, parsing_timeout=timeout)
     pred_parsed = parse(predicted, parsing_timeout=timeout)

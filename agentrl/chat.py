@@ -15,11 +15,12 @@ model never saw.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import TemplateError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Message = dict[str, Any]
 

@@ -48,8 +48,6 @@ from typing import Annotated, Any
 
 import torch
 from pydantic import Field
-from transformers import DynamicCache
-from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from agentrl import (
     Allowed,
@@ -116,7 +114,10 @@ def warp_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
         return scores
     if sampling.temperature != 1.0:
         scores = scores / sampling.temperature
-    # transformers' own warpers (vLLM's order and tie rules); neither reads ``input_ids``
+    # transformers' own warpers (vLLM's order and tie rules); neither reads ``input_ids``. transformers
+    # is imported where it is used: loading the plugin (every CLI command) stays light.
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
     if 0 < sampling.top_k < scores.shape[-1]:
         scores = TopKLogitsWarper(sampling.top_k)(_NO_IDS, scores)
     if sampling.top_p < 1.0:
@@ -231,6 +232,8 @@ class HFEngine(Engine):
         ids = torch.tensor([[self.pad_id] * n + list(p) for n, p in zip(pads, distinct)], device=self.device)  # (U, P)
         mask = torch.tensor([[0] * n + [1] * (width - n) for n in pads], device=self.device)  # (U, P)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (U, P)
+        from transformers import DynamicCache
+
         cache = DynamicCache(config=self.model.config)
         # An index tensor, not the int 1: the int slices a non-contiguous (U, 1, H) view, for which
         # torch's CPU linear expands the LM head weight per row (bf16: 2 s instead of 5 ms).
