@@ -109,7 +109,7 @@ def test_env_latency_overlaps_instead_of_adding_up(tiny):
     serial = sum(len(env.threads) for env in envs) * 0.3  # 8 resets and 16 steps one after another: 7.2 s
     print(f"generation {generation_s:.2f} s, with env latency {elapsed:.2f} s, serial env time {serial:.1f} s")
     assert serial == pytest.approx(7.2)
-    assert elapsed < 0.5 * serial, (elapsed, generation_s)
+    assert elapsed - generation_s < 0.5 * serial, (elapsed, generation_s)  # overlapped: ~0.9 s of env time (3 calls an env), not 7.2
     assert _figures(trajectories) == _figures(generation_only)
 
 

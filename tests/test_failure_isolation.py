@@ -233,7 +233,7 @@ def test_a_hanging_reward_times_out_and_the_step_finishes(tiny_model_dir, tmp_pa
     start = time.perf_counter()
     with pytest.warns(RuntimeWarning, match="reward function 'slow' timed out on the batch of 4 samples"):
         trainer.train()
-    assert time.perf_counter() - start < 10
+    assert time.perf_counter() - start < 20  # the hang lasts 30 s; a loaded 2-core CI machine needs the margin
     (row,) = _metrics(tmp_path)
     assert row["errors/reward/slow"] == 4.0 and row["reward/scored_frac"] == 0.0
     assert row["train/skipped_unscored_batch"] == 1.0  # every episode unscored: the trainer skips the update
@@ -295,7 +295,7 @@ def test_a_hanging_env_step_times_out_and_its_env_is_replaced(tiny_model_dir, tm
     start = time.perf_counter()
     with pytest.warns(RuntimeWarning, match=re.escape("StepHangs.step timed out on sample")):
         _, trajectories, metrics = trainer.rollout_step(1)
-    assert time.perf_counter() - start < 10
+    assert time.perf_counter() - start < 20  # the hang lasts 30 s; a loaded 2-core CI machine needs the margin
     hung = [i for i, t in enumerate(trajectories) if t.info.get("error")]
     assert hung == [i for i, t in enumerate(trajectories) if t.task["id"] == "bad"]
     assert all(trajectories[i].info["error"]["timed_out"] for i in hung) and metrics["errors/env"] == 2.0

@@ -134,7 +134,7 @@ def test_a_batch_starts_once_every_running_agent_has_called_not_after_the_whole_
                                seeds=[1, 2, 3, 4])
     elapsed = time.monotonic() - start
     assert rollout.batches == [2]
-    assert elapsed < 15, elapsed  # the 30 s bound was not waited out
+    assert elapsed < 25, elapsed  # the 30 s bound was not waited out (margin for a loaded machine)
     assert [t.info["agent_calls"] for t in trajectories] == [0, 1, 0, 1]
 
 

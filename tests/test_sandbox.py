@@ -99,7 +99,7 @@ def test_infinite_loop_times_out_and_its_process_group_dies() -> None:
             "p = subprocess.Popen(['sleep', '60'])\nwhile True:\n    pass")
     start = time.monotonic()
     result = run_python(code, timeout_s=1.0)
-    assert time.monotonic() - start < 4
+    assert time.monotonic() - start < 15  # killed at 1 s (the loop never ends; margin for a loaded machine)
     assert result.timed_out and result.exit_code == -9
     assert result.error == "timed out after 1 s; the process group was killed"
     assert _survivors(result.stdout.split()[0]) == []
