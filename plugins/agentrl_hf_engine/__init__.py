@@ -109,15 +109,15 @@ def warp_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
 
     ``logits`` is ``(B, V)``; greedy (``temperature == 0``) returns the upcast logits unchanged.
     """
+    # transformers' own warpers (vLLM's order and tie rules); neither reads ``input_ids``. Imported
+    # here, not at the top: loading the plugin (every CLI command) stays light.
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
     scores = logits.float()  # (B, V)
     if sampling.temperature == 0:
         return scores
     if sampling.temperature != 1.0:
         scores = scores / sampling.temperature
-    # transformers' own warpers (vLLM's order and tie rules); neither reads ``input_ids``. transformers
-    # is imported where it is used: loading the plugin (every CLI command) stays light.
-    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
-
     if 0 < sampling.top_k < scores.shape[-1]:
         scores = TopKLogitsWarper(sampling.top_k)(_NO_IDS, scores)
     if sampling.top_p < 1.0:
@@ -225,6 +225,8 @@ class HFEngine(Engine):
                 streams: list[torch.Generator] | None) -> list[Generation]:
         """One KV-cached decode of ``prompts`` (B of them, U distinct); ``streams`` holds one
         generator per prompt (None: the engine's own generator draws for the whole batch)."""
+        from transformers import DynamicCache  # here, not at the top: loading the plugin stays light
+
         distinct: dict[tuple[int, ...], int] = {}
         rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         width = max(len(p) for p in distinct)
@@ -232,8 +234,6 @@ class HFEngine(Engine):
         ids = torch.tensor([[self.pad_id] * n + list(p) for n, p in zip(pads, distinct)], device=self.device)  # (U, P)
         mask = torch.tensor([[0] * n + [1] * (width - n) for n in pads], device=self.device)  # (U, P)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (U, P)
-        from transformers import DynamicCache
-
         cache = DynamicCache(config=self.model.config)
         # An index tensor, not the int 1: the int slices a non-contiguous (U, 1, H) view, for which
         # torch's CPU linear expands the LM head weight per row (bf16: 2 s instead of 5 ms).
