@@ -120,6 +120,13 @@ def test_a_second_resume_or_train_of_a_running_run_is_refused_naming_the_holder(
                                capture_output=True, text=True, timeout=300)
         assert fresh.returncode == 2 and named in fresh.stderr, fresh.stderr[-3000:]
         assert first.poll() is None  # the first one trains on
+        # SIGTERM once it has trained a step of its own: its handler is in place by then (a signal
+        # during start-up ends the process by the default action, exit -15, with nothing to save;
+        # the refusals above now come back fast enough for that window to be hit)
+        metrics = run / "metrics.jsonl"
+        while len(metrics.read_text().splitlines()) < 2:
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-3000:]
+            time.sleep(0.05)
         first.send_signal(signal.SIGTERM)
         _, err = first.communicate(timeout=300)
     finally:
