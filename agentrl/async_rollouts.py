@@ -23,7 +23,10 @@ collected for later steps (at least t + 1 .. t + N, whose versions are no longer
 continues with it. The rollout's engine is a :class:`VersionedEngine`; before each ``generate``
 call (a batch of turns) it loads the newest published version, and stamps the version on each
 Generation, so every turn records the version that sampled it (``Turn.policy_version``) and its
-sampler logprobs are that version's. A collection also starts from the newest version, never
+sampler logprobs are that version's. An engine that can change weights between decode steps
+(``Engine.swaps_between_decode_steps``: ``hf``) is asked before every step as well, so a turn in
+flight (a single-turn episode's only one) takes the new version mid-way, and records the version
+of each of its tokens (``Turn.token_versions``). A collection also starts from the newest version, never
 older than the bound. Fresher tokens, no idle time, but which turn gets which version depends on
 timing: such a run is not reproducible bit for bit (a resume still loses no episode and trains
 none twice: a checkpoint waits for the collection in flight).
@@ -153,13 +156,19 @@ class VersionedEngine(Engine):
     def __init__(self, engine: Engine, partial: bool = False) -> None:
         self.engine, self.partial = engine, partial
         self.before: Callable[[], int | None] | None = None
+        if partial and engine.swaps_between_decode_steps:  # new weights between decode steps, not only calls
+            engine.before_decode_step = self._version_now
+
+    def _version_now(self) -> int | None:
+        return self.before() if self.before is not None else None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
-        """The wrapped engine's generations, stamped with the version that sampled them."""
-        version = self.before() if self.before is not None else None
+        """The wrapped engine's generations, stamped with the version that sampled them (that of
+        their first token when the engine changed weights during the call)."""
+        version = self._version_now()
         generations = self.engine.generate(prompts, sampling)
         for generation in generations:
-            generation.policy_version = version
+            generation.policy_version = generation.token_versions[0] if generation.token_versions else version
         return generations
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -185,7 +194,7 @@ class VersionedEngine(Engine):
         return getattr(self.engine, "description", self.display_name)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("engine", "partial") or (name == "request_queue" and self.partial):
+        if name in ("engine", "partial", "before") or (name == "request_queue" and self.partial):
             raise AttributeError(name)
         return getattr(self.engine, name)
 

@@ -7,6 +7,7 @@ sampled (stop token included), so multi-turn rollouts never re-tokenize what the
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,11 +77,28 @@ class Generation:
     are off); None when the engine cannot report it."""
     policy_version: int | None = None
     """The policy version (completed training steps) that sampled it: stamped in an asynchronous
-    run (:class:`agentrl.async_rollouts.VersionedEngine`), None otherwise."""
+    run (:class:`agentrl.async_rollouts.VersionedEngine`), None otherwise. When the weights changed
+    during the call, the version of its first token."""
+    token_versions: list[int] | None = None
+    """Per sampled id, the policy version that sampled it: filled by an engine whose weights can
+    change between decode steps (:attr:`Engine.before_decode_step` set); None: every id is
+    ``policy_version``'s."""
 
 
 class Engine(abc.ABC):
     """A generation engine bound to one policy; see the module docstring."""
+
+    swaps_between_decode_steps: bool = False
+    """True for an engine that calls :attr:`before_decode_step` before every decode step and fills
+    ``Generation.token_versions``: an asynchronous run with ``partial_rollouts`` then changes its
+    weights in the middle of a turn, not only between turns."""
+    before_decode_step: Callable[[], int | None] | None = None
+    """Set on such an engine by an asynchronous run with ``partial_rollouts`` (None otherwise).
+    Called before each decode step's forward pass (and before a batch's prefill), it returns the
+    policy version the engine's weights hold now, having first loaded a newer published one through
+    :meth:`sync_weights` (None: unknown, nothing changed). When the version differs from the one
+    the step before saw, whatever the engine computed with the old weights (its KV cache) is stale:
+    the next token must be sampled from the new weights alone, and recorded as that version's."""
 
     @abc.abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:

@@ -185,5 +185,6 @@ def cut(generation: Generation, max_new_tokens: int) -> Generation:
     if len(generation.token_ids) <= max_new_tokens:
         return generation
     kept = None if generation.kept_logmass is None else list(generation.kept_logmass[:max_new_tokens])
+    versions = None if generation.token_versions is None else list(generation.token_versions[:max_new_tokens])
     return Generation(list(generation.token_ids[:max_new_tokens]), "length",
-                      list(generation.logprobs[:max_new_tokens]), kept, generation.policy_version)
+                      list(generation.logprobs[:max_new_tokens]), kept, generation.policy_version, versions)

@@ -175,12 +175,15 @@ class RolloutPhase:
 
 
 def _token_versions(row: Trajectory, version: int) -> list[int]:
-    """Per token of ``row``: the version that sampled it (its turn's ``policy_version``, else
-    ``version``, the collection's), -1 where the model did not sample."""
+    """Per token of ``row``: the version that sampled it (its turn's ``token_versions``, else its
+    ``policy_version``, else ``version``, the collection's), -1 where the model did not sample."""
     out = [-1] * len(row.token_ids)
     for turn in row.turns:
         sampled_by = version if turn.policy_version is None else turn.policy_version
-        out[turn.start:turn.end] = [sampled_by] * (turn.end - turn.start)
+        span = turn.end - turn.start
+        if turn.token_versions is not None and len(turn.token_versions) != span:
+            raise ValueError(f"a turn of {span} sampled tokens has {len(turn.token_versions)} token_versions")
+        out[turn.start:turn.end] = [sampled_by] * span if turn.token_versions is None else turn.token_versions
     return out
 
 

@@ -41,6 +41,10 @@ class Turn:
     policy_version: int | None = None
     """The policy version that sampled this turn (the engine's ``Generation.policy_version``);
     None: the version the step's collection started from."""
+    token_versions: list[int] | None = None
+    """Per sampled token of the turn (``end - start`` of them), the version that sampled it, when
+    the engine changed weights within the turn (``Generation.token_versions``); None: every token
+    is ``policy_version``'s."""
 
 
 @dataclass

@@ -37,6 +37,12 @@ step's logprobs on the fly instead of keeping every step's (B, V) scores, prefil
 prompt once (a GRPO group shares its prompt) and drops finished rows from the batch.
 Left padding, the attention mask and ``position_ids = cumsum(mask) - 1`` are built here from the
 unpadded id lists, never from token ids (SmolLM2's pad id is its eos id, TRAPS 10 and 11).
+
+Weights can change between decode steps (``swaps_between_decode_steps``): an asynchronous run with
+partial rollouts sets ``before_decode_step``, and when it reports a new version the live rows'
+sequences so far are prefilled again with the new weights (the old KV cache is dropped, not
+extended), so every later token is sampled from, and has the logprob of, the new version alone;
+``Generation.token_versions`` records each token's. The recompute costs one prefill per change.
 """
 
 from __future__ import annotations
@@ -129,6 +135,7 @@ class HFEngine(Engine):
     """Sample completions from a HF causal LM; see the module docstring for the logprob semantics."""
 
     config_class = HFEngineConfig
+    swaps_between_decode_steps = True
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
         args = dict(getattr(config, "engine_args", None) or {})
@@ -224,31 +231,22 @@ class HFEngine(Engine):
     def _decode(self, prompts: list[list[int]], sampling: SamplingParams,
                 streams: list[torch.Generator] | None) -> list[Generation]:
         """One KV-cached decode of ``prompts`` (B of them, U distinct); ``streams`` holds one
-        generator per prompt (None: the engine's own generator draws for the whole batch)."""
-        from transformers import DynamicCache  # here, not at the top: loading the plugin stays light
+        generator per prompt (None: the engine's own generator draws for the whole batch).
 
-        distinct: dict[tuple[int, ...], int] = {}
-        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        width = max(len(p) for p in distinct)
-        pads = [width - len(p) for p in distinct]
-        ids = torch.tensor([[self.pad_id] * n + list(p) for n, p in zip(pads, distinct)], device=self.device)  # (U, P)
-        mask = torch.tensor([[0] * n + [1] * (width - n) for n in pads], device=self.device)  # (U, P)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (U, P)
-        cache = DynamicCache(config=self.model.config)
-        # An index tensor, not the int 1: the int slices a non-contiguous (U, 1, H) view, for which
-        # torch's CPU linear expands the LM head weight per row (bf16: 2 s instead of 5 ms).
-        extra = {"logits_to_keep": torch.tensor([width - 1], device=self.device)} if self._keep_logits else {}
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         use_cache=True, **{self._cache_arg: cache}, **extra)
-        expand = torch.tensor(rows, device=self.device)  # (B,) prompt row of each sequence
-        logits = out.logits[expand, -1]  # (B, V)
-        if len(distinct) < len(prompts):
-            cache.batch_select_indices(expand)
-        mask, position = mask[expand], positions[expand, -1]  # (B, P), (B,)
+        With :attr:`before_decode_step` set (an asynchronous run's partial rollouts) it is asked for
+        the version before the prefill and before every decode step; new weights recompute the
+        live rows' whole sequences (prompt and tokens so far) instead of extending the old KV
+        cache, so a token after the change is the new version's sample, logprob and all."""
+        refresh = self.before_decode_step
+        version = refresh() if refresh is not None else None
+        logits, cache, mask, ids = self._start(prompts)  # (B, V), its cache, (B, P), (B, P)
+        position = mask.sum(-1) - 1  # (B,) of each row's last token
+        history = ids if refresh is not None else None  # the ids so far, which a recompute needs
         stop = torch.tensor(sorted(self.stop_ids), device=self.device)
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         kept: list[list[float]] = [[] for _ in prompts]
+        versions: list[list[int]] = [[] for _ in prompts]
         truncates = sampling.temperature != 0 and (sampling.top_k > 0 or sampling.top_p < 1.0)
         reasons = ["length"] * len(prompts)
         active = list(range(len(prompts)))  # sequence index of each live row
@@ -260,6 +258,7 @@ class HFEngine(Engine):
                 tokens[seq].append(token)
                 logprobs[seq].append(logprob)
                 kept[seq].append(logmass)
+                versions[seq].append(version)
                 if done:
                     reasons[seq] = "stop"
             if step == sampling.max_new_tokens - 1 or bool(stopped.all()):
@@ -268,14 +267,54 @@ class HFEngine(Engine):
                 keep = (~stopped).nonzero().squeeze(-1)  # (A',)
                 cache.batch_select_indices(keep)
                 mask, position, sampled = mask[keep], position[keep], sampled[keep]
+                history = history[keep] if history is not None else None
                 active = [active[j] for j in keep.tolist()]
             position = position + 1
             mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)  # (A, P + step + 1)
+            if history is not None:
+                history = torch.cat([history, sampled[:, None]], dim=-1)  # (A, P + step + 1)
+                now = refresh()
+                if now is not None and now != version:  # new weights: the cache is the old version's
+                    version = now
+                    logits, cache = self._prefill(history, mask)
+                    continue
             out = self.model(input_ids=sampled[:, None], attention_mask=mask, position_ids=position[:, None],
                              use_cache=True, **{self._cache_arg: cache})
             logits = out.logits[:, -1]  # (A, V)
-        return [Generation(token_ids=t, logprobs=lp, kept_logmass=k, finish_reason=r)
-                for t, lp, k, r in zip(tokens, logprobs, kept, reasons)]
+        stamped = versions if refresh is not None else [None] * len(prompts)
+        return [Generation(token_ids=t, logprobs=lp, kept_logmass=k, finish_reason=r, token_versions=v)
+                for t, lp, k, r, v in zip(tokens, logprobs, kept, reasons, stamped)]
+
+    def _start(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """Each distinct prompt prefilled once (a GRPO group shares its prompt), then expanded to one
+        row per prompt: the next-token logits (B, V), the KV cache, the attention mask (B, P) and
+        the left-padded ids (B, P)."""
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        width = max(len(p) for p in distinct)
+        pads = [width - len(p) for p in distinct]
+        ids = torch.tensor([[self.pad_id] * n + list(p) for n, p in zip(pads, distinct)], device=self.device)  # (U, P)
+        mask = torch.tensor([[0] * n + [1] * (width - n) for n in pads], device=self.device)  # (U, P)
+        logits, cache = self._prefill(ids, mask)  # (U, V)
+        expand = torch.tensor(rows, device=self.device)  # (B,) prompt row of each sequence
+        if len(distinct) < len(prompts):
+            cache.batch_select_indices(expand)
+        return logits[expand], cache, mask[expand], ids[expand]
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """A fresh KV cache over left-padded ``ids`` (R, W) with ``mask`` (R, W), and the logits
+        (R, V) of each row's next token."""
+        from transformers import DynamicCache  # here, not at the top: loading the plugin stays light
+
+        cache = DynamicCache(config=self.model.config)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, W)
+        # An index tensor, not the int 1: the int slices a non-contiguous (R, 1, H) view, for which
+        # torch's CPU linear expands the LM head weight per row (bf16: 2 s instead of 5 ms).
+        last = ids.shape[1] - 1
+        extra = {"logits_to_keep": torch.tensor([last], device=self.device)} if self._keep_logits else {}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         use_cache=True, **{self._cache_arg: cache}, **extra)
+        return out.logits[:, -1], cache
 
     def _draw(self, logits: torch.Tensor, sampling: SamplingParams, streams: list[torch.Generator] | None,
               active: list[int], truncates: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

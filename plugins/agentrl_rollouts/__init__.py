@@ -287,7 +287,8 @@ class MultiTurnRollout:
         episode.logprobs += logprobs
         stopped = reason == "stop"
         assistant = {"role": "assistant", "content": self.chat.assistant_text(ids, stopped)}
-        return Reply(start, ids, reason, assistant, list(episode.messages), generation.policy_version)
+        return Reply(start, ids, reason, assistant, list(episode.messages), generation.policy_version,
+                     generation.token_versions)
 
     def _answered(self, episode: Episode, reply: Reply, outcome: tuple[Any, BaseException | None],
                   max_sampled: int) -> None:
@@ -298,7 +299,7 @@ class MultiTurnRollout:
         if error is not None:  # the env broke mid-episode: end it here, unscored
             episode.messages.append(assistant)
             episode.turns.append(Turn(start=start, end=len(episode.token_ids), finish_reason=reason,
-                                      policy_version=reply.version))
+                                      policy_version=reply.version, token_versions=reply.token_versions))
             episode.info["error"] = error
             episode.done = True
             return
@@ -307,7 +308,8 @@ class MultiTurnRollout:
         episode.info = dict(info)
         episode.turns.append(Turn(start=start, end=len(episode.token_ids), reward=float(reward),
                                   finish_reason=reason, tool_calls=int(info.get("tool_calls", 0)),
-                                  tool_errors=int(info.get("tool_errors", 0)), policy_version=reply.version))
+                                  tool_errors=int(info.get("tool_errors", 0)), policy_version=reply.version,
+                                  token_versions=reply.token_versions))
         if terminated or truncated:
             episode.done, episode.terminated = True, bool(terminated)
             episode.truncated = bool(truncated) or (not stopped)

@@ -89,6 +89,8 @@ class Reply:
     """The episode's messages before this turn."""
     version: int | None = None
     """The policy version that sampled it (``Generation.policy_version``)."""
+    token_versions: list[int] | None = None
+    """Per sampled id, its version, when the weights changed during the turn (``Generation.token_versions``)."""
 
 
 class EngineExit(Exception):

@@ -251,8 +251,10 @@ class OpenAIAgentRollout:
             else:  # n > 1: the choice the agent continues with is merged, the others are segments of their own
                 record.add_choices(prompt, extends, sampled, rendered_tools, counts)
                 turns = [alone.turns[-1] for _, alone in record.choices]
-            for turn, generation in zip(turns, generations):
+            for turn, generation in zip(turns, generations):  # the kept ids are the first ones sampled
                 turn.policy_version = generation.policy_version
+                if generation.token_versions is not None:
+                    turn.token_versions = list(generation.token_versions[:turn.end - turn.start])
         choices = [(message, "tool_calls" if message.get("tool_calls") else reason)
                    for _, _, reason, _, message in replies]
         return completion_body(options["model"], choices, len(context), sum(len(reply[0]) for reply in replies))
