@@ -13,7 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentrl import SamplingParams, async_rollouts
+from agentrl import Env, SamplingParams, async_rollouts
+from agentrl.config import TrainConfig
+from agentrl.plugins import load_plugins
 from agentrl.request_queue import cut
 from agentrl.rollout_phase import _token_versions
 from agentrl.testing import build_tiny_model
@@ -74,6 +76,10 @@ def test_without_a_change_the_hook_leaves_every_token_as_it_was(versions, tokeni
     assert [g.logprobs for g in hooked] == [g.logprobs for g in plain]
     assert all(g.token_versions is None for g in plain)
     assert [g.token_versions for g in hooked] == [[4] * len(g.token_ids) for g in hooked]
+    engine.before_decode_step = lambda: None  # the run's thread has stopped: nothing to record
+    stopped = engine.generate(PROMPTS, SAMPLING)
+    assert [g.token_ids for g in stopped] == [g.token_ids for g in plain]
+    assert all(g.token_versions is None for g in stopped)
 
 
 def test_a_change_between_decode_steps_samples_the_rest_from_the_new_weights(versions, tokenizer):
@@ -152,3 +158,42 @@ def test_token_versions_reach_the_trajectory_and_survive_a_cut():
 
     kept = cut(Generation([1, 2, 3, 4], "stop", [-1.0] * 4, None, 5, [5, 5, 6, 6]), 3)
     assert kept.token_versions == [5, 5, 6] and kept.policy_version == 5 and kept.finish_reason == "length"
+
+
+class TwoTurns(Env):
+    """Answers the first turn as the user, ends after the second."""
+
+    max_turns = 4
+
+    def train_tasks(self):
+        return [{"question": "count"}]
+
+    eval_tasks = train_tasks
+
+    def start(self, task):
+        return [{"role": "user", "content": "Count with me: 1"}]
+
+    def respond(self, text):
+        return ([], 1.0, True, {}) if self.turn >= 2 else ([{"role": "user", "content": "2"}], 0.0, False, {})
+
+
+def test_an_episode_records_each_token_s_version_across_a_change_mid_turn(versions, tokenizer):
+    """Through the multi-turn rollout (its request queue cuts each generation to the turn's cap):
+    version 1 loads mid-way through the first turn, the second turn is version 1's throughout, and
+    the per-token versions a step trains with say so; every sampled token's logprob is its
+    version's (a float64 forward over the episode's ids)."""
+    manager = load_plugins()
+    engine = _engine(versions, tokenizer)
+    engine.before_decode_step = _swap_at(engine, versions, call=5)
+    rollout = manager.registry.get("rollout", "multi_turn").factory(
+        engine=engine, tokenizer=tokenizer, config=TrainConfig(max_new_tokens=12))
+    [episode] = rollout.run([TwoTurns()], [{"question": "count"}], [0], SamplingParams(max_new_tokens=12, seed=0))
+    first, second = episode.turns
+    assert first.token_versions == [0] * 4 + [1] * (first.end - first.start - 4)
+    assert second.token_versions == [1] * (second.end - second.start)
+    per_token = _token_versions(episode, version=0)
+    for t, (mask, version) in enumerate(zip(episode.loss_mask, per_token)):
+        assert version == (-1 if not mask else int(t >= first.start + 4))
+        if mask:
+            expected = _float64_logprob(versions[version], episode.token_ids[:t], episode.token_ids[t:], 0, 1.0)
+            assert episode.sampler_logprobs[t] == pytest.approx(expected, abs=2e-4), t

@@ -241,7 +241,8 @@ class HFEngine(Engine):
         version = refresh() if refresh is not None else None
         logits, cache, mask, ids = self._start(prompts)  # (B, V), its cache, (B, P), (B, P)
         position = mask.sum(-1) - 1  # (B,) of each row's last token
-        history = ids if refresh is not None else None  # the ids so far, which a recompute needs
+        tracked = refresh is not None and version is not None  # None: the run's thread has stopped
+        history = ids if tracked else None  # the ids so far, which a recompute needs
         stop = torch.tensor(sorted(self.stop_ids), device=self.device)
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
@@ -281,7 +282,7 @@ class HFEngine(Engine):
             out = self.model(input_ids=sampled[:, None], attention_mask=mask, position_ids=position[:, None],
                              use_cache=True, **{self._cache_arg: cache})
             logits = out.logits[:, -1]  # (A, V)
-        stamped = versions if refresh is not None else [None] * len(prompts)
+        stamped = versions if tracked else [None] * len(prompts)
         return [Generation(token_ids=t, logprobs=lp, kept_logmass=k, finish_reason=r, token_versions=v)
                 for t, lp, k, r, v in zip(tokens, logprobs, kept, reasons, stamped)]
 
