@@ -156,7 +156,7 @@ class VersionedEngine(Engine):
     def __init__(self, engine: Engine, partial: bool = False) -> None:
         self.engine, self.partial = engine, partial
         self.before: Callable[[], int | None] | None = None
-        if partial and engine.swaps_between_decode_steps:  # new weights between decode steps, not only calls
+        if partial and getattr(engine, "swaps_between_decode_steps", False):  # new weights between decode steps too
             engine.before_decode_step = self._version_now
 
     def _version_now(self) -> int | None:
