@@ -26,8 +26,8 @@ Generation, so every turn records the version that sampled it (``Turn.policy_ver
 sampler logprobs are that version's. An engine that can change weights between decode steps
 (``Engine.swaps_between_decode_steps``: ``hf``) is asked before every step as well, so a turn in
 flight (a single-turn episode's only one) takes the new version mid-way, and records the version
-of each of its tokens (``Turn.token_versions``). A collection also starts from the newest version, never
-older than the bound. Fresher tokens, no idle time, but which turn gets which version depends on
+of each of its tokens (``Turn.token_versions``). A collection also starts from the newest
+version, never older than the bound. Fresher tokens, no idle time, but which turn gets which version depends on
 timing: such a run is not reproducible bit for bit (a resume still loses no episode and trains
 none twice: a checkpoint waits for the collection in flight).
 """
@@ -160,6 +160,7 @@ class VersionedEngine(Engine):
             engine.before_decode_step = self._version_now
 
     def _version_now(self) -> int | None:
+        """The version to sample from now (the rollout thread's answer; None before it is wired)."""
         return self.before() if self.before is not None else None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
@@ -194,7 +195,7 @@ class VersionedEngine(Engine):
         return getattr(self.engine, "description", self.display_name)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("engine", "partial", "before") or (name == "request_queue" and self.partial):
+        if name in ("engine", "partial") or (name == "request_queue" and self.partial):
             raise AttributeError(name)
         return getattr(self.engine, name)
 
