@@ -24,7 +24,7 @@ continues with it. The rollout's engine is a :class:`VersionedEngine`; before ea
 call (a batch of turns) it loads the newest published version, and stamps the version on each
 Generation, so every turn records the version that sampled it (``Turn.policy_version``) and its
 sampler logprobs are that version's. An engine that can change weights between decode steps
-(``Engine.swaps_between_decode_steps``: ``hf``) is asked before every step as well, so a turn in
+(``Engine.swaps_between_decode_steps``: ``hf``, ``vllm``) is asked before every step as well, so a turn in
 flight (a single-turn episode's only one) takes the new version mid-way, and records the version
 of each of its tokens (``Turn.token_versions``). A collection also starts from the newest
 version, never older than the bound. Fresher tokens, no idle time, but which turn gets which version depends on
@@ -150,13 +150,15 @@ class VersionedEngine(Engine):
     asks ``before`` (:meth:`AsyncRollouts.version_to_sample`) which version it samples from, which
     with ``partial`` may load a newer one, and stamps it on every Generation. ``partial`` hides the
     engine's own ``request_queue`` (continuous batching adds requests between decode steps, past
-    any point where weights could change): every batch of turns then goes through ``generate``.
+    any point where weights could change: every batch of turns then goes through ``generate``)
+    unless the engine swaps weights between decode steps, its queue's included.
     Anything else is the wrapped engine's."""
 
     def __init__(self, engine: Engine, partial: bool = False) -> None:
         self.engine, self.partial = engine, partial
         self.before: Callable[[], int | None] | None = None
-        if partial and getattr(engine, "swaps_between_decode_steps", False):  # new weights between decode steps too
+        self.swaps_mid_call = partial and getattr(engine, "swaps_between_decode_steps", False)
+        if self.swaps_mid_call:  # new weights between decode steps too
             engine.before_decode_step = self._version_now
 
     def _version_now(self) -> int | None:
@@ -195,7 +197,7 @@ class VersionedEngine(Engine):
         return getattr(self.engine, "description", self.display_name)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("engine", "partial") or (name == "request_queue" and self.partial):
+        if name in ("engine", "partial", "swaps_mid_call") or (name == "request_queue" and self.partial and not self.swaps_mid_call):
             raise AttributeError(name)
         return getattr(self.engine, name)
 

@@ -189,7 +189,7 @@ class TrainConfig:
     ``auto`` then corrects the stale tokens (TIS). 0: synchronous."""
     partial_rollouts: bool = False
     """With ``async_steps``: episodes in flight continue with each new policy version as soon as it
-    is published (between turns), each turn recording its own; fresher, not bitwise reproducible."""
+    is published (between decode steps: ``hf``, ``vllm``; else turns); fresher, not bitwise reproducible."""
 
     def __post_init__(self) -> None:
         """Check every value against its field's type and declared range, then the rules that

@@ -160,12 +160,13 @@ def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.
     from agentrl.request_queue import BatchingQueue
 
     versioned = VersionedEngine(engine, partial=True)
-    assert not hasattr(versioned, "request_queue")  # each batch of turns goes through generate
+    mid_call = engine.swaps_between_decode_steps  # in-process: vLLM's own queue, asking before each step
+    assert hasattr(versioned, "request_queue") == mid_call  # else each batch of turns goes through generate
     first_done, published, seen = threading.Event(), threading.Event(), []
 
     def collect(step: int, version: int) -> str:
         with request_queue(versioned, wait_s=0.0, running=lambda: 1) as queue:
-            assert isinstance(queue, BatchingQueue)
+            assert isinstance(queue, BatchingQueue) != mid_call
             seen.append(_submit(queue, PROMPTS[0], 8, seed=1).result(timeout=600))
             first_done.set()
             assert published.wait(600)
@@ -185,8 +186,11 @@ def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.
         published.set()
         assert producer.take(1) == "collected" and producer.close()
     finally:
+        engine.before_decode_step = None
         engine.sync_weights(model)
     assert [g.policy_version for g in seen] == [0, 1]
+    if mid_call:
+        assert [g.token_versions for g in seen] == [[v] * len(g.token_ids) for g, v in zip(seen, (0, 1))]
     for generation, prompt, weights in zip(seen, (PROMPTS[0], PROMPTS[2]), (model, newer)):
         expected = _recompute(weights, prompt, generation.token_ids, 1.0)
         torch.testing.assert_close(torch.tensor(generation.logprobs, dtype=torch.float64), expected, atol=1e-3, rtol=0)
@@ -227,13 +231,115 @@ def test_a_new_thread_samples_after_torch_threads_were_set(tiny_engine):
 
 @needs_vllm
 def test_partial_rollouts_load_a_version_published_mid_collection_before_the_next_turns(tiny_engine):
-    """In-process vLLM: without ``partial_rollouts`` the async wrapper keeps vLLM's own continuous
-    batching queue; with it, versions are swapped between batches of turns (the helper above)."""
+    """In-process vLLM: the async wrapper keeps vLLM's own continuous batching queue, with or
+    without ``partial_rollouts``; with it, a version published between two turns is loaded before
+    the next one (the helper above)."""
     from agentrl.async_rollouts import VersionedEngine
 
     model, engine = tiny_engine
     assert VersionedEngine(engine).request_queue == engine.request_queue
     _assert_partial_rollouts_swap_weights_between_turns(engine, model)
+
+
+# -- weights that change between decode steps (partial rollouts) -----------------------------------
+
+
+@pytest.fixture
+def two_versions(tiny_engine):
+    """The tiny engine's model (version 0) and other weights altogether (version 1); afterwards the
+    engine holds version 0 again, with no hook and its own stop ids."""
+    import copy
+
+    model, engine = tiny_engine
+    newer, draws = copy.deepcopy(model), torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for weight in newer.parameters():
+            weight.normal_(0.0, 0.1, generator=draws)
+    stop_ids = list(engine.stop_ids)
+    yield engine, {0: model, 1: newer}
+    engine.before_decode_step, engine.stop_ids = None, stop_ids
+    engine.sync_weights(model)
+
+
+def _load_version_one_at(engine, versions, call: int):
+    """A ``before_decode_step`` that loads version 1 on its ``call``-th call (1: before the prefill)."""
+    calls = []
+
+    def refresh() -> int:
+        calls.append(None)
+        if len(calls) == call:
+            engine.sync_weights(versions[1])
+        return int(len(calls) >= call)
+
+    return refresh
+
+
+def _assert_each_token_is_its_versions(prompt, generation, versions, temperature: float) -> None:
+    """Every token's logprob against an fp32 forward of the weights of the version it records; the
+    two versions' logprobs differ where they are compared, so the check can tell them apart."""
+    per_version = {v: _recompute(m, prompt, generation.token_ids, temperature) for v, m in versions.items()}
+    expected = torch.stack([per_version[v][at] for at, v in enumerate(generation.token_versions)])
+    other = torch.stack([per_version[1 - v][at] for at, v in enumerate(generation.token_versions)])
+    got = torch.tensor(generation.logprobs, dtype=torch.float64)
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=0)
+    assert float((got - other).abs().max()) > 1e-2
+
+
+SWAP_SAMPLING = SamplingParams(max_new_tokens=12, temperature=1.0, prompt_seeds=(31, 32, 33, 34, 35))
+
+
+@needs_vllm
+def test_stepping_without_a_change_samples_what_generate_samples(two_versions):
+    engine, _ = two_versions
+    plain = engine.generate(PROMPTS, SWAP_SAMPLING)
+    engine.before_decode_step = lambda: 4
+    stepped = engine.generate(PROMPTS, SWAP_SAMPLING)
+    assert [g.token_ids for g in stepped] == [g.token_ids for g in plain]
+    assert [g.logprobs for g in stepped] == [g.logprobs for g in plain]
+    assert [g.token_versions for g in stepped] == [[4] * len(g.token_ids) for g in plain]
+    assert all(g.token_versions is None for g in plain)
+    engine.before_decode_step = lambda: None  # the run's collection has stopped: nothing to record
+    assert all(g.token_versions is None and g.policy_version is None for g in engine.generate(PROMPTS, SWAP_SAMPLING))
+
+
+@needs_vllm
+def test_weights_changed_between_decode_steps_sample_the_rest_from_the_new_weights(two_versions):
+    """Version 1 loads before the fifth engine step (the prefill is the first): tokens 0-3 are
+    version 0's, the rest version 1's, each with its version's full-vocabulary logprob; rows of
+    several prompt lengths, a prompt shared by two rows, and a row that stopped before the change.
+    Extending the old weights' KV cache instead of recomputing it fails the logprob check."""
+    engine, versions = two_versions
+    pilot = engine.generate(PROMPTS, SWAP_SAMPLING)
+    engine.stop_ids = sorted({*engine.stop_ids, pilot[1].token_ids[2]})  # row 1 ends by its third token
+    engine.before_decode_step = _load_version_one_at(engine, versions, call=5)
+    generations = engine.generate(PROMPTS, SWAP_SAMPLING)
+    assert generations[1].finish_reason == "stop" and len(generations[1].token_ids) <= 3
+    assert sum(len(g.token_ids) > 4 for g in generations) >= 2
+    for prompt, generation in zip(PROMPTS, generations):
+        assert generation.token_versions == [int(at >= 4) for at in range(len(generation.token_ids))]
+        assert generation.policy_version == 0
+        if len(generation.token_ids) > 4:
+            _assert_each_token_is_its_versions(prompt, generation, versions, SWAP_SAMPLING.temperature)
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+
+
+@needs_vllm
+def test_the_request_queue_changes_weights_between_decode_steps(two_versions):
+    """vLLM's continuous batching with the hook: a request running when version 1 loads goes on
+    from it (its tokens' versions and logprobs as above); one submitted afterwards is all version 1."""
+    engine, versions = two_versions
+    long_prompt, cap = [1, 30, 31, 32], 30
+    candidates = engine.generate([long_prompt] * 16, SamplingParams(max_new_tokens=cap, temperature=1.0,
+                                                                     prompt_seeds=tuple(range(16))))
+    seed = next(i for i, g in enumerate(candidates) if g.finish_reason == "length")  # decodes all 30 steps
+    engine.before_decode_step = _load_version_one_at(engine, versions, call=6)
+    with request_queue(engine, wait_s=600, running=lambda: 1) as queue:
+        running = _submit(queue, long_prompt, cap, seed).result(timeout=600)
+        after = _submit(queue, PROMPTS[2], 10, seed=4).result(timeout=600)
+    assert running.token_versions[:5] == [0] * 5 and set(running.token_versions[5:]) == {1}
+    assert len(running.token_versions) == len(running.token_ids) > 5
+    assert after.token_versions == [1] * len(after.token_ids) and after.policy_version == 1
+    _assert_each_token_is_its_versions(long_prompt, running, versions, 1.0)
 
 
 # -- requests one at a time: continuous batching --------------------------------------------------

@@ -10,7 +10,8 @@ torchaudio and torchcodec builds it pulls: they break ``import transformers``) o
   this process: weights are pushed as tensors, not through a spawned worker.
 * **Weights.** ``sync_weights(model)`` streams the trainer's state dict into vLLM's model
   (``collective_rpc("reload_weights")``; a tied LM head is loaded through its embedding) and
-  resets the prefix cache, so no cached prompt computed with old weights is reused (TRAPS 30, 32).
+  resets the prefix cache, so no cached prompt computed with old weights is reused (TRAPS 30, 32);
+  a request still running is preempted and recomputed (below).
 * **Tokens.** Prompts go in as ``TokensPrompt`` ids and completions come out as the sampled ids,
   the stop token included when one was sampled (never text: vLLM runs without a tokenizer).
 * **Sampling.** The ``hf`` engine's semantics: temperature (0 = greedy), top_k (0 = off), top_p,
@@ -31,6 +32,11 @@ torchaudio and torchcodec builds it pulls: they break ``import transformers``) o
   step; each request is sampled as ``generate`` samples it with the same seed. While the queue is
   open it owns vLLM: ``generate`` and ``sync_weights`` are refused until ``close()`` (which
   finishes the queued requests); a sleeping engine wakes when the queue opens and sleeps on close.
+* **Weights between decode steps** (``swaps_between_decode_steps``, ``stepwise.py``): with
+  ``before_decode_step`` set (an asynchronous run with ``partial_rollouts``) ``generate`` and the
+  queue step vLLM one engine step at a time and ask before each; a new version's
+  ``sync_weights`` preempts the running requests, which vLLM recomputes with the new weights, and
+  each Generation records its tokens' versions (``token_versions``).
 * **Threads.** vLLM's CPU worker would drop torch to one thread and disable
   ``torch.set_num_threads`` for the whole process, the trainer included; the engine restores both.
   A thread that samples gets torch's thread count first: a new thread's OpenMP pool has the
@@ -75,6 +81,7 @@ from agentrl import (
     one_line,
     stop_token_ids,
 )
+from agentrl_vllm_engine import stepwise
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -152,6 +159,7 @@ class VLLMEngine(Engine):
     """Sample completions with an in-process vLLM; see the module docstring for the semantics."""
 
     config_class = VLLMEngineConfig
+    swaps_between_decode_steps = True
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
         self.options: VLLMEngineConfig = build_plugin_config(
@@ -200,9 +208,12 @@ class VLLMEngine(Engine):
         use_torch_threads()
         self._wake()
         seeds = sampling.seeds_for(len(prompts)) or [self.seeds.getrandbits(63) for _ in prompts]
-        outputs = self.llm.generate([self.tokens_prompt(p) for p in prompts],
-                                    [self.vllm_params(sampling, seed) for seed in seeds], use_tqdm=False)
-        generations = [generation(out.outputs[0], self.stop_ids) for out in outputs]
+        if self.before_decode_step is not None:  # weights may change between decode steps (stepwise.py)
+            generations = stepwise.generate(self, prompts, sampling, seeds)
+        else:
+            outputs = self.llm.generate([self.tokens_prompt(p) for p in prompts],
+                                        [self.vllm_params(sampling, seed) for seed in seeds], use_tqdm=False)
+            generations = [generation(out.outputs[0], self.stop_ids) for out in outputs]
         self._sleep()
         return generations
 
@@ -256,8 +267,10 @@ class VLLMEngine(Engine):
                               "worker thread drives vLLM): submit through the queue, or close it first")
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Push ``model``'s weights into vLLM and reset its prefix cache."""
-        self._refuse_while_queued("sync weights")
+        """Push ``model``'s weights into vLLM and reset its prefix cache; a request running (weights
+        changed between decode steps) is preempted, and recomputed with the new weights."""
+        if self.queue is None or not self.queue.is_worker():  # its worker may, between two decode steps
+            self._refuse_while_queued("sync weights")
         self.model = model
         self._wake(reload=False)
         state = model.state_dict()
@@ -265,7 +278,7 @@ class VLLMEngine(Engine):
             with torch.no_grad():
                 self.llm.collective_rpc("reload_weights", kwargs={
                     "weights_iterator": ((name, tensor.detach()) for name, tensor in state.items())})
-            self.llm.reset_prefix_cache()
+            self.llm.reset_prefix_cache(reset_running_requests=True)
         except Exception as exc:
             raise EngineError(f"engine 'vllm' could not load the trainer's weights ({len(state)} tensors, "
                               f"{type(model).__name__}): {one_line(exc)}") from exc

@@ -10,6 +10,11 @@ for the first request, then, like ``BatchingQueue``, until every running request
 or ``wait_s`` has passed, so the first step starts with a full batch; while vLLM decodes it never
 waits. A failing step fails every pending request (those in vLLM, aborted there, and those queued);
 a request vLLM refuses (a prompt longer than ``max_model_len``) fails alone.
+
+When the engine's ``before_decode_step`` is set (an asynchronous run with ``partial_rollouts``),
+the worker asks it before every step, so the weights can change while requests are running
+(``stepwise.py``: they are recomputed with the new weights), and each Generation records the
+version of each of its tokens.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from agentrl import EngineError, GenerationRequest, RequestQueue
 
 from agentrl_vllm_engine import generation, use_torch_threads
+from agentrl_vllm_engine.stepwise import TokenVersions, add_request
 
 if TYPE_CHECKING:
     from agentrl_vllm_engine import VLLMEngine
@@ -43,6 +49,9 @@ class VLLMRequestQueue(RequestQueue):
         self._inbox: queue.Queue[GenerationRequest | None] = queue.Queue()
         self._in_vllm: dict[str, GenerationRequest] = {}
         self._lock, self._closed, self._closing = threading.Lock(), False, False
+        hook = engine.before_decode_step
+        self.versions = None if hook is None else TokenVersions(hook)
+        """Each running request's tokens' versions, when weights may change between decode steps."""
         self._thread = threading.Thread(target=self._loop, name="agentrl-vllm-queue", daemon=True)
         self._thread.start()
 
@@ -58,6 +67,10 @@ class VLLMRequestQueue(RequestQueue):
                 raise EngineError("this vllm request queue is closed: open a new one with engine.request_queue()")
             self._inbox.put(request)
         return request.future
+
+    def is_worker(self) -> bool:
+        """Whether the caller is this queue's worker thread (which may load weights between steps)."""
+        return threading.current_thread() is self._thread
 
     def close(self) -> None:
         """Sample every request already submitted, stop the worker and give vLLM back to the engine."""
@@ -110,9 +123,10 @@ class VLLMRequestQueue(RequestQueue):
         added = 0
         for request in sorted(requests, key=lambda r: r.order):
             seed = self.engine.seeds.getrandbits(63) if request.seed is None else int(request.seed) % 2**63
+            params = self.engine.vllm_params(request.sampling, seed)
             try:
-                request_id = _enqueue(self.engine.llm, self.engine.tokens_prompt(request.prompt),
-                                      self.engine.vllm_params(request.sampling, seed))
+                request_id = (_enqueue(self.engine.llm, self.engine.tokens_prompt(request.prompt), params)
+                              if self.versions is None else add_request(self.engine, request.prompt, params))
             except Exception as exc:  # this request only: vLLM refused it
                 _settle(request.future, exc=exc)
                 continue
@@ -123,12 +137,18 @@ class VLLMRequestQueue(RequestQueue):
             self.added_at.append(self.steps)
 
     def _step(self) -> None:
+        if self.versions is not None:
+            self.versions.refresh()
         outputs = self.engine.llm.llm_engine.step()
         self.steps += 1
         for output in outputs:
+            if self.versions is not None:
+                self.versions.record(output)
             if output.finished and output.request_id in self._in_vllm:
                 request = self._in_vllm.pop(output.request_id)
-                _settle(request.future, generation(output.outputs[0], self.engine.stop_ids))
+                result = generation(output.outputs[0], self.engine.stop_ids)
+                _settle(request.future, result if self.versions is None else self.versions.stamp(output.request_id,
+                                                                                                 result))
 
     def _fail(self, exc: Exception) -> None:
         """``exc`` reaches every pending request: those in vLLM (aborted there) and those queued."""
@@ -136,6 +156,8 @@ class VLLMRequestQueue(RequestQueue):
         with contextlib.suppress(Exception):  # the engine already failed: its error is what callers see
             self.engine.llm.llm_engine.abort_request(list(self._in_vllm))
         self._in_vllm.clear()
+        if self.versions is not None:
+            self.versions.seen.clear()
         while taken := self._take(block=False):
             pending += taken
         for request in pending:
