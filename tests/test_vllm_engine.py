@@ -133,6 +133,23 @@ def test_a_batch_seed_reproduces_and_other_seeds_differ(tiny_engine):
 
 
 @needs_vllm
+def test_prompts_over_one_engine_steps_token_budget_sample_as_alone(tiny_engine):
+    """20 prompts of 240 tokens: more than one engine step takes (4096 tokens). With chunked
+    prefill vLLM's CPU sampler raised "CPU Generator does not use offset" for seeded requests;
+    each row now samples what it samples alone with its seed."""
+    import random
+
+    _, engine = tiny_engine
+    draws = random.Random(5)
+    prompts = [[1] + [draws.randrange(3, 256) for _ in range(239)] for _ in range(20)]
+    sampling = SamplingParams(max_new_tokens=4, temperature=1.0, prompt_seeds=tuple(range(20)))
+    together = engine.generate(prompts, sampling)
+    for i in (0, 19):
+        alone = engine.generate([prompts[i]], SamplingParams(max_new_tokens=4, temperature=1.0, prompt_seeds=(i,)))
+        assert together[i].token_ids == alone[0].token_ids
+
+
+@needs_vllm
 def test_weight_sync_reaches_the_tied_head_and_the_prefix_cache_is_reset(tiny_engine):
     model, engine = tiny_engine
     prompt = [1] + list(range(20, 60))  # long enough to be prefix-cached

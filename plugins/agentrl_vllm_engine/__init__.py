@@ -186,7 +186,7 @@ class VLLMEngine(Engine):
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # else vLLM drops torch to 1 thread
         try:
-            return self.vllm.LLM(model=self.folder, dtype=self.options.dtype, seed=seed,
+            return self.vllm.LLM(model=self.folder, dtype=self.options.dtype, seed=seed, **_whole_prompts(max_model_len),
                                  gpu_memory_utilization=self.options.gpu_memory_utilization,
                                  max_model_len=max_model_len, enforce_eager=self.options.enforce_eager,
                                  logprobs_mode=self.mode, enable_sleep_mode=bool(self.options.sleep_level),
@@ -298,6 +298,20 @@ class VLLMEngine(Engine):
 
     def __del__(self) -> None:
         shutil.rmtree(getattr(self, "folder", ""), ignore_errors=True)
+
+
+def _whole_prompts(max_model_len: int) -> dict[str, Any]:
+    """On CPU, vLLM options that never split a prompt over engine steps (none on a GPU).
+
+    A prompt prefilled in parts (chunked prefill: a step's prompt tokens over its budget, as when a
+    batch of long turns starts, or requests preempted by a weight change are recomputed) has the
+    sample of each partial step discarded, and vLLM rewinds the request's seeded generator, which
+    a CPU generator cannot do: ``RuntimeError: CPU Generator does not use offset``. Without chunked
+    prefill a request waits for a step with room for its whole prompt (what vLLM does itself on CPU
+    for MLA models)."""
+    if torch.cuda.is_available():
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 4096)}
 
 
 def use_torch_threads() -> None:
