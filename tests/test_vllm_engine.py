@@ -569,6 +569,8 @@ def test_server_engine_samples_over_http_and_takes_pushed_weights(tmp_path):
                                        _recompute(model, prompt, g.token_ids, 1.0), atol=1e-3, rtol=0)
         assert [g.token_ids for g in engine.generate(PROMPTS, sampling)] == \
             [g.token_ids for g in engine.generate(PROMPTS, sampling)]
+        long_prompts = [[1] + [i + 3] * 239 for i in range(20)]  # over one engine step's 4096 tokens
+        assert all(g.token_ids for g in engine.generate(long_prompts, SamplingParams(max_new_tokens=2, seed=1)))
         with torch.no_grad():
             model.model.embed_tokens.weight.add_(torch.randn_like(model.model.embed_tokens.weight))
         engine.sync_weights(model)

@@ -186,7 +186,7 @@ class VLLMEngine(Engine):
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # else vLLM drops torch to 1 thread
         try:
-            return self.vllm.LLM(model=self.folder, dtype=self.options.dtype, seed=seed, **_whole_prompts(max_model_len),
+            return self.vllm.LLM(model=self.folder, dtype=self.options.dtype, seed=seed, **whole_prompts(max_model_len),
                                  gpu_memory_utilization=self.options.gpu_memory_utilization,
                                  max_model_len=max_model_len, enforce_eager=self.options.enforce_eager,
                                  logprobs_mode=self.mode, enable_sleep_mode=bool(self.options.sleep_level),
@@ -300,7 +300,7 @@ class VLLMEngine(Engine):
         shutil.rmtree(getattr(self, "folder", ""), ignore_errors=True)
 
 
-def _whole_prompts(max_model_len: int) -> dict[str, Any]:
+def whole_prompts(max_model_len: int) -> dict[str, Any]:
     """On CPU, vLLM options that never split a prompt over engine steps (none on a GPU).
 
     A prompt prefilled in parts (chunked prefill: a step's prompt tokens over its budget, as when a

@@ -20,6 +20,9 @@ to vLLM's OpenAI-compatible HTTP server:
       VLLM_SERVER_DEV_MODE=1 vllm serve MODEL_DIR --served-model-name agentrl --dtype float32 \\
           --enforce-eager --logprobs-mode processed_logprobs --port 8000
 
+  (on a CPU also ``--no-enable-chunked-prefill --max-num-batched-tokens 4096``: see
+  ``agentrl_vllm_engine.whole_prompts``)
+
   and pass ``--set engine_args.url=http://HOST:8000 --set engine_args.weights_dir=SHARED_DIR``.
 """
 
@@ -46,6 +49,7 @@ from pydantic import Field
 
 from agentrl import (ConfigCheck, ConfigError, Engine, EngineError, Generation, SamplingParams, build_plugin_config,
                      stop_token_ids)
+from agentrl_vllm_engine import whole_prompts
 
 MODEL_NAME = "agentrl"
 
@@ -117,6 +121,8 @@ class VLLMServerEngine(Engine):
                    "--dtype", self.options.dtype, "--enforce-eager", "--max-model-len", str(max_model_len),
                    "--logprobs-mode", self.mode, "--seed", str(seed),
                    "--kv-cache-memory-bytes", str(int(self.options.kv_cache_gb * 2**30))]
+        if whole := whole_prompts(max_model_len):  # on CPU: never a prompt split over engine steps
+            command += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(whole["max_num_batched_tokens"])]
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         atexit.register(self.close)
