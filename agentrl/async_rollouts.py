@@ -197,7 +197,9 @@ class VersionedEngine(Engine):
         return getattr(self.engine, "description", self.display_name)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("engine", "partial", "swaps_mid_call") or (name == "request_queue" and self.partial and not self.swaps_mid_call):
+        if name in ("engine", "partial", "swaps_mid_call"):
+            raise AttributeError(name)
+        if name == "request_queue" and self.partial and not self.swaps_mid_call:
             raise AttributeError(name)
         return getattr(self.engine, name)
 
