@@ -340,3 +340,18 @@ class GradientRecorder:
         """Drop the gradients."""
         for p in self.params:
             p.grad = None
+
+
+def version_change_at(engine: Any, newer: Any, call: int) -> Callable[[], int]:
+    """A ``before_decode_step`` for testing an engine that swaps weights between decode steps: on
+    its ``call``-th call (1: before the prefill) it loads ``newer`` with ``engine.sync_weights``;
+    it answers version 0 before that call and 1 from it on."""
+    calls: list[None] = []
+
+    def refresh() -> int:
+        calls.append(None)
+        if len(calls) == call:
+            engine.sync_weights(newer)
+        return int(len(calls) >= call)
+
+    return refresh

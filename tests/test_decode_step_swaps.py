@@ -18,7 +18,7 @@ from agentrl.config import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.request_queue import cut
 from agentrl.rollout_phase import _token_versions
-from agentrl.testing import build_tiny_model
+from agentrl.testing import build_tiny_model, version_change_at
 from agentrl.trajectory import Trajectory, Turn
 
 FP32 = SimpleNamespace(engine_args={"dtype": "float32"}, precision="fp32", seed=0)
@@ -51,19 +51,6 @@ def _engine(versions, tokenizer):
     return HFEngine(versions[0], tokenizer, FP32)
 
 
-def _swap_at(engine, versions, call: int):
-    """A ``before_decode_step`` that loads version 1 on its ``call``-th call (1: before the prefill)."""
-    calls = []
-
-    def refresh() -> int:
-        calls.append(None)
-        if len(calls) == call:
-            engine.sync_weights(versions[1])
-        return int(len(calls) >= call)
-
-    return refresh
-
-
 SAMPLING = SamplingParams(max_new_tokens=10, temperature=0.9, prompt_seeds=(11, 12, 13, 14))
 
 
@@ -89,7 +76,7 @@ def test_a_change_between_decode_steps_samples_the_rest_from_the_new_weights(ver
     pilot = _engine(versions, tokenizer).generate(PROMPTS, SAMPLING)
     engine = _engine(versions, tokenizer)
     engine.stop_ids = engine.stop_ids | {pilot[1].token_ids[2]}  # row 1 ends at its third token
-    engine.before_decode_step = _swap_at(engine, versions, call=5)
+    engine.before_decode_step = version_change_at(engine, versions[1], call=5)
     generations = engine.generate(PROMPTS, SAMPLING)
     assert len(generations[1].token_ids) <= 3 and generations[1].finish_reason == "stop"
     assert any(len(g.token_ids) > 4 for g in generations)
@@ -184,7 +171,7 @@ def test_an_episode_records_each_token_s_version_across_a_change_mid_turn(versio
     version's (a float64 forward over the episode's ids)."""
     manager = load_plugins()
     engine = _engine(versions, tokenizer)
-    engine.before_decode_step = _swap_at(engine, versions, call=5)
+    engine.before_decode_step = version_change_at(engine, versions[1], call=5)
     rollout = manager.registry.get("rollout", "multi_turn").factory(
         engine=engine, tokenizer=tokenizer, config=TrainConfig(max_new_tokens=12))
     [episode] = rollout.run([TwoTurns()], [{"question": "count"}], [0], SamplingParams(max_new_tokens=12, seed=0))

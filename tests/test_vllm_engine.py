@@ -14,6 +14,7 @@ import torch
 
 from agentrl import ConfigError, EngineError, GenerationRequest, SamplingParams, request_queue
 from agentrl.config import TrainConfig
+from agentrl.testing import version_change_at
 from agentrl_vllm_engine import VLLMEngine, VLLMEngineConfig, logprobs_mode
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -278,19 +279,6 @@ def two_versions(tiny_engine):
     engine.sync_weights(model)
 
 
-def _load_version_one_at(engine, versions, call: int):
-    """A ``before_decode_step`` that loads version 1 on its ``call``-th call (1: before the prefill)."""
-    calls = []
-
-    def refresh() -> int:
-        calls.append(None)
-        if len(calls) == call:
-            engine.sync_weights(versions[1])
-        return int(len(calls) >= call)
-
-    return refresh
-
-
 def _assert_each_token_is_its_versions(prompt, generation, versions, temperature: float) -> None:
     """Every token's logprob against an fp32 forward of the weights of the version it records; the
     two versions' logprobs differ where they are compared, so the check can tell them apart."""
@@ -328,7 +316,7 @@ def test_weights_changed_between_decode_steps_sample_the_rest_from_the_new_weigh
     engine, versions = two_versions
     pilot = engine.generate(PROMPTS, SWAP_SAMPLING)
     engine.stop_ids = sorted({*engine.stop_ids, pilot[1].token_ids[2]})  # row 1 ends by its third token
-    engine.before_decode_step = _load_version_one_at(engine, versions, call=5)
+    engine.before_decode_step = version_change_at(engine, versions[1], call=5)
     generations = engine.generate(PROMPTS, SWAP_SAMPLING)
     assert generations[1].finish_reason == "stop" and len(generations[1].token_ids) <= 3
     assert sum(len(g.token_ids) > 4 for g in generations) >= 2
@@ -349,7 +337,7 @@ def test_the_request_queue_changes_weights_between_decode_steps(two_versions):
     candidates = engine.generate([long_prompt] * 16, SamplingParams(max_new_tokens=cap, temperature=1.0,
                                                                      prompt_seeds=tuple(range(16))))
     seed = next(i for i, g in enumerate(candidates) if g.finish_reason == "length")  # decodes all 30 steps
-    engine.before_decode_step = _load_version_one_at(engine, versions, call=6)
+    engine.before_decode_step = version_change_at(engine, versions[1], call=6)
     with request_queue(engine, wait_s=600, running=lambda: 1) as queue:
         running = _submit(queue, long_prompt, cap, seed).result(timeout=600)
         after = _submit(queue, PROMPTS[2], 10, seed=4).result(timeout=600)
