@@ -167,11 +167,21 @@ def test_weight_sync_reaches_the_tied_head_and_the_prefix_cache_is_reset(tiny_en
     assert after.token_ids == reference[0, len(prompt):].tolist()[:len(after.token_ids)]
 
 
+def _other_weights(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """A copy of ``model`` with other weights altogether (each drawn from N(0, 0.1))."""
+    import copy
+
+    newer, draws = copy.deepcopy(model), torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for weight in newer.parameters():
+            weight.normal_(0.0, 0.1, generator=draws)
+    return newer
+
+
 def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.Module) -> None:
     """``partial_rollouts`` on a vLLM engine: a version published while a collection runs is loaded
     before the next batch of turns: each batch's logprobs are those of the version stamped on it
     (fp32 forwards). The engine holds ``model``'s weights again afterwards."""
-    import copy
     import threading
 
     from agentrl.async_rollouts import AsyncRollouts, VersionedEngine
@@ -191,10 +201,7 @@ def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.
             seen.append(_submit(queue, PROMPTS[2], 8, seed=2).result(timeout=600))
         return "collected"
 
-    newer, draws = copy.deepcopy(model), torch.Generator().manual_seed(1)
-    with torch.no_grad():  # other weights altogether (``model`` may sample one token with probability ~1)
-        for weight in newer.parameters():
-            weight.normal_(0.0, 0.1, generator=draws)
+    newer = _other_weights(model, seed=1)  # ``model`` may sample one token with probability ~1
     try:
         producer = AsyncRollouts(collect, engine.sync_weights, model, async_steps=1, next_step=1, last_step=1,
                                  floor=0, partial=True, versioned=versioned)
@@ -266,13 +273,8 @@ def test_partial_rollouts_load_a_version_published_mid_collection_before_the_nex
 def two_versions(tiny_engine):
     """The tiny engine's model (version 0) and other weights altogether (version 1); afterwards the
     engine holds version 0 again, with no hook and its own stop ids."""
-    import copy
-
     model, engine = tiny_engine
-    newer, draws = copy.deepcopy(model), torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for weight in newer.parameters():
-            weight.normal_(0.0, 0.1, generator=draws)
+    newer = _other_weights(model, seed=2)
     stop_ids = list(engine.stop_ids)
     yield engine, {0: model, 1: newer}
     engine.before_decode_step, engine.stop_ids = None, stop_ids

@@ -125,8 +125,7 @@ class VLLMRequestQueue(RequestQueue):
             seed = self.engine.seeds.getrandbits(63) if request.seed is None else int(request.seed) % 2**63
             params = self.engine.vllm_params(request.sampling, seed)
             try:
-                request_id = (_enqueue(self.engine.llm, self.engine.tokens_prompt(request.prompt), params)
-                              if self.versions is None else add_request(self.engine, request.prompt, params))
+                request_id = add_request(self.engine, request.prompt, params, every_step=self.versions is not None)
             except Exception as exc:  # this request only: vLLM refused it
                 _settle(request.future, exc=exc)
                 continue
@@ -162,12 +161,6 @@ class VLLMRequestQueue(RequestQueue):
             pending += taken
         for request in pending:
             _settle(request.future, exc=exc)
-
-
-def _enqueue(llm: Any, prompt: Any, params: Any) -> str:
-    """Add one request to ``llm`` without running it; the request id its outputs carry."""
-    internal = llm.enqueue([prompt], [params], use_tqdm=False)[0]
-    return internal.split("-")[0]  # LLM's own id is a number, and vLLM adds "-" + 8 random hex digits
 
 
 def _settle(future: Future, result: Any = None, exc: BaseException | None = None) -> None:

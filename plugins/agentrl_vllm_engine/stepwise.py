@@ -62,11 +62,12 @@ class TokenVersions:
         return generation
 
 
-def add_request(engine: VLLMEngine, prompt: list[int], params: Any) -> str:
-    """Add one request to ``engine``'s vLLM with cumulative outputs (one per step); its id."""
+def add_request(engine: VLLMEngine, prompt: list[int], params: Any, every_step: bool = True) -> str:
+    """Add one request to ``engine``'s vLLM without running it; its id. ``every_step``: an output
+    with its tokens so far after every step (cumulative), else only the final one."""
     from vllm.sampling_params import RequestOutputKind
 
-    params.output_kind = RequestOutputKind.CUMULATIVE
+    params.output_kind = RequestOutputKind.CUMULATIVE if every_step else RequestOutputKind.FINAL_ONLY
     request_id = f"agentrl{next(_ids)}"  # what its outputs carry (vLLM's internal id adds a suffix)
     engine.llm.llm_engine.add_request(request_id, engine.tokens_prompt(prompt), params)
     return request_id
