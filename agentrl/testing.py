@@ -355,3 +355,17 @@ def version_change_at(engine: Any, newer: Any, call: int) -> Callable[[], int]:
         return int(len(calls) >= call)
 
     return refresh
+
+
+LOCKSTEP_WAIT_S = 300.0
+"""``plugins.multi_turn.batch_wait_s`` for runs a test compares bit for bit. The rollout samples
+each turn's requests together once every running episode has one pending, or ``batch_wait_s``
+after the first: on a loaded machine a pause past the default 0.5 s splits a batch, and other
+batch shapes change the sampler's logprobs at float rounding (the trainer's loss and weights do
+not move). With fast envs this wait only ends early, so it costs nothing."""
+
+LOCKSTEP_PLUGINS: dict[str, dict[str, float]] = {"multi_turn": {"batch_wait_s": LOCKSTEP_WAIT_S}}
+"""``TrainConfig.plugins`` with :data:`LOCKSTEP_WAIT_S` (merge a test's own sections into it)."""
+
+LOCKSTEP_ARGS: tuple[str, str] = ("--set", f"plugins.multi_turn.batch_wait_s={LOCKSTEP_WAIT_S:g}")
+"""The ``agentrl train`` arguments that set :data:`LOCKSTEP_WAIT_S`."""

@@ -22,6 +22,7 @@ from agentrl.config import TrainConfig
 from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.rundir import resume_config
+from agentrl.testing import LOCKSTEP_ARGS, LOCKSTEP_PLUGINS
 from agentrl.trainer import Trainer
 
 PARITY = {"agentrl.testing:parity_reward": 1.0}  # groups with a reward spread: every step changes the weights
@@ -30,7 +31,7 @@ PARITY = {"agentrl.testing:parity_reward": 1.0}  # groups with a reward spread: 
 def _config(model_dir: Path, out: Path, **overrides) -> TrainConfig:
     base = dict(model=str(model_dir), max_steps=5, prompts_per_step=2, num_generations=3, max_new_tokens=8,
                 eval_tasks=4, eval_every=2, output_dir=str(out), log_completions_every=1, checkpoint_every=3,
-                keep_checkpoints=10, learning_rate=1e-2, rewards=PARITY, async_steps=2)
+                keep_checkpoints=10, learning_rate=1e-2, rewards=PARITY, async_steps=2, plugins=LOCKSTEP_PLUGINS)
     base.update(overrides)
     return TrainConfig(**base)
 
@@ -211,7 +212,7 @@ def test_sigkill_with_episodes_in_flight_then_resume_equals_straight(tiny_model_
     common = ["--model", str(tiny_model_dir), "--max-steps", "6", "--num-generations", "3", "--prompts-per-step",
               "2", "--reward", "agentrl.testing:parity_reward", "--set", "max_new_tokens=8", "--set", "eval_tasks=0",
               "--set", "checkpoint_every=2", "--set", "async_steps=2", "--set", "learning_rate=0.01",
-              "--set", "log_completions_every=1", "--plugin", str(plugin)]
+              "--set", "log_completions_every=1", "--plugin", str(plugin), *LOCKSTEP_ARGS]
     straight, killed, ready = tmp_path / "straight", tmp_path / "killed", tmp_path / "ready"
     first = subprocess.Popen([*cli, *common, "--output-dir", str(straight)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
