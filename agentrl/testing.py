@@ -361,11 +361,15 @@ LOCKSTEP_WAIT_S = 300.0
 """``plugins.multi_turn.batch_wait_s`` for runs a test compares bit for bit. The rollout samples
 each turn's requests together once every running episode has one pending, or ``batch_wait_s``
 after the first: on a loaded machine a pause past the default 0.5 s splits a batch, and other
-batch shapes change the sampler's logprobs at float rounding (the trainer's loss and weights do
-not move). With fast envs this wait only ends early, so it costs nothing."""
-
-LOCKSTEP_PLUGINS: dict[str, dict[str, float]] = {"multi_turn": {"batch_wait_s": LOCKSTEP_WAIT_S}}
-"""``TrainConfig.plugins`` with :data:`LOCKSTEP_WAIT_S` (merge a test's own sections into it)."""
+batch shapes change the sampler's logprobs at float rounding (in an on-policy run only the
+sampler metrics move; where the loss uses the sampler's logprobs, the weights too). With fast
+envs the wait ends as soon as every episode has asked, so it costs nothing."""
 
 LOCKSTEP_ARGS: tuple[str, str] = ("--set", f"plugins.multi_turn.batch_wait_s={LOCKSTEP_WAIT_S:g}")
 """The ``agentrl train`` arguments that set :data:`LOCKSTEP_WAIT_S`."""
+
+
+def lockstep_plugins() -> dict[str, dict[str, float]]:
+    """``TrainConfig.plugins`` with :data:`LOCKSTEP_WAIT_S`: a new dict each call (add a test's own
+    sections to it)."""
+    return {"multi_turn": {"batch_wait_s": LOCKSTEP_WAIT_S}}

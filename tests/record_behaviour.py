@@ -150,7 +150,7 @@ def run_scenario(name: str, tiny_model: Path, workdir: Path, overrides: dict[str
     torch.set_num_threads(1)
     from agentrl import TrainConfig, TrainingInterrupted, load_plugins
     from agentrl.rundir import resume_config
-    from agentrl.testing import LOCKSTEP_PLUGINS
+    from agentrl.testing import lockstep_plugins
     from agentrl.trainer import Trainer
 
     ensure_tiny_model(tiny_model)
@@ -158,8 +158,8 @@ def run_scenario(name: str, tiny_model: Path, workdir: Path, overrides: dict[str
     run_dir = workdir / name
 
     def config(base: dict[str, Any], **more: Any) -> Any:
-        # LOCKSTEP_PLUGINS: the same engine batches however loaded the machine (three scenarios at once)
-        return TrainConfig(**{**base, "model": str(tiny_model), "output_dir": str(run_dir), "plugins": LOCKSTEP_PLUGINS,
+        # lockstep_plugins(): the same engine batches however loaded the machine (three scenarios at once)
+        return TrainConfig(**{**base, "model": str(tiny_model), "output_dir": str(run_dir), "plugins": lockstep_plugins(),
                               **more, **overrides})
 
     if name == "grpo":

@@ -22,7 +22,7 @@ from agentrl.config import TrainConfig
 from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.rundir import resume_config
-from agentrl.testing import LOCKSTEP_ARGS, LOCKSTEP_PLUGINS
+from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
 from agentrl.trainer import Trainer
 
 PARITY = {"agentrl.testing:parity_reward": 1.0}  # groups with a reward spread: every step changes the weights
@@ -31,7 +31,7 @@ PARITY = {"agentrl.testing:parity_reward": 1.0}  # groups with a reward spread: 
 def _config(model_dir: Path, out: Path, **overrides) -> TrainConfig:
     base = dict(model=str(model_dir), max_steps=5, prompts_per_step=2, num_generations=3, max_new_tokens=8,
                 eval_tasks=4, eval_every=2, output_dir=str(out), log_completions_every=1, checkpoint_every=3,
-                keep_checkpoints=10, learning_rate=1e-2, rewards=PARITY, async_steps=2, plugins=LOCKSTEP_PLUGINS)
+                keep_checkpoints=10, learning_rate=1e-2, rewards=PARITY, async_steps=2, plugins=lockstep_plugins())
     base.update(overrides)
     return TrainConfig(**base)
 

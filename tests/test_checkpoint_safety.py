@@ -29,7 +29,7 @@ from agentrl.rundir import resume_config
 from agentrl.config import TrainConfig
 from agentrl.errors import CheckpointError, ConfigError, TrainingError
 from agentrl.plugins import load_plugins
-from agentrl.testing import LOCKSTEP_PLUGINS
+from agentrl.testing import lockstep_plugins
 from agentrl.trainer import Trainer
 
 NEWEST = "checkpoints/step-000003"
@@ -58,7 +58,7 @@ def _config(model_dir: Path, base: Path, out: Path, **overrides) -> TrainConfig:
     config = dict(model=str(model_dir), max_steps=3, prompts_per_step=2, num_generations=2, max_new_tokens=8,
                   eval_tasks=0, output_dir=str(out), checkpoint_every=1, keep_checkpoints=2, learning_rate=1e-3,
                   lr_scheduler="constant", keep_finished_checkpoints=True, log_completions_every=1,
-                  rewards={f"{base / 'length_reward.py'}:reply_length": 1.0}, plugins=LOCKSTEP_PLUGINS)
+                  rewards={f"{base / 'length_reward.py'}:reply_length": 1.0}, plugins=lockstep_plugins())
     return TrainConfig(**{**config, **overrides})
 
 

@@ -13,7 +13,7 @@ import pytest
 from agentrl import CallGuard, Env, EnvCall, EnvWorkers, SamplingParams
 from agentrl.config import TrainConfig
 from agentrl.plugins import load_plugins
-from agentrl.testing import LOCKSTEP_PLUGINS, build_tiny_model
+from agentrl.testing import build_tiny_model, lockstep_plugins
 from agentrl_rollouts import turn_seed
 
 TASKS = [{"id": f"t{i}", "question": f"Count to {i}.", "turns": 1 + i % 3} for i in range(8)]
@@ -109,7 +109,7 @@ def _lockstep_seeds(seeds, turns):
 
 
 def test_instant_envs_give_the_lockstep_batches(tiny):
-    rollout = _rollout(tiny, plugins=LOCKSTEP_PLUGINS)  # no split batch even if this machine pauses past 0.5 s
+    rollout = _rollout(tiny, plugins=lockstep_plugins())  # no split batch even if this machine pauses past 0.5 s
     trajectories = _run(rollout, [Talk() for _ in TASKS])
     turns = [task["turns"] for task in TASKS]
     assert [len(t.turns) for t in trajectories] == turns
@@ -128,9 +128,9 @@ def test_instant_envs_give_the_lockstep_batches(tiny):
 
 @pytest.mark.parametrize("env_class", [Talk, AsyncTalk])
 def test_tokens_do_not_depend_on_env_latency(tiny, env_class):
-    instant = _run(_rollout(tiny, plugins=LOCKSTEP_PLUGINS), [Talk() for _ in TASKS])
+    instant = _run(_rollout(tiny, plugins=lockstep_plugins()), [Talk() for _ in TASKS])
     # Jitter within batch_wait_s: the same batches, so the logprobs too are bit for bit the same.
-    rollout = _rollout(tiny, plugins=LOCKSTEP_PLUGINS)
+    rollout = _rollout(tiny, plugins=lockstep_plugins())
     jittered = _run(rollout, [env_class(lambda turn, i=i: 0.01 * ((7 * i + turn) % 5)) for i in range(8)])
     assert _figures(jittered) == _figures(instant)
     assert [t.sampler_logprobs for t in jittered] == [t.sampler_logprobs for t in instant]

@@ -17,7 +17,7 @@ from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.lora import LLAMA_TARGETS, sampling_model
 from agentrl.plugins import load_plugins
 from agentrl.policy import TokenLogprobs
-from agentrl.testing import LOCKSTEP_PLUGINS, parity_reward
+from agentrl.testing import lockstep_plugins, parity_reward
 from agentrl.trainer import Trainer
 
 pytest.importorskip("peft")
@@ -30,7 +30,7 @@ def _trainer(model_dir, tmp_path, **overrides) -> Trainer:
     base = dict(model=str(model_dir), max_steps=2, prompts_per_step=2, num_generations=3, max_new_tokens=8,
                 eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0, save_model=False,
                 checkpoint_every=0, precision="fp32", learning_rate=1e-2, lora=LORA, rewards={"parity": 1.0},
-                plugins=LOCKSTEP_PLUGINS)
+                plugins=lockstep_plugins())
     base.update(overrides)
     manager = load_plugins()
     manager.registry.add("reward", "parity", parity_reward, plugin="test")  # a signal even for a random model

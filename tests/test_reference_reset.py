@@ -17,7 +17,7 @@ from agentrl.errors import CheckpointError, ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.reference import REFERENCE_FILE, load_reference, mix_into
 from agentrl.rundir import resume_config
-from agentrl.testing import LOCKSTEP_PLUGINS, build_tiny_model
+from agentrl.testing import build_tiny_model, lockstep_plugins
 from agentrl.trainer import Trainer
 
 STOP_PLUGIN = '''
@@ -35,7 +35,7 @@ def _config(model_dir: Path, out: Path, **algorithm) -> TrainConfig:
     return TrainConfig(model=str(model_dir), max_steps=4, prompts_per_step=2, num_generations=3, max_new_tokens=8,
                        eval_tasks=0, output_dir=str(out), checkpoint_every=1, keep_checkpoints=5,
                        learning_rate=1e-2, rewards={"agentrl.testing:parity_reward": 1.0}, algorithm={"beta": 0.5, **algorithm},
-                       plugins=LOCKSTEP_PLUGINS)
+                       plugins=lockstep_plugins())
 
 
 def _manager(folder: Path):

@@ -14,7 +14,7 @@ from agentrl.config import TrainConfig
 from agentrl.errors import TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.rundir import resume_config
-from agentrl.testing import LOCKSTEP_PLUGINS
+from agentrl.testing import lockstep_plugins
 from agentrl.trainer import Trainer
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-reward.md"
@@ -44,7 +44,7 @@ def _train(model_dir: Path, folder: Path, out: Path, resume: Path | None = None,
     config = config or TrainConfig(model=str(model_dir), env="math", max_steps=5, prompts_per_step=2,
                                    num_generations=3, max_new_tokens=8, eval_tasks=0, output_dir=str(out),
                                    checkpoint_every=1, rewards={f"{plugin}:learned": 1.0, "accuracy": 1.0},
-                                   algorithm={"beta": 0.04, "ref_sync_every": 2}, plugins=LOCKSTEP_PLUGINS)
+                                   algorithm={"beta": 0.04, "ref_sync_every": 2}, plugins=lockstep_plugins())
     if resume is not None:  # the saved config names the first run's file: this run's copy instead
         rewards = {f"{plugin}:learned": 1.0, "accuracy": 1.0}
         config = TrainConfig(**{**config.to_dict(), "rewards": rewards})

@@ -20,7 +20,7 @@ from agentrl.rundir import resume_config
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigError, TrainingError, TrainingInterrupted
 from agentrl.plugins import load_plugins
-from agentrl.testing import LOCKSTEP_ARGS, LOCKSTEP_PLUGINS
+from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
 from agentrl.trainer import Trainer
 
 # A step-hook plugin with state of its own (a counter logged every step): resume must carry it on.
@@ -56,7 +56,7 @@ def agentrl_load_state(state):
 def _config(model_dir: Path, out: Path, **overrides) -> TrainConfig:
     base = dict(model=str(model_dir), max_steps=4, prompts_per_step=2, num_generations=3, max_new_tokens=8,
                 eval_tasks=4, eval_every=2, output_dir=str(out), log_completions_every=1, checkpoint_every=1,
-                keep_checkpoints=2, lr_scheduler="cosine", warmup_steps=1, learning_rate=1e-3, plugins=LOCKSTEP_PLUGINS)
+                keep_checkpoints=2, lr_scheduler="cosine", warmup_steps=1, learning_rate=1e-3, plugins=lockstep_plugins())
     base.update(overrides)
     if base["max_steps"] == 1:
         base["warmup_steps"] = 0  # warm-up must end within the run

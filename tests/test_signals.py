@@ -29,7 +29,7 @@ from agentrl.config import TrainConfig
 from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.rundir import refuse_existing_run, resume_config, start_over_config
-from agentrl.testing import LOCKSTEP_ARGS, LOCKSTEP_PLUGINS
+from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
 from agentrl.trainer import Trainer
 
 # A plugin with state of its own (a counter logged every step) that sends this process a signal at
@@ -72,7 +72,7 @@ def agentrl_load_state(state):
 def _config(model_dir: Path, out: Path, **overrides) -> TrainConfig:
     base = dict(model=str(model_dir), max_steps=4, prompts_per_step=2, num_generations=3, max_new_tokens=8,
                 eval_tasks=4, eval_every=2, output_dir=str(out), log_completions_every=1, checkpoint_every=1,
-                keep_checkpoints=2, lr_scheduler="cosine", warmup_steps=1, learning_rate=1e-3, plugins=LOCKSTEP_PLUGINS)
+                keep_checkpoints=2, lr_scheduler="cosine", warmup_steps=1, learning_rate=1e-3, plugins=lockstep_plugins())
     return TrainConfig(**{**base, **overrides})
 
 
