@@ -159,8 +159,8 @@ def run_scenario(name: str, tiny_model: Path, workdir: Path, overrides: dict[str
 
     def config(base: dict[str, Any], **more: Any) -> Any:
         # lockstep_plugins(): the same engine batches however loaded the machine (three scenarios at once)
-        return TrainConfig(**{**base, "model": str(tiny_model), "output_dir": str(run_dir), "plugins": lockstep_plugins(),
-                              **more, **overrides})
+        return TrainConfig(**{**base, "model": str(tiny_model), "output_dir": str(run_dir),
+                              "plugins": lockstep_plugins(), **more, **overrides})
 
     if name == "grpo":
         Trainer(config(GRPO), load_plugins()).train()
