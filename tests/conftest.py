@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import site
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 # pytest-xdist workers share the cores: each worker (and every process its tests start, which
@@ -30,3 +34,31 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     build_tiny_model(len(tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@dataclass(frozen=True)
+class PluginVenv:
+    """A venv layered over the test venv: what is pip-installed into it is seen by its ``python``
+    alone, while agentrl and every other package come from the test venv."""
+
+    python: Path
+
+    def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``pip ARGS`` into this venv (the test venv's pip, ``--python`` this venv's interpreter)."""
+        return subprocess.run([sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", "--python",
+                               str(self.python), *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def plugin_venv(tmp_path) -> PluginVenv:
+    """A fresh venv whose site-packages come first and the test venv's after them (a ``.pth`` adds
+    them, editable installs included): a test pip-installs plugin packages into it, as a user
+    installs them, while the tests running beside it keep seeing the test venv unchanged."""
+    folder = tmp_path / "plugin-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+    python = folder / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    lines = [f"import site; site.addsitedir({path!r})" for path in site.getsitepackages()]
+    (Path(purelib) / "_layered_over_the_test_venv.pth").write_text("\n".join(lines) + "\n")
+    return PluginVenv(python)

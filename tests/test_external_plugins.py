@@ -1,19 +1,17 @@
-"""Third-party plugins as users get them: real packages built and pip-installed into this
-environment, found through the ``agentrl`` entry-point group, trained with through the CLI,
-uninstalled; a package that fails to import or registers a taken name is named with the fix."""
+"""Third-party plugins as users get them: real packages built and pip-installed into a venv (one
+layered over the test venv, so the tests running beside these do not see them), found through the
+``agentrl`` entry-point group, trained with through the CLI, uninstalled; a package that fails to
+import or registers a taken name is named with the fix."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import PluginVenv
 
-pytestmark = pytest.mark.serial  # installs into the venv every other test process shares
-
-AGENTRL = [sys.executable, "-m", "agentrl.cli"]
 TINY = ["--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=2",
         "--set", "max_new_tokens=8"]
 
@@ -99,23 +97,25 @@ def write_package(root: Path, dist: str, module: str, entry: str, source: str, v
     return folder
 
 
-def pip(*args: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", *args],
-                            capture_output=True, text=True, timeout=600)
+def pip(venv: PluginVenv, *args: str) -> None:
+    result = venv.pip(*args)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def agentrl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*AGENTRL, *args], capture_output=True, text=True, timeout=600)
+def agentrl(venv: PluginVenv, *args: str) -> subprocess.CompletedProcess:
+    """``agentrl ARGS`` with the venv's interpreter: it sees what was installed there."""
+    return subprocess.run([str(venv.python), "-m", "agentrl.cli", *args], capture_output=True, text=True, timeout=600)
 
 
-def test_installed_reward_and_env_packages_train_then_are_gone_after_uninstall(tiny_model_dir, tmp_path):
+def test_installed_reward_and_env_packages_train_then_are_gone_after_uninstall(tiny_model_dir, tmp_path,
+                                                                                plugin_venv):
+    venv = plugin_venv  # the installs below go there
     reward_pkg = write_package(tmp_path, "agentrl-reward-exclaim", "agentrl_reward_exclaim", "exclaim_reward",
                                REWARD_MODULE)
     env_pkg = write_package(tmp_path, "agentrl-env-echo", "agentrl_env_echo", "echo_env", ENV_MODULE, "0.4.0")
     try:
-        pip("install", "--no-deps", "--no-build-isolation", str(reward_pkg), str(env_pkg))
-        rows = {row["name"]: row for row in json.loads(agentrl("plugins", "--json").stdout)}
+        pip(venv, "install", "--no-deps", "--no-build-isolation", str(reward_pkg), str(env_pkg))
+        rows = {row["name"]: row for row in json.loads(agentrl(venv, "plugins", "--json").stdout)}
         assert rows["exclaim_reward"]["distribution"] == "agentrl-reward-exclaim"
         assert rows["exclaim_reward"]["version"] == "1.2.3" and rows["exclaim_reward"]["registers"] == {
             "reward": ["exclaim"]}
@@ -123,17 +123,18 @@ def test_installed_reward_and_env_packages_train_then_are_gone_after_uninstall(t
         assert rows["echo_env"]["registers"] == {"env": ["echo"]}
 
         out = tmp_path / "run"
-        result = agentrl("train", "--env", "echo", "--reward", "exclaim:0.2", "--model", str(tiny_model_dir),
-                         "--output-dir", str(out), *TINY)
+        result = agentrl(venv, "train", "--env", "echo", "--reward", "exclaim:0.2", "--model",
+                         str(tiny_model_dir), "--output-dir", str(out), *TINY)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "rewards: env return x1 + exclaim x0.2 (--reward)" in " ".join(result.stdout.split())
         lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert [line["step"] for line in lines[:2]] == [1, 2] and "reward/exclaim_mean" in lines[0]
     finally:
-        pip("uninstall", "-y", "agentrl-reward-exclaim", "agentrl-env-echo")
-    missing = agentrl("train", "--env", "echo", "--output-dir", str(tmp_path / "gone"), "--set", "eval_tasks=0")
+        pip(venv, "uninstall", "-y", "agentrl-reward-exclaim", "agentrl-env-echo")
+    gone = ["--output-dir", str(tmp_path / "gone"), "--set", "eval_tasks=0"]
+    missing = agentrl(venv, "train", "--env", "echo", *gone)
     assert missing.returncode == 2 and "unknown env 'echo'" in missing.stderr
-    missing = agentrl("train", "--reward", "exclaim", "--output-dir", str(tmp_path / "gone"), "--set", "eval_tasks=0")
+    missing = agentrl(venv, "train", "--reward", "exclaim", *gone)
     assert missing.returncode == 2 and "unknown reward 'exclaim'" in missing.stderr
     assert not (tmp_path / "gone").exists()
 
@@ -145,14 +146,14 @@ def test_installed_reward_and_env_packages_train_then_are_gone_after_uninstall(t
     (DUPLICATE_MODULE, "reward 'format' is registered by two plugins: 'rewards' and 'bad_plugin'. Uninstall or "
                        "disable one of them (--disable-plugin NAME)."),
 ], ids=["fails-to-import", "duplicate-name"])
-def test_a_broken_installed_plugin_is_named_with_the_fix(module: str, message: str, tmp_path) -> None:
+def test_a_broken_installed_plugin_is_named_with_the_fix(module: str, message: str, tmp_path, plugin_venv) -> None:
     package = write_package(tmp_path, "agentrl-bad-plugin", "agentrl_bad_plugin", "bad_plugin", module)
     try:
-        pip("install", "--no-deps", "--no-build-isolation", str(package))
-        result = agentrl("plugins")
+        pip(plugin_venv, "install", "--no-deps", "--no-build-isolation", str(package))
+        result = agentrl(plugin_venv, "plugins")
         assert result.returncode == 2 and message in " ".join(result.stderr.split()), result.stderr
         assert "Traceback" not in result.stderr
-        assert agentrl("plugins", "--disable-plugin", "bad_plugin").returncode == 0
+        assert agentrl(plugin_venv, "plugins", "--disable-plugin", "bad_plugin").returncode == 0
     finally:
-        pip("uninstall", "-y", "agentrl-bad-plugin")
-    assert agentrl("plugins").returncode == 0
+        pip(plugin_venv, "uninstall", "-y", "agentrl-bad-plugin")
+    assert agentrl(plugin_venv, "plugins").returncode == 0

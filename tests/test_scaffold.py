@@ -101,31 +101,36 @@ def test_tool_env_package_is_a_tool_env_whose_reward_needs_its_tool_and_trains(t
     assert all("rollout/tool_calls_mean" in m and "reward/tool_use_mean" in m for m in metrics)
 
 
-@pytest.mark.serial  # installs into the venv every other test process shares
-def test_installed_env_package_is_listed_trains_and_is_gone_after_uninstall(tmp_path, tiny_model_dir):
-    name = f"scaffold_{uuid.uuid4().hex[:8]}"  # unique: the venv is shared with other test runs
+def test_installed_env_package_is_listed_trains_and_is_gone_after_uninstall(tmp_path, tiny_model_dir, plugin_venv):
+    """pip install -e of the generated package (into a venv layered over the test venv, which the
+    tests running beside this one do not see): listed, trained by name, gone after uninstall."""
+    name = f"scaffold_{uuid.uuid4().hex[:8]}"
     dist, folder = f"agentrl-env-{name}", tmp_path / "package"
     assert agentrl("new", "env", name, "--dir", str(folder)).returncode == 0
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+
+    def installed_agentrl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        """``agentrl ARGS`` with the venv's interpreter: it sees what was installed there."""
+        return subprocess.run([str(plugin_venv.python), "-m", "agentrl.cli", *args], cwd=cwd, capture_output=True,
+                              text=True, timeout=600)
+
     train = ["train", "--env", name, "--model", str(tiny_model_dir), "--max-steps", "2", "--prompts-per-step", "2",
              "--num-generations", "2", "--set", "eval_tasks=0", "--set", "max_new_tokens=8",
              "--set", "save_model=false"]
-    installed = subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", "-e", str(folder)],
-                               capture_output=True, text=True, timeout=300)
+    installed = plugin_venv.pip("install", "--no-deps", "--no-build-isolation", "-e", str(folder))
     try:
         assert installed.returncode == 0, installed.stdout + installed.stderr
-        rows = {row["name"]: row for row in json.loads(agentrl("plugins", "--json").stdout)}
+        rows = {row["name"]: row for row in json.loads(installed_agentrl("plugins", "--json").stdout)}
         assert rows[f"{name}_env"] == {"name": f"{name}_env", "module": f"agentrl_env_{name}", "distribution": dist,
                                        "version": "0.1.0", "registers": {"env": [name]}}
-        result = agentrl(*train, "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
+        result = installed_agentrl(*train, "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"run saved to {tmp_path / 'run'}" in result.stdout
         metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         assert [m["step"] for m in metrics if "loss/policy" in m] == [1, 2]
     finally:
-        removed = subprocess.run([*pip, "uninstall", "-y", dist], capture_output=True, text=True, timeout=300)
+        removed = plugin_venv.pip("uninstall", "-y", dist)
     assert removed.returncode == 0, removed.stdout + removed.stderr
-    assert f"{name}_env" not in {row["name"] for row in json.loads(agentrl("plugins", "--json").stdout)}
-    gone = agentrl(*train, "--output-dir", str(tmp_path / "run2"), cwd=tmp_path)
+    assert f"{name}_env" not in {row["name"] for row in json.loads(installed_agentrl("plugins", "--json").stdout)}
+    gone = installed_agentrl(*train, "--output-dir", str(tmp_path / "run2"), cwd=tmp_path)
     output = gone.stdout + gone.stderr
     assert gone.returncode == 2 and f"error: unknown env {name!r}" in output and "Traceback" not in output, output
