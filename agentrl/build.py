@@ -24,6 +24,7 @@ from agentrl.chat import ChatTokenizer
 from agentrl.config import TrainConfig, build_plugin_config, resolve_settings
 from agentrl.env import CallGuard, Env, build_env, call_with_timeout, load_env_class
 from agentrl.errors import ConfigError
+from agentrl.launch import check_process_split
 from agentrl.memory import limit_kernel_caches
 from agentrl.models import load_model, load_tokenizer
 from agentrl.plugins import PluginManager
@@ -265,14 +266,6 @@ def check_sharded_run(config: TrainConfig, sharded: bool, fsdp: bool) -> None:
                           "supported yet; set checkpoint_every=0 (the final model is still saved) or use fsdp / zero2")
     if sharded and config.lora is not None:
         raise ConfigError("lora with sharded weights (FSDP, ZeRO-3) is not supported yet: use ddp or zero2")
-
-
-def check_process_split(config: TrainConfig, num_processes: int) -> None:
-    """A ConfigError unless the step's groups split evenly over the processes (a group never
-    straddles two processes)."""
-    if config.prompts_per_step % num_processes:
-        raise ConfigError(f"prompts_per_step={config.prompts_per_step} does not split over {num_processes} processes: "
-                          "each process rolls out whole groups; use a multiple of the process count")
 
 
 def make_env(manager: PluginManager, config: TrainConfig) -> Env:

@@ -243,9 +243,8 @@ def _launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: 
     processes under ``accelerate launch``; their exit status."""
     import torch
 
-    from agentrl.launch import launch_command, run_launched
+    from agentrl.launch import check_process_split, launch_command, run_launched
     from agentrl.models import resolve_model
-    from agentrl.build import check_process_split
 
     check_process_split(cfg, num_processes)
     if not given["--resume"]:  # every process must agree on the run dir

@@ -18,6 +18,7 @@ import sys
 import termios
 import threading
 from pathlib import Path
+from typing import Any
 
 from agentrl.errors import ConfigError, one_line
 
@@ -33,6 +34,14 @@ def inside_launch() -> bool:
 def process_rank() -> int:
     """This process's rank as the launcher set it (0 when not launched)."""
     return int(os.environ.get("RANK", "0"))
+
+
+def check_process_split(config: Any, num_processes: int) -> None:
+    """A ConfigError unless the step's groups (``config.prompts_per_step``) split evenly over the
+    processes (a group never straddles two processes)."""
+    if config.prompts_per_step % num_processes:
+        raise ConfigError(f"prompts_per_step={config.prompts_per_step} does not split over {num_processes} processes: "
+                          "each process rolls out whole groups; use a multiple of the process count")
 
 
 def launch_command(num_processes: int, accelerate_config: str | None, train_args: list[str],

