@@ -18,9 +18,12 @@ import sys
 import termios
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from agentrl.errors import ConfigError, one_line
+
+if TYPE_CHECKING:
+    from agentrl.config import TrainConfig
 
 LAUNCHED = "AGENTRL_LAUNCHED"
 """Set in the launched processes, so they train instead of launching again."""
@@ -36,9 +39,9 @@ def process_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def check_process_split(config: Any, num_processes: int) -> None:
-    """A ConfigError unless the step's groups (``config.prompts_per_step``) split evenly over the
-    processes (a group never straddles two processes)."""
+def check_process_split(config: TrainConfig, num_processes: int) -> None:
+    """A ConfigError unless the step's groups split evenly over the processes (a group never
+    straddles two processes)."""
     if config.prompts_per_step % num_processes:
         raise ConfigError(f"prompts_per_step={config.prompts_per_step} does not split over {num_processes} processes: "
                           "each process rolls out whole groups; use a multiple of the process count")
