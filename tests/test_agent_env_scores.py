@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,7 @@ from agentrl.config import TrainConfig
 from agentrl.evaluate import episode_success
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model
+from cli_in_process import agentrl_in_process
 
 BOXES = '''
 def solve(task, client):
@@ -85,12 +84,11 @@ def test_a_failing_env_check_is_skipped_or_fails_the_run(tokenizer, tmp_path):
 
 def test_held_out_accuracy_of_an_agent_run_through_the_cli(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", "--env", "math", "--model", str(tiny_model_dir),
-         "--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
-         "--set", "rollout=openai_agent", "--set", f"plugins.openai_agent.agent={_agent(tmp_path)}",
-         "--set", "eval_tasks=4", "--set", "max_new_tokens=4", "--set", "save_model=false"],
-        capture_output=True, text=True, timeout=600)
+    result = agentrl_in_process(
+        "train", "--env", "math", "--model", str(tiny_model_dir),
+        "--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
+        "--set", "rollout=openai_agent", "--set", f"plugins.openai_agent.agent={_agent(tmp_path)}",
+        "--set", "eval_tasks=4", "--set", "max_new_tokens=4", "--set", "save_model=false")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = json.loads((out / "eval.json").read_text())

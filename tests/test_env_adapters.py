@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from agentrl import ConfigError, Env, EnvError, EnvLibraryError
 from agentrl.testing import check_env
+from cli_in_process import agentrl_in_process
 
 pytest.importorskip("reasoning_gym")
 pytest.importorskip("textarena")
@@ -250,20 +250,12 @@ def test_games_refused_with_one_clear_line(make: Callable[[], Env], error: type[
 
 # -- through the CLI ---------------------------------------------------------------------------------
 
-BLOCK_AND_RUN = """
-import sys
-sys.modules[{module!r}] = None  # the library is not installed
-from agentrl.cli import app
-app(sys.argv[1:], prog_name="agentrl")
-"""
-
-
 @pytest.mark.parametrize(("env", "module", "extra"), [
     ("reasoning_gym", "reasoning_gym", "reasoning-gym"), ("textarena", "textarena", "textarena"),
     ("gem", "gem", "gem")])
-def test_missing_library_names_the_extra(env: str, module: str, extra: str, tmp_path) -> None:
-    result = subprocess.run([sys.executable, "-c", BLOCK_AND_RUN.format(module=module), "train", "--env", env,
-                             "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+def test_missing_library_names_the_extra(env: str, module: str, extra: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # the library is not installed
+    result = agentrl_in_process("train", "--env", env, "--output-dir", str(tmp_path / "run"))
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"pip install 'agentrl[{extra}]'" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
@@ -278,10 +270,10 @@ def test_missing_library_names_the_extra(env: str, module: str, extra: str, tmp_
 ], ids=["reasoning_gym", "textarena", "gem"])
 def test_adapter_trains_two_steps_through_the_cli(env_args: list[str], tiny_model_dir, tmp_path) -> None:
     out = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", *env_args, "--model", str(tiny_model_dir), "--max-steps", "2",
-         "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out), "--set", "eval_tasks=2",
-         "--set", "max_new_tokens=8"], capture_output=True, text=True, timeout=600)
+    result = agentrl_in_process(
+        "train", *env_args, "--model", str(tiny_model_dir), "--max-steps", "2",
+        "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out), "--set", "eval_tasks=2",
+        "--set", "max_new_tokens=8")
     assert result.returncode == 0, result.stdout + result.stderr
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[:2] == [1, 2]

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from agentrl import Env, EnvError
 from agentrl.env import PrivateGlobalRandom, boxed_reply
 from agentrl.testing import check_env, check_gold_answer, gold_text
+from cli_in_process import agentrl_in_process
 
 CACHED_TASKS = [{"id": f"t{i}", "question": f"Say {i}.", "answer": str(i), "metadata": {"digits": [i]}}
                 for i in range(8)]
@@ -214,11 +213,10 @@ class StartsWithText(ThreeValues):
 def test_cli_reports_a_broken_env_in_one_line(tiny_model_dir, tmp_path, cls: str, message: str) -> None:
     path = tmp_path / "broken_env.py"
     path.write_text(BROKEN_ENV_FILE)
-    result = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", "--env", f"{path}:{cls}", "--model", str(tiny_model_dir),
-         "--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir",
-         str(tmp_path / "run"), "--set", "eval_tasks=0", "--set", "max_new_tokens=4"],
-        capture_output=True, text=True, timeout=300)
+    result = agentrl_in_process(
+        "train", "--env", f"{path}:{cls}", "--model", str(tiny_model_dir),
+        "--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir",
+        str(tmp_path / "run"), "--set", "eval_tasks=0", "--set", "max_new_tokens=4")
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
     assert message in " ".join(result.stderr.split()), output

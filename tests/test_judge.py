@@ -15,6 +15,7 @@ from agentrl.reward_schemes import RewardContext
 from agentrl.rewards import resolve_rewards
 from agentrl.testing import build_tiny_model, make_trajectory
 from agentrl_rewards.judge import DEFAULT_RUBRIC, JudgeConfig, judge_scheme, parse_score, render
+from cli_in_process import agentrl_in_process
 
 
 @pytest.mark.parametrize(("reply", "score"), [
@@ -238,15 +239,12 @@ def test_a_local_model_folder_judges_greedily(tiny_model_dir):
 
 
 def test_cli_trains_with_the_policy_as_its_own_judge(tiny_model_dir, tmp_path):
-    import subprocess
-    import sys
-
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "--model", str(tiny_model_dir),
-                             "--reward", "judge:policy:0.5", "--reward", "format", "--set", "plugins.judge.max_new_tokens=4",
-                             "--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2",
-                             "--set", "eval_tasks=3", "--set", "max_new_tokens=8", "--output-dir", str(out)],
-                            capture_output=True, text=True, timeout=600)
+    result = agentrl_in_process("train", "--model", str(tiny_model_dir),
+                                "--reward", "judge:policy:0.5", "--reward", "format",
+                                "--set", "plugins.judge.max_new_tokens=4",
+                                "--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2",
+                                "--set", "eval_tasks=3", "--set", "max_new_tokens=8", "--output-dir", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [line for line in lines if "judge/judged" in line]

@@ -16,6 +16,7 @@ import yaml
 from agentrl import Env
 from agentrl.evaluate import episode_success
 from agentrl.testing import make_trajectory
+from cli_in_process import agentrl_in_process
 
 AGENTRL = [sys.executable, "-m", "agentrl.cli"]
 TINY = ["--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--set", "max_new_tokens=4"]
@@ -47,6 +48,8 @@ class Scored(Env):
 
 
 def agentrl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``agentrl ARGS`` in a subprocess 200 columns wide: for what only a process shows (what its
+    output streams get, --help laid out for the terminal); the other tests run the CLI in-process."""
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run([*AGENTRL, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
@@ -55,13 +58,14 @@ def test_eval_of_a_run_dir_uses_the_runs_env_and_works_from_another_directory(ti
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir(), elsewhere.mkdir()
     (project / "scored.py").write_text(SCORED_ENV)
-    trained = agentrl("train", "--env", "scored.py:Scored", "--set", "env_args.target=70", "--model",
-                      str(tiny_model_dir), "--output-dir", "run", "--set", "eval_tasks=2", *TINY, cwd=project)
+    trained = agentrl_in_process("train", "--env", "scored.py:Scored", "--set", "env_args.target=70", "--model",
+                                 str(tiny_model_dir), "--output-dir", "run", "--set", "eval_tasks=2", *TINY,
+                                 cwd=project)
     assert trained.returncode == 0, trained.stdout + trained.stderr
     config = yaml.safe_load((project / "run" / "config.yaml").read_text())
     assert config["env"] == f"{project / 'scored.py'}:Scored"  # absolute: usable from anywhere
-    result = agentrl("eval", "--model", str(project / "run"), "--num-tasks", "2", "--max-new-tokens", "4",
-                     "--json", cwd=elsewhere)
+    result = agentrl_in_process("eval", "--model", str(project / "run"), "--num-tasks", "2", "--max-new-tokens",
+                                "4", "--json", cwd=elsewhere)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = json.loads(result.stdout.strip().splitlines()[-1])
     assert metrics["env"] == config["env"] and metrics["env_args"] == {"target": 70}
@@ -116,14 +120,15 @@ def test_a_scored_but_lost_game_is_not_a_success() -> None:
 
 
 def test_print_config_shows_the_rewards_that_will_run(tmp_path):
-    default = yaml.safe_load(agentrl("train", "--print-config").stdout)
+    default = yaml.safe_load(agentrl_in_process("train", "--print-config").stdout)
     assert default["rewards"] == {"format": 1.0, "accuracy": 1.0} and default["algorithm"]["epsilon_low"] == 0.2
-    chosen = yaml.safe_load(agentrl("train", "--reward", "accuracy:0.5", "--print-config").stdout)
+    chosen = yaml.safe_load(agentrl_in_process("train", "--reward", "accuracy:0.5", "--print-config").stdout)
     assert chosen["rewards"] == {"accuracy": 0.5}
 
 
 def test_unknown_reward_gets_did_you_mean(tmp_path):
-    result = agentrl("train", "--reward", "acuracy", "--output-dir", str(tmp_path / "r"), "--set", "eval_tasks=0")
+    result = agentrl_in_process("train", "--reward", "acuracy", "--output-dir", str(tmp_path / "r"),
+                                "--set", "eval_tasks=0")
     assert result.returncode == 2
     assert "unknown reward 'acuracy'; did you mean 'accuracy'?" in result.stderr
     assert not (tmp_path / "r").exists()
@@ -153,20 +158,22 @@ def agentrl_register_rewards(register):
 
 def test_plugin_from_a_file_relative_to_the_cwd_and_disabling_a_plugin(tmp_path):
     (tmp_path / "myplug.py").write_text(PLUGIN_FILE)
-    listed = agentrl("plugins", "--plugin", "myplug.py", "--disable-plugin", "gem_env", "--json", cwd=tmp_path)
+    listed = agentrl_in_process("plugins", "--plugin", "myplug.py", "--disable-plugin", "gem_env", "--json",
+                                cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     rows = {row["name"]: row for row in json.loads(listed.stdout)}
     assert rows["myplug.py"]["registers"] == {"reward": ["shout"]} and "gem_env" not in rows
-    shown = agentrl("train", "--plugin", "myplug.py", "--reward", "shout:0.3", "--print-config", cwd=tmp_path)
+    shown = agentrl_in_process("train", "--plugin", "myplug.py", "--reward", "shout:0.3", "--print-config",
+                               cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
-    missing = agentrl("train", "--disable-plugin", "rewards", "--reward", "format", "--output-dir",
-                      str(tmp_path / "r"), "--set", "eval_tasks=0", cwd=tmp_path)
+    missing = agentrl_in_process("train", "--disable-plugin", "rewards", "--reward", "format", "--output-dir",
+                                 str(tmp_path / "r"), "--set", "eval_tasks=0", cwd=tmp_path)
     assert missing.returncode == 2 and "unknown reward 'format'" in missing.stderr
 
 
 def test_a_misspelt_hook_is_named_with_the_fix(tmp_path):
     (tmp_path / "typo.py").write_text(PLUGIN_FILE.replace("def agentrl_register_rewards", "def agentrl_register_reward"))
-    result = agentrl("plugins", "--plugin", "typo.py", cwd=tmp_path)
+    result = agentrl_in_process("plugins", "--plugin", "typo.py", cwd=tmp_path)
     assert result.returncode == 2
     assert ("implements 'agentrl_register_reward', which is not an agentrl hook; rename it to "
             "'agentrl_register_rewards'") in " ".join(result.stderr.split())
@@ -215,7 +222,7 @@ def test_an_env_file_may_define_dataclasses(tmp_path):
 def test_a_hook_with_a_wrong_signature_is_named(tmp_path):
     (tmp_path / "wrong.py").write_text(PLUGIN_FILE.replace("def agentrl_register_rewards(register)",
                                                            "def agentrl_register_rewards(register, registry)"))
-    result = agentrl("plugins", "--plugin", "wrong.py", cwd=tmp_path)
+    result = agentrl_in_process("plugins", "--plugin", "wrong.py", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     message = " ".join(result.stderr.split())
     assert "plugin 'wrong.py' has an invalid hook implementation" in message and "registry" in message

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from agentrl.config import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model
 from agentrl.trajectory import with_segments
+from cli_in_process import agentrl_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -253,12 +252,11 @@ def test_grpo_trains_the_agent_through_the_cli(tiny_model_dir, tmp_path):
                      "    metrics['probe/rows'] = float(batch.num_rows)\n"
                      "    metrics['probe/groups'] = float(len(set(batch.groups.tolist())))\n")
     out = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", "--env", "math", "--model", str(tiny_model_dir),
-         "--max-steps", "3", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
-         "--plugin", str(probe), "--set", "rollout=openai_agent", "--set", f"plugins.openai_agent.agent={agent}",
-         "--set", "eval_tasks=2", "--set", "max_new_tokens=8", "--set", "save_model=false"],
-        capture_output=True, text=True, timeout=600)
+    result = agentrl_in_process(
+        "train", "--env", "math", "--model", str(tiny_model_dir),
+        "--max-steps", "3", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
+        "--plugin", str(probe), "--set", "rollout=openai_agent", "--set", f"plugins.openai_agent.agent={agent}",
+        "--set", "eval_tasks=2", "--set", "max_new_tokens=8", "--set", "save_model=false")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "loss/total" in line] == [1, 2, 3]
@@ -425,10 +423,9 @@ def test_print_config_refuses_a_tool_parser_as_train_does(where, tiny_model_dir,
     agent = _agent_file(tmp_path, LOOP)
     common = ["--env", "calculator", "--set", f"{where}=xml_jsn", "--set", "rollout=openai_agent",
               "--set", f"plugins.openai_agent.agent={agent}"]
-    run = [sys.executable, "-m", "agentrl.cli", "train", *common]
-    printed = subprocess.run([*run, "--print-config"], capture_output=True, text=True, timeout=300)
-    trained = subprocess.run([*run, "--model", str(tiny_model_dir), "--max-steps", "1", "--set", "eval_tasks=0",
-                              "--output-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    printed = agentrl_in_process("train", *common, "--print-config")
+    trained = agentrl_in_process("train", *common, "--model", str(tiny_model_dir), "--max-steps", "1",
+                                 "--set", "eval_tasks=0", "--output-dir", str(tmp_path / "r"))
     for result in (printed, trained):
         assert result.returncode == 2 and "unknown tool_parser 'xml_jsn'; did you mean 'xml_json'?" in result.stderr, \
             result.stdout + result.stderr

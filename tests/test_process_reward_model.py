@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -24,6 +22,7 @@ from agentrl.rewards import resolve_rewards
 from agentrl.scoring import score
 from agentrl_math import MathEnv
 from agentrl_rewards.process_reward_model import ProcessRewardModel
+from cli_in_process import agentrl_in_process
 
 REPLIES = ["First, 3 * 4 = 12.\n\nThen 2 + 12 = 14.\n\nSo the answer is \\boxed{14}.",
            "It is 14.",
@@ -134,7 +133,6 @@ def test_long_episodes_keep_their_last_tokens_and_bad_models_are_refused(tmp_pat
 
 # -- the ``prm:PATH`` reward scheme, through the run's config -------------------------------------------------
 
-AGENTRL = [sys.executable, "-m", "agentrl.cli"]
 TINY = ("--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=0",
         "--set", "max_new_tokens=8")
 
@@ -196,8 +194,8 @@ def test_a_folder_that_is_no_token_classification_prm_is_refused(tmp_path, token
 
 
 def test_cli_bad_prm_folder_is_one_line_naming_it(tiny_model_dir, tmp_path):
-    result = subprocess.run([*AGENTRL, "train", "--model", str(tiny_model_dir), "--reward", "prm:/nonexistent/prm:0.5",
-                             "--output-dir", str(tmp_path / "r"), *TINY], capture_output=True, text=True, timeout=600)
+    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", "prm:/nonexistent/prm:0.5",
+                                "--output-dir", str(tmp_path / "r"), *TINY)
     assert result.returncode == 2, result.stdout + result.stderr
     err = " ".join(result.stderr.split())
     assert "process reward model '/nonexistent/prm' is not a model folder (no config.json there)" in err
@@ -207,10 +205,10 @@ def test_cli_bad_prm_folder_is_one_line_naming_it(tiny_model_dir, tmp_path):
 def test_cli_trains_with_process_advantages_from_a_relative_prm_folder(tiny_model_dir, tokenizer, tmp_path):
     folder = _prm_dir(tmp_path, tokenizer)
     out = tmp_path / "run"
-    result = subprocess.run([*AGENTRL, "train", "--model", str(tiny_model_dir), "--reward", f"prm:{folder.name}:1",
-                             "--set", "algorithm.advantage=process", "--set", "env_reward_weight=0",
-                             "--set", "precision=fp32", "--set", "log_completions_every=1", "--output-dir", str(out),
-                             *TINY], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", f"prm:{folder.name}:1",
+                                "--set", "algorithm.advantage=process", "--set", "env_reward_weight=0",
+                                "--set", "precision=fp32", "--set", "log_completions_every=1", "--output-dir", str(out),
+                                *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["rewards"] == {f"prm:{folder}": 1.0} and saved["algorithm"]["advantage"] == "process"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,9 +18,9 @@ from agentrl.reward_schemes import RewardContext, absolute_argument, with_absolu
 from agentrl.rewards import resolve_rewards
 from agentrl.testing import make_trajectory
 from agentrl_rewards.reward_model import RewardModel, RewardModelConfig
+from cli_in_process import CliResult, agentrl_in_process
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
-AGENTRL = [sys.executable, "-m", "agentrl.cli"]
 TINY = ("--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=0",
         "--set", "max_new_tokens=8")
 
@@ -152,8 +150,8 @@ def test_the_scheme_loads_the_model_once_with_the_runs_settings(rm_dir, tokenize
     assert {"answer", "question"} <= set(context.columns)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*AGENTRL, *args], capture_output=True, text=True, timeout=600)
+def run_cli(*args: str) -> CliResult:
+    return agentrl_in_process(*args)
 
 
 def test_cli_trains_with_a_reward_model_and_its_scores_are_the_rewards(rm_dir, tiny_model_dir, tokenizer, tmp_path):
@@ -224,15 +222,13 @@ def test_cli_run_with_a_relative_rm_path_resumes_from_another_directory(rm_dir, 
     elsewhere.mkdir()
     flags = ["--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=0",
              "--set", "max_new_tokens=8", "--set", "checkpoint_every=1", "--set", "save_model=false"]
-    first = subprocess.run([*AGENTRL, "train", "--model", str(tiny_model_dir), "--reward", "rm:./my_rm:1",
-                            "--output-dir", str(out), *flags], capture_output=True, text=True, timeout=600, cwd=start)
+    first = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", "rm:./my_rm:1",
+                               "--output-dir", str(out), *flags, cwd=start)
     assert first.returncode == 0, first.stdout + first.stderr
     assert yaml.safe_load((out / "config.yaml").read_text())["rewards"] == {f"rm:{start / 'my_rm'}": 1.0}
-    shown = subprocess.run([*AGENTRL, "train", "--reward", "rm:./my_rm:1", "--print-config"], capture_output=True,
-                           text=True, timeout=600, cwd=start)
+    shown = agentrl_in_process("train", "--reward", "rm:./my_rm:1", "--print-config", cwd=start)
     assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["rewards"] == {f"rm:{start / 'my_rm'}": 1.0}, shown
-    resumed = subprocess.run([*AGENTRL, "train", "--resume", str(out), "--max-steps", "2"], capture_output=True,
-                             text=True, timeout=600, cwd=elsewhere)
+    resumed = agentrl_in_process("train", "--resume", str(out), "--max-steps", "2", cwd=elsewhere)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in steps if "reward/rm_mean" in row] == [1, 2]

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
+from cli_in_process import agentrl_in_process
 
 AGENTRL = [sys.executable, "-m", "agentrl.cli"]
 
@@ -85,15 +86,16 @@ def test_bad_requests_are_one_line_errors_with_exit_status_2(args, message, tmp_
 
 def test_tool_env_package_is_a_tool_env_whose_reward_needs_its_tool_and_trains(tmp_path, tiny_model_dir):
     folder = tmp_path / "shop"
-    assert agentrl("new", "env", "shop", "--tools", "--dir", str(folder)).returncode == 0
+    assert agentrl_in_process("new", "env", "shop", "--tools", "--dir", str(folder)).returncode == 0
     source = (folder / "agentrl_env_shop" / "__init__.py").read_text()
     assert "class ShopEnv(ToolEnv):" in source and "def price(self, item: str, quantity: int = 1) -> int:" in source
     readme = (folder / "README.md").read_text()
     assert "`ShopEnv` in `agentrl_env_shop/__init__.py`, an `agentrl.ToolEnv`" in readme and "$" not in readme
     spec = f"{folder / 'agentrl_env_shop' / '__init__.py'}:ShopEnv"  # no install: the file itself
-    result = agentrl("train", "--env", spec, "--model", str(tiny_model_dir), "--max-steps", "2", "--prompts-per-step",
-                     "2", "--num-generations", "2", "--set", "eval_tasks=0", "--set", "max_new_tokens=8",
-                     "--set", "save_model=false", "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
+    result = agentrl_in_process("train", "--env", spec, "--model", str(tiny_model_dir), "--max-steps", "2",
+                                "--prompts-per-step", "2", "--num-generations", "2", "--set", "eval_tasks=0",
+                                "--set", "max_new_tokens=8", "--set", "save_model=false",
+                                "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rewards: env return x1 + tool_use x0.2 (the env's defaults)" in result.stdout
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

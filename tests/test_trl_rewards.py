@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -18,8 +16,8 @@ from agentrl.plugins import load_plugins
 from agentrl.rewards import TRLReward, load_reward, resolve_rewards
 from agentrl.scoring import score
 from agentrl.testing import make_trajectory
+from cli_in_process import CliResult, agentrl_in_process
 
-AGENTRL = [sys.executable, "-m", "agentrl.cli"]
 SYSTEM = {"role": "system", "content": "Be brief."}
 
 
@@ -134,8 +132,8 @@ def test_resolve_labels_file_rewards_by_function_name(tmp_path):
     assert list(resolved) == ["brevity", "format"] and resolved["brevity"][1] == 0.5
 
 
-def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([*AGENTRL, *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+def run_cli(*args: str, cwd=None) -> CliResult:
+    return agentrl_in_process(*args, cwd=cwd)
 
 
 TINY = ("--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=2",

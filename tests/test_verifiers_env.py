@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import os
 import re
-import subprocess
 import sys
 import threading
 import types
@@ -21,6 +19,7 @@ import pytest
 
 from agentrl import ConfigError, EnvError
 from agentrl.testing import check_env
+from cli_in_process import agentrl_in_process
 
 vf = pytest.importorskip("verifiers")
 if not hasattr(vf, "load_environment"):
@@ -338,13 +337,11 @@ def test_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_trains_two_steps_through_the_cli(env_dir: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    path = os.pathsep.join([str(env_dir), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    result = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", "--env", "verifiers", "--set", f"env_args.env_id={MODULE}",
-         "--set", "env_args.env_kwargs.kind=retry", "--set", "env_args.max_turns=2", "--set", "env_args.num_eval=4",
-         "--model", str(tiny_model_dir), "--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2",
-         "--output-dir", str(out), "--set", "eval_tasks=4", "--set", "max_new_tokens=8"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": path})
+    result = agentrl_in_process(  # env_dir has put MODULE's folder on sys.path
+        "train", "--env", "verifiers", "--set", f"env_args.env_id={MODULE}",
+        "--set", "env_args.env_kwargs.kind=retry", "--set", "env_args.max_turns=2", "--set", "env_args.num_eval=4",
+        "--model", str(tiny_model_dir), "--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2",
+        "--output-dir", str(out), "--set", "eval_tasks=4", "--set", "max_new_tokens=8")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines][:2] == [1, 2]
