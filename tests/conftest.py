@@ -48,6 +48,11 @@ class PluginVenv:
         return subprocess.run([sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", "--python",
                                str(self.python), *args], capture_output=True, text=True, timeout=600)
 
+    def agentrl(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """``agentrl ARGS`` with this venv's interpreter: it sees what was installed here."""
+        return subprocess.run([str(self.python), "-m", "agentrl.cli", *args], cwd=cwd, capture_output=True,
+                              text=True, timeout=600)
+
 
 @pytest.fixture
 def plugin_venv(tmp_path) -> PluginVenv:

@@ -6,7 +6,6 @@ import or registers a taken name is named with the fix."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -102,20 +101,13 @@ def pip(venv: PluginVenv, *args: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def agentrl(venv: PluginVenv, *args: str) -> subprocess.CompletedProcess:
-    """``agentrl ARGS`` with the venv's interpreter: it sees what was installed there."""
-    return subprocess.run([str(venv.python), "-m", "agentrl.cli", *args], capture_output=True, text=True, timeout=600)
-
-
-def test_installed_reward_and_env_packages_train_then_are_gone_after_uninstall(tiny_model_dir, tmp_path,
-                                                                                plugin_venv):
-    venv = plugin_venv  # the installs below go there
+def test_installed_reward_and_env_packages_train_then_are_gone_after_uninstall(tiny_model_dir, tmp_path, plugin_venv):
     reward_pkg = write_package(tmp_path, "agentrl-reward-exclaim", "agentrl_reward_exclaim", "exclaim_reward",
                                REWARD_MODULE)
     env_pkg = write_package(tmp_path, "agentrl-env-echo", "agentrl_env_echo", "echo_env", ENV_MODULE, "0.4.0")
     try:
-        pip(venv, "install", "--no-deps", "--no-build-isolation", str(reward_pkg), str(env_pkg))
-        rows = {row["name"]: row for row in json.loads(agentrl(venv, "plugins", "--json").stdout)}
+        pip(plugin_venv, "install", "--no-deps", "--no-build-isolation", str(reward_pkg), str(env_pkg))
+        rows = {row["name"]: row for row in json.loads(plugin_venv.agentrl("plugins", "--json").stdout)}
         assert rows["exclaim_reward"]["distribution"] == "agentrl-reward-exclaim"
         assert rows["exclaim_reward"]["version"] == "1.2.3" and rows["exclaim_reward"]["registers"] == {
             "reward": ["exclaim"]}
@@ -123,18 +115,18 @@ def test_installed_reward_and_env_packages_train_then_are_gone_after_uninstall(t
         assert rows["echo_env"]["registers"] == {"env": ["echo"]}
 
         out = tmp_path / "run"
-        result = agentrl(venv, "train", "--env", "echo", "--reward", "exclaim:0.2", "--model",
+        result = plugin_venv.agentrl("train", "--env", "echo", "--reward", "exclaim:0.2", "--model",
                          str(tiny_model_dir), "--output-dir", str(out), *TINY)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "rewards: env return x1 + exclaim x0.2 (--reward)" in " ".join(result.stdout.split())
         lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert [line["step"] for line in lines[:2]] == [1, 2] and "reward/exclaim_mean" in lines[0]
     finally:
-        pip(venv, "uninstall", "-y", "agentrl-reward-exclaim", "agentrl-env-echo")
+        pip(plugin_venv, "uninstall", "-y", "agentrl-reward-exclaim", "agentrl-env-echo")
     gone = ["--output-dir", str(tmp_path / "gone"), "--set", "eval_tasks=0"]
-    missing = agentrl(venv, "train", "--env", "echo", *gone)
+    missing = plugin_venv.agentrl("train", "--env", "echo", *gone)
     assert missing.returncode == 2 and "unknown env 'echo'" in missing.stderr
-    missing = agentrl(venv, "train", "--reward", "exclaim", *gone)
+    missing = plugin_venv.agentrl("train", "--reward", "exclaim", *gone)
     assert missing.returncode == 2 and "unknown reward 'exclaim'" in missing.stderr
     assert not (tmp_path / "gone").exists()
 
@@ -150,10 +142,10 @@ def test_a_broken_installed_plugin_is_named_with_the_fix(module: str, message: s
     package = write_package(tmp_path, "agentrl-bad-plugin", "agentrl_bad_plugin", "bad_plugin", module)
     try:
         pip(plugin_venv, "install", "--no-deps", "--no-build-isolation", str(package))
-        result = agentrl(plugin_venv, "plugins")
+        result = plugin_venv.agentrl("plugins")
         assert result.returncode == 2 and message in " ".join(result.stderr.split()), result.stderr
         assert "Traceback" not in result.stderr
-        assert agentrl(plugin_venv, "plugins", "--disable-plugin", "bad_plugin").returncode == 0
+        assert plugin_venv.agentrl("plugins", "--disable-plugin", "bad_plugin").returncode == 0
     finally:
         pip(plugin_venv, "uninstall", "-y", "agentrl-bad-plugin")
-    assert agentrl(plugin_venv, "plugins").returncode == 0
+    assert plugin_venv.agentrl("plugins").returncode == 0

@@ -109,22 +109,16 @@ def test_installed_env_package_is_listed_trains_and_is_gone_after_uninstall(tmp_
     name = f"scaffold_{uuid.uuid4().hex[:8]}"
     dist, folder = f"agentrl-env-{name}", tmp_path / "package"
     assert agentrl("new", "env", name, "--dir", str(folder)).returncode == 0
-
-    def installed_agentrl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-        """``agentrl ARGS`` with the venv's interpreter: it sees what was installed there."""
-        return subprocess.run([str(plugin_venv.python), "-m", "agentrl.cli", *args], cwd=cwd, capture_output=True,
-                              text=True, timeout=600)
-
     train = ["train", "--env", name, "--model", str(tiny_model_dir), "--max-steps", "2", "--prompts-per-step", "2",
              "--num-generations", "2", "--set", "eval_tasks=0", "--set", "max_new_tokens=8",
              "--set", "save_model=false"]
     installed = plugin_venv.pip("install", "--no-deps", "--no-build-isolation", "-e", str(folder))
     try:
         assert installed.returncode == 0, installed.stdout + installed.stderr
-        rows = {row["name"]: row for row in json.loads(installed_agentrl("plugins", "--json").stdout)}
+        rows = {row["name"]: row for row in json.loads(plugin_venv.agentrl("plugins", "--json").stdout)}
         assert rows[f"{name}_env"] == {"name": f"{name}_env", "module": f"agentrl_env_{name}", "distribution": dist,
                                        "version": "0.1.0", "registers": {"env": [name]}}
-        result = installed_agentrl(*train, "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
+        result = plugin_venv.agentrl(*train, "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"run saved to {tmp_path / 'run'}" in result.stdout
         metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -132,7 +126,7 @@ def test_installed_env_package_is_listed_trains_and_is_gone_after_uninstall(tmp_
     finally:
         removed = plugin_venv.pip("uninstall", "-y", dist)
     assert removed.returncode == 0, removed.stdout + removed.stderr
-    assert f"{name}_env" not in {row["name"] for row in json.loads(installed_agentrl("plugins", "--json").stdout)}
-    gone = installed_agentrl(*train, "--output-dir", str(tmp_path / "run2"), cwd=tmp_path)
+    assert f"{name}_env" not in {row["name"] for row in json.loads(plugin_venv.agentrl("plugins", "--json").stdout)}
+    gone = plugin_venv.agentrl(*train, "--output-dir", str(tmp_path / "run2"), cwd=tmp_path)
     output = gone.stdout + gone.stderr
     assert gone.returncode == 2 and f"error: unknown env {name!r}" in output and "Traceback" not in output, output
