@@ -17,6 +17,7 @@ import torch
 from accelerate.utils import set_seed
 
 from agentrl import distributed, lora, sharding
+from agentrl.activation_checkpointing import checkpoint_blocks
 from agentrl.algorithm import Algorithm, SetupContext, TrainableModule
 from agentrl.async_rollouts import VersionedEngine
 from agentrl.batching import plan_micro_batches, split_to_count
@@ -211,6 +212,10 @@ def _algorithm(config: TrainConfig, manager: PluginManager, num_processes: int) 
 def _train_policy(run: Run) -> None:
     """The policy's logprob forward, its AdamW and LR schedule, prepared by accelerate."""
     config = run.config
+    if config.gradient_checkpointing and not checkpoint_blocks(run.model):
+        raise ConfigError(f"gradient_checkpointing=true: {type(run.model).__name__} has no decoder blocks to "
+                          "checkpoint (no transformers GradientCheckpointingLayer, no nn.ModuleList of blocks); "
+                          "set gradient_checkpointing false")
     policy = TokenLogprobs(run.model, temperature=config.temperature, pack=config.pack_sequences)
     run.policy_pack = check_packing(policy, config.pack_sequences)
     optimizer = torch.optim.AdamW([p for p in run.model.parameters() if p.requires_grad], lr=config.learning_rate,
@@ -230,6 +235,8 @@ def _train_owned(run: Run, modules: dict[str, TrainableModule]) -> None:
                               "other than 'model' and 'policy' (it names a folder in the run dir)")
         if run.replica is not None:  # sharded: its shape, to save the gathered weights into at the end
             run.owned_templates[name] = sharding.shape_template(spec.module)
+        if run.config.gradient_checkpointing:  # a module without blocks (a small head) runs as it is
+            checkpoint_blocks(spec.module)
         params = [p for p in spec.module.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, betas=spec.betas, weight_decay=spec.weight_decay)
         spec.module, optimizer = run.accelerator.prepare(spec.module, optimizer)

@@ -110,9 +110,11 @@ class TrainConfig:
     micro_batch_size: Positive = 8
     """Sequences per forward/backward at most; a step accumulates over all its micro-batches."""
     micro_batch_tokens: Positive = 4096
-    """Padded tokens per forward/backward at most (rows x longest row): long multi-turn episodes
-    go fewer to a micro-batch, which bounds activation memory (about 1.8 MB per token for the
-    default model in bf16 autocast). A row longer than this goes alone."""
+    """Padded tokens per forward/backward at most (rows x longest row), bounding activation memory
+    (~1.8 MB a token, default model, bf16 autocast); a longer row goes alone."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder block in the backward pass instead of keeping its activations, for the
+    policy and modules an algorithm trains (:mod:`agentrl.activation_checkpointing`); same gradients."""
     precision: Annotated[str, OneOf("auto", "bf16", "fp32")] = "auto"
     """``auto``: ``bf16`` where the hardware computes bf16 natively (a CPU with AMX or AVX512-BF16,
     a GPU with bf16), ``fp32`` elsewhere (on a CPU without native bf16 it is 3.6-30x slower), decided at
@@ -192,13 +194,11 @@ class TrainConfig:
     is published (between decode steps: ``hf``, ``vllm``; else turns); fresher, not bitwise reproducible."""
 
     def __post_init__(self) -> None:
-        """Check every value against its field's type and declared range, then the rules that
-        relate fields; make ``env`` and reward paths absolute."""
+        """Check each value's type and range, then the rules relating fields; make paths absolute."""
         check_types(TrainConfig, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         check_declared(self, strict=False)  # the types are checked: adam_betas may be a list
         if self.max_total_tokens <= self.max_new_tokens:
-            # The prompt must fit too: that check needs the env and the tokenizer, so it belongs in the
-            # Trainer once both are built (tokenise a few ``env.start(task)`` and compare).
+            # The prompt must fit too: checked once the env and tokenizer are built (build.check_prompt_room).
             raise ConfigError(f"max_total_tokens={self.max_total_tokens} must be > max_new_tokens="
                               f"{self.max_new_tokens}: an episode holds the prompt and the sampled tokens")
         if self.rewards is not None and "" in self.rewards:

@@ -4,7 +4,8 @@
                                   [--set engine_args.dtype=float32] [--plot rss.png] [--json rss.json]
 
 Runs ``Trainer.train`` in this process on the default config (SmolLM2-135M, math, GRPO, 4 tasks x 8
-episodes, 64 new tokens, bf16 autocast, hf engine in bf16) for ``--steps`` steps. By default the
+episodes, 64 new tokens, ``precision: auto``: bf16 autocast where the CPU computes bf16 natively, fp32
+elsewhere) for ``--steps`` steps. By default the
 evaluations and checkpoints are off (``--eval-tasks``/``--eval-every``/``--checkpoint-every`` turn
 them on) so that only the training steps are measured. After every step it records:
 
@@ -12,7 +13,8 @@ them on) so that only the training steps are measured. After every step it recor
 * glibc ``mallinfo2``: ``heap`` (malloc's heaps), ``free`` (bytes freed but kept in them),
   ``used`` (live heap bytes), ``mmap`` (blocks mapped on their own);
 * ``pyobj``: objects the GC tracks (and ``--tracemalloc``: Python-allocated MB), ``thr``: threads;
-* the step's time and longest sequence (tensor shapes change every step).
+* the step's time, its update's (forward and backward passes, optimizer) and its mean sequence
+  and sampled lengths (tensor shapes change every step).
 
 and prints a table, then the RSS slope in MB/step over the steps after ``--warmup``.
 
@@ -31,7 +33,8 @@ Switches (compare the slope with and without each):
   the biggest growth between the warm-up and the last step;
 * ``--set key=value``: any config override (``engine_args.dtype=float32`` samples with the fp32
   model, no bf16 copy; ``precision=fp32`` turns autocast off; ``call_timeout_s=0`` runs rewards and
-  env calls in the main thread instead of a thread per call).
+  env calls in the main thread instead of a thread per call; ``gradient_checkpointing=true``
+  recomputes the decoder blocks in the backward pass; ``env=calculator``: longer, multi-turn episodes).
 """
 
 from __future__ import annotations
@@ -110,7 +113,8 @@ class Recorder:
         now = time.perf_counter()
         if self.options.gc:
             gc.collect()
-        row: dict[str, Any] = {"step": step, "seconds": now - self.last, "rss": memory.rss_gb()}
+        row: dict[str, Any] = {"step": step, "seconds": now - self.last,
+                               "update": metrics.get("perf/update_seconds", float("nan")), "rss": memory.rss_gb()}
         stats = memory.malloc_stats()
         if stats is not None:
             row.update(heap=stats.heap_gb, free=stats.free_gb, used=stats.in_use_gb, mmap=stats.mmapped_gb)
@@ -131,7 +135,7 @@ class Recorder:
         self.last = time.perf_counter()
 
 
-COLUMNS = [("step", "{:>4}"), ("seconds", "{:>6.1f}"), ("rss", "{:>6.3f}"), ("rss_trim", "{:>8.3f}"),
+COLUMNS = [("step", "{:>4}"), ("seconds", "{:>6.1f}"), ("update", "{:>6.1f}"), ("rss", "{:>6.3f}"), ("rss_trim", "{:>8.3f}"),
            ("peak", "{:>6.3f}"), ("heap", "{:>6.3f}"), ("free", "{:>6.3f}"), ("used", "{:>6.3f}"),
            ("mmap", "{:>6.3f}"), ("pyobj", "{:>7}"), ("py_mb", "{:>6.1f}"), ("thr", "{:>3}"), ("seq", "{:>5.0f}"),
            ("sampled", "{:>7.1f}")]

@@ -22,6 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from cli_in_process import agentrl_in_process
+
 REWARD = '''
 def vowels(completions, **kwargs):
     """A reward that varies between episodes of a tiny random model: its share of vowels."""
@@ -49,6 +51,13 @@ def agentrl(*args: str) -> subprocess.CompletedProcess[str]:
                             timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
+
+
+def one_process(*args: str) -> None:
+    """The one-process reference run, in this process (``cli_in_process``): what the processes are
+    compared with needs no process of its own, and skips ~10 s of imports."""
+    result = agentrl_in_process(*args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 def common(tiny_model_dir: Path, tmp_path: Path, algo: str, *sets: str) -> list[str]:
@@ -98,7 +107,7 @@ def test_ppo_async_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp
     the two-process run, and its resume, equal one process."""
     args = common(tiny_model_dir, tmp_path, "ppo", "async_steps=2", "checkpoint_every=2", "algorithm.mini_batches=1",
                   "algorithm.ppo_epochs=2", "keep_finished_checkpoints=true")  # step 2's stays: resumed below
-    agentrl(*args, "--max-steps", "4", "--output-dir", str(tmp_path / "one"))
+    one_process(*args, "--max-steps", "4", "--output-dir", str(tmp_path / "one"))
     two = tmp_path / "two"
     agentrl(*args, "--max-steps", "4", "--output-dir", str(two), "--num-processes", "2")
     # mismatch/ratio_min|max (stale tokens: not 1) too: the extremes over both processes' tokens
@@ -135,16 +144,19 @@ def test_fsdp_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
     each process samples from a replica gathered after every update, and the run equals one process
     (weights of both modules, metrics, completions). Questions of two lengths and a token budget that
     fits one long row or four short ones give the processes different micro-batch counts in a step;
-    every forward gathers the shards, so they must run as many (split_to_count)."""
+    every forward gathers the shards, so they must run as many (split_to_count). The two processes
+    also checkpoint their decoder blocks (``gradient_checkpointing``: the backward pass runs each
+    sharded block's forward again), which changes no gradient."""
     data = mixed_length_questions(tmp_path / "questions.jsonl")
     args = common(tiny_model_dir, tmp_path, "ppo", "checkpoint_every=1", "algorithm.mini_batches=1",
                   "algorithm.ppo_epochs=2", f"env_args.data_file={data}", "micro_batch_tokens=263",
                   "keep_finished_checkpoints=true")  # step 2's checkpoint stays: resumed below
-    agentrl(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
+    one_process(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
     two = tmp_path / "two"
     launched = agentrl(*args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2",
-                       "--accelerate-config", "fsdp")
+                       "--accelerate-config", "fsdp", "--set", "gradient_checkpointing=true")
     assert "2 processes (FSDP): weights sharded" in launched.stdout
+    assert "gradient_checkpointing: true" in (two / "config.yaml").read_text()
     assert_same_run(tmp_path / "one", two, parts=("model", "critic"), tolerance=FSDP_WEIGHT_TOLERANCE)
     long_groups: dict[tuple[int, int], int] = {}  # (step, process) -> groups with a long question
     for line in (two / "completions.jsonl").read_text().splitlines():
@@ -205,7 +217,7 @@ def test_ctrl_c_stops_every_process_at_one_step_and_resumes(tiny_model_dir: Path
     reward = tmp_path / "slow.py"
     reward.write_text(f"MARKER = {str(marker)!r}\n" + SLOW_ON_RANK_1)
     args[args.index(f"{tmp_path / 'vowels.py'}:vowels")] = f"{reward}:vowels"
-    agentrl(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
+    one_process(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
     base = load_file(tiny_model_dir / "model.safetensors")
     trained = weights(tmp_path / "one")
     assert max(float((trained[k] - base[k]).abs().max()) for k in base) > 1e-4  # the steps moved the weights

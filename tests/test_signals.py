@@ -278,13 +278,11 @@ def test_sigterm_to_the_top_of_a_two_process_run_stops_every_process(tiny_model_
     """``kill -TERM`` to ``agentrl train --num-processes 2`` alone (not its group): the launcher and
     both training processes stop at one step boundary, the last complete step is saved, nothing is
     left running, the exit status is 143, and --resume continues to the one-process result."""
-    from test_multiprocess import assert_same_run, common, metric_rows
+    from test_multiprocess import assert_same_run, common, metric_rows, one_process
 
     args = common(tiny_model_dir, tmp_path, "grpo", "checkpoint_every=0")
     one = tmp_path / "one"
-    done = subprocess.run([*AGENTRL, *args, "--max-steps", "3", "--output-dir", str(one)], capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    one_process(*args, "--max-steps", "3", "--output-dir", str(one))
     two = tmp_path / "two"
     top = subprocess.Popen([*AGENTRL, *args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
