@@ -15,7 +15,7 @@ trainer's importance weights (old / sampler, the ``sampler_correction`` plugin's
 for the staleness; ``policy_versions`` (per token) and ``async/*`` metrics record it.
 
 The learner hands each new version over as a copy (:meth:`AsyncRollouts.publish`); the engine
-loads it when the thread needs it, between two steps' collections. Evaluation and checkpoints
+loads it when the thread needs it, between two steps' collections, and the copy is dropped then. Evaluation and checkpoints
 need the thread idle (:meth:`AsyncRollouts.quiesce`): a checkpoint after step t holds every batch
 collected for later steps (at least t + 1 .. t + N, whose versions are no longer anywhere else).
 
@@ -240,10 +240,16 @@ class AsyncRollouts:
     def _needed(self) -> int:
         return version_for(self.next_step, self.async_steps, self.floor)
 
-    def _into_engine(self, weights: dict[str, torch.Tensor]) -> None:
-        """Put a published version's ``weights`` into the engine (through the copy it samples from)."""
+    def _into_engine(self, version: int) -> None:
+        """Put a published ``version`` into the engine (through the copy it samples from) and drop its
+        snapshot, and any older one: the engine holds it now (a model's worth of memory each)."""
+        with self.cond:
+            weights = self.snapshots[version]
         self.copy.load_state_dict(weights)
         self.load(self.copy)
+        with self.cond:
+            for old in [v for v in self.snapshots if v <= version]:
+                del self.snapshots[old]
 
     def _newest(self) -> int:
         return max([self.loaded, *self.snapshots])
@@ -260,11 +266,10 @@ class AsyncRollouts:
                 if self.stopped:
                     return
                 step, version = self.next_step, self._newest() if self.partial else self._needed()
-                weights = self.snapshots.get(version) if version != self.loaded else None
                 self.busy = True
             try:
-                if weights is not None:
-                    self._into_engine(weights)
+                if version != self.loaded:
+                    self._into_engine(version)
                 self.loaded = version
                 collected = self.collect(step, version)
             except BaseException as exc:  # handed to the learner, raised by take()
@@ -289,8 +294,7 @@ class AsyncRollouts:
             newest = self._newest()
             if not (self.partial and self.busy) or newest == self.loaded:
                 return self.loaded
-            weights = self.snapshots[newest]
-        self._into_engine(weights)
+        self._into_engine(newest)
         with self.cond:
             self.loaded = newest
         return newest
@@ -344,7 +348,7 @@ class AsyncRollouts:
             if not self.held or self.busy:
                 raise RuntimeError("AsyncRollouts.engine_at needs the thread quiesced (quiesce() first)")
             if version != self.loaded:
-                self._into_engine(self.snapshots[version])
+                self._into_engine(version)
                 self.loaded = version
 
     def release(self) -> None:

@@ -72,6 +72,25 @@ def test_each_step_is_sampled_by_the_version_its_bound_allows(tiny_model_dir, tm
     assert max(abs(r["mismatch/ratio_max"] - 1) for r in stale) > 1e-3  # the stale weights differ visibly
 
 
+def test_a_version_the_engine_holds_keeps_no_snapshot(tiny_model_dir, tmp_path, monkeypatch):
+    """A published version's snapshot (a whole copy of the weights) is dropped once the engine has
+    loaded it, older ones with it: only versions published and not yet loaded stay in memory."""
+    loads = []
+    into_engine = async_rollouts.AsyncRollouts._into_engine
+
+    def recording(self, version):
+        into_engine(self, version)
+        with self.cond:
+            loads.append((version, sorted(self.snapshots)))
+
+    monkeypatch.setattr(async_rollouts.AsyncRollouts, "_into_engine", recording)
+    Trainer(_config(tiny_model_dir, tmp_path / "run", async_steps=2, max_steps=5), load_plugins()).train()
+    # step 4's collection loads version 1, the evaluations after steps 2 and 4 load 2 and 4 (step 5
+    # samples version 2, which the engine holds by then)
+    assert [version for version, _ in loads] == [1, 2, 4]
+    assert all(kept > version for version, snapshots in loads for kept in snapshots), loads
+
+
 def test_a_synchronous_run_records_no_versions_and_corrects_nothing(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     Trainer(_config(tiny_model_dir, out, async_steps=0, max_steps=2, eval_tasks=0), load_plugins()).train()
