@@ -155,8 +155,8 @@ def _two_steps(trainer: Trainer) -> dict[str, dict[str, torch.Tensor]]:
     return after
 
 
-@pytest.mark.parametrize("overrides", [{}, {"algo": "ppo"}, {"lora": {"r": 4, "alpha": 8}}],
-                         ids=["grpo", "ppo-critic", "lora"])
+@pytest.mark.parametrize("overrides", [{}, {"algo": "ppo"}, {"lora": {"r": 4, "alpha": 8}}, {"precision": "bf16"}],
+                         ids=["grpo", "ppo-critic", "lora", "bf16-autocast"])  # the recompute runs under autocast too
 def test_a_run_with_checkpointing_trains_the_same_weights(tiny_model_dir, tmp_path, overrides) -> None:
     if "lora" in overrides:
         pytest.importorskip("peft")
