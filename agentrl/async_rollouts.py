@@ -15,9 +15,10 @@ trainer's importance weights (old / sampler, the ``sampler_correction`` plugin's
 for the staleness; ``policy_versions`` (per token) and ``async/*`` metrics record it.
 
 The learner hands each new version over as a copy (:meth:`AsyncRollouts.publish`); the engine
-loads it when the thread needs it, between two steps' collections, and the copy is dropped then. Evaluation and checkpoints
-need the thread idle (:meth:`AsyncRollouts.quiesce`): a checkpoint after step t holds every batch
-collected for later steps (at least t + 1 .. t + N, whose versions are no longer anywhere else).
+loads it when the thread needs it, between two steps' collections, and the copy is dropped then.
+Evaluation and checkpoints need the thread idle (:meth:`AsyncRollouts.quiesce`): a checkpoint after
+step t holds every batch collected for later steps (at least t + 1 .. t + N, whose versions are no
+longer anywhere else).
 
 ``partial_rollouts: true`` goes further: an episode in flight when a new version is published
 continues with it. The rollout's engine is a :class:`VersionedEngine`; before each ``generate``
