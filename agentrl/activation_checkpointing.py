@@ -62,6 +62,15 @@ def is_checkpointed(module: nn.Module) -> bool:
     return isinstance(module, _Checkpointed)
 
 
+def checkpointed_summary(model: nn.Module) -> str:
+    """What is checkpointed in ``model``, for the start-up banner: ``30 decoder blocks (LlamaDecoderLayer)
+    recomputed in the backward pass``."""
+    wrapped = [m for m in model.modules() if is_checkpointed(m)]
+    mros = [type(m).__mro__ for m in wrapped]
+    names = sorted({mro[mro.index(_Checkpointed) + 1].__name__ for mro in mros})  # the block's own class
+    return f"{len(wrapped)} decoder blocks ({', '.join(names)}) recomputed in the backward pass"
+
+
 def checkpoint_blocks(model: nn.Module) -> list[nn.Module]:
     """Checkpoint every block of ``model`` (:func:`blocks`) in place; returns them (empty: nothing
     found to checkpoint, the model unchanged). Calling it again changes nothing."""

@@ -149,6 +149,7 @@ def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
     """Train in this process, showing progress; a signal stops it with the shell's exit status."""
     _checked_config(cfg, manager)  # a bad name fails here, before the banner and the trainer's imports
     from agentrl import sharding
+    from agentrl.activation_checkpointing import checkpointed_summary
     from agentrl.trainer import Trainer
 
     console.print(f"[bold]agentrl[/] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.max_steps} steps x "
@@ -159,6 +160,8 @@ def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
     console.print(f"precision: {trainer.run.precision.name} ({trainer.run.precision.reason})", highlight=False)
     engine = trainer.run.engine  # an engine need not subclass Engine: its class names it then
     console.print(f"sampler: {getattr(engine, 'description', type(engine).__name__)}", highlight=False)
+    if cfg.gradient_checkpointing:
+        console.print(f"gradient checkpointing: {checkpointed_summary(trainer.model)}", highlight=False)
     if trainer.run.num_processes > 1:
         console.print(sharding.layout(trainer.accelerator), highlight=False)
     progress = TrainProgress(cfg.max_steps)

@@ -18,6 +18,7 @@ from agentrl.plugins import load_plugins
 from agentrl.policy import TokenLogprobs
 from agentrl.testing import lockstep_plugins, parity_reward
 from agentrl.trainer import Trainer
+from cli_in_process import agentrl_in_process
 
 LAYERS = 4
 
@@ -177,3 +178,12 @@ def test_a_policy_without_blocks_to_checkpoint_is_a_config_error(tiny_model_dir,
     with pytest.raises(ConfigError, match="gradient_checkpointing=true: LlamaForCausalLM has no decoder blocks to "
                                           "checkpoint .*; set gradient_checkpointing false"):
         _trainer(tiny_model_dir, tmp_path, "run", gradient_checkpointing=True)
+
+
+def test_the_cli_says_what_it_checkpoints(tiny_model_dir, tmp_path) -> None:
+    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--max-steps", "1", "--prompts-per-step", "2",
+                                "--num-generations", "2", "--set", "eval_tasks=0", "--set", "max_new_tokens=4",
+                                "--set", "gradient_checkpointing=true", "--output-dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    said = "gradient checkpointing: 2 decoder blocks (LlamaDecoderLayer) recomputed in the backward pass"
+    assert said in result.stdout, result.stdout
