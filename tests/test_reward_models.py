@@ -18,7 +18,7 @@ from agentrl.reward_schemes import RewardContext, absolute_argument, with_absolu
 from agentrl.rewards import resolve_rewards
 from agentrl.testing import make_trajectory
 from agentrl_rewards.reward_model import RewardModel, RewardModelConfig
-from cli_in_process import CliResult, agentrl_in_process
+from cli_in_process import agentrl_in_process
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
 TINY = ("--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=0",
@@ -150,14 +150,10 @@ def test_the_scheme_loads_the_model_once_with_the_runs_settings(rm_dir, tokenize
     assert {"answer", "question"} <= set(context.columns)
 
 
-def run_cli(*args: str) -> CliResult:
-    return agentrl_in_process(*args)
-
-
 def test_cli_trains_with_a_reward_model_and_its_scores_are_the_rewards(rm_dir, tiny_model_dir, tokenizer, tmp_path):
     folder, model = rm_dir
     out = tmp_path / "run"
-    result = run_cli("train", "--model", str(tiny_model_dir), "--reward", f"rm:{folder}:1",
+    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", f"rm:{folder}:1",
                      "--set", "env_reward_weight=0", "--set", "precision=fp32", "--set", "log_completions_every=1",
                      "--output-dir", str(out), *TINY)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -171,16 +167,16 @@ def test_cli_trains_with_a_reward_model_and_its_scores_are_the_rewards(rm_dir, t
 
 @pytest.mark.parametrize("spec", ["rm:/nonexistent/reward-model", "rm:/nonexistent/reward-model:0.5"])
 def test_cli_bad_reward_model_path_is_one_line_naming_it(spec, tiny_model_dir, tmp_path):
-    result = run_cli("train", "--model", str(tiny_model_dir), "--reward", spec, "--output-dir", str(tmp_path / "r"),
-                     *TINY)
+    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", spec,
+                                "--output-dir", str(tmp_path / "r"), *TINY)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "reward model '/nonexistent/reward-model' is not a model folder" in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr
 
 
 def test_cli_unknown_prefix_still_names_the_weight(tiny_model_dir, tmp_path):
-    result = run_cli("train", "--model", str(tiny_model_dir), "--reward", "format:heavy", "--output-dir",
-                     str(tmp_path / "r"), *TINY)
+    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", "format:heavy",
+                                "--output-dir", str(tmp_path / "r"), *TINY)
     assert result.returncode == 2, result.stdout + result.stderr
     assert ("weight 'heavy' is not a number, and 'format' is neither a reward scheme (judge, prm, rm) nor an importable module"
             in " ".join(result.stderr.split()))

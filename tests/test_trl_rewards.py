@@ -16,7 +16,7 @@ from agentrl.plugins import load_plugins
 from agentrl.rewards import TRLReward, load_reward, resolve_rewards
 from agentrl.scoring import score
 from agentrl.testing import make_trajectory
-from cli_in_process import CliResult, agentrl_in_process
+from cli_in_process import agentrl_in_process
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 
@@ -132,10 +132,6 @@ def test_resolve_labels_file_rewards_by_function_name(tmp_path):
     assert list(resolved) == ["brevity", "format"] and resolved["brevity"][1] == 0.5
 
 
-def run_cli(*args: str, cwd=None) -> CliResult:
-    return agentrl_in_process(*args, cwd=cwd)
-
-
 TINY = ("--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=2",
         "--set", "max_new_tokens=8")
 
@@ -146,7 +142,7 @@ def test_cli_trains_with_a_trl_reward_file_relative_to_the_cwd(tiny_model_dir, t
             return [-abs(20 - len(completion)) for completion in completions]
     '''))
     out = tmp_path / "run"
-    result = run_cli("train", "--model", str(tiny_model_dir), "--reward", "rewards.py:reward_len:0.1",
+    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", "rewards.py:reward_len:0.1",
                      "--set", "reward_completion_format=plain", "--output-dir", str(out), *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rewards: env return x1 + reward_len x0.1 (--reward replaces the env's defaults; add " \
@@ -160,7 +156,7 @@ def test_cli_trains_with_a_trl_reward_file_relative_to_the_cwd(tiny_model_dir, t
 def test_cli_wrong_reward_signature_fails_before_loading_anything(tiny_model_dir, tmp_path):
     (tmp_path / "bad.py").write_text("def score(text):\n    return [1.0]\n")
     out = tmp_path / "run"
-    result = run_cli("train", "--model", str(tiny_model_dir), "--reward", f"{tmp_path / 'bad.py'}:score",
+    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", f"{tmp_path / 'bad.py'}:score",
                      "--output-dir", str(out), *TINY)
     assert result.returncode == 2, result.stdout + result.stderr
     assert re.search(r"error: reward '.*bad.py:score' has signature score\(text\); accepted: fn\(trajectories\)",
