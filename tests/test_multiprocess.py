@@ -104,12 +104,16 @@ def test_ppo_async_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp
     """PPO's critic is a second DDP module and its advantages are whitened over both processes; with
     ``async_steps=2`` each process's rollout thread gathers on a process group of its own beside the
     learner's DDP, and a checkpoint holds each process's sampling state and batches collected ahead:
-    the two-process run, and its resume, equal one process."""
+    the two-process run, and its resume, equal one process. The two processes checkpoint the
+    decoder blocks of both DDP modules (``gradient_checkpointing``: DDP's gradient hooks fire
+    while the backward pass runs each block's forward again), which changes no gradient."""
     args = common(tiny_model_dir, tmp_path, "ppo", "async_steps=2", "checkpoint_every=2", "algorithm.mini_batches=1",
                   "algorithm.ppo_epochs=2", "keep_finished_checkpoints=true")  # step 2's stays: resumed below
     one_process(*args, "--max-steps", "4", "--output-dir", str(tmp_path / "one"))
     two = tmp_path / "two"
-    agentrl(*args, "--max-steps", "4", "--output-dir", str(two), "--num-processes", "2")
+    launched = agentrl(*args, "--max-steps", "4", "--output-dir", str(two), "--num-processes", "2",
+                       "--set", "gradient_checkpointing=true")
+    assert "gradient checkpointing: 2 decoder blocks (LlamaDecoderLayer) recomputed" in launched.stdout
     # mismatch/ratio_min|max (stale tokens: not 1) too: the extremes over both processes' tokens
     assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
     assert [row["async/sampling_version"] for row in metric_rows(two)[:4]] == [0.0, 0.0, 0.0, 1.0]
