@@ -112,6 +112,19 @@ def staleness_metrics(batch: TrainBatch, learner_version: int) -> dict[str, floa
     return out
 
 
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s state dict in which names of one tensor (a tied LM head and embedding)
+    share one copy, as they share the original: SmolLM2's tied matrix is a fifth of its weights."""
+    copies: dict[tuple[Any, ...], torch.Tensor] = {}
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.device, tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
+        if key not in copies:
+            copies[key] = tensor.detach().clone()
+        weights[name] = copies[key]
+    return weights
+
+
 def restore(state: dict[str, Any] | None, async_steps: int, step: int) -> tuple[list[Collected], int, int]:
     """From a checkpoint's ``async`` state after ``step``: the batches still within the staleness
     bound (``async_steps`` may have changed since), the next step to collect and how many episodes
@@ -327,8 +340,8 @@ class AsyncRollouts:
             self.engine_at(step)
 
     def publish(self, version: int, model: torch.nn.Module) -> None:
-        """Hand over the policy ``version`` (a copy of ``model``'s weights)."""
-        weights = {name: t.detach().clone() for name, t in model.state_dict().items()}
+        """Hand over the policy ``version``: a copy of ``model``'s weights, tied ones copied once."""
+        weights = snapshot(model)
         with self.cond:
             self.snapshots[version] = weights
             self.cond.notify_all()

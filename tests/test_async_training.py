@@ -381,3 +381,30 @@ def test_the_first_turn_of_a_collection_is_stamped_with_its_version(tokenizer):
                                             last_step=1, floor=3, partial=True, versioned=versioned)
     assert producer.take(1) == "collected" and producer.close()
     assert stamped == [3]
+
+
+def test_a_published_snapshot_copies_a_tied_matrix_once_and_loads_tied(tokenizer):
+    """A snapshot holds one copy of the tied LM head and embedding (SmolLM2's: a fifth of its
+    weights), owns its memory, and loads back into a model whose two names stay one tensor."""
+    from agentrl.testing import build_tiny_model
+
+    model = build_tiny_model(len(tokenizer))
+    weights = async_rollouts.snapshot(model)
+    state = model.state_dict()
+    assert weights.keys() == state.keys()
+    assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
+    distinct = {id(t): t for t in weights.values()}.values()
+    assert sum(t.numel() for t in distinct) == sum(p.numel() for p in model.parameters()) + sum(
+        b.numel() for name, b in model.named_buffers() if name in state)
+    assert all(w.data_ptr() != state[name].data_ptr() for name, w in weights.items())
+    with torch.no_grad():  # the learner trains on: the snapshot keeps the version it was given
+        for p in model.parameters():
+            p.add_(1.0)
+    into = build_tiny_model(len(tokenizer))
+    into.load_state_dict(weights)
+    assert into.lm_head.weight is into.model.embed_tokens.weight
+    moved = dict(model.named_parameters(remove_duplicate=False))
+    for name, tensor in into.state_dict().items():
+        torch.testing.assert_close(tensor, weights[name], rtol=0, atol=0)
+        if name in moved:  # the version it was given, not the learner's weights since
+            torch.testing.assert_close(moved[name].detach() - 1.0, tensor)
