@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--set", dest="sets", action="append", default=[], help="config override key=value")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=120)
     auto = resolve_precision("auto")
     console.print(f"precision auto on this machine: {auto.name} ({auto.reason})")
     with tempfile.TemporaryDirectory() as tmp:
