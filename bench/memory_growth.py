@@ -137,8 +137,8 @@ class Recorder:
 
 COLUMNS = [("step", "{:>4}"), ("seconds", "{:>6.1f}"), ("update", "{:>6.1f}"), ("rss", "{:>6.3f}"),
            ("rss_trim", "{:>8.3f}"), ("peak", "{:>6.3f}"), ("heap", "{:>6.3f}"), ("free", "{:>6.3f}"),
-           ("used", "{:>6.3f}"), ("mmap", "{:>6.3f}"), ("pyobj", "{:>7}"), ("py_mb", "{:>6.1f}"), ("thr", "{:>3}"), ("seq", "{:>5.0f}"),
-           ("sampled", "{:>7.1f}")]
+           ("used", "{:>6.3f}"), ("mmap", "{:>6.3f}"), ("pyobj", "{:>7}"), ("py_mb", "{:>6.1f}"),
+           ("thr", "{:>3}"), ("seq", "{:>5.0f}"), ("sampled", "{:>7.1f}")]
 
 
 def format_row(row: dict[str, Any]) -> str:

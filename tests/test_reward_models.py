@@ -154,8 +154,8 @@ def test_cli_trains_with_a_reward_model_and_its_scores_are_the_rewards(rm_dir, t
     folder, model = rm_dir
     out = tmp_path / "run"
     result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", f"rm:{folder}:1",
-                     "--set", "env_reward_weight=0", "--set", "precision=fp32", "--set", "log_completions_every=1",
-                     "--output-dir", str(out), *TINY)
+                                "--set", "env_reward_weight=0", "--set", "precision=fp32",
+                                "--set", "log_completions_every=1", "--output-dir", str(out), *TINY)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert sorted({row["step"] for row in rows}) == [1, 2] and len(rows) == 8

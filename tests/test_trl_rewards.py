@@ -143,7 +143,8 @@ def test_cli_trains_with_a_trl_reward_file_relative_to_the_cwd(tiny_model_dir, t
     '''))
     out = tmp_path / "run"
     result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", "rewards.py:reward_len:0.1",
-                     "--set", "reward_completion_format=plain", "--output-dir", str(out), *TINY, cwd=tmp_path)
+                                "--set", "reward_completion_format=plain", "--output-dir", str(out), *TINY,
+                                cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rewards: env return x1 + reward_len x0.1 (--reward replaces the env's defaults; add " \
            "--reward format:1 --reward accuracy:1 to keep them)" in result.stdout
@@ -157,7 +158,7 @@ def test_cli_wrong_reward_signature_fails_before_loading_anything(tiny_model_dir
     (tmp_path / "bad.py").write_text("def score(text):\n    return [1.0]\n")
     out = tmp_path / "run"
     result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", f"{tmp_path / 'bad.py'}:score",
-                     "--output-dir", str(out), *TINY)
+                                "--output-dir", str(out), *TINY)
     assert result.returncode == 2, result.stdout + result.stderr
     assert re.search(r"error: reward '.*bad.py:score' has signature score\(text\); accepted: fn\(trajectories\)",
                      result.stderr.replace("\n", "")), result.stderr
