@@ -15,7 +15,9 @@ trainer's importance weights (old / sampler, the ``sampler_correction`` plugin's
 for the staleness; ``policy_versions`` (per token) and ``async/*`` metrics record it.
 
 The learner hands each new version over as a copy (:meth:`AsyncRollouts.publish`); the engine
-loads it when the thread needs it, between two steps' collections, and the copy is dropped then.
+loads it when the thread needs it, between two steps' collections, and the copy is dropped then,
+unless the engine samples from it (``Engine.keeps_synced_model``: ``hf`` in float32), which then
+keeps that copy alone (:func:`adopt`: never a second one).
 Evaluation and checkpoints need the thread idle (:meth:`AsyncRollouts.quiesce`): a checkpoint after
 step t holds every batch collected for later steps (at least t + 1 .. t + N, whose versions are no
 longer anywhere else).
@@ -46,6 +48,7 @@ import torch
 from agentrl import distributed
 from agentrl.engine import Engine, Generation, SamplingParams
 from agentrl.trajectory import TrainBatch
+from agentrl.weight_copies import adopt, on_meta, snapshot
 
 
 @dataclass
@@ -112,19 +115,6 @@ def staleness_metrics(batch: TrainBatch, learner_version: int) -> dict[str, floa
     return out
 
 
-def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A copy of ``model``'s state dict in which names of one tensor (a tied LM head and embedding)
-    share one copy, as they share the original: SmolLM2's tied matrix is a fifth of its weights."""
-    copies: dict[tuple[Any, ...], torch.Tensor] = {}
-    weights = {}
-    for name, tensor in model.state_dict().items():
-        key = (tensor.device, tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
-        if key not in copies:
-            copies[key] = tensor.detach().clone()
-        weights[name] = copies[key]
-    return weights
-
-
 def restore(state: dict[str, Any] | None, async_steps: int, step: int) -> tuple[list[Collected], int, int]:
     """From a checkpoint's ``async`` state after ``step``: the batches still within the staleness
     bound (``async_steps`` may have changed since), the next step to collect and how many episodes
@@ -154,7 +144,8 @@ def start(run: Any, rollouts: Any, step: int, resumed: dict[str, Any] | None) ->
     producer = AsyncRollouts(collect, run.engine.sync_weights, run.sampling_model(), run.config.async_steps,
                              next_step, run.config.max_steps, floor=step, ready=ready,
                              partial=run.config.partial_rollouts,
-                             versioned=run.engine if isinstance(run.engine, VersionedEngine) else None)
+                             versioned=run.engine if isinstance(run.engine, VersionedEngine) else None,
+                             frees_copy=not run.engine.keeps_synced_model)
     producer.dropped_episodes = dropped
     return producer
 
@@ -192,6 +183,11 @@ class VersionedEngine(Engine):
         """The wrapped engine's."""
         self.engine.sync_weights(model)
 
+    @property
+    def keeps_synced_model(self) -> bool:  # type: ignore[override]
+        """The wrapped engine's."""
+        return getattr(self.engine, "keeps_synced_model", True)
+
     def state_dict(self) -> dict[str, Any]:
         """The wrapped engine's."""
         return self.engine.state_dict()
@@ -225,19 +221,24 @@ class AsyncRollouts:
     engine. ``model`` is the sampling model whose copy the engine samples from while the learner
     trains the original. ``versioned``: the rollout's :class:`VersionedEngine`, which asks this
     thread for its version from the first ``generate`` call on (wired before the thread starts).
+    ``frees_copy``: ``load`` copies the weights into the engine's own storage (the engine does not
+    keep the module, ``Engine.keeps_synced_model``), so the copy's tensors are freed once loaded.
     """
 
     def __init__(self, collect: Any, load: Any, model: torch.nn.Module, async_steps: int, next_step: int,
                  last_step: int, floor: int, ready: list[Collected] | None = None, partial: bool = False,
-                 versioned: VersionedEngine | None = None) -> None:
+                 versioned: VersionedEngine | None = None, frees_copy: bool = False) -> None:
         self.collect, self.load, self.async_steps, self.partial = collect, load, async_steps, partial
         self.last_step, self.floor = last_step, floor
         self.next_step = next_step  # the next step this thread collects
         self.ready: dict[int, Collected] = {c.step: c for c in ready or []}
         self.copy = copy.deepcopy(model)  # what the engine samples from: the learner trains ``model``
+        self.frees_copy = frees_copy
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self.loaded = floor  # the version in the engine
         self.load(self.copy)
+        if frees_copy:
+            adopt(self.copy, on_meta(self.copy.state_dict(keep_vars=True)))
         self.held = False
         self.busy = False
         self.stopped = False
@@ -255,12 +256,15 @@ class AsyncRollouts:
         return version_for(self.next_step, self.async_steps, self.floor)
 
     def _into_engine(self, version: int) -> None:
-        """Put a published ``version`` into the engine (through the copy it samples from) and drop its
-        snapshot, and any older one: the engine holds it now (a model's worth of memory each)."""
+        """Put a published ``version`` into the engine (through the copy, which takes the snapshot's
+        tensors) and drop its snapshot, and any older one: the engine holds it now (a model's worth
+        of memory each; with ``frees_copy`` the copy lets go of them too)."""
         with self.cond:
             weights = self.snapshots[version]
-        self.copy.load_state_dict(weights)
+        adopt(self.copy, weights)
         self.load(self.copy)
+        if self.frees_copy:
+            adopt(self.copy, on_meta(weights))
         with self.cond:
             for old in [v for v in self.snapshots if v <= version]:
                 del self.snapshots[old]

@@ -88,6 +88,11 @@ class Generation:
 class Engine(abc.ABC):
     """A generation engine bound to one policy; see the module docstring."""
 
+    keeps_synced_model: bool = True
+    """Whether the engine reads the module given to :meth:`sync_weights` after the call returns
+    (samples from it, or reloads it later). False for an engine that copies the weights into
+    storage of its own: the caller may then free the module's tensors (an asynchronous run does,
+    saving a copy of the weights). True, the safe answer, unless the engine says otherwise."""
     swaps_between_decode_steps: bool = False
     """True for an engine that calls :attr:`before_decode_step` before every decode step and fills
     ``Generation.token_versions``: an asynchronous run with ``partial_rollouts`` then changes its

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl import async_rollouts
+from agentrl import async_rollouts, weight_copies
 from agentrl.async_rollouts import version_for
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigError, TrainingInterrupted
@@ -389,7 +389,7 @@ def test_a_published_snapshot_copies_a_tied_matrix_once_and_loads_tied(tokenizer
     from agentrl.testing import build_tiny_model
 
     model = build_tiny_model(len(tokenizer))
-    weights = async_rollouts.snapshot(model)
+    weights = weight_copies.snapshot(model)
     state = model.state_dict()
     assert weights.keys() == state.keys()
     assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
@@ -408,3 +408,57 @@ def test_a_published_snapshot_copies_a_tied_matrix_once_and_loads_tied(tokenizer
         torch.testing.assert_close(tensor, weights[name], rtol=0, atol=0)
         if name in moved:  # the version it was given, not the learner's weights since
             torch.testing.assert_close(moved[name].detach() - 1.0, tensor)
+
+
+def test_adopted_weights_are_the_snapshot_itself_with_ties_kept_and_meta_frees_them(tokenizer):
+    """:func:`adopt` makes a snapshot's tensors a module's (no second copy), one Parameter for the
+    tied head and embedding; :func:`on_meta` empties the module again and keeps RoPE's buffer."""
+    from agentrl.testing import build_tiny_model
+
+    model, into = build_tiny_model(len(tokenizer)), build_tiny_model(len(tokenizer))
+    weights = weight_copies.snapshot(model)
+    weight_copies.adopt(into, weights)
+    state = into.state_dict()
+    assert state.keys() == weights.keys() and all(state[k].data_ptr() == weights[k].data_ptr() for k in weights)
+    assert into.lm_head.weight is into.model.embed_tokens.weight
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(into(ids).logits, model(ids).logits, rtol=0, atol=0)
+    rotary = {name: b for name, b in into.named_buffers() if name not in state}  # non-persistent: RoPE's inv_freq
+    weight_copies.adopt(into, weight_copies.on_meta(weights))
+    assert all(p.is_meta for p in into.parameters()) and into.lm_head.weight is into.model.embed_tokens.weight
+    assert rotary and all(b is dict(into.named_buffers())[name] and not b.is_meta for name, b in rotary.items())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_rollout_copy_is_freed_where_the_engine_keeps_weights_of_its_own(tokenizer, dtype):
+    """With a bf16 ``hf`` engine (weights copied in) the thread's copy of the weights holds no
+    memory once loaded, and the engine samples the published version; with float32 (the engine
+    samples from the copy) the copy is the published snapshot itself, not a second copy of it."""
+    from agentrl.testing import build_tiny_model
+    from agentrl_hf_engine import HFEngine
+
+    model = build_tiny_model(len(tokenizer))
+    engine = HFEngine(model, tokenizer, TrainConfig(engine_args={"dtype": dtype}))
+    assert engine.keeps_synced_model == (dtype == "float32")
+    seen = []
+
+    def collect(step: int, version: int) -> int:
+        seen.append({n: p.detach().clone() for n, p in engine.model.named_parameters()})
+        return version
+
+    producer = async_rollouts.AsyncRollouts(collect, engine.sync_weights, model, async_steps=0, next_step=2,
+                                            last_step=2, floor=0, frees_copy=not engine.keeps_synced_model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    producer.publish(1, model)
+    published = dict(producer.snapshots[1])
+    assert producer.take(2) == 1 and producer.close()
+    copies = dict(producer.copy.named_parameters(remove_duplicate=False))
+    if dtype == "bfloat16":
+        assert all(p.is_meta for p in copies.values())
+    else:
+        assert all(p.data_ptr() == published[name].data_ptr() for name, p in copies.items())
+    for name, p in model.named_parameters():  # the engine sampled version 1: the halved weights
+        torch.testing.assert_close(seen[0][name], p.detach().to(seen[0][name].dtype), rtol=0, atol=0)

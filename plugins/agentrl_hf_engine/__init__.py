@@ -158,6 +158,12 @@ class HFEngine(Engine):
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
 
     @property
+    def keeps_synced_model(self) -> bool:
+        """In float32 the engine samples from the module :meth:`sync_weights` was given; otherwise
+        from a copy of its own."""
+        return self.dtype == "float32"
+
+    @property
     def description(self) -> str:
         """``hf`` engine, what it samples with and the dtype that chose it."""
         return f"hf engine, {SAMPLES_WITH[self.dtype]} (engine_args.dtype: {self.options.dtype} -> {self.dtype})"

@@ -161,6 +161,11 @@ class VLLMEngine(Engine):
     config_class = VLLMEngineConfig
     swaps_between_decode_steps = True
 
+    @property
+    def keeps_synced_model(self) -> bool:
+        """Only sleep level 2 reads the synced module again: a wake-up reloads every weight from it."""
+        return self.options.sleep_level == 2
+
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
         self.options: VLLMEngineConfig = build_plugin_config(
             VLLMEngineConfig, dict(getattr(config, "engine_args", None) or {}), "engine_args")

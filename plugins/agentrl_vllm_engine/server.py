@@ -86,6 +86,7 @@ class VLLMServerEngine(Engine):
     """Sample through a ``vllm serve`` process over HTTP; see the module docstring."""
 
     config_class = VLLMServerConfig
+    keeps_synced_model = False  # the weights travel as a file the server reloads
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
         from agentrl_vllm_engine import logprobs_mode
