@@ -25,18 +25,23 @@ def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def adopt(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
     """Make the tensors of ``weights`` (a :func:`snapshot` of a model of ``model``'s structure)
     ``model``'s parameters and persistent buffers, without copying them; names that share one
-    tensor in ``weights`` (a tied LM head and embedding) share one Parameter, as they did."""
+    tensor in ``weights`` (a tied LM head and embedding) share one Parameter, as they did
+    (``load_state_dict(assign=True)`` gives each name a Parameter of its own: the tie is lost)."""
     parameters: dict[int, torch.nn.Parameter] = {}
     for prefix, module in model.named_modules(remove_duplicate=False):
         for key, old in list(module.named_parameters(recurse=False)):
-            tensor = weights[f"{prefix}.{key}" if prefix else key]
+            tensor = weights[_qualified(prefix, key)]
             if id(tensor) not in parameters:
                 parameters[id(tensor)] = torch.nn.Parameter(tensor, requires_grad=old.requires_grad)
             setattr(module, key, parameters[id(tensor)])
         for key, _ in list(module.named_buffers(recurse=False)):
-            name = f"{prefix}.{key}" if prefix else key
+            name = _qualified(prefix, key)
             if name in weights:  # a non-persistent buffer (RoPE's inv_freq) is in no state dict: kept
                 setattr(module, key, weights[name])
+
+
+def _qualified(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
 
 
 def on_meta(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
