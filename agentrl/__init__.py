@@ -5,14 +5,14 @@ submodules listed in :data:`PUBLIC_MODULES` (tests/test_public_api.py holds ever
 and env to that).
 """
 
-from agentrl.algorithm import Algorithm, LossContext, LossOutput, SetupContext, StepTotals, TrainableModule
-from agentrl.chat import ChatTokenizer
-from agentrl.clipped_policy import ClippedPolicy, ClippedPolicyConfig
-from agentrl.config import TrainConfig
-from agentrl.config_checks import ConfigCheck, build_plugin_config
-from agentrl.config_rules import Allowed, Complaint, Note, OneOf, check_declared
-from agentrl.distributed import all_sum
-from agentrl.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
+from agentrl.algorithms.base import Algorithm, LossContext, LossOutput, SetupContext, StepTotals, TrainableModule
+from agentrl.sampling.chat import ChatTokenizer
+from agentrl.algorithms.clipped_policy import ClippedPolicy, ClippedPolicyConfig
+from agentrl.config.train import TrainConfig
+from agentrl.config.checks import ConfigCheck, build_plugin_config
+from agentrl.config.rules import Allowed, Complaint, Note, OneOf, check_declared
+from agentrl.model.distributed import all_sum
+from agentrl.sampling.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
 from agentrl.env import (
     MAX_ABS_REWARD,
     ROLES,
@@ -50,10 +50,10 @@ from agentrl.errors import (
     one_line,
 )
 from agentrl.faults import PluginExit
-from agentrl.group_relative import GroupRelative, GroupRelativeConfig, group_advantages
+from agentrl.algorithms.group_relative import GroupRelative, GroupRelativeConfig, group_advantages
 from agentrl.hookspecs import hookimpl
 from agentrl.imports import import_extra
-from agentrl.objectives import (
+from agentrl.algorithms.objectives import (
     AGGREGATIONS,
     IMPORTANCE_LEVELS,
     KL_ESTIMATORS,
@@ -65,14 +65,14 @@ from agentrl.objectives import (
     step_totals,
 )
 from agentrl.plugins import PluginManager, load_plugins
-from agentrl.process_rewards import StepRewards, process_advantages, step_ends
-from agentrl.precision import Precision, resolve_precision
-from agentrl.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
-from agentrl.reward_schemes import RewardContext
-from agentrl.sandbox import run_python
-from agentrl.tasks import LazyTasks
-from agentrl.tool_formats import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolCallFormat, type_arguments
-from agentrl.tools import (
+from agentrl.rewards.process import StepRewards, process_advantages, step_ends
+from agentrl.model.precision import Precision, resolve_precision
+from agentrl.sampling.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
+from agentrl.rewards.schemes import RewardContext
+from agentrl.tools.sandbox import run_python
+from agentrl.env.tasks import LazyTasks
+from agentrl.tools.formats import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolCallFormat, type_arguments
+from agentrl.tools.tool import (
     Tool,
     ToolCall,
     ToolEnv,

@@ -11,14 +11,14 @@ from typing import Any
 import torch
 
 from agentrl.hookspecs import hookimpl
-from agentrl.objectives import importance_log_weights
+from agentrl.algorithms.objectives import importance_log_weights
 from agentrl.trajectory import TrainBatch
 
 
 @hookimpl(trylast=True)
 def agentrl_importance_weights(log_ratio: torch.Tensor, loss_mask: torch.Tensor, level: str) -> torch.Tensor:
     """Importance weights at the algorithm's level: token (PPO, GRPO), sequence (GSPO) or
-    sequence_token (GSPO-token); see :func:`agentrl.objectives.importance_log_weights`."""
+    sequence_token (GSPO-token); see :func:`agentrl.algorithms.objectives.importance_log_weights`."""
     return importance_log_weights(log_ratio, loss_mask, level)
 
 

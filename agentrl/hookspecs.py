@@ -20,7 +20,7 @@ any subset of the arguments, and must not give their parameters default values (
 silently never pass them).
 
 The built-in plugins behind each hook are not listed here by hand: the hook reference
-(docs/hooks.md, written by ``python -m agentrl.hookdoc``) reads them from the plugins themselves.
+(docs/hooks.md, written by ``python -m agentrl.cli.hookdoc``) reads them from the plugins themselves.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import pluggy
 if TYPE_CHECKING:
     import torch
 
-    from agentrl.config import TrainConfig
+    from agentrl.config.train import TrainConfig
     from agentrl.trajectory import TrainBatch, Trajectory
 
 PROJECT = "agentrl"
@@ -100,7 +100,7 @@ def agentrl_register_algorithms(register: Register) -> None:
     ``config_class`` dataclass validates the ``algorithm:`` section of the config (and
     ``--print-config`` shows it resolved). ``--algo NAME`` selects it. What the trainer calls on
     it, in order, and with what (``SetupContext``, ``LossContext``, ``TrainableModule``): the
-    module docstring of :mod:`agentrl.algorithm`.
+    module docstring of :mod:`agentrl.algorithms.base`.
     """
 
 
@@ -119,7 +119,7 @@ def agentrl_register_tool_parsers(register: Register) -> None:
     """Register tool-call parsers: ``register("xml_json", parse_xml_json)``.
 
     Called once at load time. A parser is called as ``parser(text)`` on an assistant message
-    and returns ``list[agentrl.tools.ToolCall]`` (each carrying either parsed arguments or a
+    and returns ``list[agentrl.tools.tool.ToolCall]`` (each carrying either parsed arguments or a
     parse error). Tool-using envs select one by name (``tool_parser`` env argument); ``xml_json``
     parses ``<tool_call>{json}</tool_call>``. A parser that is an ``agentrl.ToolCallFormat`` also
     writes calls in its syntax (``format_calls``), so a ``ToolEnv`` shows the model the format it
@@ -198,7 +198,7 @@ def agentrl_importance_weights(
     policy vs the trainer-old policy, with gradient through ``logprobs``), ``loss_mask``
     ``(n, T)`` and the algorithm's ``importance_sampling_level``. Return a tensor broadcastable
     to ``(n, T)``. The built-in default (``trylast``) is
-    :func:`agentrl.objectives.importance_log_weights`: ``token``, ``sequence`` (GSPO) or
+    :func:`agentrl.algorithms.objectives.importance_log_weights`: ``token``, ``sequence`` (GSPO) or
     ``sequence_token`` (GSPO-token).
     """
 

@@ -31,7 +31,7 @@ from agentrl.env import (
     task_label,
 )
 from agentrl.errors import AgentRLError, EnvError, RewardError, one_line
-from agentrl.process_rewards import StepRewards, merge_steps
+from agentrl.rewards.process import StepRewards, merge_steps
 from agentrl.trajectory import Trajectory, Turn
 
 RewardFn = Callable[..., list[float | None]]

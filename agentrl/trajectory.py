@@ -83,11 +83,11 @@ class Trajectory:
     rewrote its history (``openai_agent`` rollout) starts a new segment. They share this episode's
     reward and group (:func:`with_segments`); empty for every env-driven episode."""
     step_rewards: dict[int, float] | None = None
-    """Weighted step rewards by token position (:mod:`agentrl.process_rewards`): scoring sets them
+    """Weighted step rewards by token position (:mod:`agentrl.rewards.process`): scoring sets them
     when a reward function returned step rewards for the batch; None: outcome rewards only."""
     policy_versions: list[int] | None = None
     """The policy version (completed training steps) that sampled each token, -1 where the model
-    did not sample; set by an asynchronous run (:mod:`agentrl.async_rollouts`), None otherwise
+    did not sample; set by an asynchronous run (:mod:`agentrl.training.async_rollouts`), None otherwise
     (every token sampled by the policy being trained)."""
 
     @property
@@ -233,7 +233,7 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
     function or its env failed) gets an all-zero ``loss_mask`` row: it adds nothing to the loss,
     its KL term or the loss denominators, exactly as if it were not in the batch; the group
     statistics of the algorithms already leave NaN rewards out. When a trajectory has
-    ``step_rewards``, ``extras`` holds ``step_rewards`` and ``step_ends`` ``(N, T)`` (:mod:`agentrl.process_rewards`);
+    ``step_rewards``, ``extras`` holds ``step_rewards`` and ``step_ends`` ``(N, T)`` (:mod:`agentrl.rewards.process`);
     when an episode is several rows (``shares`` from :func:`with_segments`), ``episode_shares`` ``(N,)``."""
     if len(rewards) != len(trajectories):
         raise ValueError(f"{len(rewards)} rewards for {len(trajectories)} trajectories")

@@ -31,11 +31,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.config import TrainConfig
-from agentrl.models import DEFAULT_MODEL, load_tokenizer
+from agentrl.config.train import TrainConfig
+from agentrl.model.loading import DEFAULT_MODEL, load_tokenizer
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 SLOW_CHAT = f"{Path(__file__).resolve().parent / 'env_latency.py'}:SlowChat"
 

@@ -33,11 +33,11 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl import SamplingParams
-from agentrl.chat import ChatTokenizer
-from agentrl.config import TrainConfig
-from agentrl.models import DEFAULT_MODEL, load_model, load_tokenizer
+from agentrl.sampling.chat import ChatTokenizer
+from agentrl.config.train import TrainConfig
+from agentrl.model.loading import DEFAULT_MODEL, load_model, load_tokenizer
 from agentrl.plugins import load_plugins
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 ENGINES = {"hf bf16": ("hf", {"dtype": "bfloat16"}), "hf fp32": ("hf", {"dtype": "float32"}),
            "vllm fp32": ("vllm", {"dtype": "float32", "kv_cache_gb": 1.0})}

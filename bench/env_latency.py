@@ -33,10 +33,10 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl import Env, EnvCall, SamplingParams
-from agentrl.config import TrainConfig
-from agentrl.models import DEFAULT_MODEL, load_model, load_tokenizer
+from agentrl.config.train import TrainConfig
+from agentrl.model.loading import DEFAULT_MODEL, load_model, load_tokenizer
 from agentrl.plugins import load_plugins
-from agentrl.request_queue import cut
+from agentrl.sampling.request_queue import cut
 from agentrl.testing import build_tiny_model
 from agentrl_rollouts import MultiTurnRollout, turn_seed
 

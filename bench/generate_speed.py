@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl import SamplingParams
-from agentrl.chat import ChatTokenizer
-from agentrl.config import TrainConfig
-from agentrl.models import DEFAULT_MODEL, load_model, load_tokenizer
+from agentrl.sampling.chat import ChatTokenizer
+from agentrl.config.train import TrainConfig
+from agentrl.model.loading import DEFAULT_MODEL, load_model, load_tokenizer
 from agentrl_hf_engine import HFEngine
 
 

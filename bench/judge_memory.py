@@ -49,7 +49,7 @@ def save_judge_model(folder: Path, tiny: bool) -> Path:
     """The judge's own copy of the model (the default one, or the tiny one) as an HF folder; reused if there."""
     if (folder / "config.json").is_file():
         return folder
-    from agentrl.models import DEFAULT_MODEL, load_model, load_tokenizer
+    from agentrl.model.loading import DEFAULT_MODEL, load_model, load_tokenizer
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     if tiny:

@@ -22,10 +22,10 @@ from pathlib import Path
 
 def child(variant: str, rank: int, steps: int, model: str, sets: list[str], out: Path) -> None:
     """Train one variant in this process and write ``result.json`` beside the run."""
-    from agentrl.config import build_config
-    from agentrl.lora import trainable_count
+    from agentrl.config.train import build_config
+    from agentrl.model.lora import trainable_count
     from agentrl.plugins import load_plugins
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     lora = [f"lora.r={rank}"] if variant == "lora" else []
     config = build_config(overrides={"model": model, "max_steps": steps, "output_dir": str(out / "run")},

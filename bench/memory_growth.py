@@ -20,14 +20,14 @@ and prints a table, then the RSS slope in MB/step over the steps after ``--warmu
 
 Switches (compare the slope with and without each):
 
-* ``--trim``: ``malloc_trim(0)`` after every step (``agentrl.memory.release_free_memory``); the
+* ``--trim``: ``malloc_trim(0)`` after every step (``agentrl.training.memory.release_free_memory``); the
   table then shows ``rss`` before the trim and ``rss_trim`` after it;
 * ``--mmap-threshold-mb N``: fix glibc's mmap threshold at N MB before the model loads (stops the
   dynamic threshold growing to 32 MB, so large tensors are mapped/unmapped one by one);
 * ``--arena-max N``: cap glibc's malloc arenas before torch loads (as ``MALLOC_ARENA_MAX``; the env
   var itself, set before python starts, works too and is shown in the header);
 * ``--kernel-cache N``: cap oneDNN's primitive cache and ideep's operator cache at N entries
-  each (``agentrl.memory.limit_kernel_caches``; the env vars ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``
+  each (``agentrl.training.memory.limit_kernel_caches``; the env vars ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``
   and ``LRU_CACHE_CAPACITY`` do the same and are shown in the header);
 * ``--gc``: ``gc.collect()`` after every step; ``--tracemalloc``: trace Python allocations and print
   the biggest growth between the warm-up and the last step;
@@ -55,11 +55,11 @@ from typing import Any
 
 
 def _load_memory_module() -> Any:
-    """``agentrl/memory.py`` loaded on its own: importing the ``agentrl`` package would load torch
+    """``agentrl/training/memory.py`` loaded on its own: importing the ``agentrl`` package would load torch
     (and its threads' arenas) before the malloc options below are set."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "agentrl" / "memory.py"
+    path = Path(__file__).resolve().parents[1] / "agentrl" / "training" / "memory.py"
     spec = importlib.util.spec_from_file_location("agentrl_memory_standalone", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[spec.name] = module  # type: ignore[union-attr] - dataclasses look their module up
@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="fix glibc's mmap threshold at this many MB before the model loads")
     parser.add_argument("--arena-max", type=int, default=None, help="cap glibc's malloc arenas (mallopt)")
     parser.add_argument("--kernel-cache", type=int, default=None, metavar="N",
-                        help="cap oneDNN's and ideep's kernel caches at N entries (agentrl.memory.limit_kernel_caches)")
+                        help="cap oneDNN's and ideep's kernel caches at N entries (agentrl.training.memory.limit_kernel_caches)")
     parser.add_argument("--gc", action="store_true", help="gc.collect() after every step")
     parser.add_argument("--tracemalloc", action="store_true", help="trace Python allocations (slower)")
     parser.add_argument("--eval-tasks", type=int, default=0, help="held-out tasks per evaluation (default 0: none)")
@@ -193,9 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     if options.tracemalloc:
         tracemalloc.start(25)
 
-    from agentrl.config import build_config
+    from agentrl.config.train import build_config
     from agentrl.plugins import load_plugins
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     out = options.output_dir or tempfile.mkdtemp(prefix="agentrl-memory-")
     run_dir = Path(out) / "run"

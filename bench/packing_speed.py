@@ -21,12 +21,12 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.config import build_config
-from agentrl.packing import pack_prefix_tree
+from agentrl.config.train import build_config
+from agentrl.model.packing import pack_prefix_tree
 from agentrl.plugins import load_plugins
 from agentrl.testing import GradientRecorder
-from agentrl.batching import plan_micro_batches
-from agentrl.trainer import Trainer
+from agentrl.training.batching import plan_micro_batches
+from agentrl.training.trainer import Trainer
 
 
 def main() -> None:

@@ -23,11 +23,11 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.config import build_config
+from agentrl.config.train import build_config
 from agentrl.plugins import load_plugins
-from agentrl.precision import resolve_precision
+from agentrl.model.precision import resolve_precision
 from agentrl.testing import GradientRecorder
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 
 def main() -> None:

@@ -7,8 +7,8 @@ What it learns from (all from the math env's TRAIN split; its held-out eval task
 * **sampled**: ``--samples`` episodes per prompt for ``--prompts`` distinct training questions,
   sampled by the default model exactly as ``agentrl train --env math`` samples at step 0 (the same
   env plugin, ``multi_turn`` rollout, ``hf`` engine, chat template, T=1, 64 new tokens: the
-  :class:`~agentrl.config.TrainConfig` defaults). Each is labelled by the env's own check, the one
-  ``eval/accuracy`` uses (:func:`agentrl.evaluate.episode_success` on the env's ``info``).
+  :class:`~agentrl.config.train.TrainConfig` defaults). Each is labelled by the env's own check, the one
+  ``eval/accuracy`` uses (:func:`agentrl.training.evaluate.episode_success` on the env's ``info``).
 * **reference positives**: the base model is seldom right (about a fifth of its samples, counting
   an unboxed last number), so each prompt
   also gets replies written from the task's reference answer in the style the env asks for and the
@@ -67,10 +67,10 @@ from rich.table import Table
 from transformers import LlamaForSequenceClassification, LlamaModel
 
 from agentrl import Env, SamplingParams
-from agentrl.build import engine_and_rollout, make_env
-from agentrl.config import TrainConfig
-from agentrl.evaluate import episode_success
-from agentrl.models import DEFAULT_MODEL, load_model, load_tokenizer
+from agentrl.training.build import engine_and_rollout, make_env
+from agentrl.config.train import TrainConfig
+from agentrl.training.evaluate import episode_success
+from agentrl.model.loading import DEFAULT_MODEL, load_model, load_tokenizer
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model, make_trajectory
 from agentrl_rewards.reward_model import RewardModel, RewardModelConfig

@@ -4,7 +4,7 @@
                                    [--threads N] [--trl-arg KEY=VALUE ...] [--out PATH]
 
 Both train the default model (SmolLM2-135M-Instruct, the local HF folder of
-``agentrl.models.resolve_model("smollm2-135m")``) on the ``math`` env's training tasks for ``--steps``
+``agentrl.model.loading.resolve_model("smollm2-135m")``) on the ``math`` env's training tasks for ``--steps``
 optimizer steps, one system after the other (agentrl first unless ``--trl-first``; the first is deleted
 and garbage-collected before the second is built). Reported per system: each step's seconds, the
 median over the steps after the first ``--skip-first`` (warm-up), completions/s (32 / median), the
@@ -99,7 +99,7 @@ def agentrl_tasks(steps: int) -> list[dict[str, Any]]:
     """The tasks agentrl's trainer samples for steps 1..``steps``, in order (its seeded TaskCursor)."""
     from agentrl_math import MathEnv
 
-    from agentrl.rollout_phase import TaskCursor
+    from agentrl.training.rollout_phase import TaskCursor
 
     tasks = MathEnv().train_tasks()
     cursor = TaskCursor(len(tasks), SEED)
@@ -178,9 +178,9 @@ def load_average() -> list[float] | None:
 # -- agentrl ------------------------------------------------------------------------------------------
 def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
     """Train ``steps`` steps through agentrl's library API; returns per-step figures."""
-    from agentrl.config import TrainConfig
+    from agentrl.config.train import TrainConfig
     from agentrl.plugins import load_plugins
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     config = TrainConfig(
         prompts_per_step=PROMPTS_PER_STEP, num_generations=NUM_GENERATIONS, max_new_tokens=MAX_NEW_TOKENS,
@@ -241,7 +241,7 @@ def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None 
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from agentrl.models import resolve_model
+    from agentrl.model.loading import resolve_model
 
     tasks = agentrl_tasks(steps)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t["question"]}],

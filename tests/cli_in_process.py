@@ -10,7 +10,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from agentrl.cli import app
+from agentrl.cli.app import app
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ def agentrl_in_process(*args: str, cwd: Path | None = None) -> CliResult:
     """``agentrl ARGS`` through typer's CliRunner in this process, in ``cwd`` when given.
 
     Why: the pytest worker has torch and transformers imported already, while ``python -m
-    agentrl.cli`` in a subprocess pays ~10 s of imports before ~1-5 s of work. Keep a subprocess
+    agentrl.cli.app`` in a subprocess pays ~10 s of imports before ~1-5 s of work. Keep a subprocess
     where the test is about the process: exit status after a signal, a hang, warnings printed at
     start-up, output to a real file, a lock another process holds, environment variables it reads.
 

@@ -17,7 +17,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, _workers))))
 
 import pytest
-from agentrl.models import DEFAULT_MODEL, load_tokenizer
+from agentrl.model.loading import DEFAULT_MODEL, load_tokenizer
 from agentrl.testing import build_tiny_model
 
 
@@ -50,7 +50,7 @@ class PluginVenv:
 
     def agentrl(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         """``agentrl ARGS`` with this venv's interpreter: it sees what was installed here."""
-        return subprocess.run([str(self.python), "-m", "agentrl.cli", *args], cwd=cwd, capture_output=True,
+        return subprocess.run([str(self.python), "-m", "agentrl.cli.app", *args], cwd=cwd, capture_output=True,
                               text=True, timeout=600)
 
 

@@ -134,7 +134,7 @@ def ensure_tiny_model(folder: Path) -> None:
     """The tiny model + the real tokenizer in ``folder``, built as tests/conftest.py does, unless there."""
     if (folder / "config.json").is_file():
         return
-    from agentrl.models import DEFAULT_MODEL, load_tokenizer
+    from agentrl.model.loading import DEFAULT_MODEL, load_tokenizer
     from agentrl.testing import build_tiny_model
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
@@ -149,9 +149,9 @@ def run_scenario(name: str, tiny_model: Path, workdir: Path, overrides: dict[str
 
     torch.set_num_threads(1)
     from agentrl import TrainConfig, TrainingInterrupted, load_plugins
-    from agentrl.rundir import resume_config
+    from agentrl.rundir.directory import resume_config
     from agentrl.testing import lockstep_plugins
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     ensure_tiny_model(tiny_model)
     _skip_the_plot()
@@ -195,7 +195,7 @@ def _skip_the_plot() -> None:
     cannot change them, and it is half of a tiny run's time (tests/test_plots.py covers it). If the
     plot moves elsewhere this does nothing, and the runs are only slower."""
     try:
-        import agentrl.plots as plots
+        import agentrl.rundir.plots as plots
     except ImportError:
         return
     if hasattr(plots, "plot_run"):

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from agentrl import SamplingParams
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model
 

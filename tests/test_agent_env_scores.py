@@ -7,9 +7,9 @@ import json
 import pytest
 
 from agentrl import EnvError, SamplingParams
-from agentrl.build import make_env
-from agentrl.config import TrainConfig
-from agentrl.evaluate import episode_success
+from agentrl.training.build import make_env
+from agentrl.config.train import TrainConfig
+from agentrl.training.evaluate import episode_success
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model
 from cli_in_process import agentrl_in_process
@@ -152,7 +152,7 @@ def test_the_calculator_agent_program_is_the_calculator_env_token_for_token(toke
     same episode as ``--env calculator`` for the same replies: token ids, loss mask, env return."""
     from pathlib import Path
 
-    from agentrl.build import make_env
+    from agentrl.training.build import make_env
 
     agent = f"{Path(__file__).resolve().parents[1] / 'bench' / 'agents' / 'calculator_agent.py'}:solve"
     plugins = load_plugins()

@@ -16,14 +16,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl import async_rollouts, weight_copies
-from agentrl.async_rollouts import version_for
-from agentrl.config import TrainConfig
+from agentrl.training import async_rollouts
+from agentrl.training import weight_copies
+from agentrl.training.async_rollouts import version_for
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
-from agentrl.rundir import resume_config
+from agentrl.rundir.directory import resume_config
 from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 PARITY = {"agentrl.testing:parity_reward": 1.0}  # groups with a reward spread: every step changes the weights
 
@@ -227,7 +228,7 @@ def agentrl_on_rollout_end(trajectories, step, metrics):
 def test_sigkill_with_episodes_in_flight_then_resume_equals_straight(tiny_model_dir, tmp_path):
     plugin = tmp_path / "slow_rollout.py"
     plugin.write_text(SLOW_ROLLOUT_PLUGIN)
-    cli = [sys.executable, "-m", "agentrl.cli", "train"]
+    cli = [sys.executable, "-m", "agentrl.cli.app", "train"]
     common = ["--model", str(tiny_model_dir), "--max-steps", "6", "--num-generations", "3", "--prompts-per-step",
               "2", "--reward", "agentrl.testing:parity_reward", "--set", "max_new_tokens=8", "--set", "eval_tasks=0",
               "--set", "checkpoint_every=2", "--set", "async_steps=2", "--set", "learning_rate=0.01",

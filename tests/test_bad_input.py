@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from agentrl import AgentRLError, ConfigCheck, ConfigError, ModelError, PluginError, build_plugin_config
-from agentrl.cli import app
-from agentrl.config import TrainConfig, build_config, check_startup, field_names, resolve_settings
-from agentrl.paths import check_output_dir
+from agentrl.cli.app import app
+from agentrl.config.train import TrainConfig, build_config, check_startup, field_names, resolve_settings
+from agentrl.rundir.paths import check_output_dir
 from agentrl.plugins import load_plugins
 from agentrl_grpo import GRPOConfig
 from agentrl_gspo import GSPOConfig
@@ -166,15 +166,15 @@ def test_config_files_that_cannot_be_read(tmp_path: Path) -> None:
                                 "difficulty, data_file, seed, num_eval"),
 ])
 def test_env_arguments_are_checked_when_the_env_is_built(kwargs: dict, message: str) -> None:
-    from agentrl.build import make_env
+    from agentrl.training.build import make_env
 
     with pytest.raises(AgentRLError, match=re.escape(message)):
         make_env(load_plugins(), TrainConfig(**kwargs))
 
 
 def test_a_tool_parser_named_in_env_args_is_the_registered_one() -> None:
-    from agentrl.build import make_env
-    from agentrl.tools import parse_xml_json
+    from agentrl.training.build import make_env
+    from agentrl.tools.tool import parse_xml_json
 
     env = make_env(load_plugins(), TrainConfig(env="calculator", env_args={"tool_parser": "xml_json"}))
     assert env.tool_parser is parse_xml_json
@@ -238,7 +238,7 @@ def test_output_dir_helper_refuses_files_and_unwritable_folders(tmp_path: Path) 
 
 
 def test_an_unwritable_model_cache_is_named_before_any_download(tmp_path: Path, monkeypatch) -> None:
-    from agentrl.models import resolve_model
+    from agentrl.model.loading import resolve_model
 
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "file" / "cache"))
@@ -316,7 +316,7 @@ ENV_ARGS = {"math": ["difficulty", "seed", "num_eval", "system_prompt"],
 @example(arg=("math", "seed"), value=-1)
 @example(arg=("guess", "n"), value=2**64)
 def test_any_env_argument_builds_a_working_env_or_is_an_agentrl_error(arg: tuple[str, str], value: Any) -> None:
-    from agentrl.build import make_env
+    from agentrl.training.build import make_env
 
     env, key = arg
     try:
@@ -411,7 +411,7 @@ def test_plot_of_a_killed_run_warns_and_plots_the_whole_lines(tmp_path: Path) ->
 
 def test_a_prompt_that_fills_max_total_tokens_is_refused_before_training(tiny_model_dir, tmp_path):
     from agentrl.plugins import load_plugins
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     config = TrainConfig(model=str(tiny_model_dir), max_new_tokens=8, max_total_tokens=20, eval_tasks=0,
                          output_dir=str(tmp_path / "run"))

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
-from agentrl.reward_schemes import RewardContext
-from agentrl.rewards import resolve_rewards
+from agentrl.rewards.schemes import RewardContext
+from agentrl.rewards.specs import resolve_rewards
 from agentrl.testing import make_trajectory
 from agentrl_math import LEVELS, MathEnv
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentrl.best_model import BestModel
-from agentrl.config import TrainConfig
+from agentrl.training.best_model import BestModel
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 
 def _save(marker: str):
@@ -98,7 +98,7 @@ def test_without_keep_best_nothing_extra_is_saved(tiny_model_dir, tmp_path, over
 
 
 def test_eval_reward_mean_is_the_weighted_total_on_held_out_tasks(tiny_model_dir, tmp_path):
-    from agentrl.evaluate import evaluate
+    from agentrl.training.evaluate import evaluate
     from agentrl.testing import parity_reward
 
     trainer, _ = _scripted_trainer(tiny_model_dir, tmp_path, scores=[0.0])

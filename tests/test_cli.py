@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-AGENTRL = [sys.executable, "-m", "agentrl.cli"]
+AGENTRL = [sys.executable, "-m", "agentrl.cli.app"]
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
 """The CLI's modules: no import circle among them, the scaffold library free of the CLI, and the
-entry points (``agentrl = agentrl.cli:app``, ``python -m agentrl.cli``) intact."""
+entry points (``agentrl = agentrl.cli.app:app``, ``python -m agentrl.cli.app``) intact."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_no_import_circle_among_the_cli_modules():
 
 
 def test_the_scaffold_library_imports_no_cli():
-    code = "import sys, agentrl.scaffold; print(sorted(m for m in sys.modules if m in ('typer', 'agentrl.cli')))"
+    code = "import sys, agentrl.cli.scaffold; print(sorted(m for m in sys.modules if m in ('typer', 'agentrl.cli.app')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
@@ -48,14 +48,14 @@ def test_the_scaffold_library_imports_no_cli():
 def test_the_launcher_of_several_processes_imports_no_transformers():
     """``--num-processes N`` checks the config, resolves the model folder and starts ``accelerate
     launch`` without transformers (seconds of imports in a process that loads no model)."""
-    code = ("import sys, agentrl.cli_train, agentrl.launch, agentrl.models, agentrl.config, agentrl.rundir; "
-            "from agentrl.cli_support import plugin_manager; plugin_manager(None, None); "  # every plugin loaded
+    code = ("import sys, agentrl.cli.train, agentrl.model.launch, agentrl.model.loading, agentrl.config.train, agentrl.rundir.directory; "
+            "from agentrl.cli.support import plugin_manager; plugin_manager(None, None); "  # every plugin loaded
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("module", ["agentrl.cli", "agentrl"])
+@pytest.mark.parametrize("module", ["agentrl.cli.app", "agentrl"])
 def test_the_command_runs_as_a_module(module):
     done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -63,9 +63,9 @@ def test_the_command_runs_as_a_module(module):
 
 
 def test_debug_shows_the_traceback_of_agentrl_new_run_as_a_module(tmp_path):
-    plain = subprocess.run([sys.executable, "-m", "agentrl.cli", "new", "env", "9x"], cwd=tmp_path,
+    plain = subprocess.run([sys.executable, "-m", "agentrl.cli.app", "new", "env", "9x"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=120)
     assert plain.returncode == 2 and plain.stderr.startswith("error: env name '9x' is not valid")
-    debug = subprocess.run([sys.executable, "-m", "agentrl.cli", "--debug", "new", "env", "9x"], cwd=tmp_path,
+    debug = subprocess.run([sys.executable, "-m", "agentrl.cli.app", "--debug", "new", "env", "9x"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=120)
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr

@@ -1,4 +1,4 @@
-"""Options generated from TrainConfig fields (agentrl.cli_options): name, type, help and default
+"""Options generated from TrainConfig fields (agentrl.cli.options): name, type, help and default
 from the field, None when not given, the command's own options kept."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from agentrl.cli_options import ConfigOption, ConfigOptions, field_docs
-from agentrl.config import TrainConfig
-from agentrl.cli_train import TRAIN_OPTIONS
+from agentrl.cli.options import ConfigOption, ConfigOptions, field_docs
+from agentrl.config.train import TrainConfig
+from agentrl.cli.train import TRAIN_OPTIONS
 
 
 def command(options: ConfigOptions) -> tuple[typer.Typer, list[Any]]:

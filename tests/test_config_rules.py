@@ -1,4 +1,4 @@
-"""The declarative field rules (agentrl.config_rules): pydantic checks, our words."""
+"""The declarative field rules (agentrl.config.rules): pydantic checks, our words."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from pydantic import Field
 
 from agentrl import Complaint, ConfigCheck, ConfigError, EnvError
-from agentrl.config_rules import Allowed, Note, OneOf, allowed_words, check_declared, rule_failure
+from agentrl.config.rules import Allowed, Note, OneOf, allowed_words, check_declared, rule_failure
 
 
 @dataclass

@@ -9,10 +9,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl import SamplingParams
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
-from agentrl.policy import TokenLogprobs
-from agentrl.trainer import Trainer
+from agentrl.model.policy import TokenLogprobs
+from agentrl.training.trainer import Trainer
 from agentrl_hf_engine import HFEngine, warp_logits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -13,11 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentrl import Env, SamplingParams, async_rollouts
-from agentrl.config import TrainConfig
+from agentrl import Env, SamplingParams
+from agentrl.training import async_rollouts
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
-from agentrl.request_queue import cut
-from agentrl.rollout_phase import _token_versions
+from agentrl.sampling.request_queue import cut
+from agentrl.training.rollout_phase import _token_versions
 from agentrl.testing import build_tiny_model, version_change_at
 from agentrl.trajectory import Trajectory, Turn
 

@@ -40,8 +40,9 @@ from pathlib import Path
 import pytest
 
 import agentrl
-from agentrl import hookdoc, hookspecs
-from agentrl.rewards import TRLReward, reward_style
+from agentrl import hookspecs
+from agentrl.cli import hookdoc
+from agentrl.rewards.specs import TRLReward, reward_style
 from agentrl.testing import check_env, check_reward_output, make_trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +116,7 @@ def blocks(lang: str) -> list:
 
 def test_hooks_md_is_generated_from_the_hookspecs():
     assert (DOCS / "hooks.md").read_text() == hookdoc.render(), \
-        "docs/hooks.md differs from agentrl/hookspecs.py: run `python -m agentrl.hookdoc`"
+        "docs/hooks.md differs from agentrl/hookspecs.py: run `python -m agentrl.cli.hookdoc`"
 
 
 def test_hook_reference_covers_every_hook_with_signature_and_firstresult():
@@ -131,7 +132,7 @@ def test_hook_reference_covers_every_hook_with_signature_and_firstresult():
 def test_hookdoc_writes_and_checks(tmp_path, capsys):
     path = tmp_path / "hooks.md"
     assert hookdoc.main(["--output", str(path), "--check"]) == 1
-    assert "is out of date with agentrl/hookspecs.py: run `python -m agentrl.hookdoc`" in capsys.readouterr().err
+    assert "is out of date with agentrl/hookspecs.py: run `python -m agentrl.cli.hookdoc`" in capsys.readouterr().err
     assert hookdoc.main(["--output", str(path)]) == 0 and path.read_text() == hookdoc.render()
     assert hookdoc.main(["--output", str(path), "--check"]) == 0
     path.write_text(path.read_text().replace("Register environments", "Register envs"))
@@ -366,7 +367,7 @@ def run_command(argv: list[str], cwd: Path, block: Block, tiny_model: Path | Non
     if program == "agentrl":
         from typer.testing import CliRunner
 
-        from agentrl.cli import app
+        from agentrl.cli.app import app
 
         if block.marker == "tiny" and args[:1] == ["train"]:
             args = [*args, "--model", str(tiny_model), *TINY_FLAGS, "--output-dir", str(cwd / f"run-{block.line}")]
@@ -428,10 +429,10 @@ def test_bash_block_runs(block, workdirs, request):
 
 @pytest.mark.parametrize("block", blocks("yaml"))
 def test_yaml_block_is_a_valid_run_config(block, workdirs):
-    from agentrl.config import build_config
+    from agentrl.config.train import build_config
     from agentrl.plugins import load_plugins
-    from agentrl.rewards import resolve_rewards
-    from agentrl.build import make_env
+    from agentrl.rewards.specs import resolve_rewards
+    from agentrl.training.build import make_env
 
     folder = workdirs(block.source)
     (folder / f"config-{block.line}.yaml").write_text(block.code)

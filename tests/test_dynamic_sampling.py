@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl.config import TrainConfig
-from agentrl.dynamic_sampling import GroupSelector, has_spread
+from agentrl.config.train import TrainConfig
+from agentrl.algorithms.dynamic_sampling import GroupSelector, has_spread
 from agentrl.errors import ConfigError
 from agentrl.plugins import load_plugins
 from agentrl.testing import make_trajectory
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 from agentrl.trajectory import collate
 
 REWARD_FILE = '''

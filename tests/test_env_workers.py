@@ -12,7 +12,7 @@ import time
 import pytest
 
 from agentrl import CallGuard, ConfigError, Env, EnvCall, EnvError, EnvWorkers, SamplingParams
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model
 
@@ -233,7 +233,7 @@ def test_a_failure_names_the_first_failing_sample_whatever_answers_first(tiny):
 
 
 def test_the_start_up_checks_await_an_async_reset(tokenizer):
-    from agentrl.build import check_prompt_room
+    from agentrl.training.build import check_prompt_room
     from agentrl.testing import check_env_startup
 
     env = AsyncEcho()

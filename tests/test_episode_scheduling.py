@@ -11,7 +11,7 @@ import time
 import pytest
 
 from agentrl import CallGuard, Env, EnvCall, EnvWorkers, SamplingParams
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model, lockstep_plugins
 from agentrl_rollouts import turn_seed

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import agentrl.evaluate
-from agentrl.cli import app
-from agentrl.config import TrainConfig
+import agentrl.training.evaluate
+from agentrl.cli.app import app
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 # A reward that depends on every sampled character: equal figures mean equal generations.
 LENGTH_REWARD = '''
@@ -43,13 +43,13 @@ def run_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 def _eval(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run ``agentrl eval ARGS --json`` in-process; returns its figures and what evaluate() was given."""
     seen: dict[str, Any] = {}
-    real = agentrl.evaluate.evaluate
+    real = agentrl.training.evaluate.evaluate
 
     def recording(rollout: Any, envs: list[Any], tasks: list[Any], **kwargs: Any) -> Any:
         seen.update(rollout=rollout, envs=envs, tasks=tasks, **kwargs)
         return real(rollout, envs, tasks, **kwargs)
 
-    monkeypatch.setattr(agentrl.evaluate, "evaluate", recording)
+    monkeypatch.setattr(agentrl.training.evaluate, "evaluate", recording)
     result = CliRunner().invoke(app, ["eval", *args, "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout.strip().splitlines()[-1]), seen

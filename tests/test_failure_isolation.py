@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from agentrl.testing import GradientRecorder
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.env import CallGuard
 from agentrl.errors import EngineError, EnvError, RewardError
 from agentrl.plugins import load_plugins
-from agentrl.scoring import score
-from agentrl.trainer import Trainer
+from agentrl.rewards.scoring import score
+from agentrl.training.trainer import Trainer
 from agentrl.trajectory import collate
 from agentrl_grpo import group_advantages
 
@@ -330,7 +330,7 @@ def test_env_contract_violations_are_named_before_the_model_loads(tiny_model_dir
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the env was checked")
 
-    monkeypatch.setattr("agentrl.build.load_model", no_model)
+    monkeypatch.setattr("agentrl.training.build.load_model", no_model)
     config = _config(tiny_model_dir, tmp_path, env=f"{faults}:{cls}", **overrides)
     with pytest.raises(EnvError, match=re.escape(message)):
         Trainer(config, load_plugins())

@@ -14,14 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from agentrl import checkpoint as ckpt
-from agentrl import statefiles
-from agentrl.checkpoint import complete_checkpoints
-from agentrl.rundir import resume_config
-from agentrl.config import TrainConfig
+from agentrl.rundir import checkpoints as ckpt
+from agentrl.rundir import state_files as statefiles
+from agentrl.rundir.checkpoints import complete_checkpoints
+from agentrl.rundir.directory import resume_config
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 
 def _config(model_dir: Path, out: Path, **overrides) -> TrainConfig:

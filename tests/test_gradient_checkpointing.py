@@ -1,4 +1,4 @@
-"""``gradient_checkpointing: true`` (agentrl.activation_checkpointing): each decoder block keeps only
+"""``gradient_checkpointing: true`` (agentrl.model.activation_checkpointing): each decoder block keeps only
 its inputs for the backward pass and runs again there, in eval mode too; the gradients are those of
 the plain forward, the saved activations far fewer, and a run trains the same weights."""
 
@@ -11,13 +11,13 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agentrl.activation_checkpointing import blocks, checkpoint_blocks, is_checkpointed
-from agentrl.config import TrainConfig
+from agentrl.model.activation_checkpointing import blocks, checkpoint_blocks, is_checkpointed
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError
 from agentrl.plugins import load_plugins
-from agentrl.policy import TokenLogprobs
+from agentrl.model.policy import TokenLogprobs
 from agentrl.testing import lockstep_plugins, parity_reward
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 from cli_in_process import agentrl_in_process
 
 LAYERS = 4
@@ -174,7 +174,7 @@ def test_a_run_with_checkpointing_trains_the_same_weights(tiny_model_dir, tmp_pa
 
 
 def test_a_policy_without_blocks_to_checkpoint_is_a_config_error(tiny_model_dir, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("agentrl.build.checkpoint_blocks", lambda model: [])  # as for a model with no block stack
+    monkeypatch.setattr("agentrl.training.build.checkpoint_blocks", lambda model: [])  # as for a model with no block stack
     with pytest.raises(ConfigError, match="gradient_checkpointing=true: LlamaForCausalLM has no decoder blocks to "
                                           "checkpoint .*; set gradient_checkpointing false"):
         _trainer(tiny_model_dir, tmp_path, "run", gradient_checkpointing=True)

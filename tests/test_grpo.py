@@ -14,7 +14,7 @@ import torch
 
 import agentrl_grpo
 from agentrl import ConfigError, LossContext, TrainBatch, defaults
-from agentrl.objectives import step_totals
+from agentrl.algorithms.objectives import step_totals
 from agentrl.plugins import PluginManager
 from agentrl.trajectory import Trajectory, collate, with_segments
 from agentrl_grpo import GRPO, GRPOConfig, group_advantages

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from agentrl import AGGREGATIONS, ConfigError, StepTotals, TrainBatch, importance_log_weights, policy_loss
-from agentrl.config import TrainConfig, build_plugin_config
+from agentrl.config.train import TrainConfig, build_plugin_config
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model, parity_reward
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 from agentrl_gspo import GSPOConfig
 from agentrl_grpo import GRPOConfig
 

@@ -16,7 +16,7 @@ from transformers.generation.logits_process import (
 )
 
 from agentrl import ConfigError, EngineError, Generation, SamplingParams
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl_hf_engine import HFEngine, HFEngineConfig, agentrl_register_engines, inverse_cdf_sample
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8, 9, 10, 11], [1], [1, 40, 41], [1, 60, 61, 62, 63, 64]]
@@ -351,8 +351,8 @@ def test_registers_as_hf() -> None:
 @pytest.fixture(scope="module")
 def smollm2():
     """The default model and its chat prompts (8 arithmetic questions)."""
-    from agentrl.chat import ChatTokenizer
-    from agentrl.models import DEFAULT_MODEL, load_model, load_tokenizer
+    from agentrl.sampling.chat import ChatTokenizer
+    from agentrl.model.loading import DEFAULT_MODEL, load_model, load_tokenizer
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     chat = ChatTokenizer(tokenizer)

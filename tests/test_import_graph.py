@@ -1,4 +1,4 @@
-"""No import circles inside ``agentrl``: every ``agentrl/**/*.py`` is parsed with ``ast`` and each
+"""The import order of ``agentrl``'s rooms, and no import circles inside it: every ``agentrl/**/*.py`` is parsed with ``ast`` and each
 import it makes, at module level, inside functions or under ``TYPE_CHECKING``, is an edge of the
 graph of agentrl modules; any cycle fails the test, named module by module.
 
@@ -20,6 +20,28 @@ PACKAGE = Path(__file__).resolve().parents[1] / "agentrl"
 ALLOWED_CYCLES: set[frozenset[str]] = set()
 """None: add nothing here."""
 
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "faults", "imports", "trajectory", "answers"),
+    ("sampling",),
+    ("env",),
+    ("tools",),
+    ("config",),
+    ("rundir",),
+    ("model",),
+    ("rewards",),
+    ("algorithms",),
+    ("hookspecs",),
+    ("defaults",),
+    ("plugins",),
+    ("testing",),
+    ("training",),
+    ("cli",),
+    ("__init__", "__main__"),
+)
+"""The rooms of ``agentrl``, lowest first: a room imports only from its own layer or the layers below.
+A room is a subpackage (``agentrl.training``) or a top-level module (``agentrl.errors``); the package's
+own ``__init__`` is the public API, above everything."""
+
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
     """``agentrl/env/base.py`` -> ``agentrl.env.base``; a package's ``__init__.py`` is the package."""
@@ -29,7 +51,7 @@ def module_name(path: Path, package: Path = PACKAGE) -> str:
 
 def imported_modules(path: Path, modules: set[str], name: str) -> set[str]:
     """The agentrl modules that ``path`` (module ``name``) imports anywhere in it (``from agentrl
-    import sharding`` is ``agentrl.sharding``; ``from agentrl import Env`` is the package ``agentrl``)."""
+    import sharding`` is ``agentrl.model.sharding``; ``from agentrl import Env`` is the package ``agentrl``)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -51,6 +73,18 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     return {name: imported_modules(path, modules, name) for path, name in names.items()}
 
 
+def room(module: str) -> str:
+    """``agentrl.training.trainer`` -> ``training``; ``agentrl.errors`` -> ``errors``; ``agentrl`` -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    """Every import of ``graph`` from a room into a room of a higher layer, as ``a -> b``."""
+    rank = {name: level for level, names in enumerate(layers) for name in names}
+    return sorted(f"{a} -> {b}" for a, imported in graph.items() for b in imported if rank[room(b)] > rank[room(a)])
+
+
 def find_cycle(graph: dict[str, set[str]], allowed: set[frozenset[str]] = frozenset()) -> list[str] | None:
     """A cycle of ``graph`` as ``[a, b, ..., a]`` (None if there is none), skipping the ``allowed``
     ones (each named by its set of modules)."""
@@ -68,9 +102,23 @@ def find_cycle(graph: dict[str, set[str]], allowed: set[frozenset[str]] = frozen
 
 def test_no_import_cycles():
     graph = import_graph()
-    assert "agentrl.config" in graph and "agentrl.env.base" in graph
+    assert "agentrl.config.train" in graph and "agentrl.env.base" in graph
     cycle = find_cycle(graph, ALLOWED_CYCLES)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_every_room_has_a_layer_and_no_room_imports_upward():
+    graph = import_graph()
+    rooms = {room(module) for module in graph}
+    layered = {name for names in LAYERS for name in names}
+    assert rooms <= layered, f"rooms without a layer in LAYERS: {sorted(rooms - layered)}"
+    assert {"training", "cli", "config", "model", "rundir", "sampling", "tools"} <= rooms
+    assert upward_imports(graph) == []
+
+
+def test_an_upward_import_is_named():
+    graph = {"agentrl.config.train": {"agentrl.training.trainer", "agentrl.errors"}, "agentrl.training.trainer": set()}
+    assert upward_imports(graph) == ["agentrl.config.train -> agentrl.training.trainer"]
 
 
 def test_function_level_and_relative_imports_are_edges(tmp_path):

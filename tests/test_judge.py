@@ -8,11 +8,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, RewardError
 from agentrl.plugins import load_plugins
-from agentrl.reward_schemes import RewardContext
-from agentrl.rewards import resolve_rewards
+from agentrl.rewards.schemes import RewardContext
+from agentrl.rewards.specs import resolve_rewards
 from agentrl.testing import build_tiny_model, make_trajectory
 from agentrl_rewards.judge import DEFAULT_RUBRIC, JudgeConfig, judge_scheme, parse_score, render
 from cli_in_process import agentrl_in_process

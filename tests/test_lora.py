@@ -1,4 +1,4 @@
-"""LoRA (agentrl.lora) on the tiny model: only the adapter trains, the reference is the base model
+"""LoRA (agentrl.model.lora) on the tiny model: only the adapter trains, the reference is the base model
 with the adapter off, engines sample from the merged weights, export and resume are exact."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from agentrl.config import TrainConfig, build_config, resolved_dict
+from agentrl.config.train import TrainConfig, build_config, resolved_dict
 from agentrl.errors import ConfigError, TrainingInterrupted
-from agentrl.lora import LLAMA_TARGETS, sampling_model
+from agentrl.model.lora import LLAMA_TARGETS, sampling_model
 from agentrl.plugins import load_plugins
-from agentrl.policy import TokenLogprobs
+from agentrl.model.policy import TokenLogprobs
 from agentrl.testing import lockstep_plugins, parity_reward
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 pytest.importorskip("peft")
 from test_resume import _assert_same_weights, _config, _lines, _manager  # noqa: E402  (its helpers)
@@ -145,7 +145,7 @@ def test_export_is_merged_the_adapter_loads_with_peft_and_eval_runs(tiny_model_d
 
     from typer.testing import CliRunner
 
-    from agentrl.cli import app
+    from agentrl.cli.app import app
 
     evaluated = CliRunner().invoke(app, ["eval", "--model", str(result.run_dir), "--env", "math", "--num-tasks", "2",
                                          "--max-new-tokens", "4", "--json"])
@@ -154,7 +154,7 @@ def test_export_is_merged_the_adapter_loads_with_peft_and_eval_runs(tiny_model_d
 
 
 def test_resume_with_lora_equals_straight_bit_for_bit(tiny_model_dir, tmp_path, monkeypatch):
-    from agentrl.rundir import resume_config
+    from agentrl.rundir.directory import resume_config
 
     extra = dict(lora=LORA, algorithm={"beta": 0.05}, eval_tasks=0, max_steps=3, rewards={"parity": 1.0})
 

@@ -295,10 +295,10 @@ def test_check_env_names_broken_rules() -> None:
 def test_default_rewards_pay_a_correct_boxed_answer_most_and_a_wrong_one_no_more_than_any_correct(
         reply: str, total: float) -> None:
     """Hand-derived totals of the default run's rewards (env x1 + format x1 + accuracy x1) on "7 + 5"."""
-    from agentrl.config import TrainConfig
+    from agentrl.config.train import TrainConfig
     from agentrl.plugins import load_plugins
-    from agentrl.rewards import resolve_rewards
-    from agentrl.scoring import score
+    from agentrl.rewards.specs import resolve_rewards
+    from agentrl.rewards.scoring import score
     from agentrl.testing import make_trajectory
 
     env = MathEnv()

@@ -1,4 +1,4 @@
-"""agentrl.memory measures the process's real memory, and release_free_memory returns freed heap."""
+"""agentrl.training.memory measures the process's real memory, and release_free_memory returns freed heap."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl import memory
-from agentrl.precision import cpu_flags, decide_cpu
+from agentrl.training import memory
+from agentrl.model.precision import cpu_flags, decide_cpu
 
 MB = 1e6
 glibc_only = pytest.mark.skipif(memory.malloc_stats() is None, reason="needs glibc (mallinfo2, malloc_trim)")

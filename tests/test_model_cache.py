@@ -7,7 +7,7 @@ import fcntl
 import threading
 from pathlib import Path
 
-from agentrl.models import resolve_model
+from agentrl.model.loading import resolve_model
 
 
 def test_a_second_run_waits_for_the_first_conversion_and_reuses_it(tmp_path: Path, monkeypatch) -> None:

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from agentrl import ConfigError, Env, SamplingParams, Trajectory, Turn, collate
-from agentrl.chat import ChatTokenizer
-from agentrl.config import TrainConfig
+from agentrl.sampling.chat import ChatTokenizer
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
-from agentrl.scoring import score
+from agentrl.rewards.scoring import score
 from agentrl.testing import build_tiny_model
 
 
@@ -206,14 +206,14 @@ def test_non_finite_reward_weights_are_refused(kwargs, message):
 
 
 def test_cli_refuses_an_infinite_reward_weight():
-    from agentrl.cli import _parse_rewards
+    from agentrl.cli.app import _parse_rewards
 
     with pytest.raises(ConfigError, match=re.escape("--reward 'format:inf': weight 'inf' must be a finite number")):
         _parse_rewards(["format:inf"])
 
 
 def test_an_episode_whose_prompt_fills_the_budget_scores_as_an_empty_reply(tokenizer):
-    from agentrl.metrics import rollout_metrics
+    from agentrl.rundir.metrics import rollout_metrics
     from agentrl_rewards import format_reward
     from agentrl_tool_envs import CalculatorEnv
 
@@ -234,7 +234,7 @@ def test_an_episode_whose_prompt_fills_the_budget_scores_as_an_empty_reply(token
 
 
 def test_prompt_too_long_is_counted_and_warned_once_per_run(tokenizer):
-    from agentrl.metrics import rollout_metrics
+    from agentrl.rundir.metrics import rollout_metrics
     from agentrl_tool_envs import CalculatorEnv
 
     envs = [CalculatorEnv(), CalculatorEnv(), TalkEnv()]

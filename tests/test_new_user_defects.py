@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from agentrl import Env
-from agentrl.evaluate import episode_success
+from agentrl.training.evaluate import episode_success
 from agentrl.testing import make_trajectory
 from cli_in_process import agentrl_in_process
 
-AGENTRL = [sys.executable, "-m", "agentrl.cli"]
+AGENTRL = [sys.executable, "-m", "agentrl.cli.app"]
 TINY = ["--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--set", "max_new_tokens=4"]
 
 SCORED_ENV = '''

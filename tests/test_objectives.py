@@ -1,4 +1,4 @@
-"""agentrl.objectives and agentrl.defaults against independent float64 arithmetic."""
+"""agentrl.algorithms.objectives and agentrl.defaults against independent float64 arithmetic."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from agentrl import StepTotals, TrainBatch, hookimpl
 from agentrl import defaults
-from agentrl.objectives import (
+from agentrl.algorithms.objectives import (
     AGGREGATIONS,
     KL_ESTIMATORS,
     clipped_surrogate,

@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from agentrl import Engine, Generation, SamplingParams
-from agentrl.chat import ChatTokenizer
-from agentrl.config import TrainConfig
+from agentrl.sampling.chat import ChatTokenizer
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model
 from agentrl.trajectory import with_segments

@@ -7,14 +7,14 @@ import dataclasses
 import pytest
 import torch
 
-from agentrl.config import TrainConfig
-from agentrl.models import load_model
-from agentrl.packing import pack_prefix_tree
+from agentrl.config.train import TrainConfig
+from agentrl.model.loading import load_model
+from agentrl.model.packing import pack_prefix_tree
 from agentrl.plugins import load_plugins
-from agentrl.policy import TokenLogprobs
+from agentrl.model.policy import TokenLogprobs
 from agentrl.testing import GradientRecorder
-from agentrl.batching import plan_micro_batches
-from agentrl.trainer import Trainer
+from agentrl.training.batching import plan_micro_batches
+from agentrl.training.trainer import Trainer
 
 
 def _rows(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ import matplotlib.image
 import matplotlib.pyplot as plt
 import pytest
 
-from agentrl.plots import plot_run, run_figure
+from agentrl.rundir.plots import plot_run, run_figure
 
 
 @pytest.fixture(autouse=True)

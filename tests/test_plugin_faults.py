@@ -22,16 +22,16 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from agentrl.cli import app
-from agentrl.config import TrainConfig
+from agentrl.cli.app import app
+from agentrl.config.train import TrainConfig
 from agentrl.env import MAX_ABS_REWARD, CallGuard, call_with_timeout
 from agentrl.errors import ConfigError, EnvError, PluginError, RewardError, TrainingError, TrainingInterrupted
 from agentrl.faults import PluginExit
 from agentrl.plugins import load_plugins
-from agentrl.scoring import score
+from agentrl.rewards.scoring import score
 from agentrl.testing import make_trajectory
-from agentrl.interrupts import InterruptGuard
-from agentrl.trainer import Trainer
+from agentrl.training.interrupts import InterruptGuard
+from agentrl.training.trainer import Trainer
 
 FAULTS = '''
 import time
@@ -183,7 +183,7 @@ def test_a_reward_raising_system_exit_with_skip_is_counted_and_the_run_finishes(
 
 def test_a_reward_raising_system_exit_with_fail_exits_non_zero_naming_it(tiny_model_dir, tmp_path, faults):
     result = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", "--model", str(tiny_model_dir), "--env", f"{faults}:Tasks",
+        [sys.executable, "-m", "agentrl.cli.app", "train", "--model", str(tiny_model_dir), "--env", f"{faults}:Tasks",
          "--reward", f"{faults}:exits", "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
          "--num-generations", "2", "--prompts-per-step", "2", "--set", "max_new_tokens=4", "--set", "eval_tasks=0",
          "--set", "precision=fp32", "--set", "on_call_error=fail"],
@@ -290,7 +290,7 @@ def test_a_plugin_whose_import_hangs_is_named_within_the_time_limit(tmp_path):
     builtins = [arg for ep in importlib.metadata.entry_points(group="agentrl") if ep.dist and ep.dist.name == "agentrl"
                 for arg in ("--disable-plugin", ep.name)]
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "agentrl.cli", "plugins", *builtins], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "agentrl.cli.app", "plugins", *builtins], capture_output=True,
                             text=True, env=env, timeout=180)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
@@ -299,7 +299,7 @@ def test_a_plugin_whose_import_hangs_is_named_within_the_time_limit(tmp_path):
         "2 s: it hangs (or is very slow) at import. Fix or uninstall it, or disable it with --disable-plugin hang. "
         "Raise AGENTRL_PLUGIN_IMPORT_TIMEOUT (now 2; 0: no limit) if it is only slow"], result.stderr
     assert time.perf_counter() - start < 90  # start-up on a busy 2-core machine, then 2 s
-    disabled = subprocess.run([sys.executable, "-m", "agentrl.cli", "plugins", "--json", "--disable-plugin", "hang"],
+    disabled = subprocess.run([sys.executable, "-m", "agentrl.cli.app", "plugins", "--json", "--disable-plugin", "hang"],
                               capture_output=True, text=True, env=env, timeout=180)
     assert disabled.returncode == 0 and "hang" not in {row["name"] for row in json.loads(disabled.stdout)}
 

@@ -15,9 +15,9 @@ import torch
 
 from agentrl.testing import GradientRecorder
 from agentrl import ConfigError, TrainBatch, Trajectory, Turn, collate
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 from agentrl_ppo import PPOConfig, episode_rewards, explained_variance, gae, value_loss, whiten
 
 # ---------------------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ def test_policy_and_critic_each_get_only_their_own_gradient_for_any_split(tiny_m
     # Independently: the policy's gradient is that of the surrogate alone, the critic's that of the
     # value loss alone (computed here on the whole batch, with no trainer involved).
     from agentrl import AGGREGATIONS, clipped_surrogate, masked, step_totals
-    from agentrl.policy import TokenLogprobs
+    from agentrl.model.policy import TokenLogprobs
 
     mask = batch.loss_mask
     totals = step_totals([mask], float(mask.sum()), trainer.learner.max_sampled)
@@ -316,7 +316,7 @@ def test_kl_in_the_reward_is_k1_of_old_vs_reference(tiny_model_dir, tmp_path):
 
 def test_two_steps_through_the_cli_save_the_critic(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "agentrl.cli", "train", "--env", "guess", "--algo", "ppo", "--model",
+    command = [sys.executable, "-m", "agentrl.cli.app", "train", "--env", "guess", "--algo", "ppo", "--model",
                str(tiny_model_dir), "--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2",
                "--output-dir", str(out), "--set", "eval_tasks=2", "--set", "max_new_tokens=6",
                "--set", "algorithm.credit=turn", "--set", "algorithm.mini_batches=2"]
@@ -331,7 +331,7 @@ def test_two_steps_through_the_cli_save_the_critic(tiny_model_dir, tmp_path):
 
 
 def test_print_config_lists_every_ppo_option():
-    command = [sys.executable, "-m", "agentrl.cli", "train", "--algo", "ppo", "--print-config",
+    command = [sys.executable, "-m", "agentrl.cli.app", "train", "--algo", "ppo", "--print-config",
                "--set", "algorithm.credit=turn"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
@@ -348,7 +348,7 @@ def test_ppo_on_the_real_default_model_multi_turn(tmp_path):
     (3 turns at most: the test's longest run on the real model; PPO needs no groups, so 2 x 2
     episodes a step, which takes a fifth less time than 2 x 4)."""
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "agentrl.cli", "train", "--env", "guess", "--algo", "ppo", "--max-steps", "2",
+    command = [sys.executable, "-m", "agentrl.cli.app", "train", "--env", "guess", "--algo", "ppo", "--max-steps", "2",
                "--prompts-per-step", "2", "--num-generations", "2", "--output-dir", str(out),
                "--set", "eval_tasks=2", "--set", "max_new_tokens=12", "--set", "algorithm.credit=turn",
                "--set", "env_args.consistency_bonus=0.1", "--set", "env_args.max_turns=3",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError
-from agentrl.precision import cpu_flags, decide_cpu, resolve_precision
+from agentrl.model.precision import cpu_flags, decide_cpu, resolve_precision
 from agentrl_hf_engine import sampling_dtype
 
 # Flags as /proc/cpuinfo lists them, cut to the relevant ones.

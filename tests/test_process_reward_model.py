@@ -14,12 +14,12 @@ import yaml
 from transformers import LlamaConfig, LlamaForTokenClassification
 
 from agentrl import StepRewards, Trajectory, Turn
-from agentrl.config import TrainConfig, resolve_settings
+from agentrl.config.train import TrainConfig, resolve_settings
 from agentrl.errors import ConfigError
 from agentrl.plugins import load_plugins
-from agentrl.reward_schemes import RewardContext
-from agentrl.rewards import resolve_rewards
-from agentrl.scoring import score
+from agentrl.rewards.schemes import RewardContext
+from agentrl.rewards.specs import resolve_rewards
+from agentrl.rewards.scoring import score
 from agentrl_math import MathEnv
 from agentrl_rewards.process_reward_model import ProcessRewardModel
 from cli_in_process import agentrl_in_process

@@ -13,12 +13,12 @@ import torch
 from agentrl_grpo import GRPO, GRPOConfig
 
 from agentrl import StepRewards, Trajectory, Turn, collate, group_advantages, process_advantages
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, RewardError
 from agentrl.plugins import load_plugins
-from agentrl.process_rewards import outcome_steps, step_ends
-from agentrl.scoring import score
-from agentrl.trainer import Trainer
+from agentrl.rewards.process import outcome_steps, step_ends
+from agentrl.rewards.scoring import score
+from agentrl.training.trainer import Trainer
 
 SQRT2 = math.sqrt(2.0)
 

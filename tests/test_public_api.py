@@ -62,7 +62,7 @@ def test_built_ins_do_not_import_each_other():
 @pytest.mark.parametrize("source, found", [
     ("from agentrl.env import seeded_rng", ["agentrl.env"]),
     ("def f():\n    from agentrl.errors import one_line", ["agentrl.errors"]),
-    ("import agentrl.tools", ["agentrl.tools"]),
+    ("import agentrl.tools.tool", ["agentrl.tools.tool"]),
     ("from agentrl import _private_thing", ["agentrl._private_thing"]),
     ("from agentrl import Env, seeded_rng\nfrom agentrl.answers import extract_boxed", []),
 ])

@@ -50,9 +50,9 @@ def test_readme_algorithm_plugin_trains_a_step(tiny_model_dir, tmp_path):
 
     import torch
 
-    from agentrl.config import TrainConfig
+    from agentrl.config.train import TrainConfig
     from agentrl.plugins import load_plugins
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     blocks = re.findall(r"```python\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.S)
     (block,) = [b for b in blocks if "class Reinforce(Algorithm)" in b]
@@ -79,9 +79,9 @@ def test_readme_step_hook_plugin_is_configured_by_its_section(tiny_model_dir, tm
     import pytest
 
     from agentrl import ConfigError
-    from agentrl.config import TrainConfig, resolved_dict
+    from agentrl.config.train import TrainConfig, resolved_dict
     from agentrl.plugins import load_plugins
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     blocks = re.findall(r"```python\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.S)
     (block,) = [b for b in blocks if "class MaxLengthConfig" in b]

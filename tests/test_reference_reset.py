@@ -12,13 +12,13 @@ import torch
 from safetensors.torch import load_file
 
 from agentrl import hookimpl
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.errors import CheckpointError, ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
-from agentrl.reference import REFERENCE_FILE, load_reference, mix_into
-from agentrl.rundir import resume_config
+from agentrl.algorithms.reference import REFERENCE_FILE, load_reference, mix_into
+from agentrl.rundir.directory import resume_config
 from agentrl.testing import build_tiny_model, lockstep_plugins
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 STOP_PLUGIN = '''
 import os, signal

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.errors import TrainingInterrupted
 from agentrl.plugins import load_plugins
-from agentrl.rundir import resume_config
+from agentrl.rundir.directory import resume_config
 from agentrl.testing import lockstep_plugins
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-reward.md"
 STOP = '''

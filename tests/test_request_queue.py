@@ -1,13 +1,13 @@
-"""agentrl.request_queue: requests one at a time, batched into the real hf engine's generate calls."""
+"""agentrl.sampling.request_queue: requests one at a time, batched into the real hf engine's generate calls."""
 
 from __future__ import annotations
 
 import pytest
 
 from agentrl import EngineError, SamplingParams
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
-from agentrl.request_queue import BatchingQueue, GenerationRequest, request_queue
+from agentrl.sampling.request_queue import BatchingQueue, GenerationRequest, request_queue
 from agentrl.testing import build_tiny_model
 
 

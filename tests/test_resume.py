@@ -15,13 +15,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.checkpoint import complete_checkpoints, latest_checkpoint, weights_folder
-from agentrl.rundir import resume_config
-from agentrl.config import TrainConfig
+from agentrl.rundir.checkpoints import complete_checkpoints, latest_checkpoint, weights_folder
+from agentrl.rundir.directory import resume_config
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, TrainingError, TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 # A step-hook plugin with state of its own (a counter logged every step): resume must carry it on.
 COUNTER_PLUGIN = '''
@@ -221,7 +221,7 @@ def test_a_batch_with_no_scored_episode_is_not_an_update(tiny_model_dir, tmp_pat
     assert [r.get("train/skipped_unscored_batch") for r in _lines(out)] == [1.0, 1.0]
 
 
-AGENTRL = [sys.executable, "-m", "agentrl.cli"]
+AGENTRL = [sys.executable, "-m", "agentrl.cli.app"]
 
 
 def _train_cli(*args: str) -> subprocess.Popen:

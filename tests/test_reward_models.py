@@ -11,11 +11,11 @@ import pytest
 import torch
 import yaml
 from agentrl import hookimpl
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError
 from agentrl.plugins import load_plugins
-from agentrl.reward_schemes import RewardContext, absolute_argument, with_absolute_paths
-from agentrl.rewards import resolve_rewards
+from agentrl.rewards.schemes import RewardContext, absolute_argument, with_absolute_paths
+from agentrl.rewards.specs import resolve_rewards
 from agentrl.testing import make_trajectory
 from agentrl_rewards.reward_model import RewardModel, RewardModelConfig
 from cli_in_process import agentrl_in_process

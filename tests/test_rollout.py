@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from agentrl import Env, SamplingParams, TemplateError
-from agentrl.chat import ChatTokenizer
-from agentrl.config import TrainConfig
-from agentrl.models import DEFAULT_MODEL, load_model
+from agentrl.sampling.chat import ChatTokenizer
+from agentrl.config.train import TrainConfig
+from agentrl.model.loading import DEFAULT_MODEL, load_model
 from agentrl.plugins import load_plugins
 
 from agentrl.testing import build_tiny_model
-from agentrl.tools import Tool, ToolCall, ToolEnv, render_tools_system_prompt
+from agentrl.tools.tool import Tool, ToolCall, ToolEnv, render_tools_system_prompt
 
 
 def echo(text: str) -> str:

@@ -1,4 +1,4 @@
-"""One writer per run dir (``agentrl.runlock``): a second train or resume of a run dir that a live
+"""One writer per run dir (``agentrl.rundir.lock``): a second train or resume of a run dir that a live
 process trains in is refused naming it; the lock of a killed holder is taken over with a note;
 a holder on another host is refused with the fix; the lock goes when its holder stops."""
 
@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, RunDirBusyError
 from agentrl.plugins import load_plugins
-from agentrl.runlock import LOCK_FILE, RunLock, read_holder
-from agentrl.trainer import Trainer
+from agentrl.rundir.lock import LOCK_FILE, RunLock, read_holder
+from agentrl.training.trainer import Trainer
 
 AGENTRL = [sys.executable, "-m", "agentrl"]
 HOLD = """import sys, time
-from agentrl.runlock import RunLock
+from agentrl.rundir.lock import RunLock
 RunLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(600)

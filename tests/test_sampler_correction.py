@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from agentrl import ConfigError
-from agentrl.config import TrainConfig, resolve_settings
+from agentrl.config.train import TrainConfig, resolve_settings
 from agentrl.plugins import load_plugins
 from agentrl.testing import parity_reward
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 from agentrl_sampler_correction import SamplerCorrectionConfig, log_weights
 
 

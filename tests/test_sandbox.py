@@ -1,4 +1,4 @@
-"""agentrl.sandbox against hostile code: the trainer survives and nothing leaks or lingers.
+"""agentrl.tools.sandbox against hostile code: the trainer survives and nothing leaks or lingers.
 
 Tests of an optional layer (uid drop, private mounts) are skipped where this machine cannot give
 it; ``SandboxResult.isolation`` says which layers were applied. The escapes (reading outside the
@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 
 from agentrl import EnvError
-from agentrl import sandbox
-from agentrl.sandbox import THREATS, SandboxResult, protections, run_python
-from agentrl.tools import ToolError
+from agentrl.tools import sandbox
+from agentrl.tools.sandbox import THREATS, SandboxResult, protections, run_python
+from agentrl.tools.tool import ToolError
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACES = frozenset({"uid", "fs", "net", "pid"})
@@ -179,7 +179,7 @@ def test_writes_outside_the_scratch_dir_change_nothing(isolation: tuple[str, ...
         assert result.exit_code == 0, result
         assert _snapshot(outside) == before
         assert not (REPO / probe).exists() and not (REPO / "agentrl" / probe).exists()
-        assert (REPO / "agentrl" / "sandbox.py").exists()
+        assert (REPO / "agentrl" / "tools" / "sandbox.py").exists()
         if {"fs", "landlock"} & set(isolation):
             assert not (Path("/tmp") / probe).exists()
     finally:
@@ -268,7 +268,7 @@ def test_no_process_outlives_the_call(mode: str, escape: str) -> None:
 
 UNPRIVILEGED = {"with-user-namespaces": ["--map-user=1000", "--map-group=1000"],
                 "without-user-namespaces": []}  # unmapped: no nested user namespace allowed
-_RUN_AND_DUMP = ("import dataclasses, json, sys\nfrom agentrl.sandbox import run_python\n"
+_RUN_AND_DUMP = ("import dataclasses, json, sys\nfrom agentrl.tools.sandbox import run_python\n"
                  "print(json.dumps(dataclasses.asdict(run_python(sys.argv[1], timeout_s=5))))")
 
 

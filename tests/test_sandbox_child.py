@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 import agentrl
-from agentrl import _sandbox_run, _sandbox_setup, sandbox
+from agentrl.tools import _sandbox_run
+from agentrl.tools import _sandbox_setup
+from agentrl.tools import sandbox
 
 SCRATCH, READABLE = "/tmp/agentrl-sandbox-x", ("/usr",)
 WRITABLE = (SCRATCH, "/dev/null")

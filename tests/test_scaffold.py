@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agentrl.cli import app
+from agentrl.cli.app import app
 from cli_in_process import agentrl_in_process
 
-AGENTRL = [sys.executable, "-m", "agentrl.cli"]
+AGENTRL = [sys.executable, "-m", "agentrl.cli.app"]
 
 
 def agentrl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

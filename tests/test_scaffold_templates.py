@@ -12,7 +12,7 @@ import zipfile
 from importlib import resources
 from pathlib import Path
 
-from agentrl.scaffold import new_env, new_reward, template_text
+from agentrl.cli.scaffold import new_env, new_reward, template_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDER = re.compile(r"\$\{?(name|module|dist|Class|fn|kind|entry|summary|howto)\b")
@@ -30,7 +30,7 @@ def template_files() -> list[str]:
             elif entry.name.endswith(".tmpl"):
                 found.append(prefix + entry.name)
 
-    walk(resources.files("agentrl") / "templates", "")
+    walk(resources.files("agentrl.cli") / "templates", "")
     return sorted(found)
 
 
@@ -46,7 +46,7 @@ def test_templates_are_found_through_importlib_resources_and_each_is_used(tmp_pa
     names = template_files()
     assert "pyproject.toml.tmpl" in names and "tool_env/env.py.tmpl" in names and len(names) == 11
     used: list[str] = []
-    monkeypatch.setattr("agentrl.scaffold.template_text", lambda relative: used.append(relative) or
+    monkeypatch.setattr("agentrl.cli.scaffold.template_text", lambda relative: used.append(relative) or
                         template_text(relative))
     files = write_every_variant(tmp_path)
     assert sorted(set(used)) == names  # no template left unused, none missing
@@ -72,7 +72,7 @@ def test_a_built_wheel_ships_the_templates_and_writes_what_the_checkout_writes(t
         archive.extractall(tmp_path / "installed")
     assert shipped == template_files()
     installed = tmp_path / "installed"
-    script = ("import sys, agentrl.scaffold as s; from pathlib import Path; "
+    script = ("import sys, agentrl.cli.scaffold as s; from pathlib import Path; "
               f"assert Path(s.__file__).is_relative_to({str(installed)!r}), s.__file__; "
               f"sys.path.insert(0, {str(Path(__file__).parent)!r}); "
               "from test_scaffold_templates import write_every_variant; "

@@ -24,13 +24,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.checkpoint import complete_checkpoints
-from agentrl.config import TrainConfig
+from agentrl.rundir.checkpoints import complete_checkpoints
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
-from agentrl.rundir import refuse_existing_run, resume_config, start_over_config
+from agentrl.rundir.directory import refuse_existing_run, resume_config, start_over_config
 from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 # A plugin with state of its own (a counter logged every step) that sends this process a signal at
 # the places AGENTRL_TEST_SIGNAL_IN lists: "rollout@3" (step 3's rollout), "update@3" (step 3's

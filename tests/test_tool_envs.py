@@ -244,7 +244,7 @@ def test_guess_metrics_measure_use_of_the_feedback() -> None:
 
 
 def test_env_metrics_are_averaged_over_the_episodes_reporting_them() -> None:
-    from agentrl.metrics import env_metrics
+    from agentrl.rundir.metrics import env_metrics
     from agentrl.testing import make_trajectory
 
     def episode(metrics: object) -> Trajectory:
@@ -292,7 +292,7 @@ def test_guess_consistency_bonus_is_paid_on_the_turn_that_earns_it() -> None:
     assert terminated and reward == pytest.approx(0.6)  # the win is paid as before; no bonus on it
     assert info["success"] is True
     # A lost game that earned bonuses has a positive return but is not a success in evaluation.
-    from agentrl.evaluate import episode_success
+    from agentrl.training.evaluate import episode_success
     from agentrl.testing import make_trajectory
 
     env.reset(options={"task": {"secret": 16, "n": 16, "question": "Guess."}})

@@ -19,12 +19,12 @@ from agentrl import (
     tool,
     type_arguments,
 )
-from agentrl.chat import ChatTokenizer
-from agentrl.config import TrainConfig
-from agentrl.engine import Engine, Generation
+from agentrl.sampling.chat import ChatTokenizer
+from agentrl.config.train import TrainConfig
+from agentrl.sampling.engine import Engine, Generation
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model
-from agentrl.tools import ToolCall, format_tool_call, parse_xml_json, render_tools_system_prompt
+from agentrl.tools.tool import ToolCall, format_tool_call, parse_xml_json, render_tools_system_prompt
 
 FORMATS = {"llama3_json": LLAMA3_JSON, "mistral": MISTRAL, "qwen3_coder": QWEN3_CODER, "harmony": HARMONY}
 
@@ -212,7 +212,7 @@ def test_the_default_parser_keeps_the_default_prompt() -> None:
 
 
 def test_registered_by_the_tool_envs_plugin_and_chosen_by_name() -> None:
-    from agentrl.build import make_env
+    from agentrl.training.build import make_env
 
     manager = load_plugins()
     assert manager.registry.names("tool_parser") == sorted(["xml_json", *FORMATS])
@@ -244,7 +244,7 @@ def _assert_token_exact(trajectory, tokenizer) -> str:
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_a_calculator_episode_on_the_tiny_model_with_each_format(name: str, tokenizer) -> None:
-    from agentrl.build import make_env
+    from agentrl.training.build import make_env
 
     manager = load_plugins()
     env = make_env(manager, TrainConfig(env="calculator", env_args={"tool_parser": name, "max_turns": 2}))

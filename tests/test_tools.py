@@ -1,4 +1,4 @@
-"""agentrl.tools: schemas from typed functions, argument validation, call parsing, ToolEnv steps,
+"""agentrl.tools.tool: schemas from typed functions, argument validation, call parsing, ToolEnv steps,
 and the calculator's safe evaluator."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import agentrl
 import agentrl_tool_envs
 from agentrl import EnvError, PluginError
 from agentrl.plugins import PluginManager
-from agentrl.tools import (
+from agentrl.tools.tool import (
     Tool,
     ToolCall,
     ToolEnv,
@@ -289,7 +289,7 @@ def test_resolve_tool_parser_touches_only_a_name() -> None:
 def test_a_parser_name_given_to_the_env_itself_is_refused() -> None:
     with pytest.raises(EnvError, match=re.escape("AddEnv: tool_parser 'xml_json' is a registered parser's name; "
                                                  "pass the parser function itself, or resolve env_args with "
-                                                 "agentrl.tools.resolve_tool_parser")):
+                                                 "agentrl.tools.tool.resolve_tool_parser")):
         AddEnv(tool_parser="xml_json")  # type: ignore[arg-type]
 
 
@@ -317,13 +317,13 @@ def test_the_tool_contract_imports_nothing_from_the_plugin_manager() -> None:
     """tools.py is a contract every tool env uses: parsers come in from the caller that holds the
     plugin manager, so neither it nor anything it imports (the package ``__init__`` aside) reaches
     ``agentrl.plugins``."""
-    seen, todo = set(), ["agentrl.tools"]
+    seen, todo = set(), ["agentrl.tools.tool"]
     while todo:
         module = todo.pop()
         if module not in seen:
             seen.add(module)
             todo += sorted(_agentrl_imports(module))
-    assert {"agentrl.tools", "agentrl.tool_calls", "agentrl.env"} <= seen
+    assert {"agentrl.tools.tool", "agentrl.tools.calls", "agentrl.env"} <= seen
     assert "agentrl.plugins" not in seen, sorted(seen)
 
 

@@ -7,14 +7,14 @@ import dataclasses
 import pytest
 import torch
 
-from agentrl.config import TrainConfig
-from agentrl.evaluate import evaluate
-from agentrl.models import load_model
+from agentrl.config.train import TrainConfig
+from agentrl.training.evaluate import evaluate
+from agentrl.model.loading import load_model
 from agentrl.plugins import load_plugins
 from agentrl.testing import GradientRecorder, parity_reward
-from agentrl.batching import plan_micro_batches
-from agentrl.schedules import wsd_decay_steps
-from agentrl.trainer import Trainer
+from agentrl.training.batching import plan_micro_batches
+from agentrl.training.schedules import wsd_decay_steps
+from agentrl.training.trainer import Trainer
 
 
 def _config(model_dir, tmp_path, **overrides) -> TrainConfig:

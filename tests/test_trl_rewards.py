@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from agentrl.answers import answers_match, extract_boxed
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, RewardError
 from agentrl.plugins import load_plugins
-from agentrl.rewards import TRLReward, load_reward, resolve_rewards
-from agentrl.scoring import score
+from agentrl.rewards.specs import TRLReward, load_reward, resolve_rewards
+from agentrl.rewards.scoring import score
 from agentrl.testing import make_trajectory
 from cli_in_process import agentrl_in_process
 

@@ -223,8 +223,8 @@ def test_tool_calls_in_the_text_run_through_verifiers_tool_env(env_dir: Path) ->
                                       "<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>"),
 ])
 def test_the_tool_parser_env_args_names_reads_the_calls(env_dir: Path, name: str, example: str, call: str) -> None:
-    from agentrl.build import make_env
-    from agentrl.config import TrainConfig
+    from agentrl.training.build import make_env
+    from agentrl.config.train import TrainConfig
     from agentrl.plugins import load_plugins
 
     config = TrainConfig(env="verifiers", env_args={"env_id": MODULE, "env_kwargs": {"kind": "tools"}, "num_eval": 4,

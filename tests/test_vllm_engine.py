@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from agentrl import ConfigError, EngineError, GenerationRequest, SamplingParams, request_queue
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl.testing import version_change_at
 from agentrl_vllm_engine import VLLMEngine, VLLMEngineConfig, logprobs_mode
 
@@ -184,8 +184,8 @@ def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.
     (fp32 forwards). The engine holds ``model``'s weights again afterwards."""
     import threading
 
-    from agentrl.async_rollouts import AsyncRollouts, VersionedEngine
-    from agentrl.request_queue import BatchingQueue
+    from agentrl.training.async_rollouts import AsyncRollouts, VersionedEngine
+    from agentrl.sampling.request_queue import BatchingQueue
 
     versioned = VersionedEngine(engine, partial=True)
     mid_call = engine.swaps_between_decode_steps  # in-process: vLLM's own queue, asking before each step
@@ -259,7 +259,7 @@ def test_partial_rollouts_load_a_version_published_mid_collection_before_the_nex
     """In-process vLLM: the async wrapper keeps vLLM's own continuous batching queue, with or
     without ``partial_rollouts``; with it, a version published between two turns is loaded before
     the next one (the helper above)."""
-    from agentrl.async_rollouts import VersionedEngine
+    from agentrl.training.async_rollouts import VersionedEngine
 
     model, engine = tiny_engine
     assert VersionedEngine(engine).request_queue == engine.request_queue
@@ -452,7 +452,7 @@ import sys
 sys.path.insert(0, "tests")
 from test_vllm_engine import _tiny
 from agentrl import SamplingParams
-from agentrl.config import TrainConfig
+from agentrl.config.train import TrainConfig
 from agentrl_vllm_engine import VLLMEngine
 engine = VLLMEngine(model=_tiny(), tokenizer=None, config=TrainConfig(max_total_tokens=256, engine_args={"kv_cache_gb": 0.25}))
 out = engine.generate([[1, 5, 6, 7]], SamplingParams(max_new_tokens=4, temperature=1.0, seed=0))
@@ -496,7 +496,7 @@ def test_train_with_vllm_end_to_end_on_the_default_model(tmp_path):
     """Two GRPO steps on math with ``--engine vllm``: weights pushed, mismatch measured and small."""
     from typer.testing import CliRunner
 
-    from agentrl.cli import app
+    from agentrl.cli.app import app
 
     result = CliRunner().invoke(app, ["train", "--env", "math", "--engine", "vllm", "--max-steps", "2",
                                       "--prompts-per-step", "2", "--num-generations", "4", "--output-dir",
@@ -517,7 +517,7 @@ def test_train_asynchronously_with_vllm_on_the_default_model(tmp_path):
     trains, each step from the version its bound allows, the stale tokens corrected (auto: tis)."""
     from typer.testing import CliRunner
 
-    from agentrl.cli import app
+    from agentrl.cli.app import app
 
     result = CliRunner().invoke(app, ["train", "--env", "math", "--engine", "vllm", "--max-steps", "3",
                                       "--prompts-per-step", "2", "--num-generations", "4", "--output-dir",
@@ -540,7 +540,7 @@ def test_server_engine_samples_over_http_and_takes_pushed_weights(tmp_path):
     partial rollouts' pushes between two batches of turns."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from agentrl.models import DEFAULT_MODEL, load_tokenizer
+    from agentrl.model.loading import DEFAULT_MODEL, load_tokenizer
     from agentrl_vllm_engine.server import VLLMServerEngine
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)  # the completions endpoint needs one

@@ -12,7 +12,7 @@ import gymnasium
 
 from agentrl.env.checks import ROLES, Message, check_flag, check_info, check_messages, check_reward, describe
 from agentrl.errors import EnvError
-from agentrl.tasks import Task
+from agentrl.env.tasks import Task
 
 
 def boxed_reply(task: Task) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.errors import AgentRLError, EnvLibraryError, one_line
-from agentrl.tasks import LazyTasks, Task
+from agentrl.env.tasks import LazyTasks, Task
 
 
 def seeded_rng(seed: int) -> np.random.Generator:

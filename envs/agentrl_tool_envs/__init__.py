@@ -1,5 +1,5 @@
 """Built-in tool-using envs: ``calculator`` (arithmetic through a calculator tool) and ``python``
-(questions answered by running code in ``agentrl.sandbox``).
+(questions answered by running code in ``agentrl.tools.sandbox``).
 
 Both are ``agentrl.ToolEnv``s: the model calls tools with
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (or a registered ``tool_parser``),
@@ -314,7 +314,7 @@ def make_code_task(rng: np.random.Generator) -> Task:
 
 
 class PythonEnv(AnswerToolEnv):
-    """Questions answered by running code with a ``run_python`` tool (in ``agentrl.sandbox``)."""
+    """Questions answered by running code with a ``run_python`` tool (in ``agentrl.tools.sandbox``)."""
 
     instructions = ("Answer the question. Write a short Python script that prints the answer, run "
                     "it with the run_python tool, then give the final answer as \\boxed{N}.")

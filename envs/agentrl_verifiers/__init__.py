@@ -80,7 +80,7 @@ from agentrl import (ROLES, Allowed, Complaint, ConfigError, Env, EnvError, Lazy
                      render_tools_system_prompt, type_arguments)
 
 Parser = Callable[[str], list[Any]]
-"""A tool-call parser (``agentrl.tools.ToolParser``): an assistant message's text -> its calls."""
+"""A tool-call parser (``agentrl.tools.tool.ToolParser``): an assistant message's text -> its calls."""
 DEFAULT_MAX_TURNS = 10
 """Turn limit for envs that set none (MultiTurnEnv's default, -1, means unlimited)."""
 MODEL_NAME = "agentrl"

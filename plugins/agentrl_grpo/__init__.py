@@ -11,7 +11,7 @@ and the policy minimises, per optimizer step,
                                         + beta * KL_it )
 
 with r_it = pi_theta(token) / pi_old(token) (the importance weight; a plugin may make it
-sequence-level), m the loss mask and Z set by ``loss_type`` (see :mod:`agentrl.objectives`).
+sequence-level), m the loss mask and Z set by ``loss_type`` (see :mod:`agentrl.algorithms.objectives`).
 
 How this departs from the papers, on purpose:
 

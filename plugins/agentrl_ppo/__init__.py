@@ -19,7 +19,7 @@ so the value of the next model token bootstraps across an env/tool gap. Rewards:
 * KL in the reward (``kl_in="reward"``, ``beta > 0``): ``-beta * (old - ref)`` (k1, no gradient)
   on every sampled token, old being the trainer's logprobs of the sampling policy.
 
-The policy minimises the clipped surrogate of :mod:`agentrl.objectives` (step hooks included) on
+The policy minimises the clipped surrogate of :mod:`agentrl.algorithms.objectives` (step hooks included) on
 the (optionally whitened) advantages, plus ``beta`` x KL when ``kl_in="loss"``; the critic
 minimises ``0.5 * max((V - R)^2, (V_clip - R)^2)`` with ``V_clip = V_old + clip(V - V_old, +-c)``
 (``c = value_clip``; plain squared error when None), a token mean over the optimizer step. Policy

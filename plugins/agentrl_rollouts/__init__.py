@@ -58,32 +58,7 @@ import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
-from agentrl import (
-    AgentRLError,
-    CallGuard,
-    CallTimeout,
-    ChatTokenizer,
-    Engine,
-    EngineError,
-    Env,
-    EnvCall,
-    EnvError,
-    EnvLibraryError,
-    EnvWorkers,
-    Generation,
-    GenerationRequest,
-    RequestQueue,
-    SamplingParams,
-    Trajectory,
-    Turn,
-    build_plugin_config,
-    check_reset_result,
-    check_step_result,
-    hookimpl,
-    one_line,
-    request_queue,
-    sample_label,
-)
+from agentrl import AgentRLError, CallGuard, CallTimeout, ChatTokenizer, Engine, EngineError, Env, EnvCall, EnvError, EnvLibraryError, EnvWorkers, Generation, GenerationRequest, RequestQueue, SamplingParams, Trajectory, Turn, build_plugin_config, check_reset_result, check_step_result, hookimpl, one_line, request_queue, sample_label
 
 from agentrl_rollouts.episodes import (
     SECTION, EngineExit, Episode, MultiTurnConfig, NamedEngine, Reply, episode_seed, turn_seed,

@@ -42,11 +42,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from agentrl import (
-    AgentRLError, CallGuard, CallTimeout, ChatTokenizer, ConfigError, Engine, EngineError, EnvError, GenerationRequest,
-    RequestQueue, SamplingParams, Trajectory, build_plugin_config, import_extra, one_line, render_tools_system_prompt,
-    request_queue, sample_label,
-)
+from agentrl import AgentRLError, CallGuard, CallTimeout, ChatTokenizer, ConfigError, Engine, EngineError, EnvError, GenerationRequest, RequestQueue, SamplingParams, Trajectory, build_plugin_config, import_extra, one_line, render_tools_system_prompt, request_queue, sample_label
 
 from agentrl_rollouts.agent_clock import ModelWaits, run_with_own_time_limit
 from agentrl_rollouts.agent_engine import (

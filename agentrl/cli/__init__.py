@@ -1,0 +1,1 @@
+"""The ``agentrl`` command: thin commands that parse, call the library and print."""

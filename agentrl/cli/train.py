@@ -1,0 +1,288 @@
+"""``agentrl train``: build the run config from the flags (or ``--resume`` a run), lock the run dir,
+then train in this process or launch several; ends with held-out accuracy before vs after."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.markup import escape
+
+from agentrl.cli.options import ConfigOption, ConfigOptions
+from agentrl.cli.progress import TrainProgress, noise_note
+from agentrl.cli.support import (DisablePluginOption, PluginOption, console, error_console, plugin_manager,
+                                 quiet_library_progress, run_guarded)
+from agentrl.errors import ConfigError, TrainingInterrupted
+
+REWARD_HELP = ("Reward NAME[:WEIGHT], SCHEME:ARGUMENT[:WEIGHT] (rm:MODEL_DIR, judge:policy), path/file.py:func[:WEIGHT] "
+               "or module:func[:WEIGHT] (agentrl- or TRL-style); "
+               "repeatable; replaces the env's default rewards.")
+
+
+def parse_rewards(items: list[str]) -> dict[str, float]:
+    """``--reward`` items as name -> weight: ``NAME``, ``NAME:WEIGHT``, ``SCHEME:ARGUMENT[:WEIGHT]``,
+    ``path/file.py:func[:WEIGHT]`` or ``module:func[:WEIGHT]``."""
+    out: dict[str, float] = {}
+    for item in items:
+        head, sep, tail = item.rpartition(":")
+        # ``NAME:TEXT`` with TEXT not a number may be a reward scheme's ``rm:path``: the rewards are
+        # resolved with the plugins loaded, which refuse it naming the weight when it is neither.
+        name, weight = (head, tail) if sep and _looks_numeric(tail) else (item, "")
+        if not name:
+            raise ConfigError(f"--reward {item!r}: expected NAME[:WEIGHT] or path/file.py:func[:WEIGHT]")
+        out[name] = float(weight) if weight else 1.0
+        if not math.isfinite(out[name]):
+            raise ConfigError(f"--reward {item!r}: weight {weight!r} must be a finite number")
+    return out
+
+
+TRAIN_OPTIONS = ConfigOptions(
+    "env", "algo", "model", "engine",
+    ConfigOption("rewards", "--reward", list[str], REWARD_HELP, "the env's", parse_rewards),
+    "max_steps", "num_generations", "prompts_per_step",
+    ConfigOption("output_dir", help="Run directory.", default_text="runs/ENV-ALGO-TIME"), "seed")
+"""The TrainConfig fields ``agentrl train`` takes as options (each option generated from its field)."""
+RESUME_FLAGS = ("--max-steps", "--plugin", "--disable-plugin", "--resume")
+"""The flags ``--resume`` takes (the run's own config gives the rest)."""
+
+
+@TRAIN_OPTIONS.command
+def train(
+    options: dict[str, Any],
+    config: Optional[str] = typer.Option(None, "--config", help="YAML config file."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override key=value (dotted keys for sections)."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
+    plugin: PluginOption = None,
+    disable_plugin: DisablePluginOption = None,
+    resume: Optional[str] = typer.Option(
+        None, "--resume", help="Continue RUN_DIR from its newest checkpoint, with its own config "
+        "(only --max-steps may be given, to train longer; --plugin as the run had them)."),
+    num_processes: Optional[int] = typer.Option(
+        None, "--num-processes", help="Train in N processes (accelerate launch; DDP over GPUs, or gloo on the CPU): "
+        "each rolls out prompts_per_step/N whole groups. [default: 1]"),
+    accelerate_config: Optional[str] = typer.Option(
+        None, "--accelerate-config", help="An accelerate config YAML (FSDP, DeepSpeed ZeRO; configs/accelerate/) "
+        "to launch with."),
+) -> None:
+    """Train a policy; ends with held-out accuracy before vs after and where the run was saved."""
+    from agentrl.model.launch import process_rank
+
+    given: dict[str, Any] = {  # every flag a launched process gets again, in this order
+        **options, "--config": config, "--set": set_, "--plugin": plugin, "--disable-plugin": disable_plugin,
+        "--resume": resume}
+    if process_rank() > 0:  # one process speaks for a multi-process run; errors still show everywhere
+        console.quiet = True
+    with contextlib.ExitStack() as lock:  # the run dir's lock (agentrl.rundir.lock), held until the command ends
+        run_guarded(lambda: run_train(given, print_config, num_processes, accelerate_config, lock))
+
+
+def run_train(given: dict[str, Any], print_config: bool, num_processes: int | None, accelerate_config: str | None,
+              lock: contextlib.ExitStack) -> None:
+    """The body of ``agentrl train`` (``given``: flag -> value, None where not given)."""
+    from agentrl.model.launch import inside_launch
+
+    if num_processes is not None and num_processes < 1:
+        raise ConfigError(f"--num-processes must be >= 1, got {num_processes}")
+    cfg, checkpoint = _config_from_flags(given, print_config, lock)
+    manager = plugin_manager(given["--disable-plugin"], given["--plugin"])
+    if (num_processes or accelerate_config) and not inside_launch() and not print_config:
+        raise typer.Exit(code=_launch(cfg, num_processes or 1, accelerate_config, given))
+    if print_config:
+        _print_config(cfg, manager)
+        return
+    _fit(cfg, manager, checkpoint)
+
+
+def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextlib.ExitStack) -> tuple[Any, Any]:
+    """(config, checkpoint to resume or None): the resumed run's, or one built from the flags (its
+    run dir locked unless only printed)."""
+    from agentrl.config.train import build_config, refuse_flag_conflicts
+
+    resume = given["--resume"]
+    if resume is not None:
+        extra = [flag for flag, value in given.items() if value is not None and flag not in RESUME_FLAGS]
+        if extra:  # 0 is a value too
+            raise ConfigError(f"--resume continues the run with its own config; drop {', '.join(extra)} "
+                              "(only --max-steps may be given)")
+        writer = not print_config and Path(resume).is_dir() and _lock_run_dir(lock, Path(resume))
+        return _resume(resume, given["--max-steps"], writer)
+    flags = TRAIN_OPTIONS.values(given)
+    refuse_flag_conflicts(flags, given["--set"])
+    cfg = build_config(given["--config"], overrides={key: value for key, (_, value) in flags.items()},
+                       sets=given["--set"])
+    return (cfg if print_config else _new_run_dir(lock, cfg)), None
+
+
+def _print_config(cfg: Any, manager: Any) -> None:
+    """``--print-config``: the resolved config as YAML (scheme paths absolute, as a run stores them)."""
+    import yaml
+
+    console.print(yaml.safe_dump(_checked_config(cfg, manager), sort_keys=False), highlight=False)
+
+
+def _checked_config(cfg: Any, manager: Any) -> dict[str, Any]:
+    """The resolved config as plain data, its names checked against what is installed (env,
+    algorithm, engine, plugin sections, rewards, tool parsers: a ``tool_parser`` in ``env_args`` or in
+    a plugin section names a registered parser; a section's ``auto`` is chosen from the model at run
+    time) before any model or the trainer's modules load, so a misspelt name fails in seconds."""
+    from agentrl.config.train import resolved_dict
+    from agentrl.rewards.schemes import with_absolute_paths
+    from agentrl.rewards.specs import find_reward
+
+    resolved = resolved_dict(with_absolute_paths(cfg, manager.registry), manager)  # as config.yaml will hold it
+    for name in resolved["rewards"] or {}:
+        find_reward(name, manager.registry)
+    parsers = [resolved["env_args"].get("tool_parser")] + [
+        section.get("tool_parser") for section in resolved["plugins"].values() if section.get("tool_parser") != "auto"]
+    for name in parsers:
+        if isinstance(name, str):
+            manager.registry.get("tool_parser", name)
+    return resolved
+
+
+def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
+    """Train in this process, showing progress; a signal stops it with the shell's exit status."""
+    _checked_config(cfg, manager)  # a bad name fails here, before the banner and the trainer's imports
+    from agentrl.model import sharding
+    from agentrl.model.activation_checkpointing import checkpointed_summary
+    from agentrl.training.trainer import Trainer
+
+    console.print(f"[bold]agentrl[/] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.max_steps} steps x "
+                  f"{cfg.prompts_per_step} tasks x {cfg.num_generations} episodes", highlight=False)
+    quiet_library_progress()
+    trainer = Trainer(cfg, manager, resume=checkpoint)
+    console.print(_rewards_line(cfg, trainer), highlight=False)
+    console.print(f"precision: {trainer.run.precision.name} ({trainer.run.precision.reason})", highlight=False)
+    engine = trainer.run.engine  # an engine need not subclass Engine: its class names it then
+    console.print(f"sampler: {getattr(engine, 'description', type(engine).__name__)}", highlight=False)
+    if cfg.gradient_checkpointing:
+        console.print(f"gradient checkpointing: {checkpointed_summary(trainer.model)}", highlight=False)
+    if trainer.run.num_processes > 1:
+        console.print(sharding.layout(trainer.accelerator), highlight=False)
+    progress = TrainProgress(cfg.max_steps)
+    if trainer.resumed:
+        progress.bar.update(progress.task, completed=trainer.resumed["step"])
+    try:
+        with progress.bar:
+            result = trainer.train(progress=progress)
+    except TrainingInterrupted as exc:
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            error_console.print(f"[bold yellow]interrupted:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(code=128 + exc.signum) from None  # the shell's code for death by that signal
+    _report(result)
+
+
+def _report(result: Any) -> None:
+    """Held-out accuracy before -> after, which policy model/ holds, and where the run is."""
+    before = result.eval_before.get("eval/accuracy")
+    after = result.eval_after.get("eval/accuracy")
+    if before is not None and after is not None:
+        n = int(result.eval_after["eval/num_tasks"])
+        console.print(f"[bold]held-out accuracy: {before:.3f} -> {after:.3f}[/]{noise_note(before, after, n)}",
+                      highlight=False)
+    best = result.best
+    if best is not None and best["saved_as_model"]:
+        accuracy = best["metrics"].get("eval/accuracy", math.nan)
+        console.print(f"model/ holds the best evaluated policy: step {best['step']}, held-out mean reward "
+                      f"{best['score']:.3f}, accuracy {accuracy:.3f} (the last step's policy: last/)",
+                      highlight=False)
+    console.print(f"run saved to {result.run_dir}", highlight=False)
+
+
+def _new_run_dir(lock: contextlib.ExitStack, cfg: Any) -> Any:
+    """``cfg`` with its run dir resolved (``runs/<env>-<algo>-<time>`` when not given: the lock, the
+    trainer and every process then agree on it), checked writable and locked (:func:`_lock_run_dir`)."""
+    from agentrl.rundir.paths import check_output_dir
+    from agentrl.rundir.directory import run_dir_for
+
+    if cfg.output_dir is None:
+        cfg = dataclasses.replace(cfg, output_dir=str(run_dir_for(cfg)))
+    check_output_dir(cfg.output_dir)  # a file, or not writable: said before the lock tries to write there
+    _lock_run_dir(lock, Path(cfg.output_dir))
+    return cfg
+
+
+def _lock_run_dir(lock: contextlib.ExitStack, run_dir: Path) -> bool:
+    """Hold ``run_dir``'s lock in ``lock`` when this process writes the run (the top process, or
+    process 0 of an ``accelerate launch`` started by hand; processes agentrl's launcher started
+    leave it to that launcher); whether it does."""
+    from agentrl.model.launch import LAUNCHED, process_rank
+    from agentrl.rundir.lock import RunLock
+
+    if os.environ.get(LAUNCHED) or process_rank() > 0:
+        return False
+    held = lock.enter_context(RunLock(run_dir))
+    if held.note:
+        console.print(held.note, highlight=False)
+    return True
+
+
+def _resume(run_dir: str, max_steps: int | None, writer: bool) -> tuple[Any, Path | None]:
+    """``--resume``: the run's config and newest complete checkpoint; or, for a run that stopped
+    before its first checkpoint, its config and None: it starts over from step 0, what its stopped
+    attempt wrote moved aside first by the ``writer`` (the process holding the lock)."""
+    from agentrl.rundir.directory import resume_config, set_aside_unfinished, start_over_config
+
+    cfg = start_over_config(run_dir, max_steps)
+    if cfg is None:
+        cfg, checkpoint = resume_config(run_dir, max_steps)
+        console.print(f"resuming {run_dir} from {checkpoint.name}", highlight=False)
+        return cfg, checkpoint
+    if writer:
+        moved = set_aside_unfinished(Path(run_dir))
+        kept = f"; what the stopped attempt wrote is in {moved}" if moved is not None else ""
+        console.print(f"{run_dir} has no complete checkpoint (it stopped before its first one): starting it over "
+                      f"from step 0 with its config{kept}", highlight=False)
+    return cfg, None
+
+
+def _launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: dict[str, Any]) -> int:
+    """Check the split and prepare the model here, then run this command in ``num_processes``
+    processes under ``accelerate launch``; their exit status."""
+    import torch
+
+    from agentrl.model.launch import check_process_split, launch_command, run_launched
+    from agentrl.model.loading import resolve_model
+
+    check_process_split(cfg, num_processes)
+    if not given["--resume"]:  # every process must agree on the run dir
+        from agentrl.rundir.directory import run_dir_for
+
+        given["--output-dir"] = str(run_dir_for(cfg))
+    resolve_model(cfg.model)  # an alias is converted once, here, not by every process at once
+    args: list[str] = []
+    for flag, value in given.items():
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None:
+                args += [flag, str(item)]
+    command = launch_command(num_processes, accelerate_config, args, cpu=not torch.cuda.is_available())
+    console.print(f"launching {num_processes} processes: {' '.join(command[1:4])} ...", highlight=False)
+    return run_launched(command)
+
+
+def _rewards_line(cfg: Any, trainer: Any) -> str:
+    """What the run is rewarded for, and where that choice came from."""
+    parts = [f"env return x{cfg.env_reward_weight:g}"]
+    parts += [f"{name} x{weight:g}" for name, (_, weight) in trainer.run.reward_fns.items()]
+    defaults = trainer.envs[0].default_rewards
+    if cfg.rewards is None:
+        source = "the env's defaults"
+    elif defaults and any(name not in cfg.rewards for name in defaults):
+        listed = " ".join(f"--reward {name}:{weight:g}" for name, weight in defaults.items())
+        source = f"--reward replaces the env's defaults; add {listed} to keep them"
+    else:
+        source = "--reward"
+    return f"rewards: {' + '.join(parts)} ({source})"
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

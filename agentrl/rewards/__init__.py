@@ -1,0 +1,1 @@
+"""Rewards: reward specs and schemes, scoring trajectories, and process (step-level) rewards."""

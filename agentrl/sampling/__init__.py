@@ -1,0 +1,1 @@
+"""Sampling: the generation engine interface, the request queue episodes share, and token-exact chats."""

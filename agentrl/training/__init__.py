@@ -1,0 +1,2 @@
+"""The training loop: building a run, the rollout and learning phases, asynchronous rollouts, evaluation,
+saving and interrupts."""

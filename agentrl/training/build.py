@@ -1,0 +1,288 @@
+"""Building a run from its config: every part the loop needs, made once, in a fixed order.
+
+:func:`build_run` checks the config against the plugins, then loads the algorithm, envs, rewards,
+tokenizer, model (LoRA, reference, sampling replica), optimizers and schedules of every trained
+module, engine and rollout, and returns them as a :class:`Run`. The order is part of the
+behaviour: modules initialised from the global RNG (a critic head) get the same weights every time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from accelerate.utils import set_seed
+
+from agentrl.model import distributed
+from agentrl.model import lora
+from agentrl.model import sharding
+from agentrl.model.activation_checkpointing import checkpoint_blocks
+from agentrl.algorithms.base import Algorithm, SetupContext, TrainableModule
+from agentrl.training.async_rollouts import VersionedEngine
+from agentrl.training.batching import plan_micro_batches, split_to_count
+from agentrl.sampling.chat import ChatTokenizer
+from agentrl.config.train import TrainConfig, build_plugin_config, resolve_settings
+from agentrl.env import CallGuard, Env, build_env, call_with_timeout, load_env_class
+from agentrl.errors import ConfigError
+from agentrl.model.launch import check_process_split
+from agentrl.training.memory import limit_kernel_caches
+from agentrl.model.loading import load_model, load_tokenizer
+from agentrl.plugins import PluginManager
+from agentrl.model.policy import TokenLogprobs, check_packing
+from agentrl.model.precision import Precision, resolve_precision
+from agentrl.rewards.schemes import RewardContext
+from agentrl.rewards.specs import resolve_rewards
+from agentrl.training.schedules import build_scheduler
+from agentrl.testing import check_env_startup
+from agentrl.tools.calls import resolve_tool_parser
+from agentrl.trajectory import TrainBatch
+
+
+@dataclass
+class Trained:
+    """A module the run trains, with its AdamW optimizer and LR schedule: the policy (``spec`` None)
+    or one of the algorithm's own modules (a critic)."""
+
+    module: torch.nn.Module
+    """As accelerate prepared it (the policy: its ``TokenLogprobs`` wrapper)."""
+    parameters_of: torch.nn.Module
+    """Whose parameters are clipped (the policy: the model itself)."""
+    optimizer: Any
+    scheduler: Any
+    max_grad_norm: float | None
+    spec: TrainableModule | None = None
+
+
+@dataclass
+class Run:
+    """Everything a run is made of, built by :func:`build_run`."""
+
+    config: TrainConfig
+    manager: PluginManager
+    accelerator: Any
+    precision: Precision
+    algorithm: Algorithm
+    settings: dict[str, Any]
+    needs_old_logprobs: bool
+    envs: list[Env]
+    call_guard: CallGuard
+    reward_fns: dict[str, Any]
+    tokenizer: Any
+    model: torch.nn.Module
+    ref_model: torch.nn.Module | None
+    replica: torch.nn.Module | None
+    """FSDP / ZeRO-3: the whole policy each process samples from; None otherwise."""
+    policy: Any = None
+    policy_pack: bool = False
+    trained: dict[str, Trained] = field(default_factory=dict)
+    """The policy first (``"policy"``), then the algorithm's modules by name."""
+    owned_templates: dict[str, torch.nn.Module] = field(default_factory=dict)
+    engine: Any = None
+    rollout: Any = None
+
+    @property
+    def hook(self) -> Any:
+        return self.manager.hook
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def num_processes(self) -> int:
+        return self.accelerator.num_processes
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 autocast when the run computes in bf16 (fp32 master weights), else nothing."""
+        return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16, enabled=self.precision.bf16)
+
+    def micro_batch_rows(self, batch: TrainBatch) -> list[list[int]]:
+        """Row groups, longest rows first, within ``micro_batch_size`` and ``micro_batch_tokens``; with
+        sharded weights as many groups on every process (each forward gathers the shards: a collective)."""
+        groups = batch.groups.tolist() if self.policy_pack else None  # packed: a micro-batch per group
+        plan = plan_micro_batches(batch.lengths.tolist(), self.config.micro_batch_size,
+                                  self.config.micro_batch_tokens, groups)
+        if self.replica is None:
+            return plan
+        return split_to_count(plan, max(distributed.gather_objects(len(plan))))
+
+    def sampling_model(self) -> torch.nn.Module:
+        """The weights the engine samples from now: with LoRA a plain view holding the merged
+        weights, under FSDP / ZeRO-3 the full replica gathered from the shards (every process
+        calls this), else the trained model itself."""
+        if self.replica is not None:
+            sharding.gather_into(self.accelerator, self.policy, self.replica, prefix="model.")
+            return self.replica
+        return lora.sampling_model(self.model)
+
+    def optimizer_steps_per_run(self) -> int:
+        """Optimizer steps the whole run takes: steps x epochs x mini-batches."""
+        return self.config.max_steps * self.algorithm.num_iterations * self.algorithm.num_mini_batches
+
+
+def build_run(config: TrainConfig, manager: PluginManager) -> Run:
+    """Every part of a run, checked and built in order (see the module docstring)."""
+    limit_kernel_caches()  # bounds oneDNN's per-shape caches (the RSS growth of long bf16 runs on a CPU)
+    accelerator = sharding.make_accelerator()
+    precision = resolve_precision(config.precision, accelerator.device)
+    set_seed(config.seed + accelerator.process_index)  # process 0 seeds as a one-process run
+    check_process_split(config, accelerator.num_processes)
+    algorithm, settings, needs_old = _algorithm(config, manager, accelerator.num_processes)
+    local_batch = config.batch_size // accelerator.num_processes
+    envs = [make_env(manager, config) for _ in range(max(local_batch, min(config.eval_tasks, 64), 1))]
+    check_env_startup(envs[0], need_eval=config.eval_tasks > 0, timeout_s=config.call_timeout_s)
+    call_guard = CallGuard.from_config(config)  # warns once per plugin per run
+    context = RewardContext(config=config, settings=settings, device=accelerator.device, precision=precision)
+    reward_fns = resolve_rewards(config, manager.registry, envs[0], context)
+    tokenizer = context.tokenizer = load_tokenizer(config.model)
+    check_prompt_room(envs[0], tokenizer, config.max_total_tokens)
+    model = lora.with_adapter(load_model(config.model), config.lora)  # unchanged without LoRA
+    # With LoRA the reference is the policy itself, its adapter off (lora.adapter_disabled): no copy.
+    ref_model = None if not algorithm.needs_reference else (model if lora.is_adapted(model) else _frozen_copy(model))
+    if ref_model is model and algorithm.reference_reset[0]:
+        raise ConfigError(f"algorithm.ref_sync_every={algorithm.reference_reset[0]} with lora: the reference is the "
+                          "policy with its adapter off, which a reset cannot move; set ref_sync_every 0 or drop lora")
+    replica = sharding.sampling_replica(accelerator, model)  # FSDP / ZeRO-3 only
+    check_sharded_run(config, replica is not None, sharding.is_fsdp(accelerator))
+    run = Run(config, manager, accelerator, precision, algorithm, settings, needs_old, envs, call_guard, reward_fns,
+              tokenizer, model, ref_model, replica)
+    # The base model (with LoRA, its plain view: the adapter is zero at setup) for e.g. a critic's copy,
+    # before accelerate prepares the policy (FSDP shards the model in place; a copy of it would be sharded).
+    algorithm.setup(SetupContext(model=lora.sampling_model(model), tokenizer=tokenizer, accelerator=accelerator,
+                                 config=config, autocast=run.autocast, micro_batch_rows=run.micro_batch_rows))
+    _train_policy(run)
+    if ref_model is not None:  # not prepared (no grads, no optimizer): place it by hand
+        ref_model.to(accelerator.device)
+    run.engine, run.rollout = engine_and_rollout(manager, config, replica if replica is not None
+                                                 else lora.sampling_model(model), tokenizer)
+    context.engine = run.engine  # a judge reward samples from the policy's own engine
+    _train_owned(run, algorithm.trainable_modules())
+    return run
+
+
+def engine_and_rollout(manager: PluginManager, config: TrainConfig, model: torch.nn.Module,
+                       tokenizer: Any) -> tuple[Any, Any]:
+    """The config's engine sampling from ``model``, and its rollout driving that engine."""
+    engine = manager.registry.get("engine", config.engine).factory(model=model, tokenizer=tokenizer, config=config)
+    if config.async_steps:  # each call stamped with the version that sampled it (partial_rollouts: the newest)
+        engine = VersionedEngine(engine, config.partial_rollouts)
+    rollout = manager.registry.get("rollout", config.rollout).factory(engine=engine, tokenizer=tokenizer, config=config)
+    return engine, rollout
+
+
+@dataclass
+class Sampler:
+    """What sampling and scoring a policy needs, with no training parts (``agentrl eval``)."""
+
+    envs: list[Env]
+    tokenizer: Any
+    model: torch.nn.Module
+    engine: Any
+    rollout: Any
+    reward_fns: dict[str, Any]
+    call_guard: CallGuard
+
+
+def build_sampler(config: TrainConfig, manager: PluginManager, envs: list[Env]) -> Sampler:
+    """The config's model, engine, rollout and rewards around ``envs`` (from :func:`make_env`)."""
+    tokenizer, model = load_tokenizer(config.model), load_model(config.model)
+    engine, rollout = engine_and_rollout(manager, config, model, tokenizer)
+    context = RewardContext(config=config, settings=resolve_settings(config, manager.registry),
+                            precision=resolve_precision(config.precision), tokenizer=tokenizer, engine=engine)
+    return Sampler(envs, tokenizer, model, engine, rollout, resolve_rewards(config, manager.registry, envs[0], context),
+                   CallGuard.from_config(config))
+
+
+def _algorithm(config: TrainConfig, manager: PluginManager, num_processes: int) -> tuple[Algorithm, dict[str, Any], bool]:
+    """The algorithm, the settings sections, and whether the update needs the sampling policy's logprobs."""
+    algo_cls = manager.registry.get("algorithm", config.algo).factory
+    algorithm: Algorithm = algo_cls(build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm"))
+    settings = resolve_settings(config, manager.registry)
+    asked = manager.hook.agentrl_needs_old_logprobs(config=config, settings=settings)
+    needs_old = algorithm.needs_old_logprobs or any(bool(a) for a in asked)
+    if algorithm.num_mini_batches > config.batch_size // num_processes:
+        raise ConfigError(f"algorithm {config.algo!r} asks for {algorithm.num_mini_batches} mini-batches "
+                          f"but a rollout batch has only {config.batch_size // num_processes} episodes "
+                          f"(prompts_per_step x num_generations, over {num_processes} process(es)): "
+                          "lower the mini-batch count")
+    return algorithm, settings, needs_old
+
+
+def _train_policy(run: Run) -> None:
+    """The policy's logprob forward, its AdamW and LR schedule, prepared by accelerate."""
+    config = run.config
+    if config.gradient_checkpointing and not checkpoint_blocks(run.model):
+        raise ConfigError(f"gradient_checkpointing=true: {type(run.model).__name__} has no decoder blocks to "
+                          "checkpoint (no transformers GradientCheckpointingLayer, no nn.ModuleList of blocks); "
+                          "set gradient_checkpointing false")
+    policy = TokenLogprobs(run.model, temperature=config.temperature, pack=config.pack_sequences)
+    run.policy_pack = check_packing(policy, config.pack_sequences)
+    optimizer = torch.optim.AdamW([p for p in run.model.parameters() if p.requires_grad], lr=config.learning_rate,
+                                  betas=config.adam_betas, weight_decay=config.weight_decay)
+    run.policy, optimizer = run.accelerator.prepare(policy, optimizer)
+    # The schedule is not prepared: accelerate's wrapper would step it once per process per step.
+    scheduler = build_scheduler(optimizer, config.lr_scheduler, config.warmup_steps, run.optimizer_steps_per_run(),
+                                config.lr_decay_fraction)
+    run.trained["policy"] = Trained(run.policy, run.model, optimizer, scheduler, config.max_grad_norm)
+
+
+def _train_owned(run: Run, modules: dict[str, TrainableModule]) -> None:
+    """An AdamW optimizer and LR schedule per algorithm-owned module, all prepared by accelerate."""
+    for name, spec in modules.items():
+        if name in ("model", "policy") or not name.isidentifier():
+            raise ConfigError(f"algorithm {run.config.algo!r} owns a module named {name!r}: use an identifier "
+                              "other than 'model' and 'policy' (it names a folder in the run dir)")
+        if run.replica is not None:  # sharded: its shape, to save the gathered weights into at the end
+            run.owned_templates[name] = sharding.shape_template(spec.module)
+        if run.config.gradient_checkpointing:  # a module without blocks (a small head) runs as it is
+            checkpoint_blocks(spec.module)
+        params = [p for p in spec.module.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, betas=spec.betas, weight_decay=spec.weight_decay)
+        spec.module, optimizer = run.accelerator.prepare(spec.module, optimizer)
+        scheduler = build_scheduler(optimizer, spec.lr_scheduler, spec.warmup_steps, run.optimizer_steps_per_run())
+        run.trained[name] = Trained(spec.module, spec.module, optimizer, scheduler, spec.max_grad_norm, spec)
+
+
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def check_prompt_room(env: Env, tokenizer: Any, max_total_tokens: int, num_tasks: int = 8) -> None:
+    """A ConfigError when one of the first training prompts alone fills ``max_total_tokens``
+    (such episodes end before the model speaks: a run of them trains nothing)."""
+    chat = ChatTokenizer(tokenizer)
+    tasks = env.train_tasks()
+    for task in [tasks[i] for i in range(min(num_tasks, len(tasks)))]:
+        native = bool(env.tool_schemas()) and chat.renders_tools
+        messages, _ = call_with_timeout(env.reset, None, seed=0,  # an ``async def`` reset is awaited
+                                        options={"task": task, "template_renders_tools": native})
+        length = len(chat.prompt_ids(messages, tools=list(env.tool_schemas()) if native else None))
+        if length >= max_total_tokens:
+            raise ConfigError(f"max_total_tokens={max_total_tokens} leaves no room to sample: the prompt of training "
+                              f"task {task.get('id', '?')!r} alone is {length} tokens; raise max_total_tokens")
+
+
+def check_sharded_run(config: TrainConfig, sharded: bool, fsdp: bool) -> None:
+    """What a run with sharded weights (FSDP, ZeRO-3) cannot do yet: a ConfigError naming it."""
+    if sharded and not fsdp and config.checkpoint_every:
+        raise ConfigError(f"checkpoint_every={config.checkpoint_every}: checkpoints of DeepSpeed ZeRO-3 runs are not "
+                          "supported yet; set checkpoint_every=0 (the final model is still saved) or use fsdp / zero2")
+    if sharded and config.lora is not None:
+        raise ConfigError("lora with sharded weights (FSDP, ZeRO-3) is not supported yet: use ddp or zero2")
+
+
+def make_env(manager: PluginManager, config: TrainConfig) -> Env:
+    """An env instance: a registered name or ``path/file.py:ClassName``; a ``tool_parser`` named in
+    ``env_args`` is the parser registered under that name."""
+    factory = load_env_class(config.env) if ":" in config.env else manager.registry.get("env", config.env).factory
+    env_args = resolve_tool_parser(config.env_args, lambda name: manager.registry.get("tool_parser", name).factory)
+    env = build_env(factory, env_args, config.env)
+    if not isinstance(env, Env):
+        raise ConfigError(f"env {config.env!r} built a {type(env).__name__}, not an agentrl.Env")
+    return env

@@ -1,0 +1,199 @@
+"""The learning phase of a step: from a scored batch to new weights in the engine.
+
+:class:`Learner` computes the frozen logprobs the algorithm needs (the sampling policy's, the
+reference's), the advantages, then for each epoch and mini-batch one optimizer step of every
+trained module: loss denominators over the mini-batch first, every micro-batch's loss
+backpropagated (accumulated), gradients clipped, a step skipped when not finite. It knows nothing
+of tasks or envs: it takes what the rollout phase collected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from typing import Any
+
+import torch
+
+from agentrl.model import distributed
+from agentrl.model import lora
+from agentrl.algorithms import reference
+from agentrl.algorithms.base import LossContext
+from agentrl.training.batching import mini_batch_rows
+from agentrl.training.build import Run
+from agentrl.algorithms.objectives import step_totals
+from agentrl.model.policy import TokenLogprobs
+from agentrl.training.step_stats import StepStats
+from agentrl.trajectory import TrainBatch
+
+
+class Learner:
+    """Optimizer steps of the policy and the algorithm's own modules on rollout batches."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.max_sampled = run.config.max_sampled_tokens or run.config.max_new_tokens * run.envs[0].max_turns
+        """The longest completion an episode may sample (the ``max_completion_length`` of some losses)."""
+        self.nonfinite_skips = 0  # optimizer steps skipped over the run
+        self.skipped_in_a_row = 0  # rollout steps in a row whose update was skipped entirely
+        self.sync_engine = True
+        """Whether an update hands the new weights to the engine (an asynchronous run does it itself)."""
+
+    def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+        """Micro-batches of similar lengths (less padding; the loss is invariant to the split)."""
+        return [batch.select(rows) for rows in self.run.micro_batch_rows(batch)]
+
+    def mini_batch_rows(self, batch: TrainBatch, step: int, epoch: int) -> list[list[int]]:
+        """The algorithm's mini-batches of ``batch`` (:func:`agentrl.training.batching.mini_batch_rows`)."""
+        return mini_batch_rows(batch.num_rows, self.run.algorithm.num_mini_batches, self.run.config.seed, step, epoch)
+
+    @torch.no_grad()
+    def frozen_logprobs(self, scorer: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+        """Logprobs of ``scorer`` (a ``TokenLogprobs``: the policy's or the reference's) for the whole
+        batch, no grad."""
+        out = torch.zeros_like(batch.loss_mask)
+        for rows in self.run.micro_batch_rows(batch):
+            mb = batch.select(rows)
+            with self.run.autocast():
+                lp, _ = scorer(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=False)
+            out[rows, : lp.shape[1]] = lp
+        return out
+
+    def update(self, batch: TrainBatch, metrics: dict[str, float], step: int = 1) -> None:
+        """All of the algorithm's optimizer steps on one rollout batch (``step`` is 1-based)."""
+        run, algo = self.run, self.run.algorithm
+        batch.to(run.accelerator.device)  # a batch built by a caller may still be on the CPU
+        logged_before = set(metrics)
+        scored = distributed.all_sum(torch.isfinite(batch.rewards).sum().double())  # over every process
+        if not bool(scored > 0):  # nothing scored: no signal, only Adam momentum
+            self.skipped_in_a_row += 1
+            metrics["train/skipped_unscored_batch"] = 1.0
+            warnings.warn(f"step {step}: no episode of the batch has a finite reward; the update was skipped",
+                          RuntimeWarning, stacklevel=2)
+            return
+        self.add_frozen_logprobs(batch)
+        for factor in run.hook.agentrl_adjust_loss_mask(batch=batch, config=run.config, settings=run.settings,
+                                                        metrics=metrics):
+            batch.loss_mask = batch.loss_mask * factor.to(batch.loss_mask.device)
+        batch.extras["advantages"] = algo.compute_advantages(batch, metrics)
+        train_policy = algo.trains_policy(step)
+        stats = StepStats()
+        stepped = False
+        for epoch in range(algo.num_iterations):
+            for rows in self.mini_batch_rows(batch, step, epoch):
+                stepped |= self.optimizer_step(batch.select(rows), step, train_policy, stats, metrics)
+        self.skipped_in_a_row = 0 if stepped else self.skipped_in_a_row + 1
+        # What hooks and the algorithm logged here is this process's: combined over processes.
+        metrics.update(_combined_over_processes({k: v for k, v in metrics.items() if k not in logged_before}))
+        metrics.update(stats.means(combine=distributed.gather_objects))
+        metrics["train/nonfinite_skipped_steps"] = float(self.nonfinite_skips)
+        if train_policy and self.sync_engine:
+            run.engine.sync_weights(run.sampling_model())
+
+    def sync_reference(self, step: int, metrics: dict[str, float]) -> None:
+        """After every ``ref_sync_every``-th step (``step`` 1-based), the reference moves to the
+        policy (:mod:`agentrl.algorithms.reference`; every process calls it: under FSDP the gather is a collective)."""
+        every, mix = self.run.algorithm.reference_reset
+        if self.run.ref_model is not None and reference.reset_due(step, every):
+            reference.mix_into(self.run.ref_model, self.run.sampling_model(), mix)
+            metrics["train/reference_reset"] = 1.0
+
+    def add_frozen_logprobs(self, batch: TrainBatch) -> None:
+        """``old_logprobs`` (the policy before this step's updates) and ``ref_logprobs`` (the
+        reference's) in ``batch.extras``, when the algorithm or a plugin needs them."""
+        run = self.run
+        if run.needs_old_logprobs:
+            # The prepared policy's own module: under FSDP its hooks gather the shards (run.model's alone do not).
+            batch.extras["old_logprobs"] = self.frozen_logprobs(run.accelerator.unwrap_model(run.policy), batch)
+        if run.ref_model is not None:
+            with lora.adapter_disabled(run.ref_model):
+                reference = TokenLogprobs(run.ref_model, temperature=run.config.temperature, pack=run.policy_pack)
+                batch.extras["ref_logprobs"] = self.frozen_logprobs(reference, batch)
+
+    def optimizer_step(self, batch: TrainBatch, step: int, train_policy: bool, stats: StepStats,
+                       metrics: dict[str, float]) -> bool:
+        """One optimizer step of every trained module on ``batch`` (a mini-batch): denominators
+        counted over its micro-batches first, then accumulate, clip, step; skipped if not finite
+        (returns whether it stepped)."""
+        run = self.run
+        step_loss = self.accumulate(self.micro_batches(batch), batch, step, train_policy, stats, metrics)
+        trained = {name: t for name, t in run.trained.items() if train_policy or name != "policy"}
+        norms = {name: float(run.accelerator.clip_grad_norm_(t.parameters_of.parameters(), t.max_grad_norm or float("inf")))
+                 for name, t in trained.items()}
+        step_loss = float(distributed.all_sum(torch.tensor(step_loss, dtype=torch.float64)))  # every process agrees
+        finite = math.isfinite(step_loss) and all(math.isfinite(n) for n in norms.values())  # norms: global already
+        for name, t in trained.items():
+            prefix = "train" if name == "policy" else name
+            stats.add_scalar(f"{prefix}/grad_norm", norms[name], shared=True)
+            stats.add_scalar(f"{prefix}/learning_rate", float(t.scheduler.get_last_lr()[0]), shared=True)
+            if finite:
+                t.optimizer.step()
+                t.scheduler.step()
+        if not finite:
+            self.nonfinite_skips += 1
+            warnings.warn(f"step {step}: loss {step_loss} or gradient norms {norms} are not finite; "
+                          "the optimizer step was skipped", RuntimeWarning, stacklevel=2)
+        for t in trained.values():
+            t.optimizer.zero_grad(set_to_none=True)
+        if not train_policy:
+            run.trained["policy"].optimizer.zero_grad(set_to_none=True)
+        stats.end_step()
+        return finite
+
+    def accumulate(self, micro: list[TrainBatch], batch: TrainBatch, step: int, train_policy: bool,
+                   stats: StepStats, metrics: dict[str, float]) -> float:
+        """Backpropagate every micro-batch's loss (gradients all-reduced once, after the last);
+        returns the summed loss of this process."""
+        run = self.run
+        accelerator = run.accelerator
+        totals = step_totals([mb.loss_mask for mb in micro],
+                             num_tokens_rollout=float(accelerator.reduce(batch.loss_mask.sum(), "sum")),
+                             max_completion_length=self.max_sampled, reduce=lambda t: accelerator.reduce(t, "sum"))
+        models = [t.module for t in run.trained.values()]
+        step_loss = 0.0
+        for i, mb in enumerate(micro):
+            with contextlib.ExitStack() as stack:
+                if i < len(micro) - 1:  # gradients are all-reduced once, after the last micro-batch
+                    for model in models:
+                        stack.enter_context(accelerator.no_sync(model))
+                with run.autocast(), torch.set_grad_enabled(train_policy):
+                    logprobs, entropy = run.policy(mb.input_ids, mb.attention_mask, mb.loss_mask)
+                out = run.algorithm.loss(LossContext(
+                    batch=mb, logprobs=logprobs, old_logprobs=mb.extras.get("old_logprobs", logprobs.detach()),
+                    ref_logprobs=mb.extras.get("ref_logprobs"), totals=totals, hook=run.hook, config=run.config,
+                    metrics=metrics, step=step, train_policy=train_policy, autocast=run.autocast,
+                    settings=run.settings))
+                if out.loss.requires_grad:
+                    # Denominators are global, so undo DDP's gradient averaging (x num_processes).
+                    accelerator.backward(out.loss * accelerator.num_processes)
+            step_loss += float(out.loss.detach())
+            _record(stats, out, entropy, logprobs, mb)
+        return step_loss
+
+
+def _record(stats: StepStats, out: Any, entropy: torch.Tensor, logprobs: torch.Tensor, mb: TrainBatch) -> None:
+    """A micro-batch's loss, the algorithm's statistics, entropy and the trainer-vs-sampler gap."""
+    stats.add_scalar("loss/total", float(out.loss.detach()))
+    for key, value in out.scalars.items():
+        stats.add_scalar(key, value)
+    stats.add_tokens("policy/entropy", entropy, mb.loss_mask)
+    log_r = logprobs.detach() - mb.sampler_logprobs  # (n, T) trainer vs sampler, same support
+    stats.add_tokens("policy/sampler_logprob_gap", log_r.abs(), mb.loss_mask)
+    stats.add_tokens("policy/sampler_kl", torch.expm1(log_r) - log_r, mb.loss_mask)  # k3 of KL(sampler||trainer)
+    for key, value in out.token_stats.items():
+        stats.add_tokens(key, value.detach(), mb.loss_mask)
+
+
+def _combined_over_processes(values: dict[str, float]) -> dict[str, float]:
+    """Each key over the processes that logged it: the smallest for a key ending in ``_min``, the
+    largest for ``_max``, else the mean (the value itself in a one-process run)."""
+    parts = distributed.gather_objects(values)
+    if len(parts) == 1:
+        return values
+    combined = {}
+    for key in sorted({k for part in parts for k in part}):
+        logged = [p[key] for p in parts if key in p]
+        reduce = min if key.endswith("_min") else max if key.endswith("_max") else None
+        combined[key] = float(reduce(logged)) if reduce else sum(logged) / len(logged)
+    return combined

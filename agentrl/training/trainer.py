@@ -1,0 +1,348 @@
+"""The training loop: collect -> score -> advantages -> update -> sync -> evaluate -> checkpoint.
+
+One step (see the hook order in agentrl.hookspecs):
+  1. sample ``prompts_per_step`` tasks, each run ``num_generations`` times (a group);
+  2. the rollout drives the envs through the engine -> trajectories;
+  3. reward functions score them (plus the env's own return);
+  4. the algorithm turns rewards into per-token advantages;
+  5. for each of the algorithm's ``num_iterations`` epochs and each of its ``num_mini_batches``
+     mini-batches (one optimizer step each): loss denominators are counted over the mini-batch
+     first, then every micro-batch's loss is backpropagated (accumulated), then every trained
+     module (the policy and the algorithm's own, e.g. a critic) takes one clipped optimizer step
+     (accelerate); a step whose loss or gradients are not finite is skipped and counted;
+  6. the engine receives the new weights.
+
+The pieces: :func:`agentrl.training.build.build_run` makes the parts, :class:`agentrl.training.rollout_phase.RolloutPhase`
+does 1-3, :class:`agentrl.training.learner.Learner` 4-6, :class:`agentrl.training.saving.RunCheckpoints` keeps
+the state on disk, :mod:`agentrl.training.interrupts` turns signals into a clean stop, :mod:`agentrl.rundir.directory`
+decides where a run writes. This module runs them in order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentrl.training import async_rollouts
+from agentrl.model import distributed
+from agentrl.rundir import checkpoints as ckpt
+from agentrl.training.best_model import BestModel
+from agentrl.training.build import Run, build_run
+from agentrl.config.train import TrainConfig
+from agentrl.errors import TrainingError
+from agentrl.faults import plugin_exit
+from agentrl.training.interrupts import InterruptGuard, any_process, interruption
+from agentrl.training.learner import Learner
+from agentrl.training.memory import peak_rss_gb, rss_gb
+from agentrl.rundir.metrics import MetricsWriter
+from agentrl.rundir.paths import check_output_dir
+from agentrl.plugins import PluginManager
+from agentrl.rewards.schemes import with_absolute_paths
+from agentrl.training.rollout_phase import RolloutPhase
+from agentrl.training.saving import RunCheckpoints
+from agentrl.rundir.directory import log_completions, read_history, refuse_existing_run, run_dir_for, truncate
+from agentrl.trajectory import TrainBatch
+
+
+@dataclass
+class TrainResult:
+    """What a finished run reports."""
+
+    run_dir: Path
+    eval_before: dict[str, float]
+    eval_after: dict[str, float]
+    history: list[dict[str, float]]
+    best: dict[str, Any] | None = None
+    """With ``keep_best``: the best evaluation (``BestModel.summary``) and ``saved_as_model``
+    (whether ``model/`` holds it rather than the last policy); None without it."""
+
+
+class Trainer:
+    """Builds a run from a TrainConfig and a loaded PluginManager (``resume``: the checkpoint to
+    continue from), then trains it: :meth:`train`."""
+
+    def __init__(self, config: TrainConfig, manager: PluginManager, console: Any = None,
+                 resume: Path | None = None) -> None:
+        self.console = console
+        self.run_dir = run_dir_for(config)
+        if resume is None:
+            check_output_dir(self.run_dir)
+            refuse_existing_run(self.run_dir)
+            config = with_absolute_paths(config, manager.registry)  # config.yaml works from any directory
+        self.run: Run = build_run(config, manager)
+        self.rollouts = RolloutPhase(self.run)
+        self.learner = Learner(self.run)
+        self.learner.sync_engine = not config.async_steps  # else the rollout thread takes each version
+        self.producer: async_rollouts.AsyncRollouts | None = None  # with async_steps, once training
+        self.checkpoints = RunCheckpoints(self.run, self.run_dir)
+        self.completed_step = 0
+        self.eval_before: dict[str, float] = {}
+        self.best_record: dict[str, Any] | None = None  # what eval.json says about the best policy
+        self.best = BestModel(self.run_dir, metric="eval/reward_mean") if (
+            config.keep_best and config.eval_tasks and config.save_model) else None
+        self.resumed: dict[str, Any] | None = self.load_checkpoint(resume) if resume is not None else None
+
+    # The parts most callers reach for, by their usual names.
+    config = property(lambda self: self.run.config, lambda self, value: setattr(self.run, "config", value))
+    model = property(lambda self: self.run.model)
+    tokenizer = property(lambda self: self.run.tokenizer)
+    engine = property(lambda self: self.run.engine)
+    envs = property(lambda self: self.run.envs)
+    algorithm = property(lambda self: self.run.algorithm)
+    accelerator = property(lambda self: self.run.accelerator)
+    is_main = property(lambda self: self.run.is_main)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def rollout_step(self, step: int) -> tuple[TrainBatch, list[Any], dict[str, float]]:
+        """This process's collated batch, the whole batch's trajectories and the step's metrics
+        (:meth:`agentrl.training.rollout_phase.RolloutPhase.collect`)."""
+        return self.rollouts.collect(step)
+
+    def update(self, batch: TrainBatch, metrics: dict[str, float], step: int = 1) -> None:
+        """All of the algorithm's optimizer steps on one batch (:meth:`agentrl.training.learner.Learner.update`),
+        then the reference reset when one is due (:meth:`agentrl.training.learner.Learner.sync_reference`)."""
+        self.learner.update(batch, metrics, step)
+        self.learner.sync_reference(step, metrics)
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out accuracy of the current policy (greedy by default)."""
+        return self.rollouts.evaluate()
+
+    def train_step(self, step: int, writer: MetricsWriter, guard: InterruptGuard, progress: Any) -> dict[str, float]:
+        """One step: rollout (interruptible), then update, evaluation, records and checkpoint as
+        one unit Ctrl-C waits for; stops the run after too many skipped steps in a row."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        _phase(progress, "rollout")
+        batch, trajectories, metrics, rewards = self.batch_for(step, guard)
+        t1 = time.perf_counter()
+        with guard.deferred():
+            _phase(progress, "update")
+            self.update(batch, metrics, step)
+            t2 = time.perf_counter()
+            metrics.update({"perf/rollout_seconds": t1 - t0, "perf/update_seconds": t2 - t1,
+                            "perf/step_seconds": t2 - t0,
+                            "perf/episodes_per_second": len(trajectories) / (t2 - t0),
+                            "perf/rss_gb": rss_gb(), "perf/peak_rss_gb": peak_rss_gb()})
+            too_many = self.learner.skipped_in_a_row >= cfg.max_nonfinite_steps
+            save = bool(cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or too_many))
+            if self.producer is not None:  # the new version goes to the rollout thread
+                self.producer.hand_over(step, self.run.sampling_model(), quiesce=save or self.eval_due(step),
+                                        evaluate=self.eval_due(step))
+            self.evaluate_and_record(step, trajectories, metrics, writer, progress, rewards)
+            if save:
+                self.save_checkpoint(step)
+            if self.producer is not None:
+                self.producer.release()
+        if progress is not None:
+            progress(step, metrics)
+        if too_many:
+            in_a_row = self.learner.skipped_in_a_row
+            raise TrainingError(
+                f"steps {step - in_a_row + 1}-{step}: {in_a_row} steps in a row had a non-finite loss or "
+                f"gradient, or no scored episode (max_nonfinite_steps={cfg.max_nonfinite_steps}); stopping. The "
+                f"weights are those after step {step - in_a_row}; {self.run_dir}/metrics.jsonl shows the steps "
+                "(train/grad_norm, loss/total, reward/*). Lower learning_rate or check the rewards")
+        if any_process(guard.requested):  # deferred to here, or raised inside a callback that swallowed it
+            raise KeyboardInterrupt
+        return metrics
+
+    def batch_for(self, step: int, guard: InterruptGuard) -> tuple[TrainBatch, list[Any], dict[str, float], list[float]]:
+        """The step's batch, episodes, metrics and rewards: collected now (an interrupt rewinds to
+        the step's start) or, with ``async_steps``, taken from the rollout thread."""
+        if self.producer is not None:
+            return self.producer.take_step(step, self.run.accelerator.device)
+        boundary = self.rollouts.boundary()
+        try:
+            batch, trajectories, metrics = self.rollout_step(step)
+            if any_process(guard.requested):  # every process stops here together (several processes)
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:  # nothing trained yet: rewind to the step boundary
+            self.rollouts.rewind(boundary)
+            raise
+        return batch, trajectories, metrics, self.rollouts.step_rewards
+
+    def eval_due(self, step: int) -> bool:
+        """Whether the periodic evaluation runs after ``step`` (on this process)."""
+        cfg = self.config
+        return bool(cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks
+                    and self.is_main)
+
+    def evaluate_and_record(self, step: int, trajectories: list[Any], metrics: dict[str, float],
+                            writer: MetricsWriter, progress: Any, rewards: list[float] | None = None) -> None:
+        """The periodic evaluation (and best policy), completions, the step-end hook and the metrics row."""
+        cfg = self.config
+        if self.eval_due(step):
+            _phase(progress, "eval")
+            evaluation = self.evaluate()
+            metrics.update(evaluation)
+            self.offer_best(step, evaluation)
+        if self.is_main:
+            if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
+                log_completions(self.run_dir, step, trajectories,
+                                self.rollouts.step_rewards if rewards is None else rewards)
+            self.run.hook.agentrl_on_step_end(step=step, metrics=metrics)
+        writer.write(step, metrics)
+        self.completed_step = step
+
+    # -- the run -------------------------------------------------------------------------------------
+    def train(self, progress: Any = None) -> TrainResult:
+        """Run the steps left (all of them, or those after the resumed checkpoint) with
+        evaluations before and after, writing the run dir and periodic checkpoints.
+
+        Ctrl-C, SIGTERM or SIGHUP (:data:`agentrl.model.launch.STOP_SIGNALS`) during a rollout or
+        evaluation stops at once; during an update (and its checkpoint) it stops when the step is
+        complete. Either way the last complete step is checkpointed and :class:`TrainingInterrupted`
+        names it and the signal; a second signal during an update or that checkpoint stops without
+        it (the older checkpoints stay intact).
+        """
+        writer = self.open_run_dir()
+        guard = InterruptGuard(collective=distributed.world_size() > 1)
+        self.completed_step = self.resumed["step"] if self.resumed else 0
+        with guard.installed():  # also while the interrupted run saves: a second signal breaks that save only
+            try:
+                history, eval_after = self.run_steps(writer, guard, progress)
+            except KeyboardInterrupt as exc:
+                writer.close()
+                failure = None if guard.requested else plugin_exit(exc)  # raised by code, not by a signal
+                if failure is not None:
+                    raise TrainingError(f"the run stopped: {failure}") from None
+                raise interruption(guard, self.completed_step, self.run_dir, self.save_checkpoint) from None
+            finally:
+                self.stop_producer()
+        _report(progress, "eval after", eval_after)
+        owned_states = self.checkpoints.gather_owned() if self.config.save_model else {}  # a collective (FSDP)
+        if self.is_main:
+            self.finish(eval_after, writer, owned_states)
+        distributed.barrier()  # the run dir is complete when any process returns
+        return TrainResult(self.run_dir, self.eval_before, eval_after, history, self.best_record)
+
+    def open_run_dir(self) -> MetricsWriter | _NoWriter:
+        """The run dir ready to write (a resumed one cut back to its checkpoint) and its metrics
+        writer (one process writes the run dir, logs, evaluates and saves)."""
+        cfg, run_dir, resumed = self.config, self.run_dir, self.resumed
+        if not self.is_main:
+            return _NoWriter()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if resumed is None:
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        else:  # drop what was written after the checkpoint (and a line torn by a kill)
+            for log in ("metrics", "completions"):
+                if lost := truncate(run_dir / f"{log}.jsonl", resumed[f"{log}_bytes"]):
+                    print(f"note: {lost}", flush=True)
+            ckpt.remove_partial(run_dir)
+            ckpt.set_aside_after(run_dir, resumed["step"])  # damaged newer checkpoints the resume passed over
+        self.run.hook.agentrl_on_train_start(config=cfg, run_dir=str(run_dir))
+        return MetricsWriter(run_dir, purge_step=resumed["step"] + 1 if resumed else None)
+
+    def run_steps(self, writer: Any, guard: InterruptGuard, progress: Any) -> tuple[list[dict[str, float]],
+                                                                                     dict[str, float]]:
+        """The evaluation before, the steps left, the last checkpoint and the evaluation after."""
+        cfg, main = self.config, self.is_main
+        if self.resumed is None:
+            _phase(progress, "eval")
+            self.eval_before = self.evaluate() if cfg.eval_tasks and main else {}
+            self.offer_best(0, self.eval_before)
+        else:
+            self.eval_before = self.resumed["eval_before"]
+            if self.best is not None and main:
+                self.best.resume(self.resumed["step"])
+        _report(progress, "eval before", self.eval_before)
+        history = read_history(self.run_dir / "metrics.jsonl") if main else []
+        if cfg.async_steps:
+            self.producer = async_rollouts.start(self.run, self.rollouts, self.completed_step, self.resumed)
+        for step in range(self.completed_step + 1, cfg.max_steps + 1):
+            history.append(self.train_step(step, writer, guard, progress))
+        if self.completed_step and cfg.checkpoint_every:
+            self.save_checkpoint(self.completed_step)
+        self.stop_producer()
+        _phase(progress, "eval")
+        return history, self.evaluate() if cfg.eval_tasks and main else {}
+
+    def stop_producer(self) -> None:
+        """End the rollout thread (an asynchronous run); the engine gets the trained policy."""
+        if self.producer is not None:
+            idle = self.producer.close()  # not idle: a run stopping on an error, mid-collection
+            self.producer = None
+            if idle:
+                self.run.engine.sync_weights(self.run.sampling_model())
+
+    def finish(self, eval_after: dict[str, float], writer: Any, owned_states: dict[str, Any]) -> None:
+        """The final metrics, eval.json, the exported model (the best one if it beat the last),
+        the finished run's checkpoint, the plots and the end hook (main process)."""
+        cfg, run_dir = self.config, self.run_dir
+        if eval_after:
+            writer.write(cfg.max_steps, {f"final/{k}": v for k, v in eval_after.items()})
+        writer.close()
+        kept_best = self.best is not None and self.best.step is not None and eval_after and not (
+            eval_after.get(self.best.metric, -math.inf) >= self.best.score)
+        record: dict[str, Any] = {"before": self.eval_before, "after": eval_after}
+        if self.best is not None and self.best.step is not None:
+            record["best"] = self.best_record = {**self.best.summary(), "saved_as_model": bool(kept_best)}
+        (run_dir / "eval.json").write_text(json.dumps(record, indent=2))
+        if cfg.save_model:
+            self.checkpoints.export("last" if kept_best else "model", owned_states)
+        if kept_best:  # the best evaluated policy is the run's model; the last one is in last/
+            shutil.rmtree(run_dir / "model", ignore_errors=True)
+            self.best.folder.rename(run_dir / "model")
+        elif self.best is not None:
+            shutil.rmtree(self.best.folder, ignore_errors=True)
+        self.checkpoints.finish(self.completed_step, ("last" if kept_best else "model") if cfg.save_model else None)
+        from agentrl.rundir.plots import plot_run
+
+        plot_run(run_dir)
+        self.run.hook.agentrl_on_train_end(run_dir=str(run_dir), metrics=eval_after)
+
+    # -- state on disk -------------------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> Path:
+        """Everything ``--resume`` needs to continue after ``step`` exactly (every process calls it);
+        with ``async_steps`` the batches collected for later steps too."""
+        ahead = {}
+        if self.producer is not None:
+            self.producer.quiesce(step)
+            ahead = {"async": self.producer.state()}
+        return self.checkpoints.save(step, {
+            "task_cursor": self.rollouts.cursor.position, "nonfinite_skips": self.learner.nonfinite_skips,
+            "skipped_in_a_row": self.learner.skipped_in_a_row, "eval_before": self.eval_before, **ahead})
+
+    def load_checkpoint(self, folder: Path) -> dict[str, Any]:
+        """Restore a checkpoint written by :meth:`save_checkpoint`; returns its trainer state."""
+        state = self.checkpoints.load(folder)
+        self.rollouts.cursor.position = state["task_cursor"]
+        self.learner.nonfinite_skips, self.learner.skipped_in_a_row = state["nonfinite_skips"], state["skipped_in_a_row"]
+        if not self.config.async_steps and (dropped := async_rollouts.restore(state.get("async"), 0, state["step"])[2]):
+            print(f"note: {dropped} episodes the asynchronous run collected ahead are not trained on (async_steps=0)")
+        return state
+
+    def offer_best(self, step: int, evaluation: dict[str, float]) -> None:
+        """Keep the policy evaluated after ``step`` in ``best/`` if it is the best so far (``keep_best``)."""
+        if self.best is not None and self.is_main and evaluation:
+            self.best.offer(step, evaluation, self.checkpoints.save_policy)
+
+
+class _NoWriter:
+    """The metrics writer of a process other than the main one: writes nothing."""
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _phase(progress: Any, label: str) -> None:
+    """Tell a progress display what the run is doing now (``eval``, ``rollout``, ``update``)."""
+    if progress is not None and hasattr(progress, "phase"):
+        progress.phase(label)
+
+
+def _report(progress: Any, label: str, metrics: dict[str, float]) -> None:
+    if progress is not None and hasattr(progress, "report"):
+        progress.report(label, metrics)
