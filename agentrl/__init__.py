@@ -6,13 +6,22 @@ and env to that).
 """
 
 from agentrl.algorithms.base import Algorithm, LossContext, LossOutput, SetupContext, StepTotals, TrainableModule
-from agentrl.sampling.chat import ChatTokenizer
 from agentrl.algorithms.clipped_policy import ClippedPolicy, ClippedPolicyConfig
-from agentrl.config.train import TrainConfig
+from agentrl.algorithms.group_relative import GroupRelative, GroupRelativeConfig, group_advantages
+from agentrl.algorithms.objectives import (
+    AGGREGATIONS,
+    IMPORTANCE_LEVELS,
+    KL_ESTIMATORS,
+    clipped_surrogate,
+    importance_log_weights,
+    masked,
+    masked_mean,
+    policy_loss,
+    step_totals,
+)
 from agentrl.config.checks import ConfigCheck, build_plugin_config
 from agentrl.config.rules import Allowed, Complaint, Note, OneOf, check_declared
-from agentrl.model.distributed import all_sum
-from agentrl.sampling.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
+from agentrl.config.train import TrainConfig
 from agentrl.env import (
     MAX_ABS_REWARD,
     ROLES,
@@ -33,6 +42,7 @@ from agentrl.env import (
     sample_label,
     seeded_rng,
 )
+from agentrl.env.tasks import LazyTasks
 from agentrl.errors import (
     AgentRLError,
     CheckpointError,
@@ -50,28 +60,18 @@ from agentrl.errors import (
     one_line,
 )
 from agentrl.faults import PluginExit
-from agentrl.algorithms.group_relative import GroupRelative, GroupRelativeConfig, group_advantages
 from agentrl.hookspecs import hookimpl
 from agentrl.imports import import_extra
-from agentrl.algorithms.objectives import (
-    AGGREGATIONS,
-    IMPORTANCE_LEVELS,
-    KL_ESTIMATORS,
-    clipped_surrogate,
-    importance_log_weights,
-    masked,
-    masked_mean,
-    policy_loss,
-    step_totals,
-)
+from agentrl.model.distributed import all_sum
+from agentrl.model.precision import Precision, resolve_precision
 from agentrl.plugins import PluginManager, load_plugins
 from agentrl.rewards.process import StepRewards, process_advantages, step_ends
-from agentrl.model.precision import Precision, resolve_precision
-from agentrl.sampling.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
 from agentrl.rewards.schemes import RewardContext
-from agentrl.tools.sandbox import run_python
-from agentrl.env.tasks import LazyTasks
+from agentrl.sampling.chat import ChatTokenizer
+from agentrl.sampling.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
+from agentrl.sampling.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
 from agentrl.tools.formats import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolCallFormat, type_arguments
+from agentrl.tools.sandbox import run_python
 from agentrl.tools.tool import (
     Tool,
     ToolCall,

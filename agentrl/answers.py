@@ -28,7 +28,7 @@ def extract_boxed(text: str) -> str | None:
         while i < len(text) and depth:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
-        content = text[start + len(_BOXED):i - 1].strip() if depth == 0 else ""
+        content = text[start + len(_BOXED) : i - 1].strip() if depth == 0 else ""
         if content:
             found = content
         start = text.find(_BOXED, start + 1)

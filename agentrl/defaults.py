@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from agentrl.hookspecs import hookimpl
 from agentrl.algorithms.objectives import importance_log_weights
+from agentrl.hookspecs import hookimpl
 from agentrl.trajectory import TrainBatch
 
 
@@ -23,9 +23,7 @@ def agentrl_importance_weights(log_ratio: torch.Tensor, loss_mask: torch.Tensor,
 
 
 @hookimpl
-def agentrl_adjust_loss_mask(
-    batch: TrainBatch, config: Any, metrics: dict[str, float]
-) -> torch.Tensor | None:
+def agentrl_adjust_loss_mask(batch: TrainBatch, config: Any, metrics: dict[str, float]) -> torch.Tensor | None:
     """Drop truncated episodes from the loss when ``config.mask_truncated_completions`` is on
     (DAPO's overlong filtering); returns ``(N, T)`` 0/1 or None when off.
 

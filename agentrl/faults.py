@@ -87,8 +87,7 @@ def import_timeout_s() -> float | None:
     except ValueError:
         seconds = -1.0
     if not (seconds >= 0 and seconds != float("inf")):
-        raise ConfigError(f"{IMPORT_TIMEOUT_VAR}={raw!r} is invalid: expected a number of seconds >= 0 "
-                          "(0: no limit)")
+        raise ConfigError(f"{IMPORT_TIMEOUT_VAR}={raw!r} is invalid: expected a number of seconds >= 0 (0: no limit)")
     return seconds or None
 
 
@@ -107,8 +106,10 @@ def import_deadline(what: str, seconds: float | None, hint: str = "") -> Iterato
     if seconds is None:
         yield
         return
-    message = (f"{what} did not finish importing within {seconds:g} s: it hangs (or is very slow) at import. "
-               f"{hint}Raise {IMPORT_TIMEOUT_VAR} (now {seconds:g}; 0: no limit) if it is only slow")
+    message = (
+        f"{what} did not finish importing within {seconds:g} s: it hangs (or is very slow) at import. "
+        f"{hint}Raise {IMPORT_TIMEOUT_VAR} (now {seconds:g}; 0: no limit) if it is only slow"
+    )
     main = threading.current_thread() is threading.main_thread()
     previous: Any = signal.getsignal(signal.SIGINT) if main else None
     # a handler installed outside Python (None) could not be put back; no pthread_kill: not POSIX

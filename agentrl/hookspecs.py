@@ -189,8 +189,12 @@ def agentrl_adjust_loss_mask(
 
 @hookspec(firstresult=True)
 def agentrl_importance_weights(
-    log_ratio: torch.Tensor, loss_mask: torch.Tensor, level: str, config: TrainConfig,
-    settings: dict[str, Any], metrics: dict[str, float],
+    log_ratio: torch.Tensor,
+    loss_mask: torch.Tensor,
+    level: str,
+    config: TrainConfig,
+    settings: dict[str, Any],
+    metrics: dict[str, float],
 ) -> torch.Tensor | None:
     """Return the log importance weights of the clipped surrogate; stops at the first non-None.
 
@@ -218,8 +222,8 @@ def agentrl_per_token_loss_factors(
     Called per micro-batch after the clipped surrogate. ``old_logprobs`` are the trainer-old
     logprobs (the trainer's forward of the policy before this step's updates: the one that sampled
     the data in a synchronous run, a newer one with ``async_steps``); ``batch.sampler_logprobs``
-    the engine's (of the version that sampled each token); ``logprobs`` the current ones. Every non-None result is multiplied in (e.g.
-    truncated importance sampling of the sampler/trainer mismatch).
+    the engine's (of the version that sampled each token); ``logprobs`` the current ones. Every
+    non-None result is multiplied in (e.g. truncated importance sampling of the sampler/trainer mismatch).
     """
 
 
@@ -247,4 +251,3 @@ def agentrl_load_state(state: dict[str, Any]) -> None:
 def agentrl_on_train_end(run_dir: str, metrics: dict[str, float]) -> None:
     """Called once after the last step and the final evaluation, with the final metrics (on the
     main process only in a multi-process run)."""
-

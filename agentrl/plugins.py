@@ -34,9 +34,7 @@ _REGISTRATION_HOOKS = {
     "tool_parser": "agentrl_register_tool_parsers",
     "settings": "agentrl_register_settings",
 }
-_MISSING_BUILTINS = (
-    "agentrl's built-in plugins were not found: is agentrl installed (`pip install -e .`)?"
-)
+_MISSING_BUILTINS = "agentrl's built-in plugins were not found: is agentrl installed (`pip install -e .`)?"
 
 
 @dataclass(frozen=True)
@@ -115,8 +113,9 @@ class PluginManager:
         run with a PluginError naming its plugin and the hook (:mod:`agentrl.faults`)."""
         return _HookRelay(self.pm)
 
-    def register_plugin(self, plugin: ModuleType | object, name: str, distribution: str | None = None,
-                        version: str | None = None) -> None:
+    def register_plugin(
+        self, plugin: ModuleType | object, name: str, distribution: str | None = None, version: str | None = None
+    ) -> None:
         """Register one plugin object/module under ``name`` and collect its registrations."""
         if name in self.plugins:
             raise PluginError(
@@ -127,8 +126,10 @@ class PluginManager:
         try:
             self.pm.register(plugin, name=name)
         except Exception as exc:  # pluggy validates hookimpl signatures here
-            raise PluginError(f"plugin {name!r} has an invalid hook implementation: {exc}. The hook reference "
-                              "(docs/hooks.md) lists each hook's arguments.") from exc
+            raise PluginError(
+                f"plugin {name!r} has an invalid hook implementation: {exc}. The hook reference "
+                "(docs/hooks.md) lists each hook's arguments."
+            ) from exc
         module = getattr(plugin, "__name__", type(plugin).__name__)
         info = PluginInfo(name=name, module=module, distribution=distribution, version=version)
         self.plugins[name] = info
@@ -157,11 +158,12 @@ class PluginManager:
                 close = difflib.get_close_matches(attr, specs, n=1)
                 fix = f"rename it to {close[0]!r}" if close else "docs/hooks.md lists the hooks"
                 raise PluginError(f"plugin {name!r} implements {attr!r}, which is not an agentrl hook; {fix}")
-            defaulted = [p.name for p in inspect.signature(function).parameters.values()
-                         if p.default is not p.empty]
+            defaulted = [p.name for p in inspect.signature(function).parameters.values() if p.default is not p.empty]
             if defaulted:
-                raise PluginError(f"plugin {name!r}: hook {attr} gives parameter(s) {', '.join(defaulted)} a default "
-                                  "value, so pluggy would never pass them; remove the default(s)")
+                raise PluginError(
+                    f"plugin {name!r}: hook {attr} gives parameter(s) {', '.join(defaulted)} a default "
+                    "value, so pluggy would never pass them; remove the default(s)"
+                )
 
     def _register_callback(self, kind: str, plugin_name: str, info: PluginInfo) -> Callable[..., None]:
         def register(name: str, factory: Any, **meta: Any) -> None:
@@ -179,8 +181,11 @@ class PluginManager:
         names = {ep.name for ep in entry_points}
         unknown = sorted(disabled - names)
         if unknown:  # a typo would otherwise leave the plugin loaded without a word
-            raise PluginError(unknown_name_message("plugin", unknown[0], names, "--disable-plugin takes a name "
-                                                   "that `agentrl plugins` lists."))
+            raise PluginError(
+                unknown_name_message(
+                    "plugin", unknown[0], names, "--disable-plugin takes a name that `agentrl plugins` lists."
+                )
+            )
         seconds = import_timeout_s()
         for ep in sorted(entry_points, key=lambda e: (_distribution_name(e) != "agentrl", e.name)):
             if ep.name in disabled:
@@ -238,13 +243,18 @@ class _GuardedHook:
             failure = plugin_exit(exc)
             if failure is None:  # a real Ctrl-C
                 raise
-            raise PluginError(f"plugin {self._owner(exc)!r} raised in hook {self._caller.name}: {failure} "
-                              "(a hook cannot be skipped: the run stops)") from exc
+            raise PluginError(
+                f"plugin {self._owner(exc)!r} raised in hook {self._caller.name}: {failure} "
+                "(a hook cannot be skipped: the run stops)"
+            ) from exc
 
     def _owner(self, exc: BaseException) -> str:
         """The plugin whose hook implementation raised ``exc`` (the innermost one in its traceback)."""
-        owners = {impl.function.__code__: impl.plugin_name for impl in self._caller.get_hookimpls()
-                  if hasattr(impl.function, "__code__")}
+        owners = {
+            impl.function.__code__: impl.plugin_name
+            for impl in self._caller.get_hookimpls()
+            if hasattr(impl.function, "__code__")
+        }
         tb, found = exc.__traceback__, "unknown"
         while tb is not None:
             found = owners.get(tb.tb_frame.f_code, found)

@@ -58,9 +58,15 @@ def make_trajectory(messages: list[dict[str, Any]], task: Task, **fields: Any) -
         elif loss_mask[-1] == 1:  # env tokens between two turns
             token_ids.append(0)
             loss_mask.append(0)
-    trajectory = Trajectory(token_ids=token_ids, loss_mask=loss_mask,
-                            sampler_logprobs=[0.0] * len(token_ids), turns=turns,
-                            messages=[dict(m) for m in messages], task=dict(task), **fields)
+    trajectory = Trajectory(
+        token_ids=token_ids,
+        loss_mask=loss_mask,
+        sampler_logprobs=[0.0] * len(token_ids),
+        turns=turns,
+        messages=[dict(m) for m in messages],
+        task=dict(task),
+        **fields,
+    )
     trajectory.validate()
     return trajectory
 
@@ -112,8 +118,10 @@ def check_reset_messages(env: Env) -> None:
         raise EnvError(f"{type(env).__name__}.reset must return (messages, info), got {result!r}")
     messages, info = result
     if not MessagesSpace().contains(messages) or not messages:
-        raise EnvError(f"{type(env).__name__}.reset returned messages outside MessagesSpace (a "
-                       f"non-empty list of {{'role', 'content': str}} dicts): {messages!r}")
+        raise EnvError(
+            f"{type(env).__name__}.reset returned messages outside MessagesSpace (a "
+            f"non-empty list of {{'role', 'content': str}} dicts): {messages!r}"
+        )
     if not isinstance(info, dict):
         raise EnvError(f"{type(env).__name__}.reset info must be a dict, got {type(info).__name__}")
 
@@ -124,8 +132,10 @@ def check_reset_uses_task(env: Env) -> None:
     for task in tasks:
         _, info = env.reset(options={"task": dict(task)})
         if env.task != task or info.get("task") != task:
-            raise EnvError(f"{type(env).__name__}.reset(options={{'task': t}}) did not use t: "
-                           f"t={task!r}, env.task={env.task!r}, info['task']={info.get('task')!r}")
+            raise EnvError(
+                f"{type(env).__name__}.reset(options={{'task': t}}) did not use t: "
+                f"t={task!r}, env.task={env.task!r}, info['task']={info.get('task')!r}"
+            )
 
 
 def check_tasks_disjoint(env: Env, sample: int = 256) -> None:
@@ -133,8 +143,7 @@ def check_tasks_disjoint(env: Env, sample: int = 256) -> None:
     train, held_out = env.train_tasks(), env.eval_tasks()
     for name, tasks in (("train_tasks", train), ("eval_tasks", held_out)):
         if not isinstance(tasks, Sequence):
-            raise EnvError(f"{type(env).__name__}.{name}() must return a Sequence, got "
-                           f"{type(tasks).__name__}")
+            raise EnvError(f"{type(env).__name__}.{name}() must return a Sequence, got {type(tasks).__name__}")
     if len(train) == 0:
         raise EnvError(f"{type(env).__name__}.train_tasks() is empty")
     step = max(1, len(train) // sample)
@@ -142,8 +151,10 @@ def check_tasks_disjoint(env: Env, sample: int = 256) -> None:
     eval_keys = {_task_key(held_out[i]) for i in range(min(len(held_out), sample))}
     shared = sorted(train_keys & eval_keys)
     if shared:
-        raise EnvError(f"{type(env).__name__}: {len(shared)} eval task(s) also appear in "
-                       f"train_tasks, e.g. {shared[0]!r}; hold them out of training")
+        raise EnvError(
+            f"{type(env).__name__}: {len(shared)} eval task(s) also appear in "
+            f"train_tasks, e.g. {shared[0]!r}; hold them out of training"
+        )
 
 
 def check_gold_answer(env: Env, max_reward: float = 1.0) -> None:
@@ -156,13 +167,17 @@ def check_gold_answer(env: Env, max_reward: float = 1.0) -> None:
         if reply is None:
             continue
         if not isinstance(reply, str):
-            raise EnvError(f"{type(env).__name__}.gold_reply must return a str or None; got "
-                           f"{type(reply).__name__} for task {task!r}")
+            raise EnvError(
+                f"{type(env).__name__}.gold_reply must return a str or None; got "
+                f"{type(reply).__name__} for task {task!r}"
+            )
         env.reset(options={"task": dict(task)})
         _, reward, _, _, _ = env.step(reply)
         if not math.isclose(float(reward), max_reward, abs_tol=1e-6):
-            raise EnvError(f"{type(env).__name__}: the gold reply {reply!r} earned "
-                           f"{reward!r}, expected the max reward {max_reward!r} (task {task!r})")
+            raise EnvError(
+                f"{type(env).__name__}: the gold reply {reply!r} earned "
+                f"{reward!r}, expected the max reward {max_reward!r} (task {task!r})"
+            )
 
 
 def check_step_types(env: Env) -> None:
@@ -190,8 +205,10 @@ def check_max_turns(env: Env) -> None:
     """``env.max_turns`` is an integer >= 1."""
     turns = env.max_turns
     if isinstance(turns, bool) or not isinstance(turns, numbers.Integral) or turns < 1:
-        raise EnvError(f"{type(env).__name__}.max_turns is {turns!r}; it must be an integer >= 1 (the turns "
-                       "after which the rollout truncates an episode)")
+        raise EnvError(
+            f"{type(env).__name__}.max_turns is {turns!r}; it must be an integer >= 1 (the turns "
+            "after which the rollout truncates an episode)"
+        )
 
 
 def check_task_source(env: Env, split: str = "train", required: bool = True) -> Sequence[Task]:
@@ -220,8 +237,9 @@ def check_first_reset(env: Env, task: Task, timeout_s: float | None = None) -> N
     except AgentRLError:
         raise
     except Exception as exc:
-        raise EnvError(f"{type(env).__name__}.reset raised on the first training task ({task_label(task)}): "
-                       f"{one_line(exc)}") from exc
+        raise EnvError(
+            f"{type(env).__name__}.reset raised on the first training task ({task_label(task)}): {one_line(exc)}"
+        ) from exc
     check_reset_result(env, result)
 
 
@@ -237,8 +255,7 @@ def check_env_startup(env: Env, need_eval: bool = True, timeout_s: float | None 
     check_first_reset(env, tasks[0], timeout_s)
 
 
-def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.Env],
-              max_reward: float = 1.0) -> None:
+def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.Env], max_reward: float = 1.0) -> None:
     """Run every environment check; raise EnvError naming the first broken rule.
 
     Accepts an env instance (wrapped by ``gymnasium.make`` or not), an Env class, or a
@@ -292,8 +309,10 @@ def check_reward_gold(fn: RewardFn, trajectories: list[Trajectory], full_marks: 
     for trajectory, score in zip(gold, check_reward_output(fn, gold)):
         score = score.total if isinstance(score, StepRewards) else score
         if score is None or not math.isclose(float(score), full_marks, abs_tol=1e-6):
-            raise RewardError(f"reward {name!r} gave the gold reply {trajectory.completion_text!r} "
-                              f"{score!r}, expected full marks {full_marks!r}")
+            raise RewardError(
+                f"reward {name!r} gave the gold reply {trajectory.completion_text!r} "
+                f"{score!r}, expected full marks {full_marks!r}"
+            )
 
 
 def check_reward(fn: RewardFn, trajectories: list[Trajectory], full_marks: float | None = 1.0) -> None:
@@ -319,9 +338,19 @@ def build_tiny_model(vocab_size: int, seed: int = 0) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     return LlamaForCausalLM(config).eval()
 
 

@@ -204,8 +204,9 @@ class TrainBatch:
         )
 
 
-def with_segments(trajectories: list[Trajectory],
-                  rewards: list[float]) -> tuple[list[Trajectory], list[float], list[float]]:
+def with_segments(
+    trajectories: list[Trajectory], rewards: list[float]
+) -> tuple[list[Trajectory], list[float], list[float]]:
     """The training rows of ``trajectories``: each one's earlier ``segments`` (in order, with its
     group and its reward) and then the trajectory itself, with each row's share of its episode
     (``1 / rows``: an episode counts once in group statistics). Without segments: the inputs
@@ -223,8 +224,13 @@ def with_segments(trajectories: list[Trajectory],
     return rows, totals, shares
 
 
-def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: int,
-            env_reward_weight: float = 1.0, shares: list[float] | None = None) -> TrainBatch:
+def collate(
+    trajectories: list[Trajectory],
+    rewards: list[float],
+    pad_token_id: int,
+    env_reward_weight: float = 1.0,
+    shares: list[float] | None = None,
+) -> TrainBatch:
     """Pad trajectories (right padding) into a TrainBatch; ``rewards`` is one total per trajectory,
     each turn's env reward times ``env_reward_weight`` goes to ``token_rewards`` (the weight the
     totals were scored with, so the per-turn rewards add up to the env's part of the total).
@@ -261,7 +267,7 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
         extras["policy_versions"] = torch.full((n, width), -1, dtype=torch.long)
         for i, traj in enumerate(trajectories):
             if traj.policy_versions is not None:
-                extras["policy_versions"][i, :len(traj.token_ids)] = torch.tensor(traj.policy_versions)
+                extras["policy_versions"][i, : len(traj.token_ids)] = torch.tensor(traj.policy_versions)
     if shares is not None and any(share != 1.0 for share in shares):
         extras["episode_shares"] = torch.tensor(shares, dtype=torch.float32)
     return TrainBatch(
@@ -278,7 +284,9 @@ def collate(trajectories: list[Trajectory], rewards: list[float], pad_token_id: 
     )
 
 
-def _step_tensors(trajectories: list[Trajectory], rewards: list[float], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _step_tensors(
+    trajectories: list[Trajectory], rewards: list[float], width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(step_rewards, step_ends)``, both ``(N, width)`` float32: each row's weighted step rewards
     at their positions and 1 where a step ends. A row without ``step_rewards`` (an agent episode's
     earlier segment) has its total as one step at its last sampled token; an unscored row none."""

@@ -61,14 +61,33 @@ class StepClock:
         return statistics.fmean(values) if values else 0.0
 
 
-def train(model: str, latency: float, async_steps: int, steps: int, turns: int, out: Path,
-          extra: dict[str, Any], partial: bool = False) -> StepClock:
+def train(
+    model: str,
+    latency: float,
+    async_steps: int,
+    steps: int,
+    turns: int,
+    out: Path,
+    extra: dict[str, Any],
+    partial: bool = False,
+) -> StepClock:
     """One timed training run; returns its clock."""
-    config = TrainConfig(model=model, env=SLOW_CHAT, env_args={"latency": latency, "turns": turns}, max_steps=steps,
-                         max_new_tokens=24, rewards={"agentrl.testing:parity_reward": 1.0}, eval_tasks=0,
-                         checkpoint_every=0, save_model=False, log_completions_every=0, async_steps=async_steps,
-                         partial_rollouts=partial, output_dir=str(out / f"L{latency}-async{async_steps}{partial}"),
-                         **extra)
+    config = TrainConfig(
+        model=model,
+        env=SLOW_CHAT,
+        env_args={"latency": latency, "turns": turns},
+        max_steps=steps,
+        max_new_tokens=24,
+        rewards={"agentrl.testing:parity_reward": 1.0},
+        eval_tasks=0,
+        checkpoint_every=0,
+        save_model=False,
+        log_completions_every=0,
+        async_steps=async_steps,
+        partial_rollouts=partial,
+        output_dir=str(out / f"L{latency}-async{async_steps}{partial}"),
+        **extra,
+    )
     clock = StepClock()
     Trainer(config, load_plugins()).train(progress=clock)
     return clock
@@ -95,8 +114,16 @@ def main() -> None:
         extra = {"prompts_per_step": 2, "num_generations": 4}
     skip = 2 if args.steps > 3 else 1
     table = Table(title=f"{args.model}, {args.turns} turns an episode, steps {skip + 1}-{args.steps} timed")
-    for column in ("L (s)", "async_steps", "partial", "steps / hour", "wait for batch (s)", "update (s)", "staleness",
-                   "vs sync"):
+    for column in (
+        "L (s)",
+        "async_steps",
+        "partial",
+        "steps / hour",
+        "wait for batch (s)",
+        "update (s)",
+        "staleness",
+        "vs sync",
+    ):
         table.add_column(column, justify="right")
     for latency in args.latency:
         baseline = None
@@ -107,16 +134,23 @@ def main() -> None:
             clock = train(args.model, latency, async_steps, args.steps, args.turns, work, extra, partial)
             rate = clock.steps_per_hour(skip)
             baseline = rate if async_steps == 0 else baseline
-            line = (f"L={latency:g} async_steps={async_steps}{'+partial' if partial else ''}: {rate:.1f} steps/hour, "
-                    f"wait {clock.mean('perf/rollout_seconds', skip):.1f} s, "
-                    f"update {clock.mean('perf/update_seconds', skip):.1f} s, "
-                    f"staleness {clock.mean('async/staleness_mean', skip):.2f}")
+            line = (
+                f"L={latency:g} async_steps={async_steps}{'+partial' if partial else ''}: {rate:.1f} steps/hour, "
+                f"wait {clock.mean('perf/rollout_seconds', skip):.1f} s, "
+                f"update {clock.mean('perf/update_seconds', skip):.1f} s, "
+                f"staleness {clock.mean('async/staleness_mean', skip):.2f}"
+            )
             print(line, flush=True)
-            table.add_row(f"{latency:g}", str(async_steps), "yes" if partial else "", f"{rate:.1f}",
-                          f"{clock.mean('perf/rollout_seconds', skip):.1f}",
-                          f"{clock.mean('perf/update_seconds', skip):.1f}",
-                          f"{clock.mean('async/staleness_mean', skip):.2f}",
-                          f"{rate / baseline:.2f}x" if baseline else "-")
+            table.add_row(
+                f"{latency:g}",
+                str(async_steps),
+                "yes" if partial else "",
+                f"{rate:.1f}",
+                f"{clock.mean('perf/rollout_seconds', skip):.1f}",
+                f"{clock.mean('perf/update_seconds', skip):.1f}",
+                f"{clock.mean('async/staleness_mean', skip):.2f}",
+                f"{rate / baseline:.2f}x" if baseline else "-",
+            )
     Console(width=120).print(table)
 
 

@@ -37,7 +37,7 @@ def thirds(lines: list[dict], key: str) -> list[float]:
     """Mean of ``key`` over the first, second and last third of the training steps."""
     steps = [line for line in lines if line.get(key) is not None]  # null: not finite that step
     n = len(steps)
-    parts = [steps[: n // 3], steps[n // 3: 2 * n // 3], steps[2 * n // 3:]]
+    parts = [steps[: n // 3], steps[n // 3 : 2 * n // 3], steps[2 * n // 3 :]]
     return [sum(s[key] for s in part) / len(part) if part else math.nan for part in parts]
 
 

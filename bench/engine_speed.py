@@ -33,14 +33,17 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl import SamplingParams
-from agentrl.sampling.chat import ChatTokenizer
 from agentrl.config.train import TrainConfig
 from agentrl.model.loading import DEFAULT_MODEL, load_model, load_tokenizer
 from agentrl.plugins import load_plugins
+from agentrl.sampling.chat import ChatTokenizer
 from agentrl.training.trainer import Trainer
 
-ENGINES = {"hf bf16": ("hf", {"dtype": "bfloat16"}), "hf fp32": ("hf", {"dtype": "float32"}),
-           "vllm fp32": ("vllm", {"dtype": "float32", "kv_cache_gb": 1.0})}
+ENGINES = {
+    "hf bf16": ("hf", {"dtype": "bfloat16"}),
+    "hf fp32": ("hf", {"dtype": "float32"}),
+    "vllm fp32": ("vllm", {"dtype": "float32", "kv_cache_gb": 1.0}),
+}
 
 
 def build_engine(manager: Any, name: str, args: dict[str, Any], model: Any, tokenizer: Any) -> Any:
@@ -61,15 +64,23 @@ def time_multi_turn(manager: Any, engine: Any, tokenizer: Any) -> tuple[float, i
     envs = [env_factory() for _ in range(16)]
     tasks = list(envs[0].train_tasks())[:16]
     start = time.perf_counter()
-    trajectories = rollout.run(envs, tasks, list(range(16)), SamplingParams(max_new_tokens=16, seed=0),
-                               seeds=list(range(16)))
+    trajectories = rollout.run(
+        envs, tasks, list(range(16)), SamplingParams(max_new_tokens=16, seed=0), seeds=list(range(16))
+    )
     return time.perf_counter() - start, sum(t.num_sampled_tokens for t in trajectories)
 
 
 def time_training(engine: str, args: dict[str, Any], steps: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        config = TrainConfig(engine=engine, engine_args=args, max_steps=steps, eval_tasks=0, output_dir=tmp,
-                             save_model=False, log_completions_every=0)
+        config = TrainConfig(
+            engine=engine,
+            engine_args=args,
+            max_steps=steps,
+            eval_tasks=0,
+            output_dir=tmp,
+            save_model=False,
+            log_completions_every=0,
+        )
         trainer = Trainer(config, load_plugins())
         rollout, update = [], []
         for step in range(1, steps + 1):
@@ -82,8 +93,11 @@ def time_training(engine: str, args: dict[str, Any], steps: int) -> dict[str, fl
         del trainer
         gc.collect()
     kept = slice(1, None) if steps > 1 else slice(None)
-    return {"rollout": statistics.median(rollout[kept]), "update": statistics.median(update[kept]),
-            "step": statistics.median([r + u for r, u in zip(rollout, update)][kept])}
+    return {
+        "rollout": statistics.median(rollout[kept]),
+        "update": statistics.median(update[kept]),
+        "step": statistics.median([r + u for r, u in zip(rollout, update)][kept]),
+    }
 
 
 def main() -> None:
@@ -119,18 +133,29 @@ def main() -> None:
     gc.collect()
     training = {name: time_training(*ENGINES[name], options.train_steps) for name in names if name != "hf fp32"}
     table = Table(title=f"engines on {DEFAULT_MODEL}, {torch.get_num_threads()} threads")
-    for column in ("engine", f"{options.prompts}x{options.max_new_tokens} tok/s (best, median)",
-                   "guess x16 tok/s (best, median)", "weight sync s", "train s/step (rollout + update)"):
+    for column in (
+        "engine",
+        f"{options.prompts}x{options.max_new_tokens} tok/s (best, median)",
+        "guess x16 tok/s (best, median)",
+        "weight sync s",
+        "train s/step (rollout + update)",
+    ):
         table.add_column(column)
     for name in names:
         train = training.get(name)
-        table.add_row(name, f"{max(single[name]):.0f} ({statistics.median(single[name]):.0f})",
-                      f"{max(multi[name]):.0f} ({statistics.median(multi[name]):.0f})", f"{sync[name]:.2f}",
-                      "-" if train is None else f"{train['step']:.1f} ({train['rollout']:.1f} + {train['update']:.1f})")
+        table.add_row(
+            name,
+            f"{max(single[name]):.0f} ({statistics.median(single[name]):.0f})",
+            f"{max(multi[name]):.0f} ({statistics.median(multi[name]):.0f})",
+            f"{sync[name]:.2f}",
+            "-" if train is None else f"{train['step']:.1f} ({train['rollout']:.1f} + {train['update']:.1f})",
+        )
     console.print(table)
     if "vllm fp32" in names:
-        console.print(f"vllm / hf bf16: single-turn {max(single['vllm fp32']) / max(single['hf bf16']):.2f}x, "
-                      f"multi-turn {max(multi['vllm fp32']) / max(multi['hf bf16']):.2f}x tokens/s")
+        console.print(
+            f"vllm / hf bf16: single-turn {max(single['vllm fp32']) / max(single['hf bf16']):.2f}x, "
+            f"multi-turn {max(multi['vllm fp32']) / max(multi['hf bf16']):.2f}x tokens/s"
+        )
 
 
 if __name__ == "__main__":

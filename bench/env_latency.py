@@ -83,31 +83,39 @@ class LockstepRollout(MultiTurnRollout):
     """The ``multi_turn`` loop before issue 34: every live episode's turn k sampled in one batch
     (the largest budget, then cut), then every env answers (``env_workers``), then turn k + 1."""
 
-    def _advance(self, episodes: list[Any], sampling: SamplingParams, seeds: list[int] | None,
-                 max_sampled: int) -> None:
+    def _advance(
+        self, episodes: list[Any], sampling: SamplingParams, seeds: list[int] | None, max_sampled: int
+    ) -> None:
         tools = [self._tools(e.env) for e in episodes]  # every env resets at once, before the first turn
         resets = self.workers.gather([self._reset_call(e, seeds, tools[e.index]) for e in episodes])
         for episode, outcome in zip(episodes, resets):
             self._start(episode, outcome, tools[episode.index])
         turn = 0
         while live := [e for e in episodes if not e.done]:
-            budget = [min(sampling.max_new_tokens, max_sampled - e.sampled,
-                          self.config.max_total_tokens - len(e.token_ids)) for e in live]
+            budget = [
+                min(sampling.max_new_tokens, max_sampled - e.sampled, self.config.max_total_tokens - len(e.token_ids))
+                for e in live
+            ]
             for episode, cap in zip(live, budget):
                 if cap <= 0:
                     episode.done = episode.truncated = True
             live, budget = [e for e in live if not e.done], [b for b in budget if b > 0]
             if not live:
                 break
-            batch = SamplingParams(max_new_tokens=max(budget), temperature=sampling.temperature, top_p=sampling.top_p,
-                                   top_k=sampling.top_k, seed=turn_seed(sampling.seed, turn),
-                                   prompt_seeds=None if seeds is None else
-                                   tuple(turn_seed(seeds[e.index], turn) for e in live))
+            batch = SamplingParams(
+                max_new_tokens=max(budget),
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                seed=turn_seed(sampling.seed, turn),
+                prompt_seeds=None if seeds is None else tuple(turn_seed(seeds[e.index], turn) for e in live),
+            )
             generations = self.engine.generate([e.token_ids for e in live], batch)
             self.batches.append(len(live))
             replies = [self._sampled(e, cut(g, cap)) for e, g, cap in zip(live, generations, budget)]
-            outcomes = self.workers.gather([EnvCall(e.env, "step", (r.assistant["content"],))
-                                            for e, r in zip(live, replies)])
+            outcomes = self.workers.gather(
+                [EnvCall(e.env, "step", (r.assistant["content"],)) for e, r in zip(live, replies)]
+            )
             for episode, reply, outcome in zip(live, replies, outcomes):
                 self._answered(episode, reply, outcome, max_sampled)
             turn += 1
@@ -120,8 +128,7 @@ def timed_rollout(rollout: Any, latency: float, turns: int, episodes: int, jitte
     sampling = SamplingParams(max_new_tokens=24, temperature=1.0, seed=0)
     rollout.batches = []
     start = time.perf_counter()
-    trajectories = rollout.run(envs, tasks, [i // 8 for i in range(episodes)], sampling,
-                               seeds=list(range(episodes)))
+    trajectories = rollout.run(envs, tasks, [i // 8 for i in range(episodes)], sampling, seeds=list(range(episodes)))
     return time.perf_counter() - start, [t.token_ids for t in trajectories]
 
 
@@ -139,10 +146,16 @@ def main() -> None:
     torch.manual_seed(0)
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     model = build_tiny_model(len(tokenizer)) if args.tiny else load_model(DEFAULT_MODEL)
-    engine = load_plugins().registry.get("engine", "hf").factory(
-        model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"}))
-    loops = {"lockstep serial": (LockstepRollout, 1), "lockstep at once": (LockstepRollout, args.workers),
-             "per episode": (MultiTurnRollout, args.workers)}
+    engine = (
+        load_plugins()
+        .registry.get("engine", "hf")
+        .factory(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"}))
+    )
+    loops = {
+        "lockstep serial": (LockstepRollout, 1),
+        "lockstep at once": (LockstepRollout, args.workers),
+        "per episode": (MultiTurnRollout, args.workers),
+    }
 
     def rollout_with(name: str) -> Any:
         rollout_class, workers = loops[name]
@@ -151,10 +164,22 @@ def main() -> None:
 
     timed_rollout(rollout_with("lockstep serial"), 0.0, 1, min(8, args.episodes))  # warm-up
     generation_s, reference = timed_rollout(rollout_with("lockstep serial"), 0.0, args.turns, args.episodes)
-    table = Table(title=f"{args.episodes} episodes x {args.turns} turns, {'tiny random model' if args.tiny else 'default model'}, "
-                        f"hf float32, {torch.get_num_threads()} threads (generation alone: {generation_s:.1f} s)")
-    for column in ("L (s)", "latency", "loop", "env_workers", "wall (s)", "wall - generation (s)", "batches",
-                   "serial bound (s)", "one chain (s)", "same tokens"):
+    table = Table(
+        title=f"{args.episodes} episodes x {args.turns} turns, {'tiny random model' if args.tiny else 'default model'}, "
+        f"hf float32, {torch.get_num_threads()} threads (generation alone: {generation_s:.1f} s)"
+    )
+    for column in (
+        "L (s)",
+        "latency",
+        "loop",
+        "env_workers",
+        "wall (s)",
+        "wall - generation (s)",
+        "batches",
+        "serial bound (s)",
+        "one chain (s)",
+        "same tokens",
+    ):
         table.add_column(column, justify="right")
     cases = [(latency, jitter) for latency in args.latency for jitter in ((False, True) if latency else (False,))]
     for latency, jitter in cases:
@@ -163,9 +188,18 @@ def main() -> None:
             wall, tokens = timed_rollout(rollout, latency, args.turns, args.episodes, jitter)
             calls = args.turns + 1
             kind = "uniform(0, 2L)" if jitter else "fixed"
-            table.add_row(f"{latency:g}", kind, name, str(loops[name][1]), f"{wall:.1f}", f"{wall - generation_s:.1f}",
-                          str(len(rollout.batches)), f"{args.episodes * calls * latency:.1f}", f"{calls * latency:.1f}",
-                          "yes" if tokens == reference else "NO")
+            table.add_row(
+                f"{latency:g}",
+                kind,
+                name,
+                str(loops[name][1]),
+                f"{wall:.1f}",
+                f"{wall - generation_s:.1f}",
+                str(len(rollout.batches)),
+                f"{args.episodes * calls * latency:.1f}",
+                f"{calls * latency:.1f}",
+                "yes" if tokens == reference else "NO",
+            )
             console.print(f"L={latency:g} {kind} {name}: {wall:.1f} s, {len(rollout.batches)} batches")
     console.print(table)
 

@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl import SamplingParams
-from agentrl.sampling.chat import ChatTokenizer
 from agentrl.config.train import TrainConfig
 from agentrl.model.loading import DEFAULT_MODEL, load_model, load_tokenizer
+from agentrl.sampling.chat import ChatTokenizer
 from agentrl_hf_engine import HFEngine
 
 
@@ -31,8 +31,10 @@ def chat_prompts(chat: ChatTokenizer, count: int) -> list[list[int]]:
     """``count`` distinct single-turn chat prompts as token ids."""
     pairs = [(a, b) for a in range(10) for b in range(10)]
     questions = [f"What is {a} + {b}? Put the final answer in \\boxed{{}}." for a, b in pairs]
-    return [chat.encode(chat.render([{"role": "user", "content": q}], add_generation_prompt=True))
-            for q in questions[:count]]
+    return [
+        chat.encode(chat.render([{"role": "user", "content": q}], add_generation_prompt=True))
+        for q in questions[:count]
+    ]
 
 
 def hf_generate_runner(model: torch.nn.Module, prompts: list[list[int]], pad_id: int) -> Callable[[int], int]:
@@ -44,8 +46,15 @@ def hf_generate_runner(model: torch.nn.Module, prompts: list[list[int]], pad_id:
     def run(max_new_tokens: int) -> int:
         torch.manual_seed(0)
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                 do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+            )
         total = 0
         for row in out[:, width:].tolist():
             total += row.index(pad_id) + 1 if pad_id in row else len(row)  # pad == eos here
@@ -71,12 +80,15 @@ def main() -> None:
     for dtype in ("float32", "bfloat16"):
         engine = HFEngine(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": dtype}))
         systems[f"hf engine {dtype}"] = lambda n, e=engine: sum(  # tokens actually sampled
-            len(g.token_ids) for g in e.generate(prompts, SamplingParams(max_new_tokens=n, seed=0)))
+            len(g.token_ids) for g in e.generate(prompts, SamplingParams(max_new_tokens=n, seed=0))
+        )
     if args.hf_generate:
         systems["model.generate float32"] = hf_generate_runner(model, prompts, tokenizer.pad_token_id)
 
-    console.print(f"{len(prompts)} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens), "
-                  f"max_new_tokens={args.max_new_tokens}, {torch.get_num_threads()} threads; warming up")
+    console.print(
+        f"{len(prompts)} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens), "
+        f"max_new_tokens={args.max_new_tokens}, {torch.get_num_threads()} threads; warming up"
+    )
     for run in systems.values():
         run(4)
     rates: dict[str, list[float]] = {name: [] for name in systems}
@@ -94,8 +106,13 @@ def main() -> None:
         table.add_column(column, justify="right" if column != "system" else "left")
     base = max(rates["hf engine float32"])
     for name, values in rates.items():
-        table.add_row(name, str(tokens[name]), f"{max(values):.1f}", f"{statistics.median(values):.1f}",
-                      f"{max(values) / base:.2f}x")
+        table.add_row(
+            name,
+            str(tokens[name]),
+            f"{max(values):.1f}",
+            f"{statistics.median(values):.1f}",
+            f"{max(values) / base:.2f}x",
+        )
     console.print(table)
 
 

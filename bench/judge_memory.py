@@ -65,15 +65,41 @@ def save_judge_model(folder: Path, tiny: bool) -> Path:
 
 def train_command(judge: str, run_dir: Path, args: argparse.Namespace, model: str) -> list[str]:
     """The CLI call for one configuration: the judge as the only reward, no eval, nothing saved."""
-    sets = ["env_reward_weight=0", "eval_tasks=0", "save_model=false", "checkpoint_every=0",
-            "log_completions_every=0", f"call_timeout_s={args.call_timeout_s}",
-            f"max_nonfinite_steps={args.steps + 1}", *args.set]  # a judge that scores nothing is a figure here
+    sets = [
+        "env_reward_weight=0",
+        "eval_tasks=0",
+        "save_model=false",
+        "checkpoint_every=0",
+        "log_completions_every=0",
+        f"call_timeout_s={args.call_timeout_s}",
+        f"max_nonfinite_steps={args.steps + 1}",
+        *args.set,
+    ]  # a judge that scores nothing is a figure here
     if args.tiny:
         sets += ["max_new_tokens=8", "plugins.judge.max_new_tokens=8"]
-    return [sys.executable, "-m", "agentrl", "train", "--env", "math", "--algo", "grpo", "--model", model,
-            "--reward", f"judge:{judge}", "--max-steps", str(args.steps),
-            "--prompts-per-step", str(args.prompts_per_step), "--num-generations", str(args.num_generations),
-            "--output-dir", str(run_dir), *[x for s in sets for x in ("--set", s)]]
+    return [
+        sys.executable,
+        "-m",
+        "agentrl",
+        "train",
+        "--env",
+        "math",
+        "--algo",
+        "grpo",
+        "--model",
+        model,
+        "--reward",
+        f"judge:{judge}",
+        "--max-steps",
+        str(args.steps),
+        "--prompts-per-step",
+        str(args.prompts_per_step),
+        "--num-generations",
+        str(args.num_generations),
+        "--output-dir",
+        str(run_dir),
+        *[x for s in sets for x in ("--set", s)],
+    ]
 
 
 def high_water_kib(pid: int) -> int:
@@ -118,14 +144,23 @@ def summarise(name: str, judge: str, run_dir: Path, wall: float, peaks: dict[int
     counts = {key: sum(line.get(f"judge/{key}", 0.0) for line in steps) for key in COUNTERS}
     answered = counts["judged"] + counts["cache_hits"] - counts["errors"]
     scores = [s for s in (line.get("reward/judge_mean") for line in steps) if s is not None and not math.isnan(s)]
-    return {"config": name, "reward": f"judge:{judge}", "run_dir": str(run_dir),
-            "peak_rss_mib": sum(peaks.values()) / 1024, "processes": len(peaks),
-            "trainer_peak_rss_mib": max(line["perf/peak_rss_gb"] for line in steps) * 1e9 / 2**20,
-            "wall_s": wall, "steps": len(steps),
-            **{f"{key}_s_per_step": sum(line[f"perf/{key}_seconds"] for line in steps) / len(steps)
-               for key in ("step", "rollout", "update")},
-            **counts, "parse_rate": 1 - counts["parse_failures"] / answered if answered else None,
-            "judge_score_mean": sum(scores) / len(scores) if scores else None}
+    return {
+        "config": name,
+        "reward": f"judge:{judge}",
+        "run_dir": str(run_dir),
+        "peak_rss_mib": sum(peaks.values()) / 1024,
+        "processes": len(peaks),
+        "trainer_peak_rss_mib": max(line["perf/peak_rss_gb"] for line in steps) * 1e9 / 2**20,
+        "wall_s": wall,
+        "steps": len(steps),
+        **{
+            f"{key}_s_per_step": sum(line[f"perf/{key}_seconds"] for line in steps) / len(steps)
+            for key in ("step", "rollout", "update")
+        },
+        **counts,
+        "parse_rate": 1 - counts["parse_failures"] / answered if answered else None,
+        "judge_score_mean": sum(scores) / len(scores) if scores else None,
+    }
 
 
 def run_config(name: str, slug: str, judge: str, out: Path, args: argparse.Namespace, model: str) -> dict[str, Any]:
@@ -146,33 +181,62 @@ def run_config(name: str, slug: str, judge: str, out: Path, args: argparse.Names
 def show(rows: list[dict[str, Any]], title: str) -> None:
     """The comparison as a rich table, the difference in peak RSS under it."""
     table = Table(title=title)
-    for column in ("config", "peak RSS MiB", "trainer peak MiB", "wall s", "s/step", "rollout s/step",
-                   "update s/step", "judged", "cache hits", "parse failures", "parse rate", "mean judge score"):
+    for column in (
+        "config",
+        "peak RSS MiB",
+        "trainer peak MiB",
+        "wall s",
+        "s/step",
+        "rollout s/step",
+        "update s/step",
+        "judged",
+        "cache hits",
+        "parse failures",
+        "parse rate",
+        "mean judge score",
+    ):
         table.add_column(column, justify="left" if column == "config" else "right", no_wrap=column == "config")
     for r in rows:
         rate = "-" if r["parse_rate"] is None else f"{r['parse_rate']:.3f}"
         score = "-" if r["judge_score_mean"] is None else f"{r['judge_score_mean']:.3f}"
-        table.add_row(r["config"], f"{r['peak_rss_mib']:.0f}", f"{r['trainer_peak_rss_mib']:.0f}", f"{r['wall_s']:.1f}",
-                      *(f"{r[f'{key}_s_per_step']:.1f}" for key in ("step", "rollout", "update")),
-                      *(f"{r[key]:.0f}" for key in ("judged", "cache_hits", "parse_failures")), rate, score)
+        table.add_row(
+            r["config"],
+            f"{r['peak_rss_mib']:.0f}",
+            f"{r['trainer_peak_rss_mib']:.0f}",
+            f"{r['wall_s']:.1f}",
+            *(f"{r[f'{key}_s_per_step']:.1f}" for key in ("step", "rollout", "update")),
+            *(f"{r[key]:.0f}" for key in ("judged", "cache_hits", "parse_failures")),
+            rate,
+            score,
+        )
     console = Console(width=150)
     console.print(table)
     extra = rows[1]["peak_rss_mib"] - rows[0]["peak_rss_mib"]
-    console.print(f"a second copy as the judge: {extra:+.0f} MiB peak RSS "
-                  f"({rows[1]['step_s_per_step'] - rows[0]['step_s_per_step']:+.1f} s/step)")
+    console.print(
+        f"a second copy as the judge: {extra:+.0f} MiB peak RSS "
+        f"({rows[1]['step_s_per_step'] - rows[0]['step_s_per_step']:+.1f} s/step)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="training steps per configuration (3; --tiny: 1)")
-    parser.add_argument("--out", type=Path, default=None, help="where the runs, logs and judge_memory.json go "
-                        "(default: a new temporary folder)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where the runs, logs and judge_memory.json go (default: a new temporary folder)",
+    )
     parser.add_argument("--tiny", action="store_true", help="the tiny random model, 1 step (seconds)")
     parser.add_argument("--prompts-per-step", type=int, default=2, help="tasks per step (the default job: 4)")
     parser.add_argument("--num-generations", type=int, default=8, help="episodes per task (the default job: 8)")
-    parser.add_argument("--call-timeout-s", type=float, default=600.0,
-                        help="call_timeout_s: a judge call past it leaves the batch unscored (the default 60 s "
-                        "can pass on a loaded CPU)")
+    parser.add_argument(
+        "--call-timeout-s",
+        type=float,
+        default=600.0,
+        help="call_timeout_s: a judge call past it leaves the batch unscored (the default 60 s "
+        "can pass on a loaded CPU)",
+    )
     parser.add_argument("--set", action="append", default=[], help="extra key=value for both configurations")
     args = parser.parse_args()
     args.steps = args.steps or (1 if args.tiny else 3)
@@ -180,14 +244,24 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     judge_model = save_judge_model(out / "judge-model", args.tiny)
     model = str(judge_model) if args.tiny else "smollm2-135m"
-    rows = [run_config("judge:policy (shared engine)", "policy", "policy", out, args, model),
-            run_config("judge:PATH (second copy)", "second-copy", str(judge_model), out, args, model)]
+    rows = [
+        run_config("judge:policy (shared engine)", "policy", "policy", out, args, model),
+        run_config("judge:PATH (second copy)", "second-copy", str(judge_model), out, args, model),
+    ]
     episodes = args.prompts_per_step * args.num_generations
-    title = (f"{args.steps} step(s) of math/grpo on {'the tiny model' if args.tiny else model}, "
-             f"{episodes} episodes/step, the judge the only reward")
+    title = (
+        f"{args.steps} step(s) of math/grpo on {'the tiny model' if args.tiny else model}, "
+        f"{episodes} episodes/step, the judge the only reward"
+    )
     show(rows, title)
-    result = {"steps": args.steps, "tiny": args.tiny, "episodes_per_step": episodes, "model": model,
-              "sets": args.set, "rows": rows}
+    result = {
+        "steps": args.steps,
+        "tiny": args.tiny,
+        "episodes_per_step": episodes,
+        "model": model,
+        "sets": args.set,
+        "rows": rows,
+    }
     (out / "judge_memory.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"written {out / 'judge_memory.json'}")
 

@@ -47,7 +47,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -67,9 +67,9 @@ class Point:
     kind: str
     step: int
     minutes: float
-    greedy: Optional[float]
-    sampled: Optional[float]
-    format: Optional[float]
+    greedy: float | None
+    sampled: float | None
+    format: float | None
 
 
 @dataclass
@@ -81,8 +81,8 @@ class Run:
     seed: str
     points: list[Point]
     total_minutes: float
-    wall_seconds: Optional[float]
-    returncode: Optional[int]
+    wall_seconds: float | None
+    returncode: int | None
 
 
 def config_name(dir_name: str) -> str:
@@ -90,7 +90,7 @@ def config_name(dir_name: str) -> str:
     return SEED_SUFFIX.sub("", dir_name)
 
 
-def _number(value: Any) -> Optional[float]:
+def _number(value: Any) -> float | None:
     """A finite float, or None (missing, null, NaN, not a number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
@@ -110,7 +110,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def eval_values(metrics: dict[str, Any]) -> tuple[Optional[float], Optional[float], Optional[float]]:
+def eval_values(metrics: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
     """(greedy accuracy, sampled accuracy, format rate) of one eval's metrics; None where absent."""
     fmt = _number(metrics.get("eval/env/boxed"))
     if fmt is None:
@@ -164,8 +164,15 @@ def load_run(run_dir: Path) -> Run:
             pass
     match = SEED_SUFFIX.search(run_dir.name)
     seed = f"s{bench['seed']}" if "seed" in bench else f"s{match.group(1)}" if match else run_dir.name
-    return Run(str(run_dir), config_name(run_dir.name), seed, points, total,
-               _number(bench.get("wall_seconds")), bench.get("returncode"))
+    return Run(
+        str(run_dir),
+        config_name(run_dir.name),
+        seed,
+        points,
+        total,
+        _number(bench.get("wall_seconds")),
+        bench.get("returncode"),
+    )
 
 
 def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
@@ -178,7 +185,7 @@ def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
 
 
 # -- summarising ---------------------------------------------------------------------------------------
-def summarize(values: list[Optional[float]]) -> dict[str, Any]:
+def summarize(values: list[float | None]) -> dict[str, Any]:
     """``{"n", "mean", "min", "max"}`` over the values that are not None (None stats when there are none)."""
     present = [v for v in values if v is not None]
     if not present:
@@ -186,7 +193,7 @@ def summarize(values: list[Optional[float]]) -> dict[str, Any]:
     return {"n": len(present), "mean": sum(present) / len(present), "min": min(present), "max": max(present)}
 
 
-def best_point(run: Run) -> Optional[Point]:
+def best_point(run: Run) -> Point | None:
     """The eval point with the highest greedy accuracy (the earliest on a tie); None if none has one."""
     scored = [p for p in run.points if p.greedy is not None]
     return max(scored, key=lambda p: p.greedy, default=None)  # max keeps the first of equal keys
@@ -213,8 +220,9 @@ def config_rows(runs: list[Run], minutes: list[float]) -> tuple[list[dict[str, A
     steps = sorted({p.step for r in runs for p in r.points if p.kind == "step"})
     rows.append(_row("before (step 0)", "before", [r.points[0] for r in runs]))
     for step in steps:
-        rows.append(_row(f"step {step}", "step", [p for r in runs for p in r.points
-                                                 if p.kind == "step" and p.step == step]))
+        rows.append(
+            _row(f"step {step}", "step", [p for r in runs for p in r.points if p.kind == "step" and p.step == step])
+        )
     ends = [r.points[-1] for r in runs]
     lo, hi = min(p.step for p in ends), max(p.step for p in ends)
     rows.append(_row(f"end (step {lo})" if lo == hi else f"end (steps {lo}-{hi})", "end", ends))
@@ -233,16 +241,22 @@ def config_rows(runs: list[Run], minutes: list[float]) -> tuple[list[dict[str, A
 def verdicts(runs: list[Run]) -> dict[str, Any]:
     """Greedy end > start on every seed (and the deltas), format at end >= 0.9 on every seed (None when
     the config has no format metric), and each seed's wall seconds."""
-    deltas = {r.seed: (r.points[-1].greedy - r.points[0].greedy
-                       if r.points[-1].greedy is not None and r.points[0].greedy is not None else None)
-              for r in runs}
+    deltas = {
+        r.seed: (
+            r.points[-1].greedy - r.points[0].greedy
+            if r.points[-1].greedy is not None and r.points[0].greedy is not None
+            else None
+        )
+        for r in runs
+    }
     has_format = any(p.format is not None for r in runs for p in r.points)
     end_format = {r.seed: r.points[-1].format for r in runs}
     return {
         "greedy_improved_every_seed": all(d is not None and d > 0 for d in deltas.values()),
         "greedy_deltas": deltas,
-        "format_ok_every_seed": (all(f is not None and f >= FORMAT_GOAL for f in end_format.values())
-                                 if has_format else None),
+        "format_ok_every_seed": (
+            all(f is not None and f >= FORMAT_GOAL for f in end_format.values()) if has_format else None
+        ),
         "end_format": end_format,
         "wall_seconds": {r.seed: r.wall_seconds for r in runs if r.wall_seconds is not None},
     }
@@ -253,9 +267,13 @@ def build_report(runs: list[Run], minutes: list[float]) -> dict[str, Any]:
     report = {}
     for name, group in group_runs(runs).items():
         rows, notes = config_rows(group, minutes)
-        report[name] = {"seeds": [asdict(r) for r in group], "rows": rows, "footnotes": notes,
-                        "has_format": any(p.format is not None for r in group for p in r.points),
-                        "verdicts": verdicts(group)}
+        report[name] = {
+            "seeds": [asdict(r) for r in group],
+            "rows": rows,
+            "footnotes": notes,
+            "has_format": any(p.format is not None for r in group for p in r.points),
+            "verdicts": verdicts(group),
+        }
     return report
 
 
@@ -277,19 +295,28 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         for row in cfg["rows"]:
             if row["kind"] == "best":
                 table.add_section()
-            table.add_row(row["label"], str(row["n"]), fmt_stat(row["greedy"]), fmt_stat(row["sampled"]),
-                          fmt_stat(row["format"]) if cfg["has_format"] else "-", fmt_stat(row["minutes"], 1))
+            table.add_row(
+                row["label"],
+                str(row["n"]),
+                fmt_stat(row["greedy"]),
+                fmt_stat(row["sampled"]),
+                fmt_stat(row["format"]) if cfg["has_format"] else "-",
+                fmt_stat(row["minutes"], 1),
+            )
         console.print(table)
         v = cfg["verdicts"]
         deltas = ", ".join(f"{seed} {'n/a' if d is None else f'{d:+.3f}'}" for seed, d in v["greedy_deltas"].items())
-        console.print(f"greedy end > start on every seed: {'yes' if v['greedy_improved_every_seed'] else 'no'} "
-                      f"(per-seed deltas {deltas})")
+        console.print(
+            f"greedy end > start on every seed: {'yes' if v['greedy_improved_every_seed'] else 'no'} "
+            f"(per-seed deltas {deltas})"
+        )
         if v["format_ok_every_seed"] is None:
             console.print("format at end >= 0.9 on every seed: - (no boxed-answer metric)")
         else:
             ends = ", ".join(f"{seed} {'n/a' if f is None else f'{f:.3f}'}" for seed, f in v["end_format"].items())
-            console.print(f"format at end >= {FORMAT_GOAL} on every seed: "
-                          f"{'yes' if v['format_ok_every_seed'] else 'no'} ({ends})")
+            console.print(
+                f"format at end >= {FORMAT_GOAL} on every seed: {'yes' if v['format_ok_every_seed'] else 'no'} ({ends})"
+            )
         if v["wall_seconds"]:
             walls = ", ".join(f"{seed} {s / 60:.1f} min" for seed, s in v["wall_seconds"].items())
             console.print(f"wall time per seed (training, evaluation, model loading): {walls}")
@@ -306,8 +333,11 @@ def write_plot(report: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 3, figsize=(16, 9), squeeze=False)
-    titles = {"greedy": "held-out accuracy (greedy)", "sampled": "held-out accuracy (sampled)",
-              "format": "format rate (boxed answers)"}
+    titles = {
+        "greedy": "held-out accuracy (greedy)",
+        "sampled": "held-out accuracy (sampled)",
+        "format": "format rate (boxed answers)",
+    }
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (name, cfg) in enumerate(report.items()):
         colour = colours[i % len(colours)]
@@ -318,10 +348,21 @@ def write_plot(report: dict[str, Any], path: Path) -> Path:
                 continue
             for ax, xkey in zip(axes[:, col], ("step", "minutes")):
                 x = [r[xkey]["mean"] for r in points]
-                ax.plot(x, [r[metric]["mean"] for r in points], marker="o", color=colour,
-                        label=f"{name} (n={len(cfg['seeds'])})")
-                ax.fill_between(x, [r[metric]["min"] for r in points], [r[metric]["max"] for r in points],
-                                color=colour, alpha=0.2, linewidth=0)
+                ax.plot(
+                    x,
+                    [r[metric]["mean"] for r in points],
+                    marker="o",
+                    color=colour,
+                    label=f"{name} (n={len(cfg['seeds'])})",
+                )
+                ax.fill_between(
+                    x,
+                    [r[metric]["min"] for r in points],
+                    [r[metric]["max"] for r in points],
+                    color=colour,
+                    alpha=0.2,
+                    linewidth=0,
+                )
     for col, metric in enumerate(METRICS):
         for row, xlabel in enumerate(("step", "training minutes (mean over seeds)")):
             ax = axes[row, col]
@@ -333,8 +374,10 @@ def write_plot(report: dict[str, Any], path: Path) -> Path:
             if ax.lines:
                 ax.legend(fontsize=8)
             else:  # say why the panel is empty
-                why = {"sampled": "no sampled evaluation\n(the runs had eval_sampled: false)",
-                       "format": "no format metric logged"}.get(metric, "no evaluation logged")
+                why = {
+                    "sampled": "no sampled evaluation\n(the runs had eval_sampled: false)",
+                    "format": "no format metric logged",
+                }.get(metric, "no evaluation logged")
                 ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="grey")
     fig.suptitle("mean over seeds, band = min..max")
     fig.tight_layout()
@@ -346,16 +389,18 @@ def write_plot(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def report_dirs(dirs: list[Path], minutes: list[float], png: Optional[Path], json_path: Optional[Path],
-                console: Console) -> dict[str, Any]:
+def report_dirs(
+    dirs: list[Path], minutes: list[float], png: Path | None, json_path: Path | None, console: Console
+) -> dict[str, Any]:
     """Load the run dirs among ``dirs``, print the report, write the PNG (and JSON); returns the report."""
     runs = []
     for path in dirs:
         if is_run_dir(path):
             runs.append(load_run(path))
         elif path.is_dir():
-            console.print(f"[yellow]skipped {escape(str(path))}: no metrics.jsonl and eval.json "
-                          "(not a finished run)[/yellow]")
+            console.print(
+                f"[yellow]skipped {escape(str(path))}: no metrics.jsonl and eval.json (not a finished run)[/yellow]"
+            )
     if not runs:
         console.print("[red]no finished run dirs to report on[/red]")
         return {}
@@ -381,7 +426,7 @@ def is_done(run_dir: Path) -> bool:
     return (run_dir / "eval.json").is_file() and (run_dir / "bench.json").is_file()
 
 
-def _last_step(path: Path, offset: int) -> tuple[Optional[int], int]:
+def _last_step(path: Path, offset: int) -> tuple[int | None, int]:
     """The step of the last complete line of ``metrics.jsonl`` after ``offset``, and the new offset."""
     if not path.is_file():
         return None, offset
@@ -401,7 +446,7 @@ def _last_step(path: Path, offset: int) -> tuple[Optional[int], int]:
     return step, offset + end + 1
 
 
-def _max_steps(run_dir: Path) -> Optional[int]:
+def _max_steps(run_dir: Path) -> int | None:
     """``max_steps`` from the run's config.yaml, once the run has written it."""
     try:
         import yaml
@@ -411,8 +456,9 @@ def _max_steps(run_dir: Path) -> Optional[int]:
         return None
 
 
-def run_seed(seed: int, run_dir: Path, log: Path, extra: list[str], progress: Any = None,
-             task: Any = None) -> dict[str, Any]:
+def run_seed(
+    seed: int, run_dir: Path, log: Path, extra: list[str], progress: Any = None, task: Any = None
+) -> dict[str, Any]:
     """Train one seed (deleting a leftover run dir first), write and return its bench.json."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -428,8 +474,7 @@ def run_seed(seed: int, run_dir: Path, log: Path, extra: list[str], progress: An
                 step, offset = _last_step(run_dir / "metrics.jsonl", offset)
                 total = total or _max_steps(run_dir)
                 progress.update(task, **({"total": total} if total else {}), **({"completed": step} if step else {}))
-    bench = {"seed": seed, "wall_seconds": time.perf_counter() - start, "returncode": proc.returncode,
-             "args": extra}
+    bench = {"seed": seed, "wall_seconds": time.perf_counter() - start, "returncode": proc.returncode, "args": extra}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
     return bench
@@ -440,15 +485,15 @@ def log_tail(log: Path, lines: int = 25) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.is_file() else "(no log)"
 
 
-def run_bench(name: str, seeds: list[int], out: Path, extra: list[str], minutes: list[float],
-              console: Console) -> int:
+def run_bench(name: str, seeds: list[int], out: Path, extra: list[str], minutes: list[float], console: Console) -> int:
     """Train every seed not done yet, then report on the seeds; returns the exit status."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     out.mkdir(parents=True, exist_ok=True)
     failed = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as progress:
         overall = progress.add_task(f"{name}: seeds", total=len(seeds))
         for seed in seeds:
             run_dir, log = out / f"{name}-s{seed}", out / f"{name}-s{seed}.log"
@@ -460,14 +505,18 @@ def run_bench(name: str, seeds: list[int], out: Path, extra: list[str], minutes:
                 progress.remove_task(task)
                 if bench["returncode"] != 0:
                     failed.append(seed)
-                    progress.console.print(f"seed {seed} failed (exit {bench['returncode']}); last lines of "
-                                           f"{log}:", style="red", markup=False)
+                    progress.console.print(
+                        f"seed {seed} failed (exit {bench['returncode']}); last lines of {log}:",
+                        style="red",
+                        markup=False,
+                    )
                     progress.console.print(log_tail(log), markup=False, highlight=False)
                 else:
                     progress.console.print(f"seed {seed}: {bench['wall_seconds'] / 60:.1f} min -> {run_dir}")
             progress.advance(overall)
-    report_dirs([out / f"{name}-s{seed}" for seed in seeds], minutes, out / f"{name}.png", out / f"{name}.json",
-                console)
+    report_dirs(
+        [out / f"{name}-s{seed}" for seed in seeds], minutes, out / f"{name}.png", out / f"{name}.json", console
+    )
     if failed:
         console.print(f"[red]failed seeds: {failed} (logs in {escape(str(out))})[/red]")
     return 1 if failed else 0
@@ -479,31 +528,43 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+        argv, extra = argv[:i], argv[i + 1 :]
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train one config over several seeds, then report")
     run.add_argument("--name", required=True, help="config name: run dirs are OUT/NAME-s<seed>")
     run.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default 0 1 2)")
-    run.add_argument("--out", type=Path, default=Path("bench/results/learning"),
-                     help="folder of the run dirs, logs and report (default bench/results/learning)")
+    run.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench/results/learning"),
+        help="folder of the run dirs, logs and report (default bench/results/learning)",
+    )
     report = sub.add_parser("report", help="tables and plot of finished run dirs, grouped by config")
     report.add_argument("run_dirs", nargs="+", type=Path)
-    report.add_argument("--png", type=Path, default=None,
-                        help="plot path (default learning.png in the first run dir's parent folder)")
+    report.add_argument(
+        "--png", type=Path, default=None, help="plot path (default learning.png in the first run dir's parent folder)"
+    )
     report.add_argument("--json", type=Path, default=None, help="also write the numbers as JSON")
     for p in (run, report):
-        p.add_argument("--minutes", type=float, nargs="+", default=[5, 10, 15],
-                       help="training-minute budgets for the 'at N min' rows (default 5 10 15)")
+        p.add_argument(
+            "--minutes",
+            type=float,
+            nargs="+",
+            default=[5, 10, 15],
+            help="training-minute budgets for the 'at N min' rows (default 5 10 15)",
+        )
     args = parser.parse_args(argv)
     if extra and args.command != "run":
         parser.error("arguments after -- are only for 'run'")
     return args, extra
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(sys.argv[1:] if argv is None else argv)
     console = Console()
     if not console.is_terminal:  # piped to a file: rich would wrap the tables at 80 columns

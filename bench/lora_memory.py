@@ -28,9 +28,18 @@ def child(variant: str, rank: int, steps: int, model: str, sets: list[str], out:
     from agentrl.training.trainer import Trainer
 
     lora = [f"lora.r={rank}"] if variant == "lora" else []
-    config = build_config(overrides={"model": model, "max_steps": steps, "output_dir": str(out / "run")},
-                          sets=["eval_tasks=0", f"checkpoint_every={steps}", "log_completions_every=0",
-                                "save_model=false", "keep_finished_checkpoints=true", *lora, *sets])
+    config = build_config(
+        overrides={"model": model, "max_steps": steps, "output_dir": str(out / "run")},
+        sets=[
+            "eval_tasks=0",
+            f"checkpoint_every={steps}",
+            "log_completions_every=0",
+            "save_model=false",
+            "keep_finished_checkpoints=true",
+            *lora,
+            *sets,
+        ],
+    )
     trainer = Trainer(config, load_plugins())
     trainable = trainable_count(trainer.model)
     trainer.train()
@@ -41,8 +50,21 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict:
     """Train ``variant`` in a subprocess; its figures from the run dir."""
     with tempfile.TemporaryDirectory(prefix=f"lora-bench-{variant}-") as tmp:
         out = Path(tmp)
-        cmd = [sys.executable, __file__, "--child", variant, "--out", str(out), "--rank", str(args.rank),
-               "--steps", str(args.steps), "--model", args.model, *[x for s in args.set for x in ("--set", s)]]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            variant,
+            "--out",
+            str(out),
+            "--rank",
+            str(args.rank),
+            "--steps",
+            str(args.steps),
+            "--model",
+            args.model,
+            *[x for s in args.set for x in ("--set", s)],
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
@@ -50,9 +72,13 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict:
         steps = [line for line in lines if "perf/step_seconds" in line]
         checkpoint = max((out / "run" / "checkpoints").glob("step-*"))
         size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
-        return {"variant": variant, "trainable": json.loads((out / "result.json").read_text())["trainable"],
-                "seconds": [s["perf/step_seconds"] for s in steps], "rss": [s["perf/peak_rss_gb"] for s in steps],
-                "checkpoint_mb": size / 1e6}
+        return {
+            "variant": variant,
+            "trainable": json.loads((out / "result.json").read_text())["trainable"],
+            "seconds": [s["perf/step_seconds"] for s in steps],
+            "rss": [s["perf/peak_rss_gb"] for s in steps],
+            "checkpoint_mb": size / 1e6,
+        }
 
 
 def main() -> None:
@@ -69,15 +95,18 @@ def main() -> None:
         return
     rows = [run_variant(variant, args) for variant in ("full", "lora")]
     print(f"{args.steps} steps of the default job on {args.model}; LoRA r={args.rank}")
-    print(f"{'variant':<8} {'s/step (median)':>16}  {'s per step':<24} {'peak RSS GB after each step':<28} "
-          f"{'trainable params':>17} {'checkpoint MB':>14}")
+    print(
+        f"{'variant':<8} {'s/step (median)':>16}  {'s per step':<24} {'peak RSS GB after each step':<28} "
+        f"{'trainable params':>17} {'checkpoint MB':>14}"
+    )
     for row in rows:
         median = sorted(row["seconds"])[len(row["seconds"]) // 2]
         per_step = " ".join(f"{s:.1f}" for s in row["seconds"])
         rss = " ".join(f"{r:.2f}" for r in row["rss"])
         name = row["variant"] if row["variant"] == "full" else f"lora-r{args.rank}"
-        print(f"{name:<8} {median:>16.1f}  {per_step:<24} {rss:<28} {row['trainable']:>17,} "
-              f"{row['checkpoint_mb']:>14.1f}")
+        print(
+            f"{name:<8} {median:>16.1f}  {per_step:<24} {rss:<28} {row['trainable']:>17,} {row['checkpoint_mb']:>14.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def _load_memory_module() -> Any:
     """``agentrl/training/memory.py`` loaded on its own: importing the ``agentrl`` package would load torch
     (and its threads' arenas) before the malloc options below are set."""
@@ -72,24 +71,41 @@ M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc mallopt parameters
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[2:]))
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[2:]),
+    )
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the slope fit (default 3)")
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every step")
-    parser.add_argument("--mmap-threshold-mb", type=float, default=None,
-                        help="fix glibc's mmap threshold at this many MB before the model loads")
+    parser.add_argument(
+        "--mmap-threshold-mb",
+        type=float,
+        default=None,
+        help="fix glibc's mmap threshold at this many MB before the model loads",
+    )
     parser.add_argument("--arena-max", type=int, default=None, help="cap glibc's malloc arenas (mallopt)")
-    parser.add_argument("--kernel-cache", type=int, default=None, metavar="N",
-                        help="cap oneDNN's and ideep's kernel caches at N entries (agentrl.training.memory.limit_kernel_caches)")
+    parser.add_argument(
+        "--kernel-cache",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cap oneDNN's and ideep's kernel caches at N entries (agentrl.training.memory.limit_kernel_caches)",
+    )
     parser.add_argument("--gc", action="store_true", help="gc.collect() after every step")
     parser.add_argument("--tracemalloc", action="store_true", help="trace Python allocations (slower)")
     parser.add_argument("--eval-tasks", type=int, default=0, help="held-out tasks per evaluation (default 0: none)")
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (default 0: never)")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps (default 0)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override, as agentrl train --set (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, as agentrl train --set (repeatable)",
+    )
     parser.add_argument("--plot", metavar="PNG", help="save a plot of rss/peak/heap per step")
     parser.add_argument("--json", metavar="PATH", help="save the per-step records as JSON")
     parser.add_argument("--output-dir", help="run dir to keep (default: a temporary one, removed)")
@@ -113,17 +129,25 @@ class Recorder:
         now = time.perf_counter()
         if self.options.gc:
             gc.collect()
-        row: dict[str, Any] = {"step": step, "seconds": now - self.last,
-                               "update": metrics.get("perf/update_seconds", float("nan")), "rss": memory.rss_gb()}
+        row: dict[str, Any] = {
+            "step": step,
+            "seconds": now - self.last,
+            "update": metrics.get("perf/update_seconds", float("nan")),
+            "rss": memory.rss_gb(),
+        }
         stats = memory.malloc_stats()
         if stats is not None:
             row.update(heap=stats.heap_gb, free=stats.free_gb, used=stats.in_use_gb, mmap=stats.mmapped_gb)
         if self.options.trim:
             memory.release_free_memory()
             row["rss_trim"] = memory.rss_gb()
-        row.update(peak=memory.peak_rss_gb(), pyobj=len(gc.get_objects()), thr=threading.active_count(),
-                   seq=metrics.get("rollout/sequence_length_mean", float("nan")),
-                   sampled=metrics.get("rollout/sampled_tokens_mean", float("nan")))
+        row.update(
+            peak=memory.peak_rss_gb(),
+            pyobj=len(gc.get_objects()),
+            thr=threading.active_count(),
+            seq=metrics.get("rollout/sequence_length_mean", float("nan")),
+            sampled=metrics.get("rollout/sampled_tokens_mean", float("nan")),
+        )
         if tracemalloc.is_tracing():
             row["py_mb"] = tracemalloc.get_traced_memory()[0] / 1e6
             if step == self.options.warmup:
@@ -135,10 +159,23 @@ class Recorder:
         self.last = time.perf_counter()
 
 
-COLUMNS = [("step", "{:>4}"), ("seconds", "{:>6.1f}"), ("update", "{:>6.1f}"), ("rss", "{:>6.3f}"),
-           ("rss_trim", "{:>8.3f}"), ("peak", "{:>6.3f}"), ("heap", "{:>6.3f}"), ("free", "{:>6.3f}"),
-           ("used", "{:>6.3f}"), ("mmap", "{:>6.3f}"), ("pyobj", "{:>7}"), ("py_mb", "{:>6.1f}"),
-           ("thr", "{:>3}"), ("seq", "{:>5.0f}"), ("sampled", "{:>7.1f}")]
+COLUMNS = [
+    ("step", "{:>4}"),
+    ("seconds", "{:>6.1f}"),
+    ("update", "{:>6.1f}"),
+    ("rss", "{:>6.3f}"),
+    ("rss_trim", "{:>8.3f}"),
+    ("peak", "{:>6.3f}"),
+    ("heap", "{:>6.3f}"),
+    ("free", "{:>6.3f}"),
+    ("used", "{:>6.3f}"),
+    ("mmap", "{:>6.3f}"),
+    ("pyobj", "{:>7}"),
+    ("py_mb", "{:>6.1f}"),
+    ("thr", "{:>3}"),
+    ("seq", "{:>5.0f}"),
+    ("sampled", "{:>7.1f}"),
+]
 
 
 def format_row(row: dict[str, Any]) -> str:
@@ -199,21 +236,37 @@ def main(argv: list[str] | None = None) -> None:
 
     out = options.output_dir or tempfile.mkdtemp(prefix="agentrl-memory-")
     run_dir = Path(out) / "run"
-    config = build_config(None, overrides={"max_steps": options.steps, "output_dir": str(run_dir)}, sets=[
-        f"eval_tasks={options.eval_tasks}", f"eval_every={options.eval_every}",
-        f"checkpoint_every={options.checkpoint_every}", "save_model=false", *options.sets])
-    switches = [f"{k}={v}" for k, v in vars(options).items()
-                if k in ("trim", "mmap_threshold_mb", "arena_max", "kernel_cache", "gc", "tracemalloc") and v not in (None, False)]
-    env = {k: v for k, v in os.environ.items()
-           if k.startswith("MALLOC_") or k in memory.KERNEL_CACHE_VARIABLES}
-    title = (f"{config.model} {config.env}/{config.algo} {config.prompts_per_step}x{config.num_generations} "
-             f"new={config.max_new_tokens} eval={config.eval_tasks}/{config.eval_every} "
-             f"ckpt={config.checkpoint_every} {' '.join(options.sets + switches)} {env or ''}")
+    config = build_config(
+        None,
+        overrides={"max_steps": options.steps, "output_dir": str(run_dir)},
+        sets=[
+            f"eval_tasks={options.eval_tasks}",
+            f"eval_every={options.eval_every}",
+            f"checkpoint_every={options.checkpoint_every}",
+            "save_model=false",
+            *options.sets,
+        ],
+    )
+    switches = [
+        f"{k}={v}"
+        for k, v in vars(options).items()
+        if k in ("trim", "mmap_threshold_mb", "arena_max", "kernel_cache", "gc", "tracemalloc")
+        and v not in (None, False)
+    ]
+    env = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k in memory.KERNEL_CACHE_VARIABLES}
+    title = (
+        f"{config.model} {config.env}/{config.algo} {config.prompts_per_step}x{config.num_generations} "
+        f"new={config.max_new_tokens} eval={config.eval_tasks}/{config.eval_every} "
+        f"ckpt={config.checkpoint_every} {' '.join(options.sets + switches)} {env or ''}"
+    )
     print(title, flush=True)
     t0 = time.perf_counter()
     trainer = Trainer(config, load_plugins())
-    print(f"built in {time.perf_counter() - t0:.0f} s; rss {memory.rss_gb():.3f} GB, "
-          f"torch threads {__import__('torch').get_num_threads()}", flush=True)
+    print(
+        f"built in {time.perf_counter() - t0:.0f} s; rss {memory.rss_gb():.3f} GB, "
+        f"torch threads {__import__('torch').get_num_threads()}",
+        flush=True,
+    )
     recorder = Recorder(options)
     try:
         trainer.train(progress=recorder)
@@ -226,10 +279,14 @@ def main(argv: list[str] | None = None) -> None:
         print(format_row(row))
     last = rows[-1]
     keys = [k for k in ("rss", "rss_trim", "heap", "free", "used", "mmap") if k in last]
-    print(f"slope over steps {options.warmup + 1}-{last['step']} (MB/step): "
-          + ", ".join(f"{k} {slope_mb_per_step(rows, k, options.warmup):+.1f}" for k in keys))
-    print(f"final rss {last.get('rss_trim', last['rss']):.3f} GB, peak {last['peak']:.3f} GB, "
-          f"median {sorted(r['seconds'] for r in rows)[len(rows) // 2]:.1f} s/step")
+    print(
+        f"slope over steps {options.warmup + 1}-{last['step']} (MB/step): "
+        + ", ".join(f"{k} {slope_mb_per_step(rows, k, options.warmup):+.1f}" for k in keys)
+    )
+    print(
+        f"final rss {last.get('rss_trim', last['rss']):.3f} GB, peak {last['peak']:.3f} GB, "
+        f"median {sorted(r['seconds'] for r in rows)[len(rows) // 2]:.1f} s/step"
+    )
     if recorder.snapshot is not None:
         print("tracemalloc: biggest Python growth since the warm-up:")
         for stat in tracemalloc.take_snapshot().compare_to(recorder.snapshot, "filename")[:8]:

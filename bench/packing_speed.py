@@ -38,14 +38,25 @@ def main() -> None:
     args = parser.parse_args()
     console = Console()
     with tempfile.TemporaryDirectory() as tmp:
-        config = build_config(overrides={"model": args.model, "eval_tasks": 0, "output_dir": f"{tmp}/run",
-                                         "save_model": False, "checkpoint_every": 0, "log_completions_every": 0},
-                              sets=args.sets)
+        config = build_config(
+            overrides={
+                "model": args.model,
+                "eval_tasks": 0,
+                "output_dir": f"{tmp}/run",
+                "save_model": False,
+                "checkpoint_every": 0,
+                "log_completions_every": 0,
+            },
+            sets=args.sets,
+        )
         trainer = Trainer(config, load_plugins())
-        console.print(f"precision {trainer.run.precision.name} ({trainer.run.precision.reason}); packing checked: "
-                      f"{trainer.run.policy_pack}")
-        table = Table("batch", "rows", "real tokens", "padded tokens", "packed tokens", "padded s", "packed s",
-                      "speed-up")
+        console.print(
+            f"precision {trainer.run.precision.name} ({trainer.run.precision.reason}); packing checked: "
+            f"{trainer.run.policy_pack}"
+        )
+        table = Table(
+            "batch", "rows", "real tokens", "padded tokens", "packed tokens", "padded s", "packed s", "speed-up"
+        )
         policy = trainer.accelerator.unwrap_model(trainer.run.policy)
         for step in range(1, args.steps + 1):
             batch, _, _ = trainer.rollout_step(step)
@@ -59,13 +70,23 @@ def main() -> None:
                     trainer.update(batch, {}, step)
                     seconds[pack].append(time.perf_counter() - start)
             plans = trainer.run.micro_batch_rows(batch)  # the packed plan (pack_sequences is on last)
-            packed = sum(pack_prefix_tree(batch.select(rows).input_ids, batch.select(rows).attention_mask).length
-                         for rows in plans)
+            packed = sum(
+                pack_prefix_tree(batch.select(rows).input_ids, batch.select(rows).attention_mask).length
+                for rows in plans
+            )
             padded_plan = plan_micro_batches(batch.lengths.tolist(), config.micro_batch_size, config.micro_batch_tokens)
             padded = sum(len(rows) * int(batch.lengths[rows].max()) for rows in padded_plan)
             padded_s, packed_s = statistics.median(seconds[False]), statistics.median(seconds[True])
-            table.add_row(str(step), str(batch.num_rows), str(int(batch.lengths.sum())), str(padded), str(packed),
-                          f"{padded_s:.1f}", f"{packed_s:.1f}", f"{padded_s / packed_s:.2f}x")
+            table.add_row(
+                str(step),
+                str(batch.num_rows),
+                str(int(batch.lengths.sum())),
+                str(padded),
+                str(packed),
+                f"{padded_s:.1f}",
+                f"{packed_s:.1f}",
+                f"{padded_s / packed_s:.2f}x",
+            )
         console.print(table)
 
 

@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl.config.train import build_config
-from agentrl.plugins import load_plugins
 from agentrl.model.precision import resolve_precision
+from agentrl.plugins import load_plugins
 from agentrl.testing import GradientRecorder
 from agentrl.training.trainer import Trainer
 
@@ -43,13 +43,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {}
         for name in ("fp32", "bf16"):
-            config = build_config(overrides={"model": args.model, "eval_tasks": 0, "output_dir": f"{tmp}/{name}",
-                                             "save_model": False, "checkpoint_every": 0, "log_completions_every": 0,
-                                             "precision": name}, sets=args.sets)
+            config = build_config(
+                overrides={
+                    "model": args.model,
+                    "eval_tasks": 0,
+                    "output_dir": f"{tmp}/{name}",
+                    "save_model": False,
+                    "checkpoint_every": 0,
+                    "log_completions_every": 0,
+                    "precision": name,
+                },
+                sets=args.sets,
+            )
             trainers[name] = Trainer(config, load_plugins())
             console.print(f"{name}: {trainers[name].run.engine.description}")
-        table = Table("batch", "precision", "sampled tokens", "rollout s", "tokens/s", "update s",
-                      "bf16 speed-up")
+        table = Table("batch", "precision", "sampled tokens", "rollout s", "tokens/s", "update s", "bf16 speed-up")
         for step in range(1, args.steps + 1):
             rollout: dict[str, list[tuple[float, int]]] = {name: [] for name in trainers}
             update: dict[str, list[float]] = {name: [] for name in trainers}
@@ -66,15 +74,24 @@ def main() -> None:
                     start = time.perf_counter()
                     trainer.update(batch, {}, step)
                     update[name].append(time.perf_counter() - start)
-            medians = {name: (statistics.median(s for s, _ in rollout[name]),
-                              statistics.median(n for _, n in rollout[name]), statistics.median(update[name]))
-                       for name in trainers}
+            medians = {
+                name: (
+                    statistics.median(s for s, _ in rollout[name]),
+                    statistics.median(n for _, n in rollout[name]),
+                    statistics.median(update[name]),
+                )
+                for name in trainers
+            }
             for name, (seconds, tokens, update_s) in medians.items():
                 fp32_rate = medians["fp32"][1] / medians["fp32"][0]
-                ratio = "" if name == "fp32" else (f"tokens/s {tokens / seconds / fp32_rate:.2f}x, "
-                                                   f"update {medians['fp32'][2] / update_s:.2f}x")
-                table.add_row(str(step), name, str(tokens), f"{seconds:.1f}", f"{tokens / seconds:.0f}",
-                              f"{update_s:.1f}", ratio)
+                ratio = (
+                    ""
+                    if name == "fp32"
+                    else (f"tokens/s {tokens / seconds / fp32_rate:.2f}x, update {medians['fp32'][2] / update_s:.2f}x")
+                )
+                table.add_row(
+                    str(step), name, str(tokens), f"{seconds:.1f}", f"{tokens / seconds:.0f}", f"{update_s:.1f}", ratio
+                )
         console.print(table)
 
 

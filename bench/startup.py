@@ -36,8 +36,10 @@ def time_command(arguments: list[str], status: int, expect: str) -> float:
     seconds = time.perf_counter() - start
     output = result.stdout + result.stderr
     if result.returncode != status or expect not in " ".join(output.split()):
-        raise SystemExit(f"python {' '.join(arguments)}: exit {result.returncode} (wanted {status}), "
-                         f"output lacks {expect!r}:\n{output[-2000:]}")
+        raise SystemExit(
+            f"python {' '.join(arguments)}: exit {result.returncode} (wanted {status}), "
+            f"output lacks {expect!r}:\n{output[-2000:]}"
+        )
     return seconds
 
 

@@ -67,12 +67,12 @@ from rich.table import Table
 from transformers import LlamaForSequenceClassification, LlamaModel
 
 from agentrl import Env, SamplingParams
-from agentrl.training.build import engine_and_rollout, make_env
 from agentrl.config.train import TrainConfig
-from agentrl.training.evaluate import episode_success
 from agentrl.model.loading import DEFAULT_MODEL, load_model, load_tokenizer
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model, make_trajectory
+from agentrl.training.build import engine_and_rollout, make_env
+from agentrl.training.evaluate import episode_success
 from agentrl_rewards.reward_model import RewardModel, RewardModelConfig
 
 ENV = "math"
@@ -139,13 +139,22 @@ def reference_examples(env: Env, tasks: list[dict[str, Any]], seed: int) -> list
     for task in tasks:
         for reply in reference_replies(task, rng):
             messages, solved = env_verdict(env, task, reply)
-            out.append(Example(task["question"], [*messages, {"role": "assistant", "content": reply}], solved,
-                               "reference"))
+            out.append(
+                Example(task["question"], [*messages, {"role": "assistant", "content": reply}], solved, "reference")
+            )
     return out
 
 
-def sampled_examples(manager: Any, config: TrainConfig, model: Any, tokenizer: Any, tasks: list[dict[str, Any]],
-                     samples: int, seed: int, progress: Progress) -> list[Example]:
+def sampled_examples(
+    manager: Any,
+    config: TrainConfig,
+    model: Any,
+    tokenizer: Any,
+    tasks: list[dict[str, Any]],
+    samples: int,
+    seed: int,
+    progress: Progress,
+) -> list[Example]:
     """``samples`` episodes per task from ``model`` as a training run samples them, labelled by the env."""
     _, rollout = engine_and_rollout(manager, config, model, tokenizer)
     chunk = max(1, 32 // samples)  # tasks per rollout call
@@ -153,15 +162,28 @@ def sampled_examples(manager: Any, config: TrainConfig, model: Any, tokenizer: A
     bar = progress.add_task("sampling episodes", total=len(tasks) * samples)
     out = []
     for start in range(0, len(tasks), chunk):
-        part = tasks[start:start + chunk]
+        part = tasks[start : start + chunk]
         episodes = [part[i // samples] for i in range(len(part) * samples)]
         seeds = [seed * 1_000_003 + start * samples + i for i in range(len(episodes))]
-        sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                                  top_p=config.top_p, top_k=config.top_k, seed=seeds[0])
-        trajectories = rollout.run(envs[:len(episodes)], episodes, [i // samples for i in range(len(episodes))],
-                                   sampling, seeds=seeds)
-        out += [Example(t.task["question"], [dict(m) for m in t.messages],
-                        episode_success(t, envs[0].success_threshold), "sampled") for t in trajectories]
+        sampling = SamplingParams(
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            seed=seeds[0],
+        )
+        trajectories = rollout.run(
+            envs[: len(episodes)], episodes, [i // samples for i in range(len(episodes))], sampling, seeds=seeds
+        )
+        out += [
+            Example(
+                t.task["question"],
+                [dict(m) for m in t.messages],
+                episode_success(t, envs[0].success_threshold),
+                "sampled",
+            )
+            for t in trajectories
+        ]
         progress.advance(bar, len(episodes))
     return out
 
@@ -184,9 +206,16 @@ def encode(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
 # -- the model ---------------------------------------------------------------------------------------
 def reward_model_from(causal: Any, pad_token_id: int, seed: int) -> LlamaForSequenceClassification:
     """A one-score sequence classifier with ``causal``'s config and weights and a fresh score head."""
-    config = causal.config.__class__.from_dict({**causal.config.to_dict(), "num_labels": 1,
-                                                "pad_token_id": pad_token_id, "architectures": None,
-                                                "id2label": {0: "LABEL_0"}, "label2id": {"LABEL_0": 0}})
+    config = causal.config.__class__.from_dict(
+        {
+            **causal.config.to_dict(),
+            "num_labels": 1,
+            "pad_token_id": pad_token_id,
+            "architectures": None,
+            "id2label": {0: "LABEL_0"},
+            "label2id": {"LABEL_0": 0},
+        }
+    )
     torch.manual_seed(seed)
     model = LlamaForSequenceClassification(config)
     model.model.load_state_dict(causal.model.state_dict())
@@ -196,9 +225,16 @@ def reward_model_from(causal: Any, pad_token_id: int, seed: int) -> LlamaForSequ
 def top_stack(model: LlamaForSequenceClassification, layers: int) -> LlamaModel:
     """A LlamaModel over ``model``'s own top ``layers`` decoder layers and final norm (shared
     modules: training it trains ``model``), fed the hidden states entering those layers."""
-    config = model.config.__class__.from_dict({**model.config.to_dict(), "num_hidden_layers": layers,
-                                               "vocab_size": 1, "pad_token_id": None, "bos_token_id": None,
-                                               "eos_token_id": None})  # no embedding to build
+    config = model.config.__class__.from_dict(
+        {
+            **model.config.to_dict(),
+            "num_hidden_layers": layers,
+            "vocab_size": 1,
+            "pad_token_id": None,
+            "bos_token_id": None,
+            "eos_token_id": None,
+        }
+    )  # no embedding to build
     top = LlamaModel(config)
     top.layers = model.model.layers[-layers:]
     top.norm = model.model.norm
@@ -215,8 +251,9 @@ def right_padded(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 @torch.no_grad()
-def frozen_features(model: LlamaForSequenceClassification, examples: list[Example], layers: int,
-                    batch_size: int, progress: Progress) -> dict[int, torch.Tensor]:
+def frozen_features(
+    model: LlamaForSequenceClassification, examples: list[Example], layers: int, batch_size: int, progress: Progress
+) -> dict[int, torch.Tensor]:
     """Per example (by ``id``), the hidden states (T, H) entering the top ``layers`` decoder layers;
     with ``layers`` 0 only the last token's final (normed) hidden state (1, H), what the head reads.
     Batches hold conversations of similar length (less padding; right padding, so the states equal
@@ -226,12 +263,12 @@ def frozen_features(model: LlamaForSequenceClassification, examples: list[Exampl
     order = sorted(examples, key=lambda e: len(e.ids))
     out = {}
     for start in range(0, len(order), batch_size):
-        part = order[start:start + batch_size]
+        part = order[start : start + batch_size]
         ids, mask, lengths = right_padded([torch.tensor(e.ids) for e in part])  # (B, L), (B, L), (B,)
         states = model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
         hidden = states[cut]  # (B, L, H): entering layer ``cut``; the last entry is after the final norm
         for row, (example, n) in enumerate(zip(part, lengths.tolist())):
-            out[id(example)] = hidden[row, n - 1:n].clone() if layers == 0 else hidden[row, :n].clone()
+            out[id(example)] = hidden[row, n - 1 : n].clone() if layers == 0 else hidden[row, :n].clone()
         progress.advance(bar, len(part))
     return out
 
@@ -246,9 +283,15 @@ def top_scores(top: LlamaModel | None, head: torch.nn.Module, features: list[tor
     return head(last[torch.arange(len(features)), lengths - 1])[:, 0]  # (B,)
 
 
-def train(model: LlamaForSequenceClassification, train_set: list[Example], held: list[Example],
-          features: dict[int, torch.Tensor], args: argparse.Namespace, console: Console,
-          progress: Progress) -> tuple[list[dict[str, Any]], np.ndarray]:
+def train(
+    model: LlamaForSequenceClassification,
+    train_set: list[Example],
+    held: list[Example],
+    features: dict[int, torch.Tensor],
+    args: argparse.Namespace,
+    console: Console,
+    progress: Progress,
+) -> tuple[list[dict[str, Any]], np.ndarray]:
     """Train the top layers, norm and head with class-balanced BCE; the held-out AUC after each
     epoch, and the last epoch's held-out scores (from the cached features)."""
     top = top_stack(model, args.train_layers) if args.train_layers else None
@@ -267,7 +310,7 @@ def train(model: LlamaForSequenceClassification, train_set: list[Example], held:
         model.train()
         order, losses = rng.permutation(len(train_set)), []
         for start in range(0, len(order), args.batch_size):
-            part = [train_set[i] for i in order[start:start + args.batch_size]]
+            part = [train_set[i] for i in order[start : start + args.batch_size]]
             logits = top_scores(top, model.score, [features[id(e)] for e in part])  # (B,)
             labels = torch.tensor([float(e.label) for e in part])  # (B,)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, pos_weight=pos_weight)
@@ -278,13 +321,20 @@ def train(model: LlamaForSequenceClassification, train_set: list[Example], held:
             progress.advance(bar)
         model.eval()
         with torch.no_grad():
-            scores = np.concatenate([top_scores(top, model.score, [features[id(e)] for e in held[i:i + 64]]).numpy()
-                                     for i in range(0, len(held), 64)])
-        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
-                        "heldout_auc": auc(scores, [e.label for e in held])})
+            scores = np.concatenate(
+                [
+                    top_scores(top, model.score, [features[id(e)] for e in held[i : i + 64]]).numpy()
+                    for i in range(0, len(held), 64)
+                ]
+            )
+        history.append(
+            {"epoch": epoch, "train_loss": float(np.mean(losses)), "heldout_auc": auc(scores, [e.label for e in held])}
+        )
         if epoch % max(1, args.epochs // 10) == 0 or epoch == args.epochs:
-            console.print(f"epoch {epoch}: train loss {history[-1]['train_loss']:.4f}, held-out AUC "
-                          f"{fmt(history[-1]['heldout_auc'])} (cached frozen layers)")
+            console.print(
+                f"epoch {epoch}: train loss {history[-1]['train_loss']:.4f}, held-out AUC "
+                f"{fmt(history[-1]['heldout_auc'])} (cached frozen layers)"
+            )
     for p in model.parameters():
         p.requires_grad_(True)
     model.eval()
@@ -325,11 +375,13 @@ def figures(held: list[Example], scores: np.ndarray) -> dict[str, Any]:
     labels = [e.label for e in held]
     sampled = [i for i, e in enumerate(held) if e.source == "sampled"]
     written = [i for i, e in enumerate(held) if e.source == "reference"]
-    return {"auc": auc(scores, labels),
-            "auc_sampled": auc(scores[sampled], [labels[i] for i in sampled]),
-            "auc_reference": auc(scores[written], [labels[i] for i in written]),
-            "accuracy_at_0": float(np.mean((scores > 0) == np.array(labels))),
-            "pair_accuracy": pair_accuracy(held, scores)}
+    return {
+        "auc": auc(scores, labels),
+        "auc_sampled": auc(scores[sampled], [labels[i] for i in sampled]),
+        "auc_reference": auc(scores[written], [labels[i] for i in written]),
+        "accuracy_at_0": float(np.mean((scores > 0) == np.array(labels))),
+        "pair_accuracy": pair_accuracy(held, scores),
+    }
 
 
 def saved_scores(folder: Path, examples: list[Example], bf16: bool) -> np.ndarray:
@@ -352,13 +404,26 @@ def counts(examples: list[Example]) -> dict[str, Any]:
 def report_table(report: dict[str, Any]) -> Table:
     """Counts and held-out figures, one row per split."""
     table = Table(title="reward model on the math env's correctness labels")
-    for column in ("split", "questions", "sampled +/-", "reference +/-", "AUC", "AUC sampled", "AUC reference",
-                   "acc @0", "pair acc"):
+    for column in (
+        "split",
+        "questions",
+        "sampled +/-",
+        "reference +/-",
+        "AUC",
+        "AUC sampled",
+        "AUC reference",
+        "acc @0",
+        "pair acc",
+    ):
         table.add_column(column, justify="right")
     for split in ("train", "heldout"):
         c = report["counts"][split]
-        row = [split, str(c["questions"]), f"{c['sampled']['positives']}/{c['sampled']['negatives']}",
-               f"{c['reference']['positives']}/{c['reference']['negatives']}"]
+        row = [
+            split,
+            str(c["questions"]),
+            f"{c['sampled']['positives']}/{c['sampled']['negatives']}",
+            f"{c['reference']['positives']}/{c['reference']['negatives']}",
+        ]
         shown = report["heldout"] if split == "heldout" else {}
         row += [fmt(shown.get(k)) for k in ("auc", "auc_sampled", "auc_reference", "accuracy_at_0", "pair_accuracy")]
         table.add_row(*row)
@@ -372,18 +437,28 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="folder to write the reward model to (rm:OUT)")
     parser.add_argument("--prompts", type=int, default=128, help="distinct training questions")
     parser.add_argument("--samples", type=int, default=3, help="sampled episodes per question")
-    parser.add_argument("--epochs", type=int, default=None,
-                        help="passes over the training examples (default: 30 with --train-layers 0, else 3)")
-    parser.add_argument("--train-layers", type=int, default=0,
-                        help="top decoder layers trained besides the score head (0: the head only)")
-    parser.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default: 1e-3 for the head "
-                                                                 "only, else 1e-4)")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="passes over the training examples (default: 30 with --train-layers 0, else 3)",
+    )
+    parser.add_argument(
+        "--train-layers",
+        type=int,
+        default=0,
+        help="top decoder layers trained besides the score head (0: the head only)",
+    )
+    parser.add_argument(
+        "--lr", type=float, default=None, help="AdamW learning rate (default: 1e-3 for the head only, else 1e-4)"
+    )
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--holdout", type=float, default=0.2, help="share of the questions held out")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--check", type=int, default=16,
-                        help="held-out examples the saved folder re-scores through rm: (fp32 and bf16)")
+    parser.add_argument(
+        "--check", type=int, default=16, help="held-out examples the saved folder re-scores through rm: (fp32 and bf16)"
+    )
     parser.add_argument("--tiny", action="store_true", help="random 2-layer model, 6 prompts x 2 samples, 2 epochs")
     args = parser.parse_args()
     if args.tiny:
@@ -411,8 +486,10 @@ def main() -> None:
     args.train_layers = min(args.train_layers, causal.config.num_hidden_layers)
     env = make_env(manager, config)
     tasks = distinct_train_tasks(env, args.prompts)
-    console.print(f"{len(tasks)} distinct training questions of env {ENV!r}; sampling {args.samples} episodes each "
-                  f"({config.max_new_tokens} new tokens, T={config.temperature:g})")
+    console.print(
+        f"{len(tasks)} distinct training questions of env {ENV!r}; sampling {args.samples} episodes each "
+        f"({config.max_new_tokens} new tokens, T={config.temperature:g})"
+    )
     timings: dict[str, float] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
@@ -441,37 +518,61 @@ def main() -> None:
     # The held-out figures come from the trained model's scores (the cached path: frozen layers once,
     # top layers on their output); the saved folder, loaded as rm:OUT loads it, must give the same.
     clock = time.perf_counter()
-    spot = held[::max(1, len(held) // args.check)][:args.check]
+    spot = held[:: max(1, len(held) // args.check)][: args.check]
     check = {"examples": len(spot)}
     for precision in ("fp32", "bf16"):
         diff = saved_scores(out, spot, bf16=precision == "bf16") - np.array([e.score for e in spot])
         check[f"{precision}_max_abs_diff"] = float(np.max(np.abs(diff)))
     timings["saved_check_s"] = time.perf_counter() - clock
     timings["total_s"] = time.perf_counter() - began
-    report = {"env": ENV, "base_model": "tiny random" if args.tiny else DEFAULT_MODEL,
-              "settings": {k: v for k, v in vars(args).items() if k != "out"},
-              "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
-              "positives": "sampled replies the env judges correct, and replies written from the reference answer: "
-                           "\\boxed{ANSWER} and 'A op B = ANSWER. The final answer is \\boxed{ANSWER}.'",
-              "negatives": "sampled replies the env judges wrong, and the written replies with ANSWER +- 1 or 2",
-              "counts": {"all": counts(examples), "train": counts(train_set), "heldout": counts(held)},
-              "heldout_share": len(held) / len(examples), "heldout": figures(held, cached_scores),
-              "saved_model_check": check,
-              "epochs": history,
-              "seconds": timings}
+    report = {
+        "env": ENV,
+        "base_model": "tiny random" if args.tiny else DEFAULT_MODEL,
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "max_new_tokens": config.max_new_tokens,
+        "temperature": config.temperature,
+        "positives": "sampled replies the env judges correct, and replies written from the reference answer: "
+        "\\boxed{ANSWER} and 'A op B = ANSWER. The final answer is \\boxed{ANSWER}.'",
+        "negatives": "sampled replies the env judges wrong, and the written replies with ANSWER +- 1 or 2",
+        "counts": {"all": counts(examples), "train": counts(train_set), "heldout": counts(held)},
+        "heldout_share": len(held) / len(examples),
+        "heldout": figures(held, cached_scores),
+        "saved_model_check": check,
+        "epochs": history,
+        "seconds": timings,
+    }
     (out / "rm_report.json").write_text(json.dumps(report, indent=2) + "\n")
     with (out / "rm_examples.jsonl").open("w") as f:
         for e in examples:
-            f.write(json.dumps({"split": e.split, "source": e.source, "label": e.label, "question": e.question,
-                                "messages": e.messages, "score": e.score}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "split": e.split,
+                        "source": e.source,
+                        "label": e.label,
+                        "question": e.question,
+                        "messages": e.messages,
+                        "score": e.score,
+                    }
+                )
+                + "\n"
+            )
     console.print(report_table(report))
-    console.print(f"positives: {report['positives']}\nnegatives: {report['negatives']}\nthe saved folder loaded as "
-                  f"rm:{out} on {check['examples']} held-out examples: max |score - trained model's| "
-                  f"{check['fp32_max_abs_diff']:.1e} in fp32, {check['bf16_max_abs_diff']:.1e} under bf16 autocast")
-    console.print(f"wrote {out} in {timings['total_s'] / 60:.1f} min (sampling {timings['sampling_s']:.0f} s, "
-                  f"frozen layers {timings['frozen_features_s']:.0f} s, training {timings['training_s']:.0f} s)")
-    console.print(f"the reward model as the only reward: agentrl train --env {ENV} --reward rm:{out} "
-                  "--set env_reward_weight=0", soft_wrap=True, highlight=False)
+    console.print(
+        f"positives: {report['positives']}\nnegatives: {report['negatives']}\nthe saved folder loaded as "
+        f"rm:{out} on {check['examples']} held-out examples: max |score - trained model's| "
+        f"{check['fp32_max_abs_diff']:.1e} in fp32, {check['bf16_max_abs_diff']:.1e} under bf16 autocast"
+    )
+    console.print(
+        f"wrote {out} in {timings['total_s'] / 60:.1f} min (sampling {timings['sampling_s']:.0f} s, "
+        f"frozen layers {timings['frozen_features_s']:.0f} s, training {timings['training_s']:.0f} s)"
+    )
+    console.print(
+        f"the reward model as the only reward: agentrl train --env {ENV} --reward rm:{out} --set env_reward_weight=0",
+        soft_wrap=True,
+        highlight=False,
+    )
+
 
 if __name__ == "__main__":
     main()

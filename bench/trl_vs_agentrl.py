@@ -97,9 +97,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "trl_vs_agentrl.json"
 # -- shared inputs -----------------------------------------------------------------------------------
 def agentrl_tasks(steps: int) -> list[dict[str, Any]]:
     """The tasks agentrl's trainer samples for steps 1..``steps``, in order (its seeded TaskCursor)."""
-    from agentrl_math import MathEnv
-
     from agentrl.training.rollout_phase import TaskCursor
+    from agentrl_math import MathEnv
 
     tasks = MathEnv().train_tasks()
     cursor = TaskCursor(len(tasks), SEED)
@@ -127,13 +126,24 @@ def median_after(values: list[float], skip: int) -> float:
     return float(statistics.median(rest)) if rest else float("nan")
 
 
-def timing_summary(init_seconds: float, step_s: list[float], rollout_s: list[float], update_s: list[float],
-                   wall: list[float], cpu: list[float], skip: int) -> dict[str, Any]:
+def timing_summary(
+    init_seconds: float,
+    step_s: list[float],
+    rollout_s: list[float],
+    update_s: list[float],
+    wall: list[float],
+    cpu: list[float],
+    skip: int,
+) -> dict[str, Any]:
     """Per-step times and their medians after ``skip`` warm-up steps, the same keys for both systems."""
     med = median_after(step_s, skip)
     return {
-        "init_seconds": init_seconds, "step_seconds": step_s, "rollout_seconds": rollout_s,
-        "update_seconds": update_s, "wall_seconds": wall, "cpu_seconds": cpu,
+        "init_seconds": init_seconds,
+        "step_seconds": step_s,
+        "rollout_seconds": rollout_s,
+        "update_seconds": update_s,
+        "wall_seconds": wall,
+        "cpu_seconds": cpu,
         "median_step_seconds": med,
         "median_rollout_seconds": median_after(rollout_s, skip),
         "median_update_seconds": median_after(update_s, skip),
@@ -156,7 +166,7 @@ def busy_cpu_seconds() -> float | None:
 class OtherLoad:
     """CPU time other processes used while a block ran: machine busy time minus this process's."""
 
-    def __enter__(self) -> "OtherLoad":
+    def __enter__(self) -> OtherLoad:
         self.busy, self.own, self.wall = busy_cpu_seconds(), time.process_time(), time.perf_counter()
         return self
 
@@ -183,12 +193,26 @@ def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
     from agentrl.training.trainer import Trainer
 
     config = TrainConfig(
-        prompts_per_step=PROMPTS_PER_STEP, num_generations=NUM_GENERATIONS, max_new_tokens=MAX_NEW_TOKENS,
-        temperature=TEMPERATURE, learning_rate=LEARNING_RATE, micro_batch_size=MICRO_BATCH,
-        algorithm={"beta": 0.0, "loss_type": "dapo", "scale_rewards": "group",
-                   "epsilon_low": 0.2, "epsilon_high": 0.28, "num_iterations": 1},
-        eval_tasks=0, save_model=False, log_completions_every=0, seed=SEED,
-        output_dir=str(work / "agentrl"), max_steps=steps,
+        prompts_per_step=PROMPTS_PER_STEP,
+        num_generations=NUM_GENERATIONS,
+        max_new_tokens=MAX_NEW_TOKENS,
+        temperature=TEMPERATURE,
+        learning_rate=LEARNING_RATE,
+        micro_batch_size=MICRO_BATCH,
+        algorithm={
+            "beta": 0.0,
+            "loss_type": "dapo",
+            "scale_rewards": "group",
+            "epsilon_low": 0.2,
+            "epsilon_high": 0.28,
+            "num_iterations": 1,
+        },
+        eval_tasks=0,
+        save_model=False,
+        log_completions_every=0,
+        seed=SEED,
+        output_dir=str(work / "agentrl"),
+        max_steps=steps,
     )
     load_before = load_average()
     t0 = time.perf_counter()
@@ -200,8 +224,11 @@ def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
     def progress(step: int, metrics: dict[str, float]) -> None:
         ends.append(time.perf_counter())
         cpu_ends.append(time.process_time())
-        print(f"agentrl step {step}: {metrics['perf/step_seconds']:.2f} s (rollout "
-              f"{metrics['perf/rollout_seconds']:.2f}, update {metrics['perf/update_seconds']:.2f})", flush=True)
+        print(
+            f"agentrl step {step}: {metrics['perf/step_seconds']:.2f} s (rollout "
+            f"{metrics['perf/rollout_seconds']:.2f}, update {metrics['perf/update_seconds']:.2f})",
+            flush=True,
+        )
 
     with OtherLoad() as other:
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -217,17 +244,21 @@ def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
         **timing_summary(init_seconds, step_s, rollout_s, update_s, wall, cpu, skip),
         "sampled_tokens_mean": [h["rollout/sampled_tokens_mean"] for h in history],
         "sampled_tokens_max": [h["rollout/sampled_tokens_max"] for h in history],
-        "prompt_tokens_mean": [h["rollout/sequence_length_mean"] - h["rollout/sampled_tokens_mean"]
-                               for h in history],
+        "prompt_tokens_mean": [h["rollout/sequence_length_mean"] - h["rollout/sampled_tokens_mean"] for h in history],
         "reward_mean": [h["reward/total_mean"] for h in history],
         "completions_per_step": [COMPLETIONS_PER_STEP] * len(history),
         "load_average_before": load_before,
         "load_average_after": load_average(),
         "other_processes_cores": other.cores,
-        "settings": {"precision": config.precision, "engine_dtype": "bfloat16 (hf engine default)",
-                     "gradient_checkpointing": False, "optimizer": "torch.optim.AdamW",
-                     "adam_betas": list(config.adam_betas), "lr_scheduler": config.lr_scheduler,
-                     "micro_batch_size": config.micro_batch_size},
+        "settings": {
+            "precision": config.precision,
+            "engine_dtype": "bfloat16 (hf engine default)",
+            "gradient_checkpointing": False,
+            "optimizer": "torch.optim.AdamW",
+            "adam_betas": list(config.adam_betas),
+            "lr_scheduler": config.lr_scheduler,
+            "micro_batch_size": config.micro_batch_size,
+        },
     }
 
 
@@ -244,8 +275,9 @@ def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None 
     from agentrl.model.loading import resolve_model
 
     tasks = agentrl_tasks(steps)
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t["question"]}],
-                                  "answer": str(t["answer"])} for t in tasks])
+    dataset = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": t["question"]}], "answer": str(t["answer"])} for t in tasks]
+    )
 
     def correctness_reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
         return [correctness(c[0]["content"], a) for c, a in zip(completions, answer)]
@@ -257,20 +289,40 @@ def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None 
         warnings.simplefilter("ignore", FutureWarning)  # gradient_checkpointing -> activation_checkpointing
         args = GRPOConfig(
             output_dir=str(work / "trl"),
-            use_cpu=True, report_to="none", seed=SEED,
+            use_cpu=True,
+            report_to="none",
+            seed=SEED,
             per_device_train_batch_size=MICRO_BATCH,
             gradient_accumulation_steps=COMPLETIONS_PER_STEP // MICRO_BATCH,
-            num_generations=NUM_GENERATIONS, max_completion_length=MAX_NEW_TOKENS,
-            temperature=TEMPERATURE, top_p=1.0, top_k=0,
-            learning_rate=LEARNING_RATE, lr_scheduler_type="constant", warmup_steps=0,
-            adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
-            beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=0.2, epsilon_high=0.28,
-            num_iterations=1, reward_weights=[1.0, FORMAT_WEIGHT],
-            max_steps=steps, shuffle_dataset=False, logging_steps=1, save_strategy="no",
+            num_generations=NUM_GENERATIONS,
+            max_completion_length=MAX_NEW_TOKENS,
+            temperature=TEMPERATURE,
+            top_p=1.0,
+            top_k=0,
+            learning_rate=LEARNING_RATE,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            adam_beta1=0.9,
+            adam_beta2=0.99,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            beta=0.0,
+            loss_type="dapo",
+            scale_rewards="group",
+            epsilon=0.2,
+            epsilon_high=0.28,
+            num_iterations=1,
+            reward_weights=[1.0, FORMAT_WEIGHT],
+            max_steps=steps,
+            shuffle_dataset=False,
+            logging_steps=1,
+            save_strategy="no",
             **(overrides or {}),
         )
-    assert args.generation_batch_size == COMPLETIONS_PER_STEP and args.steps_per_generation == \
-        args.gradient_accumulation_steps, (args.generation_batch_size, args.steps_per_generation)
+    assert (
+        args.generation_batch_size == COMPLETIONS_PER_STEP
+        and args.steps_per_generation == args.gradient_accumulation_steps
+    ), (args.generation_batch_size, args.steps_per_generation)
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
@@ -293,8 +345,13 @@ def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None 
     timer = StepTimer()
     load_before = load_average()
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(model=resolve_model("smollm2-135m"), reward_funcs=[correctness_reward, format_reward],
-                          args=args, train_dataset=dataset, callbacks=[timer])
+    trainer = GRPOTrainer(
+        model=resolve_model("smollm2-135m"),
+        reward_funcs=[correctness_reward, format_reward],
+        args=args,
+        train_dataset=dataset,
+        callbacks=[timer],
+    )
     init_seconds = time.perf_counter() - t0
 
     generations: list[dict[str, Any]] = []  # one per _generate_and_score_completions call
@@ -302,28 +359,38 @@ def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None 
 
     def timed_generate(inputs: Any) -> Any:
         a = time.perf_counter()
-        out = inner(inputs)
+        out = inner(inputs)  # noqa: F821 (deleted after the run, not before)
         lengths = out["completion_mask"].sum(-1)
-        generations.append({"seconds": time.perf_counter() - a, "global_step": trainer.state.global_step,
-                            "completions": int(out["completion_ids"].shape[0]),
-                            "prompts": len({str(x["prompt"]) for x in inputs}),
-                            "sampled_tokens_mean": float(lengths.float().mean()),
-                            "sampled_tokens_max": float(lengths.max()),
-                            "prompt_tokens_mean": float(out["prompt_mask"].sum(-1).float().mean())})
+        generations.append(
+            {
+                "seconds": time.perf_counter() - a,
+                "global_step": trainer.state.global_step,  # noqa: F821
+                "completions": int(out["completion_ids"].shape[0]),
+                "prompts": len({str(x["prompt"]) for x in inputs}),
+                "sampled_tokens_mean": float(lengths.float().mean()),
+                "sampled_tokens_max": float(lengths.max()),
+                "prompt_tokens_mean": float(out["prompt_mask"].sum(-1).float().mean()),
+            }
+        )
         return out
 
     trainer._generate_and_score_completions = timed_generate
     effective = {
-        "bf16": bool(args.bf16), "mixed_precision": str(trainer.accelerator.mixed_precision),
+        "bf16": bool(args.bf16),
+        "mixed_precision": str(trainer.accelerator.mixed_precision),
         "gradient_checkpointing": bool(args.gradient_checkpointing),
-        "model_dtype": str(trainer.model.dtype), "optimizer": getattr(args.optim, "value", str(args.optim)),
+        "model_dtype": str(trainer.model.dtype),
+        "optimizer": getattr(args.optim, "value", str(args.optim)),
         "lr_scheduler": getattr(args.lr_scheduler_type, "value", str(args.lr_scheduler_type)),
         "adam_betas": [args.adam_beta1, args.adam_beta2],
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "steps_per_generation": args.steps_per_generation,
-        "generation_batch_size": args.generation_batch_size, "device": str(args.device),
-        "use_cpu": bool(args.use_cpu), "report_to": args.report_to, "logging_steps": args.logging_steps,
+        "generation_batch_size": args.generation_batch_size,
+        "device": str(args.device),
+        "use_cpu": bool(args.use_cpu),
+        "report_to": args.report_to,
+        "logging_steps": args.logging_steps,
     }
     with OtherLoad() as other:
         trainer.train()
@@ -333,14 +400,16 @@ def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None 
     # Proof of one optimizer step per 32 completions: one generation call per optimizer step (made at
     # global_step 0..N-1), each of 4 prompts x 8 completions, and one log entry per step 1..N.
     calls_ok = [g["global_step"] for g in generations] == list(range(steps))
-    sizes_ok = all(g["completions"] == COMPLETIONS_PER_STEP and g["prompts"] == PROMPTS_PER_STEP
-                   for g in generations)
+    sizes_ok = all(g["completions"] == COMPLETIONS_PER_STEP and g["prompts"] == PROMPTS_PER_STEP for g in generations)
     logs_ok = [int(e["step"]) for e in logs] == list(range(1, steps + 1))
-    check = {"optimizer_steps": global_step, "generation_calls": len(generations),
-             "completions_per_generation": [g["completions"] for g in generations],
-             "prompts_per_generation": [g["prompts"] for g in generations],
-             "logged_steps": [int(e["step"]) for e in logs],
-             "ok": bool(calls_ok and sizes_ok and logs_ok and global_step == steps)}
+    check = {
+        "optimizer_steps": global_step,
+        "generation_calls": len(generations),
+        "completions_per_generation": [g["completions"] for g in generations],
+        "prompts_per_generation": [g["prompts"] for g in generations],
+        "logged_steps": [int(e["step"]) for e in logs],
+        "ok": bool(calls_ok and sizes_ok and logs_ok and global_step == steps),
+    }
 
     step_s = [b - a for a, b in zip(timer.begin, timer.end)]
     wall = [b - a for a, b in zip([timer.start, *timer.end[:-1]], timer.end)]
@@ -371,8 +440,10 @@ def print_report(results: dict[str, dict[str, Any]], skip: int, steps: int) -> f
 
     console = Console()
     names = list(results)
-    steps_table = Table(title=f"GRPO steps: {PROMPTS_PER_STEP} prompts x {NUM_GENERATIONS} generations, "
-                              f"<= {MAX_NEW_TOKENS} new tokens, {torch.get_num_threads()} torch threads")
+    steps_table = Table(
+        title=f"GRPO steps: {PROMPTS_PER_STEP} prompts x {NUM_GENERATIONS} generations, "
+        f"<= {MAX_NEW_TOKENS} new tokens, {torch.get_num_threads()} torch threads"
+    )
     for col in ("step", "system", "s/step", "rollout*", "update", "CPU s", "tokens mean/max"):
         steps_table.add_column(col, justify="left" if col == "system" else "right")
     for i in range(steps):
@@ -380,15 +451,22 @@ def print_report(results: dict[str, dict[str, Any]], skip: int, steps: int) -> f
             r = results[name]
             if i >= len(r["step_seconds"]):
                 continue
-            steps_table.add_row(f"{i + 1}{' warm-up' if i < skip else ''}", name, f"{r['step_seconds'][i]:.2f}",
-                                f"{r['rollout_seconds'][i]:.2f}", f"{r['update_seconds'][i]:.2f}",
-                                f"{r['cpu_seconds'][i]:.1f}",
-                                f"{r['sampled_tokens_mean'][i]:.1f}/{r['sampled_tokens_max'][i]:.0f}")
+            steps_table.add_row(
+                f"{i + 1}{' warm-up' if i < skip else ''}",
+                name,
+                f"{r['step_seconds'][i]:.2f}",
+                f"{r['rollout_seconds'][i]:.2f}",
+                f"{r['update_seconds'][i]:.2f}",
+                f"{r['cpu_seconds'][i]:.1f}",
+                f"{r['sampled_tokens_mean'][i]:.1f}/{r['sampled_tokens_max'][i]:.0f}",
+            )
         if i < steps - 1 and len(names) > 1:
             steps_table.add_section()
     console.print(steps_table)
-    console.print("* rollout: agentrl's perf/rollout_seconds (sampling, rewards, collate); TRL's "
-                  "_generate_and_score_completions (generation, rewards, advantages)")
+    console.print(
+        "* rollout: agentrl's perf/rollout_seconds (sampling, rewards, collate); TRL's "
+        "_generate_and_score_completions (generation, rewards, advantages)"
+    )
 
     summary = Table(title=f"median over steps {min(skip, steps - 1) + 1}..{steps}")
     for col in ("system", "s/step", "compl./s", "rollout", "update", "wall s", "others"):
@@ -396,35 +474,51 @@ def print_report(results: dict[str, dict[str, Any]], skip: int, steps: int) -> f
     for name in names:
         r = results[name]
         busy = r["other_processes_cores"]
-        summary.add_row(name, f"{r['median_step_seconds']:.2f}", f"{r['completions_per_second']:.2f}",
-                        f"{r['median_rollout_seconds']:.2f}", f"{r['median_update_seconds']:.2f}",
-                        f"{r['median_wall_seconds']:.2f}", "?" if busy is None else f"{busy:.2f}")
+        summary.add_row(
+            name,
+            f"{r['median_step_seconds']:.2f}",
+            f"{r['completions_per_second']:.2f}",
+            f"{r['median_rollout_seconds']:.2f}",
+            f"{r['median_update_seconds']:.2f}",
+            f"{r['median_wall_seconds']:.2f}",
+            "?" if busy is None else f"{busy:.2f}",
+        )
     console.print(summary)
-    console.print("compl./s: 32 completions / median s/step; wall s: between step ends (logging included); "
-                  "others: cores other processes kept busy meanwhile")
+    console.print(
+        "compl./s: 32 completions / median s/step; wall s: between step ends (logging included); "
+        "others: cores other processes kept busy meanwhile"
+    )
     for name in names:
         busy = results[name]["other_processes_cores"]
         if busy is not None and busy > CONTENDED:
-            console.print(f"[yellow]{name}: other processes kept {busy:.2f} of {os.cpu_count()} cores busy "
-                          f"during its training; its figures are inflated (rerun on a quiet machine, or "
-                          f"with --threads 1)[/yellow]")
+            console.print(
+                f"[yellow]{name}: other processes kept {busy:.2f} of {os.cpu_count()} cores busy "
+                f"during its training; its figures are inflated (rerun on a quiet machine, or "
+                f"with --threads 1)[/yellow]"
+            )
     if "trl" in results:
         check = results["trl"]["one_step_per_32_completions"]
-        console.print(f"trl: {check['optimizer_steps']} optimizer steps, {check['generation_calls']} generation "
-                      f"calls of {check['completions_per_generation']} completions from "
-                      f"{check['prompts_per_generation']} prompts, logged steps {check['logged_steps']}: "
-                      f"{'one optimizer step per 32 completions' if check['ok'] else '[red]MISMATCH[/red]'}")
+        console.print(
+            f"trl: {check['optimizer_steps']} optimizer steps, {check['generation_calls']} generation "
+            f"calls of {check['completions_per_generation']} completions from "
+            f"{check['prompts_per_generation']} prompts, logged steps {check['logged_steps']}: "
+            f"{'one optimizer step per 32 completions' if check['ok'] else '[red]MISMATCH[/red]'}"
+        )
         settings = results["trl"]["settings"]
-        console.print(f"trl settings in effect: bf16={settings['bf16']} (accelerate mixed_precision="
-                      f"{settings['mixed_precision']}), gradient_checkpointing="
-                      f"{settings['gradient_checkpointing']}, optim={settings['optimizer']}, "
-                      f"device={settings['device']}")
+        console.print(
+            f"trl settings in effect: bf16={settings['bf16']} (accelerate mixed_precision="
+            f"{settings['mixed_precision']}), gradient_checkpointing="
+            f"{settings['gradient_checkpointing']}, optim={settings['optimizer']}, "
+            f"device={settings['device']}"
+        )
     ratio = None
     if "agentrl" in results and "trl" in results:
         ratio = results["agentrl"]["median_step_seconds"] / results["trl"]["median_step_seconds"]
         verdict = "meets" if ratio <= 0.7 else "misses"
-        console.print(f"[bold]agentrl / TRL time per step: {ratio:.3f}[/bold] ({verdict} the <= 0.7 target; "
-                      f"agentrl x{1 / ratio:.2f} faster)")
+        console.print(
+            f"[bold]agentrl / TRL time per step: {ratio:.3f}[/bold] ({verdict} the <= 0.7 target; "
+            f"agentrl x{1 / ratio:.2f} faster)"
+        )
     if skip >= steps:
         console.print(f"[yellow]--skip-first {skip} >= --steps {steps}: medians include the warm-up step[/yellow]")
     return ratio
@@ -433,17 +527,25 @@ def print_report(results: dict[str, dict[str, Any]], skip: int, steps: int) -> f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per system (default 5)")
-    parser.add_argument("--skip-first", type=int, default=1,
-                        help="leading steps left out of the medians (warm-up; default 1)")
+    parser.add_argument(
+        "--skip-first", type=int, default=1, help="leading steps left out of the medians (warm-up; default 1)"
+    )
     parser.add_argument("--only", choices=("agentrl", "trl"), help="time one system only")
     parser.add_argument("--trl-first", action="store_true", help="run TRL before agentrl")
-    parser.add_argument("--trl-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra GRPOConfig argument for TRL, YAML value (e.g. gradient_checkpointing=false); "
-                             "repeatable")
+    parser.add_argument(
+        "--trl-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra GRPOConfig argument for TRL, YAML value (e.g. gradient_checkpointing=false); repeatable",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
-    parser.add_argument("--threads", type=int,
-                        help="torch intra-op threads for both (default: torch's own, one per core); "
-                             "1 degrades gracefully when other processes share the cores")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads for both (default: torch's own, one per core); "
+        "1 degrades gracefully when other processes share the cores",
+    )
     args = parser.parse_args()
     if args.steps < 1 or args.skip_first < 0:
         parser.error("--steps must be >= 1 and --skip-first >= 0")
@@ -464,8 +566,7 @@ def main() -> None:
     order = ["trl", "agentrl"] if args.trl_first else ["agentrl", "trl"]
     if args.only:
         order = [args.only]
-    runners = {"agentrl": run_agentrl,
-               "trl": lambda steps, skip, work: run_trl(steps, skip, work, trl_overrides)}
+    runners = {"agentrl": run_agentrl, "trl": lambda steps, skip, work: run_trl(steps, skip, work, trl_overrides)}
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="trl_vs_agentrl-") as tmp:
         for name in order:
@@ -480,17 +581,32 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "argv": sys.argv[1:], "steps": args.steps, "skip_first": args.skip_first, "order": order,
+        "argv": sys.argv[1:],
+        "steps": args.steps,
+        "skip_first": args.skip_first,
+        "order": order,
         "trl_overrides": trl_overrides,
-        "config": {"prompts_per_step": PROMPTS_PER_STEP, "num_generations": NUM_GENERATIONS,
-                   "completions_per_step": COMPLETIONS_PER_STEP, "micro_batch": MICRO_BATCH,
-                   "max_new_tokens": MAX_NEW_TOKENS, "temperature": TEMPERATURE,
-                   "learning_rate": LEARNING_RATE, "beta": 0.0, "seed": SEED,
-                   "reward": f"is_correct + {FORMAT_WEIGHT} * boxed_number"},
-        "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                    "transformers": transformers.__version__, "trl": trl.__version__,
-                    "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-                    "processor": platform.processor() or platform.machine()},
+        "config": {
+            "prompts_per_step": PROMPTS_PER_STEP,
+            "num_generations": NUM_GENERATIONS,
+            "completions_per_step": COMPLETIONS_PER_STEP,
+            "micro_batch": MICRO_BATCH,
+            "max_new_tokens": MAX_NEW_TOKENS,
+            "temperature": TEMPERATURE,
+            "learning_rate": LEARNING_RATE,
+            "beta": 0.0,
+            "seed": SEED,
+            "reward": f"is_correct + {FORMAT_WEIGHT} * boxed_number",
+        },
+        "machine": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl": trl.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+        },
         "results": results,
         "ratio_agentrl_over_trl": ratio,
     }

@@ -17,6 +17,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, _workers))))
 
 import pytest
+
 from agentrl.model.loading import DEFAULT_MODEL, load_tokenizer
 from agentrl.testing import build_tiny_model
 
@@ -45,13 +46,18 @@ class PluginVenv:
 
     def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``pip ARGS`` into this venv (the test venv's pip, ``--python`` this venv's interpreter)."""
-        return subprocess.run([sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", "--python",
-                               str(self.python), *args], capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", "--python", str(self.python), *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     def agentrl(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         """``agentrl ARGS`` with this venv's interpreter: it sees what was installed here."""
-        return subprocess.run([str(self.python), "-m", "agentrl.cli.app", *args], cwd=cwd, capture_output=True,
-                              text=True, timeout=600)
+        return subprocess.run(
+            [str(self.python), "-m", "agentrl.cli.app", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+        )
 
 
 @pytest.fixture
@@ -62,8 +68,13 @@ def plugin_venv(tmp_path) -> PluginVenv:
     folder = tmp_path / "plugin-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
     python = folder / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
     lines = [f"import site; site.addsitedir({path!r})" for path in site.getsitepackages()]
     (Path(purelib) / "_layered_over_the_test_venv.pth").write_text("\n".join(lines) + "\n")
     return PluginVenv(python)

@@ -37,21 +37,43 @@ from typing import Any
 
 # One thread everywhere, CPU only; set in a scenario's process before torch is imported (nothing
 # here imports torch at module level, so the test can import this file without side effects).
-SINGLE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                 "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg"}
+SINGLE_THREAD = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "CUDA_VISIBLE_DEVICES": "",
+    "TOKENIZERS_PARALLELISM": "false",
+    "MPLBACKEND": "Agg",
+}
 GOLDEN = Path(__file__).resolve().parent / "data" / "behaviour_golden.json"
 SCENARIOS = ("grpo", "ppo", "resume")
 TIMING_PREFIXES = ("perf/",)  # wall-clock and memory figures: differ between any two runs
 SKIPPED_DIRS = {"checkpoints", "tensorboard"}  # weights read from the run dir outside these
 
-COMMON: dict[str, Any] = dict(prompts_per_step=2, num_generations=4, max_new_tokens=8, learning_rate=1e-3,
-                              rewards={"agentrl.testing:parity_reward": 1.0},  # groups with signal
-                              precision="fp32",  # "auto" would pick bf16 on some CPUs
-                              log_completions_every=0, seed=0)
-GRPO: dict[str, Any] = dict(COMMON, algo="grpo", max_steps=5, algorithm={"beta": 0.04}, micro_batch_size=4,
-                            eval_tasks=2, eval_every=2, eval_sampled=True, checkpoint_every=0)
-PPO: dict[str, Any] = dict(COMMON, algo="ppo", max_steps=4, algorithm={"ppo_epochs": 2, "mini_batches": 2},
-                           eval_tasks=0, checkpoint_every=0)
+COMMON: dict[str, Any] = dict(
+    prompts_per_step=2,
+    num_generations=4,
+    max_new_tokens=8,
+    learning_rate=1e-3,
+    rewards={"agentrl.testing:parity_reward": 1.0},  # groups with signal
+    precision="fp32",  # "auto" would pick bf16 on some CPUs
+    log_completions_every=0,
+    seed=0,
+)
+GRPO: dict[str, Any] = dict(
+    COMMON,
+    algo="grpo",
+    max_steps=5,
+    algorithm={"beta": 0.04},
+    micro_batch_size=4,
+    eval_tasks=2,
+    eval_every=2,
+    eval_sampled=True,
+    checkpoint_every=0,
+)
+PPO: dict[str, Any] = dict(
+    COMMON, algo="ppo", max_steps=4, algorithm={"ppo_epochs": 2, "mini_batches": 2}, eval_tasks=0, checkpoint_every=0
+)
 RESUME_STOP = 3
 # A plugin that sends this process SIGINT at the end of step RESUME_STOP, as Ctrl-C during the update.
 STOP_PLUGIN = f"""
@@ -80,9 +102,14 @@ def machine_fingerprint() -> dict[str, str]:
         pass
     model = info.get("model name") or info.get("CPU part") or platform.processor() or platform.machine()
     flags = " ".join(sorted(set((info.get("flags") or info.get("Features") or "").split())))
-    return {"cpu": model, "cpu_flags_sha256": hashlib.sha256(flags.encode()).hexdigest(),
-            "arch": platform.machine(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
+    return {
+        "cpu": model,
+        "cpu_flags_sha256": hashlib.sha256(flags.encode()).hexdigest(),
+        "arch": platform.machine(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+    }
 
 
 def tensor_summary(tensor: Any) -> dict[str, Any]:
@@ -92,8 +119,13 @@ def tensor_summary(tensor: Any) -> dict[str, Any]:
     t = tensor.detach().cpu().contiguous()
     raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
     wide = t.to(torch.float64)
-    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "sum": wide.sum().item(),
-            "norm": wide.norm().item(), "sha256": hashlib.sha256(raw).hexdigest()}
+    return {
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": list(t.shape),
+        "sum": wide.sum().item(),
+        "norm": wide.norm().item(),
+        "sha256": hashlib.sha256(raw).hexdigest(),
+    }
 
 
 def folder_weights(root: Path) -> dict[str, dict[str, Any]]:
@@ -159,8 +191,16 @@ def run_scenario(name: str, tiny_model: Path, workdir: Path, overrides: dict[str
 
     def config(base: dict[str, Any], **more: Any) -> Any:
         # lockstep_plugins(): the same engine batches however loaded the machine (three scenarios at once)
-        return TrainConfig(**{**base, "model": str(tiny_model), "output_dir": str(run_dir),
-                              "plugins": lockstep_plugins(), **more, **overrides})
+        return TrainConfig(
+            **{
+                **base,
+                "model": str(tiny_model),
+                "output_dir": str(run_dir),
+                "plugins": lockstep_plugins(),
+                **more,
+                **overrides,
+            }
+        )
 
     if name == "grpo":
         Trainer(config(GRPO), load_plugins()).train()
@@ -185,9 +225,13 @@ def run_scenario(name: str, tiny_model: Path, workdir: Path, overrides: dict[str
         Trainer(resumed, load_plugins(modules=[str(plugin)]), resume=checkpoint).train()
     else:
         raise SystemExit(f"unknown scenario {name!r}: one of {', '.join(SCENARIOS)}")
-    return {"fingerprint": machine_fingerprint(), "threads": torch.get_num_threads(),
-            "tiny_model": folder_weights(tiny_model), "metrics": metrics_history(run_dir),
-            "weights": folder_weights(run_dir)}
+    return {
+        "fingerprint": machine_fingerprint(),
+        "threads": torch.get_num_threads(),
+        "tiny_model": folder_weights(tiny_model),
+        "metrics": metrics_history(run_dir),
+        "weights": folder_weights(run_dir),
+    }
 
 
 def _skip_the_plot() -> None:
@@ -202,14 +246,31 @@ def _skip_the_plot() -> None:
         plots.plot_run = lambda *args, **kwargs: None
 
 
-def scenario_command(name: str, tiny_model: Path, workdir: Path, out: Path, changed: dict[str, Any] | None = None,
-                     changed_out: Path | None = None) -> list[str]:
+def scenario_command(
+    name: str,
+    tiny_model: Path,
+    workdir: Path,
+    out: Path,
+    changed: dict[str, Any] | None = None,
+    changed_out: Path | None = None,
+) -> list[str]:
     """The command line that runs scenario ``name`` in a fresh process (with :func:`child_env`),
     then, given ``changed``, the scenario again with those config values (``changed_out``)."""
     extra = [a for k, v in (changed or {}).items() for a in ("--changed", f"{k}={json.dumps(v)}")]
     extra += ["--changed-out", str(changed_out)] if changed_out else []
-    return [sys.executable, str(Path(__file__).resolve()), "--scenario", name, "--tiny-model", str(tiny_model),
-            "--workdir", str(workdir), "--out", str(out), *extra]
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--scenario",
+        name,
+        "--tiny-model",
+        str(tiny_model),
+        "--workdir",
+        str(workdir),
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def child_env() -> dict[str, str]:
@@ -225,8 +286,9 @@ def record() -> None:
         scenarios, fingerprint = {}, None
         for name in SCENARIOS:
             out = Path(tmp) / f"{name}.json"
-            done = subprocess.run(scenario_command(name, tiny, Path(tmp) / "runs", out), env=child_env(),
-                                  capture_output=True, text=True)
+            done = subprocess.run(
+                scenario_command(name, tiny, Path(tmp) / "runs", out), env=child_env(), capture_output=True, text=True
+            )
             if done.returncode:
                 raise SystemExit(f"scenario {name} failed:\n{done.stderr[-4000:]}")
             figures = json.loads(out.read_text())
@@ -236,14 +298,26 @@ def record() -> None:
             figures.pop("threads")
             scenarios[name] = figures
             print(f"{name}: {len(figures['metrics'])} metric rows, {len(figures['weights'])} tensors", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "agentrl", "plugins", "envs"], capture_output=True,
-                           text=True, cwd=Path(__file__).parent).stdout.strip()
-    golden = {"recorded_from": commit + (" (with uncommitted changes)" if dirty else ""),
-              "fingerprint": fingerprint, "scenarios": scenarios,
-              "configs": {"common": COMMON, "grpo": GRPO, "ppo": PPO,
-                          "resume": {"interrupted_in_step": RESUME_STOP, "checkpoint_every": 2}}}
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "agentrl", "plugins", "envs"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+    ).stdout.strip()
+    golden = {
+        "recorded_from": commit + (" (with uncommitted changes)" if dirty else ""),
+        "fingerprint": fingerprint,
+        "scenarios": scenarios,
+        "configs": {
+            "common": COMMON,
+            "grpo": GRPO,
+            "ppo": PPO,
+            "resume": {"interrupted_in_step": RESUME_STOP, "checkpoint_every": 2},
+        },
+    }
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
     GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=False) + "\n")
     print(f"wrote {GOLDEN}")
@@ -258,9 +332,14 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="where the scenario's run dirs go")
     parser.add_argument("--out", type=Path, help="the JSON file the figures are written to")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="change a config value")
-    parser.add_argument("--changed", action="append", default=[], metavar="KEY=JSON",
-                        help="then run the scenario again with this config value changed (in the same process: "
-                             "the test only needs its figures to differ), writing its figures to --changed-out")
+    parser.add_argument(
+        "--changed",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="then run the scenario again with this config value changed (in the same process: "
+        "the test only needs its figures to differ), writing its figures to --changed-out",
+    )
     parser.add_argument("--changed-out", type=Path)
     args = parser.parse_args()
     if args.record:
@@ -274,8 +353,12 @@ def main() -> None:
     figures = run_scenario(args.scenario, args.tiny_model, args.workdir, overrides)
     args.out.write_text(json.dumps(figures))
     if args.changed:
-        changed = run_scenario(args.scenario, args.tiny_model, args.workdir / "changed",
-                               {**overrides, **dict(_key_value(item) for item in args.changed)})
+        changed = run_scenario(
+            args.scenario,
+            args.tiny_model,
+            args.workdir / "changed",
+            {**overrides, **dict(_key_value(item) for item in args.changed)},
+        )
         args.changed_out.write_text(json.dumps(changed))
 
 

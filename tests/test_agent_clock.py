@@ -11,7 +11,7 @@ from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model
 
-TWO_CALLS = '''
+TWO_CALLS = """
 import time
 
 def solve(task, client):
@@ -20,7 +20,7 @@ def solve(task, client):
                                        max_tokens=2)
         time.sleep(task["think_s"])
     return 1.0
-'''
+"""
 
 
 class SlowEngine:
@@ -28,8 +28,11 @@ class SlowEngine:
 
     def __init__(self, tokenizer):
         factory = load_plugins().registry.get("engine", "hf").factory
-        self.inner = factory(model=build_tiny_model(len(tokenizer)), tokenizer=tokenizer,
-                             config=TrainConfig(engine_args={"dtype": "float32"}))
+        self.inner = factory(
+            model=build_tiny_model(len(tokenizer)),
+            tokenizer=tokenizer,
+            config=TrainConfig(engine_args={"dtype": "float32"}),
+        )
 
     def generate(self, prompts, sampling):
         time.sleep(1.2)
@@ -40,8 +43,11 @@ def _run(tokenizer, tmp_path, think_s: float):
     path = tmp_path / "agent.py"
     path.write_text(TWO_CALLS)
     config = TrainConfig(max_new_tokens=2, plugins={"openai_agent": {"agent": f"{path}:solve", "timeout_s": 0.8}})
-    rollout = load_plugins().registry.get("rollout", "openai_agent").factory(
-        engine=SlowEngine(tokenizer), tokenizer=tokenizer, config=config)
+    rollout = (
+        load_plugins()
+        .registry.get("rollout", "openai_agent")
+        .factory(engine=SlowEngine(tokenizer), tokenizer=tokenizer, config=config)
+    )
     started = time.monotonic()
     [trajectory] = rollout.run([None], [{"question": "q", "think_s": think_s}], [0], SamplingParams(seed=0))
     return trajectory, time.monotonic() - started

@@ -5,22 +5,22 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from agentrl import EnvError, SamplingParams
-from agentrl.training.build import make_env
-from agentrl.config.train import TrainConfig
-from agentrl.training.evaluate import episode_success
-from agentrl.plugins import load_plugins
-from agentrl.testing import build_tiny_model
 from cli_in_process import agentrl_in_process
 
-BOXES = '''
+from agentrl import EnvError, SamplingParams
+from agentrl.config.train import TrainConfig
+from agentrl.plugins import load_plugins
+from agentrl.testing import build_tiny_model
+from agentrl.training.build import make_env
+from agentrl.training.evaluate import episode_success
+
+BOXES = """
 def solve(task, client):
     messages = [{"role": "user", "content": task["question"]}]
     client.chat.completions.create(model="m", messages=messages, max_tokens=4)
     answer = task["answer"] if task.get("right", True) else "-12345"
     return messages + [{"role": "assistant", "content": "The answer is \\\\boxed{" + answer + "}."}]
-'''
+"""
 
 
 def _agent(tmp_path, body=BOXES) -> str:
@@ -32,8 +32,11 @@ def _agent(tmp_path, body=BOXES) -> str:
 def _rollout(tokenizer, agent, **overrides):
     plugins = load_plugins()
     config = TrainConfig(**{"max_new_tokens": 4, "plugins": {"openai_agent": {"agent": agent}}, **overrides})
-    engine = plugins.registry.get("engine", "hf").factory(model=build_tiny_model(len(tokenizer)), tokenizer=tokenizer,
-                                                          config=TrainConfig(engine_args={"dtype": "float32"}))
+    engine = plugins.registry.get("engine", "hf").factory(
+        model=build_tiny_model(len(tokenizer)),
+        tokenizer=tokenizer,
+        config=TrainConfig(engine_args={"dtype": "float32"}),
+    )
     return plugins.registry.get("rollout", "openai_agent").factory(engine=engine, tokenizer=tokenizer, config=config)
 
 
@@ -55,7 +58,9 @@ def test_the_env_scores_the_agents_final_answer(tokenizer, tmp_path):
 def test_env_scores_off_and_agents_that_return_a_reward_keep_theirs(tokenizer, tmp_path):
     tasks = _math_tasks(2)
     envs = [make_env(load_plugins(), TrainConfig(env="math")) for _ in tasks]
-    off = _rollout(tokenizer, (agent := _agent(tmp_path)), plugins={"openai_agent": {"agent": agent, "env_scores": False}})
+    off = _rollout(
+        tokenizer, (agent := _agent(tmp_path)), plugins={"openai_agent": {"agent": agent, "env_scores": False}}
+    )
     assert [t.env_return for t in off.run(envs, tasks, [0, 1], SamplingParams(seed=0))] == [0.0, 0.0]
     numeric = _agent(tmp_path, BOXES.replace("    return messages +", "    return 0.25\n    return messages +"))
     trajectories = _rollout(tokenizer, numeric).run(envs, tasks, [0, 1], SamplingParams(seed=0))
@@ -78,17 +83,38 @@ def test_a_failing_env_check_is_skipped_or_fails_the_run(tokenizer, tmp_path):
         [trajectory] = _rollout(tokenizer, _agent(tmp_path)).run([BrokenChecker()], tasks, [0], SamplingParams(seed=0))
     assert trajectory.env_return == 0.0 and "env_scored" not in trajectory.info
     with pytest.raises(EnvError, match="BrokenChecker.step .* ValueError: cannot read"):
-        _rollout(tokenizer, _agent(tmp_path), on_call_error="fail").run([BrokenChecker()], tasks, [0],
-                                                                        SamplingParams(seed=0))
+        _rollout(tokenizer, _agent(tmp_path), on_call_error="fail").run(
+            [BrokenChecker()], tasks, [0], SamplingParams(seed=0)
+        )
 
 
 def test_held_out_accuracy_of_an_agent_run_through_the_cli(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     result = agentrl_in_process(
-        "train", "--env", "math", "--model", str(tiny_model_dir),
-        "--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
-        "--set", "rollout=openai_agent", "--set", f"plugins.openai_agent.agent={_agent(tmp_path)}",
-        "--set", "eval_tasks=4", "--set", "max_new_tokens=4", "--set", "save_model=false")
+        "train",
+        "--env",
+        "math",
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "1",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--output-dir",
+        str(out),
+        "--set",
+        "rollout=openai_agent",
+        "--set",
+        f"plugins.openai_agent.agent={_agent(tmp_path)}",
+        "--set",
+        "eval_tasks=4",
+        "--set",
+        "max_new_tokens=4",
+        "--set",
+        "save_model=false",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = json.loads((out / "eval.json").read_text())
@@ -116,7 +142,7 @@ class ScriptedEngine:
         return out
 
 
-TOOL_LOOP = '''
+TOOL_LOOP = """
 import json
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
     "type": "object", "properties": {"expression": {"type": "string"}}}}}]
@@ -129,18 +155,22 @@ def solve(task, client):
         for call in message.tool_calls or []:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": "5"})
     return messages
-'''
+"""
 
 
 def test_tool_calls_are_counted_so_tool_use_rewards_agents_as_envs(tokenizer, tmp_path):
     from agentrl_rewards import tool_use_reward
 
-    replies = ['<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>',
-               '<tool_call>{"name": "abacus", "arguments": {}}</tool_call>', "\\boxed{5}"]
+    replies = [
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>',
+        '<tool_call>{"name": "abacus", "arguments": {}}</tool_call>',
+        "\\boxed{5}",
+    ]
     plugins = load_plugins()
     config = TrainConfig(max_new_tokens=40, plugins={"openai_agent": {"agent": _agent(tmp_path, TOOL_LOOP)}})
     rollout = plugins.registry.get("rollout", "openai_agent").factory(
-        engine=ScriptedEngine(tokenizer, replies), tokenizer=tokenizer, config=config)
+        engine=ScriptedEngine(tokenizer, replies), tokenizer=tokenizer, config=config
+    )
     [trajectory] = rollout.run([None], [{"question": "What is 2 + 3?"}], [0], SamplingParams(seed=0))
     assert [(t.tool_calls, t.tool_errors) for t in trajectory.turns] == [(1, 0), (1, 1), (0, 0)]
     assert trajectory.num_tool_calls == 2 and trajectory.num_tool_calls_ok == 1
@@ -159,15 +189,24 @@ def test_the_calculator_agent_program_is_the_calculator_env_token_for_token(toke
     env_config = TrainConfig(env="calculator", max_new_tokens=40)
     env = make_env(plugins, env_config)
     task = dict(env.train_tasks()[3])
-    replies = [f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{task["expression"]}"}}}}</tool_call>',
-               f"The answer is \\boxed{{{task['answer']}}}."]
+    replies = [
+        f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{task["expression"]}"}}}}</tool_call>',
+        f"The answer is \\boxed{{{task['answer']}}}.",
+    ]
     engine = ScriptedEngine(tokenizer, replies)
-    [by_env] = plugins.registry.get("rollout", "multi_turn").factory(engine=engine, tokenizer=tokenizer, config=env_config) \
+    [by_env] = (
+        plugins.registry.get("rollout", "multi_turn")
+        .factory(engine=engine, tokenizer=tokenizer, config=env_config)
         .run([env], [task], [0], SamplingParams(seed=0))
+    )
     agent_config = TrainConfig(env="calculator", max_new_tokens=40, plugins={"openai_agent": {"agent": agent}})
-    [by_agent] = plugins.registry.get("rollout", "openai_agent").factory(engine=engine, tokenizer=tokenizer,
-                                                                         config=agent_config) \
+    [by_agent] = (
+        plugins.registry.get("rollout", "openai_agent")
+        .factory(engine=engine, tokenizer=tokenizer, config=agent_config)
         .run([make_env(plugins, env_config)], [task], [0], SamplingParams(seed=0))
-    assert by_env.env_return == by_agent.env_return == 1.0 and by_env.num_tool_calls_ok == by_agent.num_tool_calls_ok == 1
+    )
+    assert (
+        by_env.env_return == by_agent.env_return == 1.0 and by_env.num_tool_calls_ok == by_agent.num_tool_calls_ok == 1
+    )
     assert tokenizer.decode(by_agent.token_ids) == tokenizer.decode(by_env.token_ids)
     assert by_agent.token_ids == by_env.token_ids and by_agent.loss_mask == by_env.loss_mask

@@ -16,23 +16,36 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.training import async_rollouts
-from agentrl.training import weight_copies
-from agentrl.training.async_rollouts import version_for
 from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.rundir.directory import resume_config
 from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
+from agentrl.training import async_rollouts, weight_copies
+from agentrl.training.async_rollouts import version_for
 from agentrl.training.trainer import Trainer
 
 PARITY = {"agentrl.testing:parity_reward": 1.0}  # groups with a reward spread: every step changes the weights
 
 
 def _config(model_dir: Path, out: Path, **overrides) -> TrainConfig:
-    base = dict(model=str(model_dir), max_steps=5, prompts_per_step=2, num_generations=3, max_new_tokens=8,
-                eval_tasks=4, eval_every=2, output_dir=str(out), log_completions_every=1, checkpoint_every=3,
-                keep_checkpoints=10, learning_rate=1e-2, rewards=PARITY, async_steps=2, plugins=lockstep_plugins())
+    base = dict(
+        model=str(model_dir),
+        max_steps=5,
+        prompts_per_step=2,
+        num_generations=3,
+        max_new_tokens=8,
+        eval_tasks=4,
+        eval_every=2,
+        output_dir=str(out),
+        log_completions_every=1,
+        checkpoint_every=3,
+        keep_checkpoints=10,
+        learning_rate=1e-2,
+        rewards=PARITY,
+        async_steps=2,
+        plugins=lockstep_plugins(),
+    )
     base.update(overrides)
     return TrainConfig(**base)
 
@@ -98,7 +111,7 @@ def test_a_synchronous_run_records_no_versions_and_corrects_nothing(tiny_model_d
     assert not [k for row in _lines(out) for k in row if k.startswith(("async/", "mismatch/"))]
 
 
-CAPTURE_PLUGIN = '''
+CAPTURE_PLUGIN = """
 import os, time, torch
 from agentrl import hookimpl
 
@@ -112,7 +125,7 @@ def agentrl_adjust_loss_mask(batch, config, settings, metrics):
                                  "old": batch.extras["old_logprobs"].clone(),
                                  "versions": batch.extras["policy_versions"].clone()}
     torch.save(batches, os.environ["AGENTRL_TEST_CAPTURE"])
-'''
+"""
 
 
 def _float64_logprobs(model_dir: Path, weights: Path | dict, captured: dict, temperature: float) -> torch.Tensor:
@@ -142,35 +155,49 @@ def test_stale_tokens_are_weighted_by_old_over_sampler_of_their_own_version(tiny
     manager = load_plugins(modules=[str(plugin)])
     monkeypatch.setenv("AGENTRL_TEST_CAPTURE", str(tmp_path / "captured.pt"))
     out = tmp_path / "run"
-    config = _config(tiny_model_dir, out, max_steps=4, checkpoint_every=1, eval_tasks=0, precision="fp32",
-                     keep_finished_checkpoints=True)
+    config = _config(
+        tiny_model_dir,
+        out,
+        max_steps=4,
+        checkpoint_every=1,
+        eval_tasks=0,
+        precision="fp32",
+        keep_finished_checkpoints=True,
+    )
     Trainer(config, manager).train()
     captured = torch.load(tmp_path / "captured.pt")[4]  # the 4th rollout batch: step 4
     mask = captured["loss_mask"] > 0
     assert set(captured["versions"][mask].tolist()) == {1} and set(captured["versions"][~mask].tolist()) <= {-1}
-    sampler_v1 = _float64_logprobs(tiny_model_dir, out / "checkpoints" / "step-000001" / "model", captured,
-                                   config.temperature)
-    old_v3 = _float64_logprobs(tiny_model_dir, out / "checkpoints" / "step-000003" / "model", captured,
-                               config.temperature)
+    sampler_v1 = _float64_logprobs(
+        tiny_model_dir, out / "checkpoints" / "step-000001" / "model", captured, config.temperature
+    )
+    old_v3 = _float64_logprobs(
+        tiny_model_dir, out / "checkpoints" / "step-000003" / "model", captured, config.temperature
+    )
     torch.testing.assert_close(captured["sampler"].double()[mask], sampler_v1[mask], atol=2e-4, rtol=0)
     torch.testing.assert_close(captured["old"].double()[mask], old_v3[mask], atol=2e-4, rtol=0)
     assert float((old_v3 - sampler_v1)[mask].abs().max()) > 1e-2  # two versions apart: visibly different
 
-    from agentrl_sampler_correction import agentrl_per_token_loss_factors
     from agentrl.trajectory import TrainBatch
+    from agentrl_sampler_correction import agentrl_per_token_loss_factors
 
-    batch = TrainBatch(input_ids=captured["input_ids"], attention_mask=captured["attention_mask"],
-                       loss_mask=captured["loss_mask"], sampler_logprobs=captured["sampler"],
-                       rewards=torch.zeros(len(mask)), groups=torch.zeros(len(mask), dtype=torch.long),
-                       token_rewards=torch.zeros_like(captured["sampler"]), truncated=torch.zeros(len(mask), dtype=torch.bool),
-                       lengths=captured["attention_mask"].sum(1))
-    factors = agentrl_per_token_loss_factors(batch=batch, old_logprobs=captured["old"], config=config,
-                                             settings={})
+    batch = TrainBatch(
+        input_ids=captured["input_ids"],
+        attention_mask=captured["attention_mask"],
+        loss_mask=captured["loss_mask"],
+        sampler_logprobs=captured["sampler"],
+        rewards=torch.zeros(len(mask)),
+        groups=torch.zeros(len(mask), dtype=torch.long),
+        token_rewards=torch.zeros_like(captured["sampler"]),
+        truncated=torch.zeros(len(mask), dtype=torch.bool),
+        lengths=captured["attention_mask"].sum(1),
+    )
+    factors = agentrl_per_token_loss_factors(batch=batch, old_logprobs=captured["old"], config=config, settings={})
     expected = torch.clamp(torch.exp(old_v3 - sampler_v1), max=2.0)  # the default cap, from the float64 forwards
     torch.testing.assert_close(factors.double()[mask], expected[mask], atol=1e-3, rtol=1e-3)
 
 
-INTERRUPT_PLUGIN = '''
+INTERRUPT_PLUGIN = """
 import os, signal
 from agentrl import hookimpl
 
@@ -186,7 +213,7 @@ def agentrl_on_rollout_end(trajectories, step, metrics):
 def agentrl_on_step_end(step, metrics):
     if step == _stop_at() and os.environ.get("AGENTRL_TEST_SIGINT_IN") == "update":
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while a step's records are written
-'''
+"""
 
 
 @pytest.mark.parametrize("where", ["rollout", "update"])
@@ -211,7 +238,7 @@ def test_ctrl_c_with_episodes_in_flight_then_resume_equals_straight(tiny_model_d
     assert [r["step"] for r in _lines(split)][:-1] == [1, 2, 3, 4, 5]  # every step once (then the final row)
 
 
-SLOW_ROLLOUT_PLUGIN = '''
+SLOW_ROLLOUT_PLUGIN = """
 import os, time
 from pathlib import Path
 from agentrl import hookimpl
@@ -222,22 +249,51 @@ def agentrl_on_rollout_end(trajectories, step, metrics):
     if ready and step == 5:  # step 5's episodes are in flight (scored, not handed over) until killed
         Path(ready).write_text("collecting")
         time.sleep(600)
-'''
+"""
 
 
 def test_sigkill_with_episodes_in_flight_then_resume_equals_straight(tiny_model_dir, tmp_path):
     plugin = tmp_path / "slow_rollout.py"
     plugin.write_text(SLOW_ROLLOUT_PLUGIN)
     cli = [sys.executable, "-m", "agentrl.cli.app", "train"]
-    common = ["--model", str(tiny_model_dir), "--max-steps", "6", "--num-generations", "3", "--prompts-per-step",
-              "2", "--reward", "agentrl.testing:parity_reward", "--set", "max_new_tokens=8", "--set", "eval_tasks=0",
-              "--set", "checkpoint_every=2", "--set", "async_steps=2", "--set", "learning_rate=0.01",
-              "--set", "log_completions_every=1", "--plugin", str(plugin), *LOCKSTEP_ARGS]
+    common = [
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "6",
+        "--num-generations",
+        "3",
+        "--prompts-per-step",
+        "2",
+        "--reward",
+        "agentrl.testing:parity_reward",
+        "--set",
+        "max_new_tokens=8",
+        "--set",
+        "eval_tasks=0",
+        "--set",
+        "checkpoint_every=2",
+        "--set",
+        "async_steps=2",
+        "--set",
+        "learning_rate=0.01",
+        "--set",
+        "log_completions_every=1",
+        "--plugin",
+        str(plugin),
+        *LOCKSTEP_ARGS,
+    ]
     straight, killed, ready = tmp_path / "straight", tmp_path / "killed", tmp_path / "ready"
-    first = subprocess.Popen([*cli, *common, "--output-dir", str(straight)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    proc = subprocess.Popen([*cli, *common, "--output-dir", str(killed)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "AGENTRL_TEST_SLOW_ROLLOUT": str(ready)})
+    first = subprocess.Popen(
+        [*cli, *common, "--output-dir", str(straight)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    proc = subprocess.Popen(
+        [*cli, *common, "--output-dir", str(killed)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "AGENTRL_TEST_SLOW_ROLLOUT": str(ready)},
+    )
     deadline = time.monotonic() + 300
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -246,8 +302,9 @@ def test_sigkill_with_episodes_in_flight_then_resume_equals_straight(tiny_model_
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert first.wait(timeout=300) == 0, first.stderr.read()
-    done = subprocess.run([*cli, "--resume", str(killed), "--plugin", str(plugin)], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [*cli, "--resume", str(killed), "--plugin", str(plugin)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "step-000002" in done.stdout  # the checkpoint of step 4 waits for step 5's episodes: never written
     _assert_same_run(straight, killed)
@@ -255,18 +312,31 @@ def test_sigkill_with_episodes_in_flight_then_resume_equals_straight(tiny_model_
 
 def test_batches_too_stale_for_a_smaller_bound_are_dropped_and_counted(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    Trainer(_config(tiny_model_dir, out, max_steps=4, checkpoint_every=2, eval_tasks=0, save_model=False,
-                    keep_finished_checkpoints=True), load_plugins()).train()
+    Trainer(
+        _config(
+            tiny_model_dir,
+            out,
+            max_steps=4,
+            checkpoint_every=2,
+            eval_tasks=0,
+            save_model=False,
+            keep_finished_checkpoints=True,
+        ),
+        load_plugins(),
+    ).train()
     checkpoint = out / "checkpoints" / "step-000002"
     ahead = json.loads((checkpoint / "state.json").read_text())["processes"][0]["async"]
     assert [c["step"] for c in ahead["ready"]] == [3, 4]  # versions 0 and 1: collected for the run's next steps
     # Resumed from step 2 with a bound of 1: the two batches would be 2 versions stale at steps 3 and 4: dropped.
-    config = _config(tiny_model_dir, out, max_steps=4, checkpoint_every=2, eval_tasks=0, save_model=False,
-                     async_steps=1)
+    config = _config(
+        tiny_model_dir, out, max_steps=4, checkpoint_every=2, eval_tasks=0, save_model=False, async_steps=1
+    )
     Trainer(config, load_plugins(), resume=checkpoint).train()
     rows = _lines(out)
     assert [(r["step"], r["async/sampling_version"], r["async/dropped_episodes"]) for r in rows[2:]] == [
-        (3, 2.0, 12.0), (4, 2.0, 12.0)]  # re-collected from the resumed version 2: staleness 0, then 1
+        (3, 2.0, 12.0),
+        (4, 2.0, 12.0),
+    ]  # re-collected from the resumed version 2: staleness 0, then 1
 
 
 SLOW_CHAT = f"{Path(__file__).resolve().parents[1] / 'bench' / 'env_latency.py'}:SlowChat"
@@ -291,9 +361,20 @@ def test_partial_rollouts_turns_take_each_new_version_and_record_it(tiny_model_d
 
     monkeypatch.setattr(async_rollouts.AsyncRollouts, "publish", keep)
     out = tmp_path / "run"
-    config = _config(tiny_model_dir, out, env=SLOW_CHAT, env_args={"latency": 0.4, "turns": 5}, async_steps=1,
-                     partial_rollouts=True, max_steps=5, prompts_per_step=2, num_generations=2, eval_tasks=0,
-                     checkpoint_every=0, precision="fp32")
+    config = _config(
+        tiny_model_dir,
+        out,
+        env=SLOW_CHAT,
+        env_args={"latency": 0.4, "turns": 5},
+        async_steps=1,
+        partial_rollouts=True,
+        max_steps=5,
+        prompts_per_step=2,
+        num_generations=2,
+        eval_tasks=0,
+        checkpoint_every=0,
+        precision="fp32",
+    )
     Trainer(config, load_plugins(modules=[str(plugin)])).train()
     captured = torch.load(tmp_path / "captured.pt")
     assert sorted(captured) == [1, 2, 3, 4, 5]
@@ -331,14 +412,23 @@ def _episodes_by_step(run_dir: Path) -> dict[int, list[tuple]]:
 
 
 def test_partial_rollouts_ctrl_c_with_turns_in_flight_then_resume_loses_and_repeats_no_episode(
-        tiny_model_dir, tmp_path, monkeypatch):
+    tiny_model_dir, tmp_path, monkeypatch
+):
     """Which version samples which turn is timing, so a resumed partial run is not bitwise; it still
     trains every step once, on the episodes of the tasks an uninterrupted run trains on there."""
     plugin = tmp_path / "interrupt_plugin.py"
     plugin.write_text(INTERRUPT_PLUGIN)
     straight, split = tmp_path / "straight", tmp_path / "split"
-    overrides = dict(env=SLOW_CHAT, env_args={"latency": 0.05, "turns": 3}, async_steps=1, partial_rollouts=True,
-                     prompts_per_step=2, num_generations=2, eval_tasks=0, checkpoint_every=2)
+    overrides = dict(
+        env=SLOW_CHAT,
+        env_args={"latency": 0.05, "turns": 3},
+        async_steps=1,
+        partial_rollouts=True,
+        prompts_per_step=2,
+        num_generations=2,
+        eval_tasks=0,
+        checkpoint_every=2,
+    )
     Trainer(_config(tiny_model_dir, straight, **overrides), load_plugins(modules=[str(plugin)])).train()
     monkeypatch.setenv("AGENTRL_TEST_SIGINT_AT", "4")
     monkeypatch.setenv("AGENTRL_TEST_SIGINT_IN", "rollout")  # step 4's episodes collected while step 3 trains
@@ -378,8 +468,17 @@ def test_the_first_turn_of_a_collection_is_stamped_with_its_version(tokenizer):
         stamped.extend(g.policy_version for g in versioned.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2)))
         return "collected"
 
-    producer = async_rollouts.AsyncRollouts(collect, versioned.sync_weights, model, async_steps=1, next_step=1,
-                                            last_step=1, floor=3, partial=True, versioned=versioned)
+    producer = async_rollouts.AsyncRollouts(
+        collect,
+        versioned.sync_weights,
+        model,
+        async_steps=1,
+        next_step=1,
+        last_step=1,
+        floor=3,
+        partial=True,
+        versioned=versioned,
+    )
     assert producer.take(1) == "collected" and producer.close()
     assert stamped == [3]
 
@@ -396,7 +495,8 @@ def test_a_published_snapshot_copies_a_tied_matrix_once_and_loads_tied(tokenizer
     assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
     distinct = {id(t): t for t in weights.values()}.values()
     assert sum(t.numel() for t in distinct) == sum(p.numel() for p in model.parameters()) + sum(
-        b.numel() for name, b in model.named_buffers() if name in state)
+        b.numel() for name, b in model.named_buffers() if name in state
+    )
     assert all(w.data_ptr() != state[name].data_ptr() for name, w in weights.items())
     with torch.no_grad():  # the learner trains on: the snapshot keeps the version it was given
         for p in model.parameters():
@@ -448,8 +548,16 @@ def test_the_rollout_copy_is_freed_where_the_engine_keeps_weights_of_its_own(tok
         seen.append({n: p.detach().clone() for n, p in engine.model.named_parameters()})
         return version
 
-    producer = async_rollouts.AsyncRollouts(collect, engine.sync_weights, model, async_steps=0, next_step=2,
-                                            last_step=2, floor=0, frees_copy=not engine.keeps_synced_model)
+    producer = async_rollouts.AsyncRollouts(
+        collect,
+        engine.sync_weights,
+        model,
+        async_steps=0,
+        next_step=2,
+        last_step=2,
+        floor=0,
+        frees_copy=not engine.keeps_synced_model,
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(0.5)

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from agentrl import AgentRLError, ConfigCheck, ConfigError, ModelError, PluginError, build_plugin_config
 from agentrl.cli.app import app
 from agentrl.config.train import TrainConfig, build_config, check_startup, field_names, resolve_settings
-from agentrl.rundir.paths import check_output_dir
 from agentrl.plugins import load_plugins
+from agentrl.rundir.paths import check_output_dir
 from agentrl_grpo import GRPOConfig
 from agentrl_gspo import GSPOConfig
 from agentrl_hf_engine import HFEngineConfig
@@ -33,12 +33,20 @@ from agentrl_sampler_correction import SamplerCorrectionConfig
 from agentrl_vllm_engine import VLLMEngineConfig
 from agentrl_vllm_engine.server import VLLMServerConfig
 
-PLUGIN_CONFIGS = {GRPOConfig: "algorithm", GSPOConfig: "algorithm", PPOConfig: "algorithm",
-                  SamplerCorrectionConfig: "plugins.sampler_correction", HFEngineConfig: "engine_args",
-                  VLLMEngineConfig: "engine_args", VLLMServerConfig: "engine_args",
-                  OpenAIAgentConfig: "plugins.openai_agent", RewardModelConfig: "plugins.reward_model",
-                  JudgeConfig: "plugins.judge", MultiTurnConfig: "plugins.multi_turn",
-                  ProcessRewardModelConfig: "plugins.process_reward_model"}
+PLUGIN_CONFIGS = {
+    GRPOConfig: "algorithm",
+    GSPOConfig: "algorithm",
+    PPOConfig: "algorithm",
+    SamplerCorrectionConfig: "plugins.sampler_correction",
+    HFEngineConfig: "engine_args",
+    VLLMEngineConfig: "engine_args",
+    VLLMServerConfig: "engine_args",
+    OpenAIAgentConfig: "plugins.openai_agent",
+    RewardModelConfig: "plugins.reward_model",
+    JudgeConfig: "plugins.judge",
+    MultiTurnConfig: "plugins.multi_turn",
+    ProcessRewardModelConfig: "plugins.process_reward_model",
+}
 FREE_SECTIONS = ("env_args", "algorithm", "engine_args", "plugins")
 """TrainConfig sections that their plugin's own config class validates."""
 
@@ -63,61 +71,72 @@ def floats_in(data: Any) -> list[float]:
 # Config builders: a table of hostile values.
 
 
-@pytest.mark.parametrize(("sets", "message"), [
-    (["max_grad_norm=.nan"], "max_grad_norm must be a finite number or null, got nan"),
-    (["max_grad_norm=.inf"], "max_grad_norm must be a finite number or null, got inf"),
-    (["learning_rate=.nan"], "learning_rate must be a finite number, got nan"),
-    (["learning_rate=.inf"], "learning_rate must be a finite number, got inf"),
-    (["temperature=.inf"], "temperature must be a finite number, got inf"),
-    (["eval_temperature=.nan"], "eval_temperature must be a finite number, got nan"),
-    (["eval_temperature=-1"], "eval_temperature must be >= 0 (0: greedy), got -1"),
-    (["weight_decay=-0.1"], "weight_decay must be >= 0, got -0.1"),
-    (["weight_decay=-.inf"], "weight_decay must be a finite number, got -inf"),
-    (["adam_betas=[1.5, 0.9]"], "adam_betas must be two numbers in [0, 1), got [1.5, 0.9]"),
-    (["adam_betas=[0.9]"], "adam_betas must be a list of 2 finite numbers, got (0.9,)"),
-    (["adam_betas=[.nan, 0.9]"], "adam_betas must be a list of 2 finite numbers"),
-    (["call_timeout_s=.nan"], "call_timeout_s must be a finite number, got nan"),
-    (["call_timeout_s=0"], "call_timeout_s must be > 0, got 0"),
-    (["on_call_error=explode"], "on_call_error must be one of skip, fail; got 'explode'"),
-    (["checkpoint_every=-1"], "checkpoint_every must be >= 0, got -1"),
-    (["keep_checkpoints=0"], "keep_checkpoints must be >= 1, got 0"),
-    (["max_nonfinite_steps=0"], "max_nonfinite_steps must be >= 1, got 0"),
-    (["seed=-1"], "seed must be an integer in [0, 2**32), got -1"),
-    (["seed=4294967296"], "seed must be an integer in [0, 2**32), got 4294967296"),
-    (["rewards={a: 1"], "--set 'rewards={a: 1' is not valid YAML: expected ',' or '}', but got '<stream end>' "
-                         "(line 1, column 6)"),
-    (["model=[1"], "--set 'model=[1' is not valid YAML"),
-    (["model=!!python/object/apply:os.system [ls]"], "is not valid YAML: could not determine a constructor"),
-    (["model=*a"], "is not valid YAML: found undefined alias 'a' (line 1, column 1)"),
-    (["max_steps=2024-13-45"], "--set 'max_steps=2024-13-45' is not valid YAML: ValueError: month must be"),
-    (["env_args=&a {x: *a}"], "an anchor that refers to itself (&a ... *a) is not supported"),
-    (["rewards={1: 1}"], "rewards must be a mapping of names to finite numbers or null, got {1: 1}"),
-    (["env_reward_weight=0", "rewards={}"], "env_reward_weight=0 with rewards={} leaves nothing to reward"),
-    (["model=''"], "model must be a non-empty name, got ''"),
-    (["output_dir=''"], "output_dir must be a folder path or null"),
-    (['env="\\0.py:X"'], "env: '\\x00.py:X' is not a usable path"),
-    (["max_total_tokens=64"], "max_total_tokens=64 must be > max_new_tokens=64"),
-    (["algorithm.loss_type=[dapo]"], "algorithm.loss_type must be a string, got ['dapo']"),
-    (["algorithm.kl_estimator={a: 1}"], "algorithm.kl_estimator must be a string, got {'a': 1}"),
-    (["algorithm.epsilon_high=.nan"], "algorithm.epsilon_high must be a finite number, got nan"),
-    (["algorithm.beta=.inf"], "algorithm.beta must be a finite number, got inf"),
-    (["algorithm.std_epsilon=.inf"], "algorithm.std_epsilon must be a finite number, got inf"),
-    (["algorithm.delta=.inf"], "algorithm.delta must be a finite number or null, got inf"),
-    (["algo=gspo", "algorithm.beta=.inf"], "algorithm.beta must be a finite number, got inf"),
-    (["algo=ppo", "algorithm.loss_type=[dapo]"], "algorithm.loss_type must be a string, got ['dapo']"),
-    (["algo=ppo", "algorithm.kl_estimator=[k1]"], "algorithm.kl_estimator must be a string or null, got ['k1']"),
-    (["engine_args.dtype=[bfloat16]"], "engine_args.dtype must be a string, got ['bfloat16']"),
-    (["engine=vllm", "engine_args.kv_cache_gb=.inf"], "engine_args.kv_cache_gb must be a finite number or null"),
-    (["engine=vllm_server", "engine_args.kv_cache_gb=.inf"], "engine_args.kv_cache_gb must be a finite number"),
-    (["num_generations=1"], "num_generations=1 is too small for algorithm 'grpo'"),
-    (["num_generations=1", "algo=gspo"], "num_generations=1 is too small for algorithm 'gspo'"),
-    (["warmup_steps=40"], "warmup_steps=40 must be < the run's 40 optimizer steps"),
-    (["warmup_steps=100", "lr_scheduler=cosine"], "warmup_steps=100 must be < the run's 40 optimizer steps"),
-    (["lr_decay_fraction=0"], "lr_decay_fraction must be in (0, 1] (the share of the run the wsd decay lasts), got 0"),
-    (["lr_decay_fraction=1.5"], "lr_decay_fraction must be in (0, 1]"),
-    (["lr_decay_steps=15"], "unknown config key 'lr_decay_steps'; did you mean 'lr_decay_fraction'?"),
-    (["algo=ppo", "algorithm.critic_warmup_steps=40"], "algorithm 'ppo' with these options never updates the policy"),
-])
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["max_grad_norm=.nan"], "max_grad_norm must be a finite number or null, got nan"),
+        (["max_grad_norm=.inf"], "max_grad_norm must be a finite number or null, got inf"),
+        (["learning_rate=.nan"], "learning_rate must be a finite number, got nan"),
+        (["learning_rate=.inf"], "learning_rate must be a finite number, got inf"),
+        (["temperature=.inf"], "temperature must be a finite number, got inf"),
+        (["eval_temperature=.nan"], "eval_temperature must be a finite number, got nan"),
+        (["eval_temperature=-1"], "eval_temperature must be >= 0 (0: greedy), got -1"),
+        (["weight_decay=-0.1"], "weight_decay must be >= 0, got -0.1"),
+        (["weight_decay=-.inf"], "weight_decay must be a finite number, got -inf"),
+        (["adam_betas=[1.5, 0.9]"], "adam_betas must be two numbers in [0, 1), got [1.5, 0.9]"),
+        (["adam_betas=[0.9]"], "adam_betas must be a list of 2 finite numbers, got (0.9,)"),
+        (["adam_betas=[.nan, 0.9]"], "adam_betas must be a list of 2 finite numbers"),
+        (["call_timeout_s=.nan"], "call_timeout_s must be a finite number, got nan"),
+        (["call_timeout_s=0"], "call_timeout_s must be > 0, got 0"),
+        (["on_call_error=explode"], "on_call_error must be one of skip, fail; got 'explode'"),
+        (["checkpoint_every=-1"], "checkpoint_every must be >= 0, got -1"),
+        (["keep_checkpoints=0"], "keep_checkpoints must be >= 1, got 0"),
+        (["max_nonfinite_steps=0"], "max_nonfinite_steps must be >= 1, got 0"),
+        (["seed=-1"], "seed must be an integer in [0, 2**32), got -1"),
+        (["seed=4294967296"], "seed must be an integer in [0, 2**32), got 4294967296"),
+        (
+            ["rewards={a: 1"],
+            "--set 'rewards={a: 1' is not valid YAML: expected ',' or '}', but got '<stream end>' (line 1, column 6)",
+        ),
+        (["model=[1"], "--set 'model=[1' is not valid YAML"),
+        (["model=!!python/object/apply:os.system [ls]"], "is not valid YAML: could not determine a constructor"),
+        (["model=*a"], "is not valid YAML: found undefined alias 'a' (line 1, column 1)"),
+        (["max_steps=2024-13-45"], "--set 'max_steps=2024-13-45' is not valid YAML: ValueError: month must be"),
+        (["env_args=&a {x: *a}"], "an anchor that refers to itself (&a ... *a) is not supported"),
+        (["rewards={1: 1}"], "rewards must be a mapping of names to finite numbers or null, got {1: 1}"),
+        (["env_reward_weight=0", "rewards={}"], "env_reward_weight=0 with rewards={} leaves nothing to reward"),
+        (["model=''"], "model must be a non-empty name, got ''"),
+        (["output_dir=''"], "output_dir must be a folder path or null"),
+        (['env="\\0.py:X"'], "env: '\\x00.py:X' is not a usable path"),
+        (["max_total_tokens=64"], "max_total_tokens=64 must be > max_new_tokens=64"),
+        (["algorithm.loss_type=[dapo]"], "algorithm.loss_type must be a string, got ['dapo']"),
+        (["algorithm.kl_estimator={a: 1}"], "algorithm.kl_estimator must be a string, got {'a': 1}"),
+        (["algorithm.epsilon_high=.nan"], "algorithm.epsilon_high must be a finite number, got nan"),
+        (["algorithm.beta=.inf"], "algorithm.beta must be a finite number, got inf"),
+        (["algorithm.std_epsilon=.inf"], "algorithm.std_epsilon must be a finite number, got inf"),
+        (["algorithm.delta=.inf"], "algorithm.delta must be a finite number or null, got inf"),
+        (["algo=gspo", "algorithm.beta=.inf"], "algorithm.beta must be a finite number, got inf"),
+        (["algo=ppo", "algorithm.loss_type=[dapo]"], "algorithm.loss_type must be a string, got ['dapo']"),
+        (["algo=ppo", "algorithm.kl_estimator=[k1]"], "algorithm.kl_estimator must be a string or null, got ['k1']"),
+        (["engine_args.dtype=[bfloat16]"], "engine_args.dtype must be a string, got ['bfloat16']"),
+        (["engine=vllm", "engine_args.kv_cache_gb=.inf"], "engine_args.kv_cache_gb must be a finite number or null"),
+        (["engine=vllm_server", "engine_args.kv_cache_gb=.inf"], "engine_args.kv_cache_gb must be a finite number"),
+        (["num_generations=1"], "num_generations=1 is too small for algorithm 'grpo'"),
+        (["num_generations=1", "algo=gspo"], "num_generations=1 is too small for algorithm 'gspo'"),
+        (["warmup_steps=40"], "warmup_steps=40 must be < the run's 40 optimizer steps"),
+        (["warmup_steps=100", "lr_scheduler=cosine"], "warmup_steps=100 must be < the run's 40 optimizer steps"),
+        (
+            ["lr_decay_fraction=0"],
+            "lr_decay_fraction must be in (0, 1] (the share of the run the wsd decay lasts), got 0",
+        ),
+        (["lr_decay_fraction=1.5"], "lr_decay_fraction must be in (0, 1]"),
+        (["lr_decay_steps=15"], "unknown config key 'lr_decay_steps'; did you mean 'lr_decay_fraction'?"),
+        (
+            ["algo=ppo", "algorithm.critic_warmup_steps=40"],
+            "algorithm 'ppo' with these options never updates the policy",
+        ),
+    ],
+)
 def test_hostile_config_values_are_one_named_error(sets: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         start_up(sets)
@@ -152,19 +171,25 @@ def test_config_files_that_cannot_be_read(tmp_path: Path) -> None:
         build_config(numbered)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"env_args": {"seed": -1}}, "math env: seed must be an int >= 0, got -1"),
-    ({"env_args": {"difficulty": ["x"]}}, "math env: difficulty ['x'] is not one of"),
-    ({"env": "guess", "env_args": {"turn_cost": "x"}}, "GuessEnv: turn_cost must be in [0, 1], got 'x'"),
-    ({"env": "guess", "env_args": {"demonstration": "maybe"}}, "GuessEnv: demonstration must be true or false"),
-    ({"env": "calculator", "env_args": {"task_seed": True}}, "task_seed must be a non-negative int"),
-    ({"env": "calculator", "env_args": {"tool_parser": ["x"]}}, "tool_parser must be a registered parser name"),
-    ({"env": "python", "env_args": {"timeout_s": math.nan}}, "PythonEnv: timeout_s must be a number of seconds"),
-    ({"env": "python", "env_args": {"timeout_s": -1}}, "PythonEnv: timeout_s must be a number of seconds"),
-    ({"env": "python", "env_args": {"memory_mb": "abc"}}, "PythonEnv: memory_mb must be an integer >= 64"),
-    ({"env_args": {"nope": 1}}, "do not fit env 'math': got an unexpected keyword argument 'nope'; it takes "
-                                "difficulty, data_file, seed, num_eval"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"env_args": {"seed": -1}}, "math env: seed must be an int >= 0, got -1"),
+        ({"env_args": {"difficulty": ["x"]}}, "math env: difficulty ['x'] is not one of"),
+        ({"env": "guess", "env_args": {"turn_cost": "x"}}, "GuessEnv: turn_cost must be in [0, 1], got 'x'"),
+        ({"env": "guess", "env_args": {"demonstration": "maybe"}}, "GuessEnv: demonstration must be true or false"),
+        ({"env": "calculator", "env_args": {"task_seed": True}}, "task_seed must be a non-negative int"),
+        ({"env": "calculator", "env_args": {"tool_parser": ["x"]}}, "tool_parser must be a registered parser name"),
+        ({"env": "python", "env_args": {"timeout_s": math.nan}}, "PythonEnv: timeout_s must be a number of seconds"),
+        ({"env": "python", "env_args": {"timeout_s": -1}}, "PythonEnv: timeout_s must be a number of seconds"),
+        ({"env": "python", "env_args": {"memory_mb": "abc"}}, "PythonEnv: memory_mb must be an integer >= 64"),
+        (
+            {"env_args": {"nope": 1}},
+            "do not fit env 'math': got an unexpected keyword argument 'nope'; it takes "
+            "difficulty, data_file, seed, num_eval",
+        ),
+    ],
+)
 def test_env_arguments_are_checked_when_the_env_is_built(kwargs: dict, message: str) -> None:
     from agentrl.training.build import make_env
 
@@ -173,8 +198,8 @@ def test_env_arguments_are_checked_when_the_env_is_built(kwargs: dict, message: 
 
 
 def test_a_tool_parser_named_in_env_args_is_the_registered_one() -> None:
-    from agentrl.training.build import make_env
     from agentrl.tools.tool import parse_xml_json
+    from agentrl.training.build import make_env
 
     env = make_env(load_plugins(), TrainConfig(env="calculator", env_args={"tool_parser": "xml_json"}))
     assert env.tool_parser is parse_xml_json
@@ -250,10 +275,19 @@ def test_an_unwritable_model_cache_is_named_before_any_download(tmp_path: Path, 
 # Property-based: arbitrary values never raise anything but an agentrl error.
 
 SPECIAL = st.sampled_from([math.nan, math.inf, -math.inf, -1, 0, 1.5, 2**32, 2**64, "", " ", "x", True, None])
-SCALARS = (SPECIAL | st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
-                      | st.dictionaries(st.text(max_size=6) | st.integers(), inner, max_size=3), max_leaves=6)
+SCALARS = (
+    SPECIAL
+    | st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6) | st.integers(), inner, max_size=3),
+    max_leaves=6,
+)
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -283,17 +317,33 @@ def test_any_plugin_config_value_builds_or_is_an_agentrl_error(config_class: typ
     assert all(math.isfinite(f) for f in floats_in(dataclasses.asdict(built)))
 
 
-@pytest.mark.parametrize("config_class, key, value", [
-    (RewardModelConfig, "batch_size", 0), (MultiTurnConfig, "batch_wait_s", -1.0), (JudgeConfig, "max_score", 0.0),
-    (OpenAIAgentConfig, "batch_wait_s", -0.5), (ProcessRewardModelConfig, "max_length", 1)])
+@pytest.mark.parametrize(
+    "config_class, key, value",
+    [
+        (RewardModelConfig, "batch_size", 0),
+        (MultiTurnConfig, "batch_wait_s", -1.0),
+        (JudgeConfig, "max_score", 0.0),
+        (OpenAIAgentConfig, "batch_wait_s", -0.5),
+        (ProcessRewardModelConfig, "max_length", 1),
+    ],
+)
 def test_a_plugin_setting_outside_its_declared_range_is_refused_naming_it(config_class, key, value):
     section = PLUGIN_CONFIGS[config_class]
     with pytest.raises(ConfigError, match=rf"^{section}\.{key} must be .*got {value}$"):
         build_plugin_config(config_class, {key: value}, section)
 
 
-SET_KEYS = [*field_names(), "algorithm.beta", "algorithm.loss_type", "algorithm.delta", "engine_args.dtype",
-            "plugins.sampler_correction.cap", "plugins.sampler_correction.mode", "rewards.format", "env_args.seed"]
+SET_KEYS = [
+    *field_names(),
+    "algorithm.beta",
+    "algorithm.loss_type",
+    "algorithm.delta",
+    "engine_args.dtype",
+    "plugins.sampler_correction.cap",
+    "plugins.sampler_correction.mode",
+    "rewards.format",
+    "env_args.seed",
+]
 YAMLISH = st.text(alphabet="[]{}:,'\"!&*-+.0123456789eEnaINFf \t\n#|>%@`\\", max_size=14) | st.text(max_size=14)
 
 
@@ -306,9 +356,11 @@ def test_any_raw_set_string_builds_or_is_an_agentrl_error(key: str, raw: str, al
         return
 
 
-ENV_ARGS = {"math": ["difficulty", "seed", "num_eval", "system_prompt"],
-            "guess": ["n", "max_turns", "turn_cost", "task_seed", "num_eval", "demonstration", "consistency_bonus"],
-            "calculator": ["task_seed", "num_eval", "max_turns", "max_tool_output_chars"]}
+ENV_ARGS = {
+    "math": ["difficulty", "seed", "num_eval", "system_prompt"],
+    "guess": ["n", "max_turns", "turn_cost", "task_seed", "num_eval", "demonstration", "consistency_bonus"],
+    "calculator": ["task_seed", "num_eval", "max_turns", "max_tool_output_chars"],
+}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -341,56 +393,66 @@ def assert_one_line(result: Any, message: str) -> None:
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--set", "max_grad_norm=.nan"], "max_grad_norm must be a finite number or null, got nan"),
-    (["--set", "learning_rate=.nan"], "learning_rate must be a finite number, got nan"),
-    (["--set", "temperature=.inf"], "temperature must be a finite number, got inf"),
-    (["--set", "weight_decay=-0.1"], "weight_decay must be >= 0, got -0.1"),
-    (["--set", "adam_betas=[1.5, 0.9]"], "adam_betas must be two numbers in [0, 1)"),
-    (["--set", "adam_betas=[0.9]"], "adam_betas must be a list of 2 finite numbers"),
-    (["--seed", "-1"], "seed must be an integer in [0, 2**32), got -1"),
-    (["--set", "seed=4294967296"], "seed must be an integer in [0, 2**32)"),
-    (["--set", "rewards={a: 1"], "--set 'rewards={a: 1' is not valid YAML"),
-    (["--set", "algorithm.loss_type=[dapo]"], "algorithm.loss_type must be a string, got ['dapo']"),
-    (["--set", "algorithm.beta=.inf"], "algorithm.beta must be a finite number, got inf"),
-    (["--set", "engine_args.dtype=[bfloat16]"], "engine_args.dtype must be a string"),
-    (["--num-generations", "1"], "num_generations=1 is too small for algorithm 'grpo'"),
-    (["--algo", "gspo", "--num-generations", "1"], "num_generations=1 is too small for algorithm 'gspo'"),
-    (["--set", "warmup_steps=40"], "warmup_steps=40 must be < the run's 40 optimizer steps"),
-    (["--set", "max_total_tokens=64"], "max_total_tokens=64 must be > max_new_tokens=64"),
-    (["--set", "call_timeout_s=.nan"], "call_timeout_s must be a finite number"),
-    (["--set", "on_call_error=explode"], "on_call_error must be one of skip, fail"),
-    (["--model", ""], "model must be a non-empty name"),
-    (["--output-dir", ""], "output_dir must be a folder path or null"),
-    (["--set", "env_args.seed=-1"], "math env: seed must be an int >= 0, got -1"),
-    (["--env", "python", "--set", "env_args.timeout_s=-1"], "PythonEnv: timeout_s must be a number of seconds"),
-    (["--algo", "ppo", "--set", "algorithm.critic_warmup_steps=40"], "never updates the policy"),
-    (["--set", "env_reward_weight=0", "--set", "rewards={}"], "leaves nothing to reward"),
-    (["--disable-plugin", "grpoo"], "unknown plugin 'grpoo'; did you mean 'grpo'?"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "max_grad_norm=.nan"], "max_grad_norm must be a finite number or null, got nan"),
+        (["--set", "learning_rate=.nan"], "learning_rate must be a finite number, got nan"),
+        (["--set", "temperature=.inf"], "temperature must be a finite number, got inf"),
+        (["--set", "weight_decay=-0.1"], "weight_decay must be >= 0, got -0.1"),
+        (["--set", "adam_betas=[1.5, 0.9]"], "adam_betas must be two numbers in [0, 1)"),
+        (["--set", "adam_betas=[0.9]"], "adam_betas must be a list of 2 finite numbers"),
+        (["--seed", "-1"], "seed must be an integer in [0, 2**32), got -1"),
+        (["--set", "seed=4294967296"], "seed must be an integer in [0, 2**32)"),
+        (["--set", "rewards={a: 1"], "--set 'rewards={a: 1' is not valid YAML"),
+        (["--set", "algorithm.loss_type=[dapo]"], "algorithm.loss_type must be a string, got ['dapo']"),
+        (["--set", "algorithm.beta=.inf"], "algorithm.beta must be a finite number, got inf"),
+        (["--set", "engine_args.dtype=[bfloat16]"], "engine_args.dtype must be a string"),
+        (["--num-generations", "1"], "num_generations=1 is too small for algorithm 'grpo'"),
+        (["--algo", "gspo", "--num-generations", "1"], "num_generations=1 is too small for algorithm 'gspo'"),
+        (["--set", "warmup_steps=40"], "warmup_steps=40 must be < the run's 40 optimizer steps"),
+        (["--set", "max_total_tokens=64"], "max_total_tokens=64 must be > max_new_tokens=64"),
+        (["--set", "call_timeout_s=.nan"], "call_timeout_s must be a finite number"),
+        (["--set", "on_call_error=explode"], "on_call_error must be one of skip, fail"),
+        (["--model", ""], "model must be a non-empty name"),
+        (["--output-dir", ""], "output_dir must be a folder path or null"),
+        (["--set", "env_args.seed=-1"], "math env: seed must be an int >= 0, got -1"),
+        (["--env", "python", "--set", "env_args.timeout_s=-1"], "PythonEnv: timeout_s must be a number of seconds"),
+        (["--algo", "ppo", "--set", "algorithm.critic_warmup_steps=40"], "never updates the policy"),
+        (["--set", "env_reward_weight=0", "--set", "rewards={}"], "leaves nothing to reward"),
+        (["--disable-plugin", "grpoo"], "unknown plugin 'grpoo'; did you mean 'grpo'?"),
+    ],
+)
 def test_train_refuses_hostile_input_in_one_line(args: list[str], message: str, tmp_path: Path) -> None:
-    assert_one_line(cli("train", "--model", str(tmp_path / "no-model"), "--output-dir", str(tmp_path / "r"), *args),
-                    message)
+    assert_one_line(
+        cli("train", "--model", str(tmp_path / "no-model"), "--output-dir", str(tmp_path / "r"), *args), message
+    )
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--disable-plugin", "maths_env"], "unknown plugin 'maths_env'; did you mean 'math_env'?"),
-    (["--temperature", "nan"], "--temperature must be a finite number >= 0 (0: greedy), got nan"),
-    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
-    (["--num-tasks", "0"], "--num-tasks must be >= 1, got 0"),
-    (["--set", "env_args.difficulty=[1"], "--set 'env_args.difficulty=[1' is not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--disable-plugin", "maths_env"], "unknown plugin 'maths_env'; did you mean 'math_env'?"),
+        (["--temperature", "nan"], "--temperature must be a finite number >= 0 (0: greedy), got nan"),
+        (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+        (["--num-tasks", "0"], "--num-tasks must be >= 1, got 0"),
+        (["--set", "env_args.difficulty=[1"], "--set 'env_args.difficulty=[1' is not valid YAML"),
+    ],
+)
 def test_eval_refuses_hostile_input_in_one_line(args: list[str], message: str, tmp_path: Path) -> None:
     assert_one_line(cli("eval", "--model", str(tmp_path / "no-model"), *args), message)
 
 
-@pytest.mark.parametrize(("lines", "message"), [
-    (None, "does not exist"),
-    ([], "metrics.jsonl' not found: is"),
-    ([""], "holds no metrics yet: nothing to plot"),
-    (['{"step": 1}', '{"step": 2, "reward/total_mean"', '{"step": 3}'], "line 2: not valid JSON"),
-    (['{"step": 1}', '[1, 2]'], "line 2: expected a JSON object with a numeric 'step'"),
-])
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (None, "does not exist"),
+        ([], "metrics.jsonl' not found: is"),
+        ([""], "holds no metrics yet: nothing to plot"),
+        (['{"step": 1}', '{"step": 2, "reward/total_mean"', '{"step": 3}'], "line 2: not valid JSON"),
+        (['{"step": 1}', "[1, 2]"], "line 2: expected a JSON object with a numeric 'step'"),
+    ],
+)
 def test_plot_refuses_what_it_cannot_plot_in_one_line(lines: list[str] | None, message: str, tmp_path: Path) -> None:
     run = tmp_path / "run"
     if lines is not None:
@@ -413,9 +475,13 @@ def test_a_prompt_that_fills_max_total_tokens_is_refused_before_training(tiny_mo
     from agentrl.plugins import load_plugins
     from agentrl.training.trainer import Trainer
 
-    config = TrainConfig(model=str(tiny_model_dir), max_new_tokens=8, max_total_tokens=20, eval_tasks=0,
-                         output_dir=str(tmp_path / "run"))
-    with pytest.raises(ConfigError, match=r"max_total_tokens=20 leaves no room to sample: the prompt of training "
-                                          r"task .* alone is \d+ tokens"):
+    config = TrainConfig(
+        model=str(tiny_model_dir), max_new_tokens=8, max_total_tokens=20, eval_tasks=0, output_dir=str(tmp_path / "run")
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"max_total_tokens=20 leaves no room to sample: the prompt of training "
+        r"task .* alone is \d+ tokens",
+    ):
         Trainer(config, load_plugins())
     assert not (tmp_path / "run").exists()

@@ -86,28 +86,39 @@ def compare_metrics(golden: list[dict], got: list[dict], exact: bool) -> list[st
 
 def compare(golden: dict, got: dict, exact: bool) -> list[str]:
     """Every difference between a scenario's recorded figures and ``got``; empty when the same."""
-    return [*[f"the tiny model the runs start from (not the trainer): {p}"
-              for p in compare_weights("tiny model", golden["tiny_model"], got["tiny_model"], exact)],
-            *compare_metrics(golden["metrics"], got["metrics"], exact),
-            *compare_weights("weights", golden["weights"], got["weights"], exact)]
+    return [
+        *[
+            f"the tiny model the runs start from (not the trainer): {p}"
+            for p in compare_weights("tiny model", golden["tiny_model"], got["tiny_model"], exact)
+        ],
+        *compare_metrics(golden["metrics"], got["metrics"], exact),
+        *compare_weights("weights", golden["weights"], got["weights"], exact),
+    ]
 
 
 def mode_line(recorded: dict[str, str], here: dict[str, str]) -> tuple[bool, str]:
     """(bitwise?, a sentence saying which comparison is used and why)."""
     if recorded == here:
         return True, f"compared BITWISE (this machine's fingerprint equals the recording's: {here})"
-    differs = {k: (here.get(k), recorded.get(k)) for k in sorted(recorded.keys() | here.keys())
-               if recorded.get(k) != here.get(k)}
-    return False, (f"compared with TOLERANCE rel {REL} / abs {ABS} (this machine differs from the recording's "
-                   f"in {', '.join(f'{k}: {a!r} here, {b!r} recorded' for k, (a, b) in differs.items())})")
+    differs = {
+        k: (here.get(k), recorded.get(k))
+        for k in sorted(recorded.keys() | here.keys())
+        if recorded.get(k) != here.get(k)
+    }
+    return False, (
+        f"compared with TOLERANCE rel {REL} / abs {ABS} (this machine differs from the recording's "
+        f"in {', '.join(f'{k}: {a!r} here, {b!r} recorded' for k, (a, b) in differs.items())})"
+    )
 
 
 def failure(scenario: str, mode: str, problems: list[str], golden: dict) -> str:
     shown = "\n  ".join(problems[:SHOWN])
     more = f"\n  ... and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
-    return (f"scenario {scenario!r} no longer behaves as recorded from {golden['recorded_from']}; {mode}:\n  "
-            f"{shown}{more}\nIf the change is meant to alter behaviour, re-record: python tests/record_behaviour.py "
-            "--record")
+    return (
+        f"scenario {scenario!r} no longer behaves as recorded from {golden['recorded_from']}; {mode}:\n  "
+        f"{shown}{more}\nIf the change is meant to alter behaviour, re-record: python tests/record_behaviour.py "
+        "--record"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,8 +136,9 @@ def _run(name: str, tiny_model: Path, workdir: Path, changed: dict[str, Any]) ->
     """Scenario ``name``'s figures, and under ``"changed"`` those of the run with ``changed`` (if any)."""
     workdir.mkdir(parents=True)
     out, changed_out = workdir / "figures.json", workdir / "changed.json"
-    command = record_behaviour.scenario_command(name, tiny_model, workdir, out, changed,
-                                                changed_out if changed else None)
+    command = record_behaviour.scenario_command(
+        name, tiny_model, workdir, out, changed, changed_out if changed else None
+    )
     done = subprocess.run(command, env=record_behaviour.child_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"scenario {name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
     figures = json.loads(out.read_text())

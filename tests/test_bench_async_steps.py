@@ -19,6 +19,7 @@ def test_the_async_bench_times_every_configuration():
     assert [(latency, n) for latency, n, _, _ in lines] == [("0", "0"), ("0", "1"), ("0.05", "0"), ("0.05", "1")]
     assert all(float(rate) > 0 for _, _, rate, _ in lines)
     assert [float(stale) for _, _, _, stale in lines] == [0.0, 1.0, 0.0, 1.0]  # step 3 of 3 trains version 1's episodes
-    partial = re.findall(r"^L=0.05 async_steps=1\+partial: ([\d.]+) steps/hour, .* staleness ([\d.]+)$", result.stdout,
-                         re.M)
+    partial = re.findall(
+        r"^L=0.05 async_steps=1\+partial: ([\d.]+) steps/hour, .* staleness ([\d.]+)$", result.stdout, re.M
+    )
     assert len(partial) == 1 and float(partial[0][0]) > 0 and 0 <= float(partial[0][1]) <= 1  # timing decides

@@ -14,9 +14,11 @@ def test_the_env_latency_bench_runs_every_loop_with_the_same_tokens():
     result = subprocess.run([sys.executable, str(BENCH), "--tiny"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("L=")]
-    expected = [f"L={latency} {kind} {loop}:" for latency, kind in (("0", "fixed"), ("0.05", "fixed"),
-                                                                   ("0.05", "uniform(0, 2L)"))
-                for loop in ("lockstep serial", "lockstep at once", "per episode")]
+    expected = [
+        f"L={latency} {kind} {loop}:"
+        for latency, kind in (("0", "fixed"), ("0.05", "fixed"), ("0.05", "uniform(0, 2L)"))
+        for loop in ("lockstep serial", "lockstep at once", "per episode")
+    ]
     assert [line.split(":")[0] + ":" for line in lines] == expected
     rows = [row for row in result.stdout.splitlines() if row.startswith("│")]
     assert len(rows) == 9 and all(row.rstrip("│ ").endswith("yes") for row in rows), rows

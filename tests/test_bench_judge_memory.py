@@ -12,8 +12,9 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "judge_memory.py"
 
 def test_tiny_bench_reports_memory_time_and_judge_counters_for_both_judges(tmp_path):
     out = tmp_path / "bench"
-    result = subprocess.run([sys.executable, str(BENCH), "--tiny", "--out", str(out)], capture_output=True,
-                            text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--tiny", "--out", str(out)], capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "a second copy as the judge:" in result.stdout
     report = json.loads((out / "judge_memory.json").read_text())

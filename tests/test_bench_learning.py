@@ -24,8 +24,14 @@ def load_bench() -> Any:
 learning = load_bench()
 
 
-def write_run(root: Path, name: str, step_seconds: float, greedy: tuple[float, float, float],
-              fmt: tuple[float, float, float] | None = None, sampled: bool = True) -> Path:
+def write_run(
+    root: Path,
+    name: str,
+    step_seconds: float,
+    greedy: tuple[float, float, float],
+    fmt: tuple[float, float, float] | None = None,
+    sampled: bool = True,
+) -> Path:
     """A 4-step run dir evaluated at steps 0, 2 and 4 (the end)."""
     run = root / name
     run.mkdir()
@@ -53,12 +59,16 @@ def runs(tmp_path: Path) -> list[Path]:
     root.mkdir()
     (root / "good-s0.log").write_text("not a run dir\n")
     # good: minutes at steps 0/2/4 are 0/2/4 (s0), 0/3/6 (s1), 0/1/2 (s2)
-    good = [write_run(root, "good-s0", 60, (0.1, 0.3, 0.5), (0.5, 0.8, 0.95)),
-            write_run(root, "good-s1", 90, (0.2, 0.4, 0.4), (0.5, 0.8, 0.9)),
-            write_run(root, "good-s2", 30, (0.0, 0.5, 0.3), (0.5, 0.8, 1.0))]
+    good = [
+        write_run(root, "good-s0", 60, (0.1, 0.3, 0.5), (0.5, 0.8, 0.95)),
+        write_run(root, "good-s1", 90, (0.2, 0.4, 0.4), (0.5, 0.8, 0.9)),
+        write_run(root, "good-s2", 30, (0.0, 0.5, 0.3), (0.5, 0.8, 1.0)),
+    ]
     (good[0] / "bench.json").write_text(json.dumps({"seed": 0, "wall_seconds": 600.0, "returncode": 0}))
-    bad = [write_run(root, "bad-s0", 60, (0.1, 0.2, 0.3), sampled=False),
-           write_run(root, "bad-s1", 60, (0.3, 0.3, 0.2), sampled=False)]
+    bad = [
+        write_run(root, "bad-s0", 60, (0.1, 0.2, 0.3), sampled=False),
+        write_run(root, "bad-s1", 60, (0.3, 0.3, 0.2), sampled=False),
+    ]
     return [root / "good-s0.log", *good, *bad]
 
 
@@ -81,8 +91,14 @@ def test_report_numbers(runs: list[Path]) -> None:
     report = learning.build_report(loaded, [0.5, 3])
     assert list(report) == ["good", "bad"]
     good, bad = report["good"], report["bad"]
-    assert [r["label"] for r in good["rows"]] == ["before (step 0)", "step 2", "end (step 4)", "best",
-                                                 "at 0.5 min", "at 3 min*"]
+    assert [r["label"] for r in good["rows"]] == [
+        "before (step 0)",
+        "step 2",
+        "end (step 4)",
+        "best",
+        "at 0.5 min",
+        "at 3 min*",
+    ]
     assert stat(row(good, "before (step 0)"), "greedy") == pytest.approx((0.1, 0.0, 0.2))
     assert stat(row(good, "step 2"), "greedy") == pytest.approx((0.4, 0.3, 0.5))
     assert stat(row(good, "step 2"), "sampled") == pytest.approx((0.2, 0.15, 0.25))
@@ -100,7 +116,8 @@ def test_report_numbers(runs: list[Path]) -> None:
     assert stat(at3, "greedy") == pytest.approx((1.0 / 3, 0.3, 0.4))
     assert stat(at3, "minutes") == pytest.approx((7 / 3, 2.0, 3.0))
     assert "s2 ended at 2.0 min" in at3["note"] and good["footnotes"] == [
-        "* at 3 min: s2 ended at 2.0 min (their end values are used)"]
+        "* at 3 min: s2 ended at 2.0 min (their end values are used)"
+    ]
     v = good["verdicts"]
     assert v["greedy_improved_every_seed"] is True and v["format_ok_every_seed"] is True
     assert v["greedy_deltas"] == pytest.approx({"s0": 0.4, "s1": 0.2, "s2": 0.3})
@@ -111,8 +128,7 @@ def test_report_numbers(runs: list[Path]) -> None:
     assert row(bad, "end (step 4)")["sampled"]["mean"] is None and bad["footnotes"] == []
 
 
-def test_report_cli_writes_png_and_json(runs: list[Path], tmp_path: Path,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_cli_writes_png_and_json(runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     png, out = tmp_path / "plot.png", tmp_path / "report.json"
     argv = ["report", *map(str, runs), "--png", str(png), "--json", str(out), "--minutes", "0.5", "3"]
     assert learning.main(argv) == 0
@@ -158,12 +174,16 @@ if (run.parent / f"fail-{seed}").exists():
 """
 
 
-def test_run_resumes_and_reports_failures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_resumes_and_reports_failures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "learning"
     monkeypatch.setattr(learning, "POLL_SECONDS", 0.02)
-    monkeypatch.setattr(learning, "train_command",
-                        lambda seed, run_dir, extra: [sys.executable, "-c", FAKE_TRAIN, str(seed), str(run_dir)])
+    monkeypatch.setattr(
+        learning,
+        "train_command",
+        lambda seed, run_dir, extra: [sys.executable, "-c", FAKE_TRAIN, str(seed), str(run_dir)],
+    )
     out.mkdir()
     (out / "x-s0").mkdir()  # left by an interrupted run: deleted and trained again
     (out / "fail-1").touch()

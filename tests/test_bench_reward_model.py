@@ -11,13 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
 from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.rewards.schemes import RewardContext
 from agentrl.rewards.specs import resolve_rewards
 from agentrl.testing import make_trajectory
 from agentrl_math import LEVELS, MathEnv
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "train_reward_model.py"
 
@@ -26,8 +27,12 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "train_reward_model.py"
 def trained(request, tmp_path_factory) -> tuple[Path, dict, list[dict]]:
     """The --tiny run's folder, report and examples (head only, and with the top layer trained)."""
     out = tmp_path_factory.mktemp("rm") / "rm"
-    result = subprocess.run([sys.executable, str(BENCH), "--tiny", "--train-layers", str(request.param),
-                             "--out", str(out)], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--tiny", "--train-layers", str(request.param), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"--reward rm:{out} --set env_reward_weight=0" in result.stdout
     report = json.loads((out / "rm_report.json").read_text())
@@ -46,12 +51,14 @@ def test_the_folder_loads_through_the_rm_scheme_and_scores_as_a_direct_forward(t
     resolved = resolve_rewards(config, manager.registry, MathEnv(), RewardContext(config=config, settings={}))
     assert list(resolved) == ["rm"]
     held = [e for e in examples if e["split"] == "heldout"]
-    got = np.array(resolved["rm"][0]([make_trajectory(e["messages"], {"question": e["question"]}) for e in held]),
-                   dtype=np.float64)
+    got = np.array(
+        resolved["rm"][0]([make_trajectory(e["messages"], {"question": e["question"]}) for e in held]), dtype=np.float64
+    )
     direct = []
     for example in held:  # one unpadded forward of the whole conversation, as rendered by the RM's template
-        ids = tokenizer(tokenizer.apply_chat_template(example["messages"], tokenize=False),
-                        add_special_tokens=False)["input_ids"]
+        ids = tokenizer(tokenizer.apply_chat_template(example["messages"], tokenize=False), add_special_tokens=False)[
+            "input_ids"
+        ]
         with torch.no_grad():
             direct.append(float(model(input_ids=torch.tensor([ids])).logits[0, 0]))
     np.testing.assert_allclose(got, direct, rtol=1e-5, atol=1e-6)

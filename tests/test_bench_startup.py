@@ -15,8 +15,9 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "startup.py"
 
 
 def test_the_startup_bench_times_the_bad_env_command():
-    result = subprocess.run([sys.executable, str(BENCH), "--repeats", "1", "--only", "bad-env"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--repeats", "1", "--only", "bad-env"], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.startswith("bad-env: median ") and "python -m agentrl train --env maths" in result.stdout
 

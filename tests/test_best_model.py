@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentrl.training.best_model import BestModel
 from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
+from agentrl.training.best_model import BestModel
 from agentrl.training.trainer import Trainer
 
 
@@ -18,6 +18,7 @@ def _save(marker: str):
     def save(folder):
         folder.mkdir(parents=True)
         (folder / "weights.txt").write_text(marker)
+
     return save
 
 
@@ -44,11 +45,23 @@ def test_resume_drops_a_best_saved_after_the_checkpoint(tmp_path):
 
 
 def _scripted_trainer(tiny_model_dir, tmp_path, scores, **overrides):
-    config = TrainConfig(model=str(tiny_model_dir), max_steps=4, eval_every=2, prompts_per_step=2,
-                         num_generations=2, max_new_tokens=4, eval_tasks=2, output_dir=str(tmp_path / "run"),
-                         log_completions_every=0, precision="fp32", engine_args={"dtype": "float32"},
-                         learning_rate=1e-2, checkpoint_every=0,
-                         rewards={"agentrl.testing:parity_reward": 1.0}, **overrides)
+    config = TrainConfig(
+        model=str(tiny_model_dir),
+        max_steps=4,
+        eval_every=2,
+        prompts_per_step=2,
+        num_generations=2,
+        max_new_tokens=4,
+        eval_tasks=2,
+        output_dir=str(tmp_path / "run"),
+        log_completions_every=0,
+        precision="fp32",
+        engine_args={"dtype": "float32"},
+        learning_rate=1e-2,
+        checkpoint_every=0,
+        rewards={"agentrl.testing:parity_reward": 1.0},
+        **overrides,
+    )
     trainer = Trainer(config, load_plugins())
     weights = []
 
@@ -98,13 +111,21 @@ def test_without_keep_best_nothing_extra_is_saved(tiny_model_dir, tmp_path, over
 
 
 def test_eval_reward_mean_is_the_weighted_total_on_held_out_tasks(tiny_model_dir, tmp_path):
-    from agentrl.training.evaluate import evaluate
     from agentrl.testing import parity_reward
+    from agentrl.training.evaluate import evaluate
 
     trainer, _ = _scripted_trainer(tiny_model_dir, tmp_path, scores=[0.0])
     tasks = [*trainer.envs[0].eval_tasks()][:2] * 2  # as many as the trainer has envs
-    metrics, episodes = evaluate(trainer.run.rollout, trainer.envs, tasks, max_new_tokens=4, temperature=1.0,
-                                 reward_fns={"parity": (parity_reward, 0.5)}, env_weight=2.0, batch_size=4)
+    metrics, episodes = evaluate(
+        trainer.run.rollout,
+        trainer.envs,
+        tasks,
+        max_new_tokens=4,
+        temperature=1.0,
+        reward_fns={"parity": (parity_reward, 0.5)},
+        env_weight=2.0,
+        batch_size=4,
+    )
     parity = parity_reward(episodes)
     expected = sum(2.0 * t.env_return + 0.5 * p for t, p in zip(episodes, parity)) / len(episodes)
     assert 0 < sum(parity) < len(parity)  # both kinds of episode, so the weights matter

@@ -22,23 +22,28 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.rundir import checkpoints as ckpt
-from agentrl.training import rng
-from agentrl.rundir import state_files as statefiles
-from agentrl.rundir.checkpoints import complete_checkpoints
-from agentrl.rundir.directory import resume_config
 from agentrl.config.train import TrainConfig
 from agentrl.errors import CheckpointError, ConfigError, TrainingError
 from agentrl.plugins import load_plugins
+from agentrl.rundir import checkpoints as ckpt
+from agentrl.rundir import state_files as statefiles
+from agentrl.rundir.checkpoints import complete_checkpoints
+from agentrl.rundir.directory import resume_config
 from agentrl.testing import lockstep_plugins
+from agentrl.training import rng
 from agentrl.training.trainer import Trainer
 
 NEWEST = "checkpoints/step-000003"
 
 
 def test_state_json_round_trips_tensors_and_rng_states_exactly_and_refuses_other_objects():
-    value = {"a": [1, 2.5, None, True, "x", (3, 4)], "t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
-             "g": torch.Generator().manual_seed(3).get_state(), "e": torch.empty(0, 2), "s": torch.tensor(7)}
+    value = {
+        "a": [1, 2.5, None, True, "x", (3, 4)],
+        "t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+        "g": torch.Generator().manual_seed(3).get_state(),
+        "e": torch.empty(0, 2),
+        "s": torch.tensor(7),
+    }
     back = statefiles.from_json(json.loads(json.dumps(statefiles.to_json(value, "state.json"))))
     assert back["a"] == [1, 2.5, None, True, "x", [3, 4]]  # a tuple comes back as a list
     assert all(back[k].dtype == value[k].dtype and torch.equal(back[k], value[k]) for k in "tges")
@@ -56,18 +61,32 @@ def test_state_json_round_trips_tensors_and_rng_states_exactly_and_refuses_other
 def _config(model_dir: Path, base: Path, out: Path, **overrides) -> TrainConfig:
     """A tiny run rewarded by reply length (a random model's math rewards are all 0), a checkpoint
     per step kept whole, at a constant rate: 3 steps resumed to 4 equal 4 steps straight."""
-    config = dict(model=str(model_dir), max_steps=3, prompts_per_step=2, num_generations=2, max_new_tokens=8,
-                  eval_tasks=0, output_dir=str(out), checkpoint_every=1, keep_checkpoints=2, learning_rate=1e-3,
-                  lr_scheduler="constant", keep_finished_checkpoints=True, log_completions_every=1,
-                  rewards={f"{base / 'length_reward.py'}:reply_length": 1.0}, plugins=lockstep_plugins())
+    config = dict(
+        model=str(model_dir),
+        max_steps=3,
+        prompts_per_step=2,
+        num_generations=2,
+        max_new_tokens=8,
+        eval_tasks=0,
+        output_dir=str(out),
+        checkpoint_every=1,
+        keep_checkpoints=2,
+        learning_rate=1e-3,
+        lr_scheduler="constant",
+        keep_finished_checkpoints=True,
+        log_completions_every=1,
+        rewards={f"{base / 'length_reward.py'}:reply_length": 1.0},
+        plugins=lockstep_plugins(),
+    )
     return TrainConfig(**{**config, **overrides})
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("checkpoint-safety")
-    (folder / "length_reward.py").write_text("def reply_length(completions, **kwargs):\n"
-                                             "    return [len(c[-1]['content']) / 100 for c in completions]\n")
+    (folder / "length_reward.py").write_text(
+        "def reply_length(completions, **kwargs):\n    return [len(c[-1]['content']) / 100 for c in completions]\n"
+    )
     return folder
 
 
@@ -123,7 +142,7 @@ def _damage(path: Path, how: str) -> None:
     elif how == "garble":
         path.write_bytes(b"{not json" + b"#" * (len(data) - 9))  # same size: only the hash tells
     else:  # flip one byte in the middle
-        path.write_bytes(data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 1]) + data[len(data) // 2 + 1:])
+        path.write_bytes(data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 1]) + data[len(data) // 2 + 1 :])
 
 
 CHANGED = r"has changed since it was written \(its sha256 differs\)"
@@ -148,8 +167,11 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_older_one_resumed(run, nam
     notes: list[str] = []
     config, folder = resume_config(run, max_steps=4, say=notes.append)
     assert folder.name == "step-000002"
-    assert len(notes) == 1 and re.fullmatch(f"note: checkpoint step-000003 is damaged: {said}; resuming from "
-                                            r"step-000002, the newest intact one \(.*\)", notes[0]), notes
+    assert len(notes) == 1 and re.fullmatch(
+        f"note: checkpoint step-000003 is damaged: {said}; resuming from "
+        r"step-000002, the newest intact one \(.*\)",
+        notes[0],
+    ), notes
     assert Trainer(config, load_plugins(), resume=folder).resumed["step"] == 2
 
 
@@ -166,13 +188,19 @@ def test_resuming_past_a_damaged_checkpoint_equals_a_straight_run(run, straight,
 def test_no_intact_checkpoint_is_one_line_naming_each(run):
     _damage(run / NEWEST / "optimizers.pt", "cut")
     _damage(run / "checkpoints/step-000002/model/model.safetensors", "delete")
-    message = (r"no intact checkpoint \(step-000003: optimizers\.pt is \d+ bytes, but \d+ were written; "
-               r"step-000002: model/model\.safetensors is missing\): nothing can be resumed; train the run again with "
-               "another --output-dir")
+    message = (
+        r"no intact checkpoint \(step-000003: optimizers\.pt is \d+ bytes, but \d+ were written; "
+        r"step-000002: model/model\.safetensors is missing\): nothing can be resumed; train the run again with "
+        "another --output-dir"
+    )
     with pytest.raises(CheckpointError, match=message):
         resume_config(run, max_steps=4)
-    cli = subprocess.run([sys.executable, "-m", "agentrl", "train", "--resume", str(run), "--max-steps", "4"],
-                         capture_output=True, text=True, timeout=300)
+    cli = subprocess.run(
+        [sys.executable, "-m", "agentrl", "train", "--resume", str(run), "--max-steps", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert cli.returncode == 2 and cli.stderr.startswith("error: ") and "Traceback" not in cli.stderr
     assert re.search(message, " ".join(cli.stderr.split()))
 
@@ -189,8 +217,9 @@ class _Payload:
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch, on the raw pickle it then refuses
 @pytest.mark.parametrize("form", ["torch.save", "pickle"])
-@pytest.mark.parametrize("name", ["optimizers.pt", "modules.pt", "state.json", "trainer_state.json",
-                                  "model/model.safetensors"])
+@pytest.mark.parametrize(
+    "name", ["optimizers.pt", "modules.pt", "state.json", "trainer_state.json", "model/model.safetensors"]
+)
 def test_a_pickle_payload_in_any_checkpoint_file_never_runs(run, tmp_path, name, form):
     marker = tmp_path / "payload-ran"
     payload = {"policy": _Payload(marker)}
@@ -210,16 +239,28 @@ def _to_legacy(folder: Path) -> None:
     """Rewrite a checkpoint as an earlier agentrl wrote it: (state, schedule) pairs in optimizers.pt,
     pickled RNG states (numpy's as an array) in state.pt, the step alone in COMPLETE."""
     saved = ckpt.read_checkpoint(folder)
-    torch.save({name: (saved.optimizers[name], saved.schedules[name]) for name in saved.schedules},
-               folder / "optimizers.pt")
+    torch.save(
+        {name: (saved.optimizers[name], saved.schedules[name]) for name in saved.schedules}, folder / "optimizers.pt"
+    )
     processes = []
     for process in saved.processes:
         (version, internal, gauss), (name, keys, *rest) = process["rng"]["python"], process["rng"]["numpy"]
-        rng = {**process["rng"], "python": (version, tuple(internal), gauss),
-               "numpy": (name, np.array(keys, dtype=np.uint32), *rest)}
+        rng = {
+            **process["rng"],
+            "python": (version, tuple(internal), gauss),
+            "numpy": (name, np.array(keys, dtype=np.uint32), *rest),
+        }
         processes.append({**process, "rng": rng})
-    torch.save({"rng": processes[0]["rng"], "engine": processes[0]["engine"], "processes": processes,
-                "algorithm": saved.algorithm, "plugins": saved.plugins}, folder / "state.pt")
+    torch.save(
+        {
+            "rng": processes[0]["rng"],
+            "engine": processes[0]["engine"],
+            "processes": processes,
+            "algorithm": saved.algorithm,
+            "plugins": saved.plugins,
+        },
+        folder / "state.pt",
+    )
     (folder / "state.json").unlink()
     (folder / ckpt.COMPLETE).write_text("3\n")
 
@@ -260,8 +301,9 @@ class _FullDisk:
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
-def test_a_failed_checkpoint_write_names_the_cause_and_loses_nothing(tiny_model_dir, base, straight, tmp_path,
-                                                                     monkeypatch, code):
+def test_a_failed_checkpoint_write_names_the_cause_and_loses_nothing(
+    tiny_model_dir, base, straight, tmp_path, monkeypatch, code
+):
     out = tmp_path / "run"
     real_save, real_mkdtemp = torch.save, ckpt.tempfile.mkdtemp
 
@@ -281,9 +323,11 @@ def test_a_failed_checkpoint_write_names_the_cause_and_loses_nothing(tiny_model_
         Trainer(_config(tiny_model_dir, base, out, max_steps=4), load_plugins()).train()
     monkeypatch.undo()
     said = "no space left on device" if code == errno.ENOSPC else "read-only file system"
-    assert re.fullmatch(f"could not write checkpoint step-000003: {said} .*; its temporary folder was removed and "
-                        r"checkpoint step-000002 is intact: .*, then continue with `agentrl train --resume .*`",
-                        str(info.value)), str(info.value)
+    assert re.fullmatch(
+        f"could not write checkpoint step-000003: {said} .*; its temporary folder was removed and "
+        r"checkpoint step-000002 is intact: .*, then continue with `agentrl train --resume .*`",
+        str(info.value),
+    ), str(info.value)
     assert not list((out / "checkpoints").glob(".tmp-*"))
     assert [p.name for p in complete_checkpoints(out)] == ["step-000001", "step-000002"]
     assert [row["step"] for row in _lines(out)] == [1, 2, 3]  # step 3's line came before its checkpoint
@@ -300,16 +344,19 @@ def test_a_cut_metrics_log_keeps_its_whole_lines_and_a_broken_one_is_named(run, 
     config, folder = resume_config(run, max_steps=4)
     assert folder.name == "step-000003"  # the checkpoints themselves are intact
     Trainer(config, load_plugins(), resume=folder).train()
-    assert re.search(r"note: .*metrics\.jsonl is \d+ bytes, shorter than the \d+ the checkpoint recorded: lines "
-                     r"written before the checkpoint were lost; its torn last line \(20 bytes\) was dropped",
-                     capsys.readouterr().out)
+    assert re.search(
+        r"note: .*metrics\.jsonl is \d+ bytes, shorter than the \d+ the checkpoint recorded: lines "
+        r"written before the checkpoint were lost; its torn last line \(20 bytes\) was dropped",
+        capsys.readouterr().out,
+    )
     assert [row["step"] for row in _lines(run)] == [1, 4] and _lines(run)[0] == _lines(straight)[0]
 
     shutil.rmtree(run / "checkpoints" / "step-000004")  # resume from step-3 again, the log's line 1 now broken
     path.write_bytes(b"{torn\n" + path.read_bytes())
     config, folder = resume_config(run, max_steps=4)
-    with pytest.raises(TrainingError, match=re.escape(f"{path}, line 1: not a JSON object ('{{torn'); fix or "
-                                                      "delete that line")):
+    with pytest.raises(
+        TrainingError, match=re.escape(f"{path}, line 1: not a JSON object ('{{torn'); fix or delete that line")
+    ):
         Trainer(config, load_plugins(), resume=folder).train()
 
 
@@ -322,11 +369,16 @@ def test_a_read_only_run_dir_is_one_line_naming_it(run):
         pytest.skip("needs root to bind-mount the run dir read-only")
     try:
         assert _mount("-o", "remount,ro,bind", str(run), str(run))
-        with pytest.raises(ConfigError, match=re.escape(f"--resume {str(run)!r}: {str(run)!r} is not writable "
-                                                        "(Read-only file system)")):
+        with pytest.raises(
+            ConfigError, match=re.escape(f"--resume {str(run)!r}: {str(run)!r} is not writable (Read-only file system)")
+        ):
             resume_config(run, max_steps=4)
-        cli = subprocess.run([sys.executable, "-m", "agentrl", "train", "--resume", str(run), "--max-steps", "4"],
-                             capture_output=True, text=True, timeout=300)
+        cli = subprocess.run(
+            [sys.executable, "-m", "agentrl", "train", "--resume", str(run), "--max-steps", "4"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert cli.returncode == 2 and cli.stderr.startswith("error: ") and "Traceback" not in cli.stderr
         assert "Read-only file system" in cli.stderr
     finally:

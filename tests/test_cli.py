@@ -20,9 +20,29 @@ def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def test_train_two_steps_on_tiny_model_writes_the_run(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    result = run("train", "--env", "math", "--algo", "grpo", "--model", str(tiny_model_dir), "--max-steps", "2",
-                 "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
-                 "--set", "eval_tasks=4", "--set", "max_new_tokens=8", "--set", "algorithm.beta=0.1")
+    result = run(
+        "train",
+        "--env",
+        "math",
+        "--algo",
+        "grpo",
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "2",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--output-dir",
+        str(out),
+        "--set",
+        "eval_tasks=4",
+        "--set",
+        "max_new_tokens=8",
+        "--set",
+        "algorithm.beta=0.1",
+    )
     assert "held-out accuracy:" in result.stdout and f"run saved to {out}" in result.stdout
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 2]
@@ -58,16 +78,22 @@ def test_print_config_shows_resolved_values(tmp_path):
     assert "engine_args:\n  dtype: auto\n  batch_size: 64" in result.stdout  # the engine's options
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--env", "maths"], "unknown env 'maths'; did you mean 'math'?"),
-    (["--algo", "grpo", "--set", "algorithm.loss_type=mean"], "algorithm.loss_type='mean' is invalid"),
-    (["--set", "max_stpes=3"], "unknown config key 'max_stpes'; did you mean 'max_steps'?"),
-    (["--model", "/nonexistent/model"], "model '/nonexistent/model' not found"),
-    (["--reward", "format:heavy"], "weight 'heavy' is not a number"),
-    (["--set", "plugins.sampler_correction.mode=clip"], "plugins.sampler_correction.mode='clip' is invalid"),
-    (["--set", "plugins.nope.x=1"], "unknown plugin settings section plugins.nope; sections: judge, multi_turn, "
-                                      "openai_agent, process_reward_model, reward_model, sampler_correction"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--env", "maths"], "unknown env 'maths'; did you mean 'math'?"),
+        (["--algo", "grpo", "--set", "algorithm.loss_type=mean"], "algorithm.loss_type='mean' is invalid"),
+        (["--set", "max_stpes=3"], "unknown config key 'max_stpes'; did you mean 'max_steps'?"),
+        (["--model", "/nonexistent/model"], "model '/nonexistent/model' not found"),
+        (["--reward", "format:heavy"], "weight 'heavy' is not a number"),
+        (["--set", "plugins.sampler_correction.mode=clip"], "plugins.sampler_correction.mode='clip' is invalid"),
+        (
+            ["--set", "plugins.nope.x=1"],
+            "unknown plugin settings section plugins.nope; sections: judge, multi_turn, "
+            "openai_agent, process_reward_model, reward_model, sampler_correction",
+        ),
+    ],
+)
 def test_bad_input_is_one_clear_line(args, message, tmp_path):
     result = run("train", "--output-dir", str(tmp_path / "r"), "--set", "eval_tasks=0", *args, check=False)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -75,8 +101,9 @@ def test_bad_input_is_one_clear_line(args, message, tmp_path):
     assert "Traceback" not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("args", [["--env", "maths"], ["--reward", "tiny_rm"],
-                                  ["--set", "plugins.sampler_correction.mode=clip"]])
+@pytest.mark.parametrize(
+    "args", [["--env", "maths"], ["--reward", "tiny_rm"], ["--set", "plugins.sampler_correction.mode=clip"]]
+)
 def test_a_bad_name_fails_before_the_run_starts(args, tmp_path):
     """Checked against what is installed before the run's banner, the trainer's imports or a model."""
     result = run("train", "--output-dir", str(tmp_path / "r"), *args, check=False)
@@ -85,14 +112,29 @@ def test_a_bad_name_fails_before_the_run_starts(args, tmp_path):
     assert not (tmp_path / "r" / "config.yaml").exists()
 
 
-@pytest.mark.parametrize(("reward", "message"), [
-    ("tiny_rm", "error: unknown reward 'tiny_rm'; Installed: "),
-    ("no_such_file.py:score", "no_such_file.py' does not exist"),
-])
+@pytest.mark.parametrize(
+    ("reward", "message"),
+    [
+        ("tiny_rm", "error: unknown reward 'tiny_rm'; Installed: "),
+        ("no_such_file.py:score", "no_such_file.py' does not exist"),
+    ],
+)
 def test_print_config_refuses_a_reward_as_train_does(reward, message, tiny_model_dir, tmp_path):
     printed = run("train", "--reward", reward, "--print-config", check=False)
-    trained = run("train", "--reward", reward, "--model", str(tiny_model_dir), "--max-steps", "1",
-                  "--set", "eval_tasks=0", "--output-dir", str(tmp_path / "r"), check=False)
+    trained = run(
+        "train",
+        "--reward",
+        reward,
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "1",
+        "--set",
+        "eval_tasks=0",
+        "--output-dir",
+        str(tmp_path / "r"),
+        check=False,
+    )
     for result in (printed, trained):
         assert result.returncode == 2 and message in result.stderr, result.stdout + result.stderr
     assert printed.stderr.splitlines()[-1] == trained.stderr.splitlines()[-1]  # the same one line
@@ -128,15 +170,34 @@ def test_library_warnings_no_user_can_act_on_are_hidden(tmp_path):
 def test_train_on_the_real_default_model(tmp_path):
     """The README's main command on the embedded SmolLM2, shrunk to two small steps."""
     out = tmp_path / "run"
-    result = run("train", "--env", "math", "--algo", "grpo", "--max-steps", "2", "--prompts-per-step", "2",
-                 "--num-generations", "4", "--output-dir", str(out), "--set", "eval_tasks=8",
-                 "--set", "max_new_tokens=24")
+    result = run(
+        "train",
+        "--env",
+        "math",
+        "--algo",
+        "grpo",
+        "--max-steps",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--num-generations",
+        "4",
+        "--output-dir",
+        str(out),
+        "--set",
+        "eval_tasks=8",
+        "--set",
+        "max_new_tokens=24",
+    )
     assert "held-out accuracy:" in result.stdout
     banner = " ".join(result.stdout.split())  # the console wraps long lines
     # what samples: auto's choices, bf16 where the run is bf16, else fp32 on the bf16-rounded weights
-    assert ("sampler: hf engine, bf16, a copy of the weights (engine_args.dtype: auto -> bfloat16)" in banner
-            or "sampler: hf engine, fp32, a copy of the weights rounded to bf16 (engine_args.dtype: auto -> "
-               "bfloat16_weights)" in banner), result.stdout
+    assert (
+        "sampler: hf engine, bf16, a copy of the weights (engine_args.dtype: auto -> bfloat16)" in banner
+        or "sampler: hf engine, fp32, a copy of the weights rounded to bf16 (engine_args.dtype: auto -> "
+        "bfloat16_weights)"
+        in banner
+    ), result.stdout
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(0.0 <= line["reward/total_mean"] <= 1.2 for line in lines[:2])
     # At step 1 the bf16 sampler and the trainer agree to within bf16 noise (TRAPS 7, 12).
@@ -178,9 +239,25 @@ def test_custom_env_from_a_file(tiny_model_dir, tmp_path):
 
     check_env(load_env_class(f"{path}:Countdown"))
     out = tmp_path / "run"
-    result = run("train", "--env", f"{path}:Countdown", "--model", str(tiny_model_dir), "--max-steps", "1",
-                 "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
-                 "--set", "eval_tasks=2", "--set", "max_new_tokens=4")
+    result = run(
+        "train",
+        "--env",
+        f"{path}:Countdown",
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "1",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--output-dir",
+        str(out),
+        "--set",
+        "eval_tasks=2",
+        "--set",
+        "max_new_tokens=4",
+    )
     assert "held-out accuracy:" in result.stdout
     bad = run("train", "--env", f"{path}:Nope", "--output-dir", str(tmp_path / "other"), check=False)
     assert bad.returncode == 2 and "has no 'Nope'; it defines: Countdown, Env" in " ".join(bad.stderr.split())

@@ -40,7 +40,9 @@ def test_no_import_circle_among_the_cli_modules():
 
 
 def test_the_scaffold_library_imports_no_cli():
-    code = "import sys, agentrl.cli.scaffold; print(sorted(m for m in sys.modules if m in ('typer', 'agentrl.cli.app')))"
+    code = (
+        "import sys, agentrl.cli.scaffold; print(sorted(m for m in sys.modules if m in ('typer', 'agentrl.cli.app')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
@@ -48,9 +50,11 @@ def test_the_scaffold_library_imports_no_cli():
 def test_the_launcher_of_several_processes_imports_no_transformers():
     """``--num-processes N`` checks the config, resolves the model folder and starts ``accelerate
     launch`` without transformers (seconds of imports in a process that loads no model)."""
-    code = ("import sys, agentrl.cli.train, agentrl.model.launch, agentrl.model.loading, agentrl.config.train, agentrl.rundir.directory; "
-            "from agentrl.cli.support import plugin_manager; plugin_manager(None, None); "  # every plugin loaded
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))")
+    code = (
+        "import sys, agentrl.cli.train, agentrl.model.launch, agentrl.model.loading, agentrl.config.train, agentrl.rundir.directory; "
+        "from agentrl.cli.support import plugin_manager; plugin_manager(None, None); "  # every plugin loaded
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
@@ -63,9 +67,19 @@ def test_the_command_runs_as_a_module(module):
 
 
 def test_debug_shows_the_traceback_of_agentrl_new_run_as_a_module(tmp_path):
-    plain = subprocess.run([sys.executable, "-m", "agentrl.cli.app", "new", "env", "9x"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=120)
+    plain = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli.app", "new", "env", "9x"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert plain.returncode == 2 and plain.stderr.startswith("error: env name '9x' is not valid")
-    debug = subprocess.run([sys.executable, "-m", "agentrl.cli.app", "--debug", "new", "env", "9x"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=120)
+    debug = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli.app", "--debug", "new", "env", "9x"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr

@@ -11,8 +11,8 @@ import typer
 from typer.testing import CliRunner
 
 from agentrl.cli.options import ConfigOption, ConfigOptions, field_docs
-from agentrl.config.train import TrainConfig
 from agentrl.cli.train import TRAIN_OPTIONS
+from agentrl.config.train import TrainConfig
 
 
 def command(options: ConfigOptions) -> tuple[typer.Typer, list[Any]]:
@@ -35,8 +35,10 @@ def test_generated_options_parse_to_the_field_type_and_are_none_when_not_given()
     runner = CliRunner()
     assert runner.invoke(app, ["run", "--max-steps", "7", "--reward", "a", "--reward", "b:2"]).exit_code == 0
     assert runner.invoke(app, ["run", "--tag", "y"]).exit_code == 0
-    assert calls == [({"--max-steps": 7, "--reward": ["a", "b:2"]}, "x"),
-                     ({"--max-steps": None, "--reward": None}, "y")]
+    assert calls == [
+        ({"--max-steps": 7, "--reward": ["a", "b:2"]}, "x"),
+        ({"--max-steps": None, "--reward": None}, "y"),
+    ]
     bad = runner.invoke(app, ["run", "--max-steps", "many"])
     assert bad.exit_code == 2 and "Invalid value for '--max-steps'" in bad.output
 
@@ -44,17 +46,29 @@ def test_generated_options_parse_to_the_field_type_and_are_none_when_not_given()
 def test_help_is_the_field_docstring_with_its_default():
     app, _ = command(ConfigOptions("prompts_per_step", ConfigOption("output_dir", help="Run dir.", default_text="X")))
     text = " ".join(CliRunner().invoke(app, ["run", "--help"]).output.split())
-    assert field_docs(TrainConfig)["prompts_per_step"] == ("Tasks sampled per step; each is rolled out "
-                                                            "num_generations times.")
-    assert "--prompts-per-step <int> Tasks sampled per step; each is rolled out num_generations times. " \
-           "[default: 4]" in text
+    assert field_docs(TrainConfig)["prompts_per_step"] == (
+        "Tasks sampled per step; each is rolled out num_generations times."
+    )
+    assert (
+        "--prompts-per-step <int> Tasks sampled per step; each is rolled out num_generations times. "
+        "[default: 4]" in text
+    )
     assert "--output-dir <str> Run dir. [default: X]" in text and "--tag <str> Own option." in text
 
 
 def test_values_parse_given_options_into_config_keys():
-    given = {"--env": None, "--algo": "ppo", "--model": None, "--engine": None, "--reward": ["accuracy:0.5"],
-             "--max-steps": 0, "--num-generations": None, "--prompts-per-step": None, "--output-dir": None,
-             "--seed": None}
+    given = {
+        "--env": None,
+        "--algo": "ppo",
+        "--model": None,
+        "--engine": None,
+        "--reward": ["accuracy:0.5"],
+        "--max-steps": 0,
+        "--num-generations": None,
+        "--prompts-per-step": None,
+        "--output-dir": None,
+        "--seed": None,
+    }
     values = TRAIN_OPTIONS.values(given)
     assert values["algo"] == ("--algo", "ppo") and values["max_steps"] == ("--max-steps", 0)
     assert values["rewards"] == ("--reward", {"accuracy": 0.5}) and values["env"] == ("--env", None)
@@ -66,6 +80,7 @@ def test_a_declaration_naming_no_field_or_clashing_with_an_own_option_is_refused
     with pytest.raises(ValueError, match=re.escape("not TrainConfig fields: max_step")):
         ConfigOptions("max_step")
     with pytest.raises(ValueError, match=re.escape("run has parameters named as TrainConfig options: seed")):
+
         @ConfigOptions("seed").command
         def run(given: dict[str, Any], seed: int = 0) -> None:
             """Clash."""

@@ -25,16 +25,25 @@ class _Knobs:
     free: int = 0
 
 
-@pytest.mark.parametrize(("key", "value", "words"), [
-    ("count", 0, ">= 1"), ("share", 0, "in (0, 1] (a fraction)"), ("share", 1.5, "in (0, 1] (a fraction)"),
-    ("cap", 0, ">= 1 or null"), ("mode", "c", "one of a, b"), ("flag", True, "one of 1, 2"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("count", 0, ">= 1"),
+        ("share", 0, "in (0, 1] (a fraction)"),
+        ("share", 1.5, "in (0, 1] (a fraction)"),
+        ("cap", 0, ">= 1 or null"),
+        ("mode", "c", "one of a, b"),
+        ("flag", True, "one of 1, 2"),
+    ],
+)
 def test_a_value_outside_its_rule_is_described(key: str, value: object, words: str) -> None:
     assert rule_failure(_Knobs, key, value) == words
 
 
-@pytest.mark.parametrize(("key", "value"), [("count", 1), ("share", 1), ("cap", None), ("cap", 3), ("mode", "b"),
-                                            ("flag", 2), ("free", -5), ("word", "y")])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("count", 1), ("share", 1), ("cap", None), ("cap", 3), ("mode", "b"), ("flag", 2), ("free", -5), ("word", "y")],
+)
 def test_a_value_within_its_rule_passes(key: str, value: object) -> None:
     assert rule_failure(_Knobs, key, value) is None
 
@@ -53,13 +62,16 @@ class _PluginKnobs:
         ConfigCheck(self, "plugins.knobs").declared()
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"rate": 1}, "plugins.knobs.rate=1 is invalid: expected None or a number in (0, 1)"),
-    ({"rate": math.inf}, "plugins.knobs.rate=inf is invalid: expected None or a finite number in (0, 1)"),
-    ({"steps": True}, "plugins.knobs.steps=True is invalid: expected an integer >= 1"),
-    ({"steps": 2.0}, "plugins.knobs.steps=2.0 is invalid: expected an integer >= 1"),
-    ({"mode": "c"}, "plugins.knobs.mode='c' is invalid: expected one of 'a', 'b'"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"rate": 1}, "plugins.knobs.rate=1 is invalid: expected None or a number in (0, 1)"),
+        ({"rate": math.inf}, "plugins.knobs.rate=inf is invalid: expected None or a finite number in (0, 1)"),
+        ({"steps": True}, "plugins.knobs.steps=True is invalid: expected an integer >= 1"),
+        ({"steps": 2.0}, "plugins.knobs.steps=2.0 is invalid: expected an integer >= 1"),
+        ({"mode": "c"}, "plugins.knobs.mode='c' is invalid: expected one of 'a', 'b'"),
+    ],
+)
 def test_config_check_declared_words_a_broken_rule_as_config_check_does(values: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         _PluginKnobs(**values)
@@ -76,11 +88,14 @@ def test_a_subclass_that_changes_a_default_keeps_the_rule() -> None:
     assert _NewDefaults().steps == 5
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"count": True}, "engine_args.count must be >= 1, got True"),
-    ({"mode": "c"}, "engine_args.mode must be one of a, b; got 'c'"),
-    ({"cap": 0}, "engine_args.cap must be >= 1 or null, got 0"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"count": True}, "engine_args.count must be >= 1, got True"),
+        ({"mode": "c"}, "engine_args.mode must be one of a, b; got 'c'"),
+        ({"cap": 0}, "engine_args.cap must be >= 1 or null, got 0"),
+    ],
+)
 def test_check_declared_names_the_key_the_value_and_what_is_allowed(values: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_declared(_Knobs(**values), "engine_args")
@@ -95,18 +110,21 @@ class _EnvArgs:
     rate: Annotated[float, Field(ge=0, le=1), Allowed("a number in [0, 1]", too_high="a number <= 1")] | None = None
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"level": ["x"]}, "my env: level ['x'] is not one of easy, hard"),
-    ({"seed": -1}, "my env: seed must be an int >= 0, got -1"),
-    ({"seed": "1"}, "my env: seed must be an int, got '1'"),
-    ({"seed": True}, "my env: seed must be an int, got True"),
-    ({"n": 1}, "my env: n must be an integer >= 2, got 1"),
-    ({"n": 101}, "my env: n must be an integer in [2, 100], got 101"),
-    ({"n": "x"}, "my env: n must be an integer in [2, 100], got 'x'"),
-    ({"rate": 2}, "my env: rate must be a number <= 1 or null, got 2"),
-    ({"rate": -1}, "my env: rate must be a number in [0, 1] or null, got -1"),
-    ({"rate": math.nan}, "my env: rate must be a number in [0, 1] or null, got nan"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"level": ["x"]}, "my env: level ['x'] is not one of easy, hard"),
+        ({"seed": -1}, "my env: seed must be an int >= 0, got -1"),
+        ({"seed": "1"}, "my env: seed must be an int, got '1'"),
+        ({"seed": True}, "my env: seed must be an int, got True"),
+        ({"n": 1}, "my env: n must be an integer >= 2, got 1"),
+        ({"n": 101}, "my env: n must be an integer in [2, 100], got 101"),
+        ({"n": "x"}, "my env: n must be an integer in [2, 100], got 'x'"),
+        ({"rate": 2}, "my env: rate must be a number <= 1 or null, got 2"),
+        ({"rate": -1}, "my env: rate must be a number in [0, 1] or null, got -1"),
+        ({"rate": math.nan}, "my env: rate must be a number in [0, 1] or null, got nan"),
+    ],
+)
 def test_check_declared_words_each_failure_as_the_field_declares(values: dict, message: str) -> None:
     """A label before the key, a whole-message Complaint, and Allowed words per kind of failure."""
     with pytest.raises(EnvError, match=f"^{re.escape(message)}$"):

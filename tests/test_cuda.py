@@ -10,8 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl import SamplingParams
 from agentrl.config.train import TrainConfig
-from agentrl.plugins import load_plugins
 from agentrl.model.policy import TokenLogprobs
+from agentrl.plugins import load_plugins
 from agentrl.training.trainer import Trainer
 from agentrl_hf_engine import HFEngine, warp_logits
 
@@ -23,10 +23,20 @@ PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8, 9, 10, 11], [1], [1, 40, 
 def cuda_model(seed: int = 0) -> LlamaForCausalLM:
     """A random 2-layer Llama (vocab 128, tied, pad == eos == 2) with peaked logits, on the GPU."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-                         initializer_range=0.3)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        initializer_range=0.3,
+    )
     return LlamaForCausalLM(config).eval().to("cuda")
 
 
@@ -34,11 +44,15 @@ def engine(model: torch.nn.Module, dtype: str = "float32") -> HFEngine:
     return HFEngine(model=model, tokenizer=None, config=TrainConfig(engine_args={"dtype": dtype}))
 
 
-@pytest.mark.parametrize("sampling", [
-    SamplingParams(max_new_tokens=24, temperature=0.7, seed=1),
-    SamplingParams(max_new_tokens=24, temperature=0.9, top_k=20, top_p=0.9, seed=4),
-    SamplingParams(max_new_tokens=24, temperature=0.0),
-], ids=["T0.7", "topk20-topp0.9", "greedy"])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_new_tokens=24, temperature=0.7, seed=1),
+        SamplingParams(max_new_tokens=24, temperature=0.9, top_k=20, top_p=0.9, seed=4),
+        SamplingParams(max_new_tokens=24, temperature=0.0),
+    ],
+    ids=["T0.7", "topk20-topp0.9", "greedy"],
+)
 def test_float32_engine_on_cuda_matches_a_separate_forward(sampling: SamplingParams) -> None:
     model = cuda_model()
     eng = engine(model)
@@ -46,7 +60,7 @@ def test_float32_engine_on_cuda_matches_a_separate_forward(sampling: SamplingPar
     for prompt, generation in zip(PROMPTS, eng.generate(PROMPTS, sampling)):
         ids = torch.tensor([prompt + generation.token_ids], device="cuda")
         with torch.no_grad():
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1]  # (L, V)
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]  # (L, V)
         expected = warp_logits(logits, sampling).log_softmax(-1)
         expected = expected.gather(-1, torch.tensor(generation.token_ids, device="cuda")[:, None]).squeeze(-1)
         torch.testing.assert_close(torch.tensor(generation.logprobs), expected.cpu(), atol=1e-4, rtol=0)
@@ -98,14 +112,28 @@ def test_token_logprobs_on_cuda_match_cpu_and_backpropagate() -> None:
 
 
 def test_trainer_trains_on_cuda_with_a_reference_and_two_iterations(tiny_model_dir, tmp_path) -> None:
-    config = TrainConfig(model=str(tiny_model_dir), max_steps=2, prompts_per_step=2, num_generations=3,
-                         max_new_tokens=8, eval_tasks=4, output_dir=str(tmp_path / "run"), micro_batch_size=4,
-                         log_completions_every=1, learning_rate=1e-2,
-                         algorithm={"beta": 0.1, "num_iterations": 2}, rewards={"parity": 1.0})
+    config = TrainConfig(
+        model=str(tiny_model_dir),
+        max_steps=2,
+        prompts_per_step=2,
+        num_generations=3,
+        max_new_tokens=8,
+        eval_tasks=4,
+        output_dir=str(tmp_path / "run"),
+        micro_batch_size=4,
+        log_completions_every=1,
+        learning_rate=1e-2,
+        algorithm={"beta": 0.1, "num_iterations": 2},
+        rewards={"parity": 1.0},
+    )
     manager = load_plugins()
     # 1 when the first sampled token id is odd: a random tiny model earns it half the time, so advantages vary.
-    manager.registry.add("reward", "parity", lambda trajectories: [
-        float(t.token_ids[t.prompt_length] % 2) for t in trajectories], plugin="test")
+    manager.registry.add(
+        "reward",
+        "parity",
+        lambda trajectories: [float(t.token_ids[t.prompt_length] % 2) for t in trajectories],
+        plugin="test",
+    )
     trainer = Trainer(config, manager)
     devices = {
         "policy": {p.device.type for p in trainer.model.parameters()},
@@ -133,11 +161,38 @@ def test_one_gpu_process_trains_under_each_shipped_config(accelerate_config, tin
 
     run = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "agentrl", "train", "--model", str(tiny_model_dir), "--max-steps", "2",
-         "--prompts-per-step", "2", "--num-generations", "4", "--output-dir", str(run), "--num-processes", "1",
-         "--accelerate-config", accelerate_config, "--set", "eval_tasks=0", "--set", "checkpoint_every=0",
-         "--set", "learning_rate=1e-3", "--set", "max_new_tokens=8"],
-        capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "agentrl",
+            "train",
+            "--model",
+            str(tiny_model_dir),
+            "--max-steps",
+            "2",
+            "--prompts-per-step",
+            "2",
+            "--num-generations",
+            "4",
+            "--output-dir",
+            str(run),
+            "--num-processes",
+            "1",
+            "--accelerate-config",
+            accelerate_config,
+            "--set",
+            "eval_tasks=0",
+            "--set",
+            "checkpoint_every=0",
+            "--set",
+            "learning_rate=1e-3",
+            "--set",
+            "max_new_tokens=8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     before, after = load_file(tiny_model_dir / "model.safetensors"), load_file(run / "model" / "model.safetensors")
     assert after.keys() == before.keys()

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from agentrl import Env, SamplingParams
-from agentrl.training import async_rollouts
 from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.sampling.request_queue import cut
-from agentrl.training.rollout_phase import _token_versions
 from agentrl.testing import build_tiny_model, version_change_at
+from agentrl.training import async_rollouts
+from agentrl.training.rollout_phase import _token_versions
 from agentrl.trajectory import Trajectory, Turn
 
 FP32 = SimpleNamespace(engine_args={"dtype": "float32"}, precision="fp32", seed=0)
@@ -38,7 +38,9 @@ def versions(tokenizer):
     return {0: first, 1: second}
 
 
-def _float64_logprob(model: torch.nn.Module, prompt: list[int], tokens: list[int], at: int, temperature: float) -> float:
+def _float64_logprob(
+    model: torch.nn.Module, prompt: list[int], tokens: list[int], at: int, temperature: float
+) -> float:
     """log_softmax(logits / T) of ``tokens[at]`` after ``prompt + tokens[:at]``, one unpadded float64 forward."""
     double = copy.deepcopy(model).double().eval()
     with torch.no_grad():
@@ -112,8 +114,17 @@ def test_a_version_published_mid_turn_is_loaded_at_the_next_decode_step(versions
         finally:
             hook.remove()
 
-    producer = async_rollouts.AsyncRollouts(collect, versioned.sync_weights, versions[0], async_steps=1, next_step=1,
-                                            last_step=1, floor=0, partial=True, versioned=versioned)
+    producer = async_rollouts.AsyncRollouts(
+        collect,
+        versioned.sync_weights,
+        versions[0],
+        async_steps=1,
+        next_step=1,
+        last_step=1,
+        floor=0,
+        partial=True,
+        versioned=versioned,
+    )
     built.set()
     [generation] = producer.take(1)
     assert producer.close() and producer.loaded == 1
@@ -135,9 +146,14 @@ def test_an_engine_that_cannot_swap_mid_call_is_not_asked():
 
 
 def test_token_versions_reach_the_trajectory_and_survive_a_cut():
-    row = Trajectory(token_ids=list(range(9)), loss_mask=[0, 0, 1, 1, 1, 0, 1, 1, 0], sampler_logprobs=[0.0] * 9,
-                     turns=[Turn(start=2, end=5, token_versions=[3, 3, 4]), Turn(start=6, end=8, policy_version=4)],
-                     messages=[], task={})
+    row = Trajectory(
+        token_ids=list(range(9)),
+        loss_mask=[0, 0, 1, 1, 1, 0, 1, 1, 0],
+        sampler_logprobs=[0.0] * 9,
+        turns=[Turn(start=2, end=5, token_versions=[3, 3, 4]), Turn(start=6, end=8, policy_version=4)],
+        messages=[],
+        task={},
+    )
     assert _token_versions(row, version=3) == [-1, -1, 3, 3, 4, -1, 4, 4, -1]
     row.turns[0].token_versions = [3, 4]
     with pytest.raises(ValueError, match="a turn of 3 sampled tokens has 2 token_versions"):
@@ -174,7 +190,8 @@ def test_an_episode_records_each_token_s_version_across_a_change_mid_turn(versio
     engine = _engine(versions, tokenizer)
     engine.before_decode_step = version_change_at(engine, versions[1], call=5)
     rollout = manager.registry.get("rollout", "multi_turn").factory(
-        engine=engine, tokenizer=tokenizer, config=TrainConfig(max_new_tokens=12))
+        engine=engine, tokenizer=tokenizer, config=TrainConfig(max_new_tokens=12)
+    )
     [episode] = rollout.run([TwoTurns()], [{"question": "count"}], [0], SamplingParams(max_new_tokens=12, seed=0))
     first, second = episode.turns
     assert first.token_versions == [0] * 4 + [1] * (first.end - first.start - 4)

@@ -53,8 +53,22 @@ GUIDES = ("writing-a-reward.md", "writing-an-env.md", "writing-an-algorithm.md",
 _FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 _MARKER = re.compile(r"^\s*(?:#|<!--)\s*docs-test:\s*(\w+)\s*(?:\((.*?)\))?")
 _FILE = re.compile(r"^# file: ([\w./-]+\.py)\s*$")
-TINY_FLAGS = ["--max-steps", "2", "--prompts-per-step", "2", "--num-generations", "2", "--set", "eval_tasks=0",
-              "--set", "max_new_tokens=8", "--set", "save_model=false", "--set", "log_completions_every=0"]
+TINY_FLAGS = [
+    "--max-steps",
+    "2",
+    "--prompts-per-step",
+    "2",
+    "--num-generations",
+    "2",
+    "--set",
+    "eval_tasks=0",
+    "--set",
+    "max_new_tokens=8",
+    "--set",
+    "save_model=false",
+    "--set",
+    "log_completions_every=0",
+]
 """Appended to each ``agentrl train`` of a ``docs-test: tiny`` block (with ``--model`` and ``--output-dir``)."""
 
 
@@ -88,8 +102,8 @@ def parse(source: Path) -> list[Block]:
     previous_end = None
     for match in _FENCE.finditer(text):
         lang, code = match.group(1), match.group(2)
-        before = text[:match.start()]
-        if lang == "text" and blocks and blocks[-1].lang == "bash" and not text[previous_end:match.start()].strip():
+        before = text[: match.start()]
+        if lang == "text" and blocks and blocks[-1].lang == "bash" and not text[previous_end : match.start()].strip():
             blocks[-1].expected = code
             previous_end = match.end()
             continue
@@ -114,9 +128,11 @@ def blocks(lang: str) -> list:
 
 # -- the hook reference ------------------------------------------------------------------------------
 
+
 def test_hooks_md_is_generated_from_the_hookspecs():
-    assert (DOCS / "hooks.md").read_text() == hookdoc.render(), \
+    assert (DOCS / "hooks.md").read_text() == hookdoc.render(), (
         "docs/hooks.md differs from agentrl/hookspecs.py: run `python -m agentrl.cli.hookdoc`"
+    )
 
 
 def test_hook_reference_covers_every_hook_with_signature_and_firstresult():
@@ -163,8 +179,11 @@ def test_hook_reference_names_every_builtin_plugin_and_what_it_registers(builtin
     for name, info in builtins.items():
         assert f"| `{name}` | `{info.module}` |" in text, f"built-in plugin {name} missing from hooks.md's table"
         for kind, names in info.registered.items():
-            hook = next(h.__name__ for h in hookdoc.hook_functions() if hookdoc.registered_kind(h.__name__) == kind
-                        and h.__name__.startswith("agentrl_register_"))
+            hook = next(
+                h.__name__
+                for h in hookdoc.hook_functions()
+                if hookdoc.registered_kind(h.__name__) == kind and h.__name__.startswith("agentrl_register_")
+            )
             section = text.split(f"### {hook}\n", 1)[1].split("\n### ", 1)[0]
             line = next(line for line in section.splitlines() if line.startswith("Built-in: "))
             assert f"`{info.module}` ({', '.join(names)})" in line, (hook, line)
@@ -179,7 +198,8 @@ def test_hook_reference_ignores_plugins_not_shipped_with_agentrl(tmp_path, monke
     (dist / "entry_points.txt").write_text("[agentrl]\nthird_env = agentrl_env_third\n")
     (tmp_path / "agentrl_env_third.py").write_text(
         "from agentrl import hookimpl\n\n\n@hookimpl\ndef agentrl_register_envs(register):\n"
-        "    register('third', object)\n")
+        "    register('third', object)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     from agentrl.plugins import load_plugins
 
@@ -202,16 +222,16 @@ def test_doc_lists_of_builtin_plugins_name_every_one(builtins):
             found += 1
             start = max(text.rfind("\n\n", 0, match.start()), text.rfind("\n- ", 0, match.start()))
             ends = [i for i in (text.find("\n\n", match.end()), text.find("\n- ", match.end())) if i >= 0]
-            paragraph = text[start:min(ends, default=len(text))]
+            paragraph = text[start : min(ends, default=len(text))]
             kinds = {kind.strip() for kind in match.group(1).split(",")}
-            wanted = sorted(info.module for info in builtins.values()
-                            if "all" in kinds or kinds & set(info.registered))
+            wanted = sorted(info.module for info in builtins.values() if "all" in kinds or kinds & set(info.registered))
             missing = [module for module in wanted if not re.search(rf"\b{module}\b", paragraph)]
             assert wanted and not missing, f"{source.name}: the list marked {match.group(0)} misses {missing}"
     assert found, "no <!-- builtins: KIND --> list in the docs: this check would check nothing"
 
 
 # -- the documents ------------------------------------------------------------------------------------
+
 
 def test_guides_exist_and_their_relative_links_resolve():
     assert {p.name for p in DOCS.glob("*.md")} >= set(GUIDES)
@@ -271,10 +291,16 @@ def sample_episodes() -> list:
     return [
         make_trajectory([user, {"role": "assistant", "content": "The answer is \\boxed{5}."}], task),
         make_trajectory([user, {"role": "assistant", "content": "It is 4."}], task),
-        make_trajectory([{"role": "system", "content": "Use tools."}, user,
-                         {"role": "assistant", "content": agentrl.format_tool_call("add", a=2, b=3)},
-                         {"role": "tool", "name": "add", "content": "5"},
-                         {"role": "assistant", "content": "\\boxed{5}"}], task),
+        make_trajectory(
+            [
+                {"role": "system", "content": "Use tools."},
+                user,
+                {"role": "assistant", "content": agentrl.format_tool_call("add", a=2, b=3)},
+                {"role": "tool", "name": "add", "content": "5"},
+                {"role": "assistant", "content": "\\boxed{5}"},
+            ],
+            task,
+        ),
         make_trajectory([user], task),
     ]
 
@@ -305,8 +331,11 @@ def exercise(module: types.ModuleType, block: Block) -> None:
             checked.add(id(value))
         elif isinstance(value, type) and issubclass(value, agentrl.Algorithm) and not inspect.isabstract(value):
             value(value.config_class())
-        elif inspect.isfunction(value) and not name.startswith("agentrl_") and \
-                {"trajectories", "completions"} & set(inspect.signature(value).parameters):
+        elif (
+            inspect.isfunction(value)
+            and not name.startswith("agentrl_")
+            and {"trajectories", "completions"} & set(inspect.signature(value).parameters)
+        ):
             check_reward_function(value, name)
             checked.add(id(value))
     if block.filename and any(hasattr(v, "agentrl_impl") for v in vars(module).values()):
@@ -344,6 +373,7 @@ def test_python_block_runs(block, workdirs):
 
 # -- bash ---------------------------------------------------------------------------------------------
 
+
 def commands(code: str) -> list[list[str]]:
     """Each command of a shell block as argv: continuation lines joined, comments dropped, ``&&``
     chains split."""
@@ -353,7 +383,7 @@ def commands(code: str) -> list[list[str]]:
         while words:
             cut = words.index("&&") if "&&" in words else len(words)
             out.append(words[:cut])
-            words = words[cut + 1:]
+            words = words[cut + 1 :]
     return [argv for argv in out if argv]
 
 
@@ -362,8 +392,10 @@ def run_command(argv: list[str], cwd: Path, block: Block, tiny_model: Path | Non
     program, args = argv[0], argv[1:]
     cheap = args[:1] in (["plugins"], ["new"]) or (args[:1] == ["train"] and "--print-config" in args)
     if program == "agentrl" and not cheap and not (block.marker == "tiny" and args[:1] == ["train"]):
-        raise AssertionError(f"{block.id}: `{' '.join(argv)}` would load or train the default model; mark the "
-                             "block `# docs-test: tiny` (2 steps on a tiny model) or `# docs-test: skip (REASON)`")
+        raise AssertionError(
+            f"{block.id}: `{' '.join(argv)}` would load or train the default model; mark the "
+            "block `# docs-test: tiny` (2 steps on a tiny model) or `# docs-test: skip (REASON)`"
+        )
     if program == "agentrl":
         from typer.testing import CliRunner
 
@@ -381,13 +413,18 @@ def run_command(argv: list[str], cwd: Path, block: Block, tiny_model: Path | Non
             raise result.exception
         return result.exit_code, result.output
     if program in ("pytest", "python"):
-        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args] if program == "pytest" \
+        command = (
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+            if program == "pytest"
             else [sys.executable, *args]
+        )
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
         return done.returncode, done.stdout + done.stderr
-    raise AssertionError(f"{block.id}: tests/test_docs.py cannot run `{' '.join(argv)}`; make the block cheap "
-                         "or mark it `# docs-test: skip (REASON)` (or `<!-- docs-test: skip (REASON) -->` before it)")
+    raise AssertionError(
+        f"{block.id}: tests/test_docs.py cannot run `{' '.join(argv)}`; make the block cheap "
+        "or mark it `# docs-test: skip (REASON)` (or `<!-- docs-test: skip (REASON) -->` before it)"
+    )
 
 
 def expect(output: str, expected: str, where: str) -> None:
@@ -426,6 +463,7 @@ def test_bash_block_runs(block, workdirs, request):
 
 
 # -- config and packaging snippets -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("block", blocks("yaml"))
 def test_yaml_block_is_a_valid_run_config(block, workdirs):

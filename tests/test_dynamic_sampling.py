@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl.config.train import TrainConfig
 from agentrl.algorithms.dynamic_sampling import GroupSelector, has_spread
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError
 from agentrl.plugins import load_plugins
 from agentrl.testing import make_trajectory
@@ -25,10 +25,19 @@ def even_tasks_flat(completions, a, **kwargs):
 '''
 
 
-@pytest.mark.parametrize(("totals", "spread"), [
-    ([0.0, 0.0, 0.0], False), ([1.0, 1.0], False), ([1.0, 2.0], True), ([0.0, 0.0, 1e-9], True),
-    ([math.nan, 1.0, 1.0], False), ([math.nan, 0.0, 1.0], True), ([math.nan, 1.0], False), ([], False),
-])
+@pytest.mark.parametrize(
+    ("totals", "spread"),
+    [
+        ([0.0, 0.0, 0.0], False),
+        ([1.0, 1.0], False),
+        ([1.0, 2.0], True),
+        ([0.0, 0.0, 1e-9], True),
+        ([math.nan, 1.0, 1.0], False),
+        ([math.nan, 0.0, 1.0], True),
+        ([math.nan, 1.0], False),
+        ([], False),
+    ],
+)
 def test_has_spread_counts_only_scored_rewards(totals, spread):
     assert has_spread(totals) is spread
 
@@ -37,8 +46,7 @@ def _groups(*rewards_per_group: list[float]) -> tuple[list, list[float], dict[st
     trajectories, totals = [], []
     for g, rewards in enumerate(rewards_per_group):
         for r in rewards:
-            trajectories.append(make_trajectory([{"role": "user", "content": f"q{g}"}], {"question": f"q{g}"},
-                                                group=g))
+            trajectories.append(make_trajectory([{"role": "user", "content": f"q{g}"}], {"question": f"q{g}"}, group=g))
             totals.append(r)
     return trajectories, totals, {"env": np.array(totals, dtype=np.float64)}
 
@@ -79,10 +87,21 @@ def test_selector_refuses_a_round_that_is_not_whole_groups():
 def _trainer(tiny_model_dir, tmp_path, **overrides) -> Trainer:
     reward_file = tmp_path / "flat.py"
     reward_file.write_text(REWARD_FILE)
-    config = dict(model=str(tiny_model_dir), max_steps=1, prompts_per_step=4, num_generations=4,
-                  max_new_tokens=6, eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0,
-                  save_model=False, precision="fp32", engine_args={"dtype": "float32"},
-                  rewards={f"{reward_file}:even_tasks_flat": 1.0}, env_reward_weight=0.0)
+    config = dict(
+        model=str(tiny_model_dir),
+        max_steps=1,
+        prompts_per_step=4,
+        num_generations=4,
+        max_new_tokens=6,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        log_completions_every=0,
+        save_model=False,
+        precision="fp32",
+        engine_args={"dtype": "float32"},
+        rewards={f"{reward_file}:even_tasks_flat": 1.0},
+        env_reward_weight=0.0,
+    )
     config.update(overrides)
     return Trainer(TrainConfig(**config), load_plugins())
 
@@ -127,7 +146,10 @@ def test_without_dynamic_sampling_the_batch_is_the_first_round_as_before(tiny_mo
     plain = _trainer(tiny_model_dir, tmp_path)
     batch, trajectories, metrics = plain.rollout_step(1)
     assert not any(key.startswith("sampling/") for key in metrics)
-    tasks = [plain.rollouts.tasks[i] for i in plain.rollouts.cursor.__class__(len(plain.rollouts.tasks), plain.config.seed).take(4)]
+    tasks = [
+        plain.rollouts.tasks[i]
+        for i in plain.rollouts.cursor.__class__(len(plain.rollouts.tasks), plain.config.seed).take(4)
+    ]
     assert [t.task for t in trajectories[::4]] == tasks
     assert plain.rollouts.cursor.position == 4  # one round: the cursor moved by prompts_per_step
 

@@ -9,14 +9,15 @@ import re
 from typing import Any
 
 import pytest
+from cli_in_process import agentrl_in_process
 
 from agentrl import Env, EnvError
 from agentrl.env import PrivateGlobalRandom, boxed_reply
 from agentrl.testing import check_env, check_gold_answer, gold_text
-from cli_in_process import agentrl_in_process
 
-CACHED_TASKS = [{"id": f"t{i}", "question": f"Say {i}.", "answer": str(i), "metadata": {"digits": [i]}}
-                for i in range(8)]
+CACHED_TASKS = [
+    {"id": f"t{i}", "question": f"Say {i}.", "answer": str(i), "metadata": {"digits": [i]}} for i in range(8)
+]
 
 
 class CachedTasksEnv(Env):
@@ -81,8 +82,10 @@ def test_gold_reply_default_and_opt_out() -> None:
     assert CachedTasksEnv().gold_reply({"question": "open-ended"}) is None
     assert gold_text({"answer": 7}) == "\\boxed{7}"
     check_gold_answer(NoGoldEnv())  # nothing to check, nothing raised
-    with pytest.raises(EnvError, match=re.escape("WrongGoldEnv: the gold reply '<answer>0!</answer>' earned 0.0, "
-                                                 "expected the max reward 1.0")):
+    with pytest.raises(
+        EnvError,
+        match=re.escape("WrongGoldEnv: the gold reply '<answer>0!</answer>' earned 0.0, expected the max reward 1.0"),
+    ):
         check_gold_answer(WrongGoldEnv())
 
 
@@ -98,48 +101,100 @@ def respond_with(value: Any) -> Any:
 OK_MESSAGES = [{"role": "user", "content": "Higher."}]
 
 
-@pytest.mark.parametrize(("methods", "message"), [
-    ({"start": lambda self, task: "What is 2 + 2?"},
-     "Broken.start must return its messages as a list of {'role': 'system'|'user'|'assistant'|'tool', "
-     "'content': str} dicts; got a str 'What is 2 + 2?'"),
-    ({"start": lambda self, task: []}, "Broken.start must return at least one message"),
-    ({"start": lambda self, task: [{"role": "user"}]},
-     "Broken.start: message 0 has no 'content' (a str): {'role': 'user'}"),
-    ({"start": lambda self, task: [{"role": "user", "content": 4}]},
-     "Broken.start: message 0 has content an int 4; it must be a str"),
-    ({"start": lambda self, task: [{"role": "system", "content": "x"}, {"role": "human", "content": "hi"}]},
-     "Broken.start: message 1 has role 'human'; allowed: system, user, assistant, tool"),
-    ({"start": lambda self, task: ["hi"]}, "Broken.start: message 0 is a str 'hi', not a dict"),
-    ({"train_tasks": lambda self: []},
-     "Broken.train_tasks returned an empty sequence; it must hold at least one task dict"),
-    ({"train_tasks": lambda self: (t for t in CACHED_TASKS)},
-     "Broken.train_tasks must return an indexable sequence of task dicts (a list or agentrl.LazyTasks); "
-     "got a generator"),
-], ids=["start-str", "start-empty", "no-content", "int-content", "bad-role", "str-message", "no-tasks",
-        "generator-tasks"])
+@pytest.mark.parametrize(
+    ("methods", "message"),
+    [
+        (
+            {"start": lambda self, task: "What is 2 + 2?"},
+            "Broken.start must return its messages as a list of {'role': 'system'|'user'|'assistant'|'tool', "
+            "'content': str} dicts; got a str 'What is 2 + 2?'",
+        ),
+        ({"start": lambda self, task: []}, "Broken.start must return at least one message"),
+        (
+            {"start": lambda self, task: [{"role": "user"}]},
+            "Broken.start: message 0 has no 'content' (a str): {'role': 'user'}",
+        ),
+        (
+            {"start": lambda self, task: [{"role": "user", "content": 4}]},
+            "Broken.start: message 0 has content an int 4; it must be a str",
+        ),
+        (
+            {"start": lambda self, task: [{"role": "system", "content": "x"}, {"role": "human", "content": "hi"}]},
+            "Broken.start: message 1 has role 'human'; allowed: system, user, assistant, tool",
+        ),
+        ({"start": lambda self, task: ["hi"]}, "Broken.start: message 0 is a str 'hi', not a dict"),
+        (
+            {"train_tasks": lambda self: []},
+            "Broken.train_tasks returned an empty sequence; it must hold at least one task dict",
+        ),
+        (
+            {"train_tasks": lambda self: (t for t in CACHED_TASKS)},
+            "Broken.train_tasks must return an indexable sequence of task dicts (a list or agentrl.LazyTasks); "
+            "got a generator",
+        ),
+    ],
+    ids=[
+        "start-str",
+        "start-empty",
+        "no-content",
+        "int-content",
+        "bad-role",
+        "str-message",
+        "no-tasks",
+        "generator-tasks",
+    ],
+)
 def test_reset_names_the_broken_method_and_the_expected_shape(methods: dict[str, Any], message: str) -> None:
     with pytest.raises(EnvError, match=re.escape(message)):
         broken(**methods)().reset(seed=0)
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ((OK_MESSAGES, 1.0, True),
-     "Broken.respond must return (messages, reward, terminated, info); got a tuple of 3 values"),
-    ("Lower.", "Broken.respond must return (messages, reward, terminated, info); got a str 'Lower.'"),
-    ([OK_MESSAGES, 1.0, True, {}],
-     "Broken.respond must return (messages, reward, terminated, info); got a list [[{'content': 'Higher.', "),
-    (("Higher.", 0.0, False, {}),
-     "Broken.respond must return its messages as a list of {'role': 'system'|'user'|'assistant'|'tool', "
-     "'content': str} dicts; got a str 'Higher.'"),
-    (([{"role": "user", "text": "Higher."}], 0.0, False, {}),
-     "Broken.respond: message 0 has no 'content' (a str): {'role': 'user', 'text': 'Higher.'}"),
-    (([], None, True, {}), "Broken.respond must return a finite number as its reward (2nd value); got None"),
-    (([], "1.0", True, {}), "Broken.respond must return a finite number as its reward (2nd value); got a str '1.0'"),
-    (([], float("nan"), True, {}), "Broken.respond must return a finite number as its reward (2nd value); got a float nan"),
-    (([], 1.0, None, {}), "Broken.respond must return a bool as terminated (3rd value); got None"),
-    (([], 1.0, True, None), "Broken.respond must return a dict as info (4th value); got None"),
-], ids=["three-values", "str", "list", "str-messages", "no-content", "none-reward", "str-reward", "nan-reward",
-        "none-terminated", "none-info"])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            (OK_MESSAGES, 1.0, True),
+            "Broken.respond must return (messages, reward, terminated, info); got a tuple of 3 values",
+        ),
+        ("Lower.", "Broken.respond must return (messages, reward, terminated, info); got a str 'Lower.'"),
+        (
+            [OK_MESSAGES, 1.0, True, {}],
+            "Broken.respond must return (messages, reward, terminated, info); got a list [[{'content': 'Higher.', ",
+        ),
+        (
+            ("Higher.", 0.0, False, {}),
+            "Broken.respond must return its messages as a list of {'role': 'system'|'user'|'assistant'|'tool', "
+            "'content': str} dicts; got a str 'Higher.'",
+        ),
+        (
+            ([{"role": "user", "text": "Higher."}], 0.0, False, {}),
+            "Broken.respond: message 0 has no 'content' (a str): {'role': 'user', 'text': 'Higher.'}",
+        ),
+        (([], None, True, {}), "Broken.respond must return a finite number as its reward (2nd value); got None"),
+        (
+            ([], "1.0", True, {}),
+            "Broken.respond must return a finite number as its reward (2nd value); got a str '1.0'",
+        ),
+        (
+            ([], float("nan"), True, {}),
+            "Broken.respond must return a finite number as its reward (2nd value); got a float nan",
+        ),
+        (([], 1.0, None, {}), "Broken.respond must return a bool as terminated (3rd value); got None"),
+        (([], 1.0, True, None), "Broken.respond must return a dict as info (4th value); got None"),
+    ],
+    ids=[
+        "three-values",
+        "str",
+        "list",
+        "str-messages",
+        "no-content",
+        "none-reward",
+        "str-reward",
+        "nan-reward",
+        "none-terminated",
+        "none-info",
+    ],
+)
 def test_step_names_the_broken_method_and_the_expected_shape(value: Any, message: str) -> None:
     env = broken(respond=respond_with(value))()
     env.reset(seed=0)
@@ -206,17 +261,38 @@ class StartsWithText(ThreeValues):
 '''
 
 
-@pytest.mark.parametrize(("cls", "message"), [
-    ("ThreeValues", "ThreeValues.respond must return (messages, reward, terminated, info); got a tuple of 3 values"),
-    ("StartsWithText", "StartsWithText.start must return its messages as a list of"),
-])
+@pytest.mark.parametrize(
+    ("cls", "message"),
+    [
+        (
+            "ThreeValues",
+            "ThreeValues.respond must return (messages, reward, terminated, info); got a tuple of 3 values",
+        ),
+        ("StartsWithText", "StartsWithText.start must return its messages as a list of"),
+    ],
+)
 def test_cli_reports_a_broken_env_in_one_line(tiny_model_dir, tmp_path, cls: str, message: str) -> None:
     path = tmp_path / "broken_env.py"
     path.write_text(BROKEN_ENV_FILE)
     result = agentrl_in_process(
-        "train", "--env", f"{path}:{cls}", "--model", str(tiny_model_dir),
-        "--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir",
-        str(tmp_path / "run"), "--set", "eval_tasks=0", "--set", "max_new_tokens=4")
+        "train",
+        "--env",
+        f"{path}:{cls}",
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "1",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--set",
+        "eval_tasks=0",
+        "--set",
+        "max_new_tokens=4",
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
     assert message in " ".join(result.stderr.split()), output
@@ -230,14 +306,27 @@ from hypothesis import strategies as st  # noqa: E402
 from agentrl.errors import AgentRLError  # noqa: E402
 
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8), st.binary(max_size=4))
-_values = st.recursive(_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.tuples(inner, inner), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
-    max_leaves=12)
-_messages = st.lists(st.one_of(_values, st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "assistant", "tool", "system", "human", ""]), "content": _values})), max_size=3)
-_respond_results = st.one_of(_values, st.tuples(_messages, _values, _values, _values),
-                             st.tuples(_messages, st.floats(), st.booleans(), st.dictionaries(st.text(max_size=4),
-                                                                                              _values, max_size=2)))
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.tuples(inner, inner), st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_messages = st.lists(
+    st.one_of(
+        _values,
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "assistant", "tool", "system", "human", ""]), "content": _values}
+        ),
+    ),
+    max_size=3,
+)
+_respond_results = st.one_of(
+    _values,
+    st.tuples(_messages, _values, _values, _values),
+    st.tuples(_messages, st.floats(), st.booleans(), st.dictionaries(st.text(max_size=4), _values, max_size=2)),
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

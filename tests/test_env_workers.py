@@ -80,20 +80,28 @@ def tiny(tokenizer):
 def _rollout(tiny, **overrides):
     model, tokenizer = tiny
     manager = load_plugins()
-    engine = manager.registry.get("engine", "hf").factory(model=model, tokenizer=tokenizer,
-                                                           config=TrainConfig(engine_args={"dtype": "float32"}))
+    engine = manager.registry.get("engine", "hf").factory(
+        model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"})
+    )
     config = TrainConfig(**{"max_new_tokens": 6, **overrides})
     return manager.registry.get("rollout", "multi_turn").factory(engine=engine, tokenizer=tokenizer, config=config)
 
 
 def _run(rollout, envs):
-    return rollout.run(envs, [TASKS[i % len(TASKS)] for i in range(len(envs))], [i // 2 for i in range(len(envs))],
-                       SamplingParams(max_new_tokens=6, temperature=1.0, seed=3), seeds=list(range(100, 100 + len(envs))))
+    return rollout.run(
+        envs,
+        [TASKS[i % len(TASKS)] for i in range(len(envs))],
+        [i // 2 for i in range(len(envs))],
+        SamplingParams(max_new_tokens=6, temperature=1.0, seed=3),
+        seeds=list(range(100, 100 + len(envs))),
+    )
 
 
 def _figures(trajectories):
-    return [(t.token_ids, t.loss_mask, t.sampler_logprobs, [turn.reward for turn in t.turns], t.messages)
-            for t in trajectories]
+    return [
+        (t.token_ids, t.loss_mask, t.sampler_logprobs, [turn.reward for turn in t.turns], t.messages)
+        for t in trajectories
+    ]
 
 
 def test_env_latency_overlaps_instead_of_adding_up(tiny):
@@ -109,7 +117,10 @@ def test_env_latency_overlaps_instead_of_adding_up(tiny):
     serial = sum(len(env.threads) for env in envs) * 0.3  # 8 resets and 16 steps one after another: 7.2 s
     print(f"generation {generation_s:.2f} s, with env latency {elapsed:.2f} s, serial env time {serial:.1f} s")
     assert serial == pytest.approx(7.2)
-    assert elapsed - generation_s < 0.5 * serial, (elapsed, generation_s)  # overlapped: ~0.9 s of env time (3 calls an env), not 7.2
+    assert elapsed - generation_s < 0.5 * serial, (
+        elapsed,
+        generation_s,
+    )  # overlapped: ~0.9 s of env time (3 calls an env), not 7.2
     assert _figures(trajectories) == _figures(generation_only)
 
 
@@ -233,8 +244,8 @@ def test_a_failure_names_the_first_failing_sample_whatever_answers_first(tiny):
 
 
 def test_the_start_up_checks_await_an_async_reset(tokenizer):
-    from agentrl.training.build import check_prompt_room
     from agentrl.testing import check_env_startup
+    from agentrl.training.build import check_prompt_room
 
     env = AsyncEcho()
     check_env_startup(env, timeout_s=5)

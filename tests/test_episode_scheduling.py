@@ -80,8 +80,11 @@ class Recording:
 def _rollout(tiny, **overrides):
     model, tokenizer = tiny
     manager = load_plugins()
-    engine = Recording(manager.registry.get("engine", "hf").factory(
-        model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"})))
+    engine = Recording(
+        manager.registry.get("engine", "hf").factory(
+            model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"})
+        )
+    )
     config = TrainConfig(**{"max_new_tokens": 6, **overrides})
     return manager.registry.get("rollout", "multi_turn").factory(engine=engine, tokenizer=tokenizer, config=config)
 
@@ -91,15 +94,20 @@ SEEDS = list(range(100, 108))
 
 def _run(rollout, envs, seeds=SEEDS, seed=3):
     Talk.log = []
-    return rollout.run(envs, TASKS[:len(envs)], [i // 2 for i in range(len(envs))],
-                       SamplingParams(max_new_tokens=6, temperature=1.0, seed=seed),
-                       seeds=None if seeds is None else seeds[:len(envs)])
+    return rollout.run(
+        envs,
+        TASKS[: len(envs)],
+        [i // 2 for i in range(len(envs))],
+        SamplingParams(max_new_tokens=6, temperature=1.0, seed=seed),
+        seeds=None if seeds is None else seeds[: len(envs)],
+    )
 
 
 def _figures(trajectories):
     """What must not depend on env latency (the sampler logprobs are compared apart)."""
-    return [(t.token_ids, t.loss_mask, [turn.reward for turn in t.turns], t.messages, t.truncated)
-            for t in trajectories]
+    return [
+        (t.token_ids, t.loss_mask, [turn.reward for turn in t.turns], t.messages, t.truncated) for t in trajectories
+    ]
 
 
 def _lockstep_seeds(seeds, turns):
@@ -118,8 +126,9 @@ def test_instant_envs_give_the_lockstep_batches(tiny):
     # Without per-episode seeds, episode i's turn k has the seed a batch seeded turn_seed(3, k) gave prompt i.
     rollout.engine.seeds = []
     _run(rollout, [Talk() for _ in TASKS], seeds=None, seed=3)
-    assert rollout.engine.seeds == [tuple((turn_seed(3, k) * 1_000_003 + i) % 2**63 for i in range(8) if turns[i] > k)
-                                    for k in range(3)]
+    assert rollout.engine.seeds == [
+        tuple((turn_seed(3, k) * 1_000_003 + i) % 2**63 for i in range(8) if turns[i] > k) for k in range(3)
+    ]
     assert rollout.engine.seeds[0] == tuple(SamplingParams(seed=3).seeds_for(8))  # turn 0 as before
     rollout.engine.seeds = []
     _run(rollout, [Talk() for _ in TASKS], seeds=None, seed=None)
@@ -182,7 +191,8 @@ def test_a_slow_episode_does_not_hold_back_the_others(tiny, env_class):
     trajectories = rollout.run([env_class() for _ in tasks], tasks, [0] * 4, SamplingParams(6, seed=3), seeds=SEEDS[:4])
     first_answer_of_0 = Talk.log.index(("answer", 0, 1))
     assert {(i, turn) for event, i, turn in Talk.log[:first_answer_of_0] if event == "answer"} == {
-        (i, turn) for i in (1, 2, 3) for turn in (1, 2, 3)}
+        (i, turn) for i in (1, 2, 3) for turn in (1, 2, 3)
+    }
     assert rollout.batches == [4, 3, 3, 1, 1]  # episode 0's turns 2 and 3 alone, after the others ended
     assert rollout.engine.seeds[3:] == [(turn_seed(SEEDS[0], 1),), (turn_seed(SEEDS[0], 2),)]
     assert _figures(trajectories) == _figures(reference)
@@ -217,7 +227,8 @@ def test_a_slow_reset_does_not_hold_back_the_others(tiny):
     trajectories = rollout.run([SlowStart() for _ in tasks], tasks, [0] * 4, SamplingParams(6, seed=3), seeds=SEEDS[:4])
     first_answer_of_0 = Talk.log.index(("answer", 0, 1))
     assert {(i, turn) for event, i, turn in Talk.log[:first_answer_of_0] if event == "answer"} == {
-        (i, turn) for i in (1, 2, 3) for turn in (1, 2, 3)}
+        (i, turn) for i in (1, 2, 3) for turn in (1, 2, 3)
+    }
     assert rollout.batches[-3:] == [1, 1, 1]  # episode 0's three turns alone, after the others ended
     assert rollout.engine.seeds[-3:] == [(turn_seed(SEEDS[0], k),) for k in range(3)]
     assert _figures(trajectories) == _figures(reference)
@@ -289,8 +300,10 @@ def test_submit_keeps_the_order_per_instance_and_cancels_the_calls_not_started()
     Gate.gate.clear()
     Gate.ran = []
     one, two = Gate(), Gate()
-    futures = [workers.submit(EnvCall(env, "step", (name,))) for env, name in
-               [(one, "a1"), (one, "a2"), (two, "b1"), (one, "a3")]]
+    futures = [
+        workers.submit(EnvCall(env, "step", (name,)))
+        for env, name in [(one, "a1"), (one, "a2"), (two, "b1"), (one, "a3")]
+    ]
     # a1 and b1 run (a thread per instance, both held at the gate); a2 and a3 wait behind a1
     workers.cancel([futures[3]])
     Gate.gate.set()

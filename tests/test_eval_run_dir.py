@@ -18,10 +18,10 @@ from agentrl.plugins import load_plugins
 from agentrl.training.trainer import Trainer
 
 # A reward that depends on every sampled character: equal figures mean equal generations.
-LENGTH_REWARD = '''
+LENGTH_REWARD = """
 def reply_length(completions, **kwargs):
     return [len(c[-1]["content"]) / 100 for c in completions]
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +31,23 @@ def run_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     folder = tmp_path_factory.mktemp("eval-run")
     reward = folder / "length_reward.py"
     reward.write_text(LENGTH_REWARD)
-    config = TrainConfig(model=str(tiny_model_dir), env="math", env_args={"seed": 4, "num_eval": 6}, max_steps=1,
-                         prompts_per_step=2, num_generations=2, max_new_tokens=8, eval_tasks=6, eval_sampled=False,
-                         keep_best=False, seed=3, precision="fp32",
-                         engine_args={"dtype": "bfloat16", "batch_size": 5},
-                         rewards={f"{reward}:reply_length": 0.5}, output_dir=str(folder / "run"))
+    config = TrainConfig(
+        model=str(tiny_model_dir),
+        env="math",
+        env_args={"seed": 4, "num_eval": 6},
+        max_steps=1,
+        prompts_per_step=2,
+        num_generations=2,
+        max_new_tokens=8,
+        eval_tasks=6,
+        eval_sampled=False,
+        keep_best=False,
+        seed=3,
+        precision="fp32",
+        engine_args={"dtype": "bfloat16", "batch_size": 5},
+        rewards={f"{reward}:reply_length": 0.5},
+        output_dir=str(folder / "run"),
+    )
     Trainer(config, load_plugins()).train()
     return folder / "run"
 
@@ -69,13 +81,32 @@ def test_eval_of_a_run_dir_uses_the_runs_settings_and_matches_its_eval_json(run_
 
 def test_set_and_flags_override_the_runs_settings_and_model_still_works(run_dir, monkeypatch):
     # --set refines the run's engine_args key by key; a flag beats the run's value.
-    _, seen = _eval(monkeypatch, "--model", str(run_dir), "--num-tasks", "2", "--set", "engine_args.dtype=float32",
-                    "--max-new-tokens", "4", "--temperature", "0.5")
+    _, seen = _eval(
+        monkeypatch,
+        "--model",
+        str(run_dir),
+        "--num-tasks",
+        "2",
+        "--set",
+        "engine_args.dtype=float32",
+        "--max-new-tokens",
+        "4",
+        "--temperature",
+        "0.5",
+    )
     engine = seen["rollout"].engine
     assert engine.options.batch_size == 5 and engine.dtype == "float32"
     assert seen["max_new_tokens"] == 4 and seen["temperature"] == 0.5
-    figures, seen = _eval(monkeypatch, str(run_dir), "--num-tasks", "2", "--set", "precision=bf16",
-                          "--set", "engine_args={dtype: float32}")
+    figures, seen = _eval(
+        monkeypatch,
+        str(run_dir),
+        "--num-tasks",
+        "2",
+        "--set",
+        "precision=bf16",
+        "--set",
+        "engine_args={dtype: float32}",
+    )
     assert seen["rollout"].engine.options.batch_size == 64 and figures["precision"] == "bf16"
 
 

@@ -11,8 +11,18 @@ from pathlib import Path
 import pytest
 from conftest import PluginVenv
 
-TINY = ["--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=2",
-        "--set", "max_new_tokens=8"]
+TINY = [
+    "--max-steps",
+    "2",
+    "--num-generations",
+    "2",
+    "--prompts-per-step",
+    "2",
+    "--set",
+    "eval_tasks=2",
+    "--set",
+    "max_new_tokens=8",
+]
 
 PYPROJECT = """\
 [build-system]
@@ -76,16 +86,16 @@ def agentrl_register_envs(register):
     register("echo", EchoEnv)
 '''
 
-BROKEN_MODULE = 'import a_module_that_does_not_exist\n'
+BROKEN_MODULE = "import a_module_that_does_not_exist\n"
 
-DUPLICATE_MODULE = '''
+DUPLICATE_MODULE = """
 from agentrl import hookimpl
 
 
 @hookimpl
 def agentrl_register_rewards(register):
     register("format", lambda trajectories: [0.0] * len(trajectories))
-'''
+"""
 
 
 def write_package(root: Path, dist: str, module: str, entry: str, source: str, version: str = "1.2.3") -> Path:
@@ -102,21 +112,33 @@ def pip(venv: PluginVenv, *args: str) -> None:
 
 
 def test_installed_reward_and_env_packages_train_then_are_gone_after_uninstall(tiny_model_dir, tmp_path, plugin_venv):
-    reward_pkg = write_package(tmp_path, "agentrl-reward-exclaim", "agentrl_reward_exclaim", "exclaim_reward",
-                               REWARD_MODULE)
+    reward_pkg = write_package(
+        tmp_path, "agentrl-reward-exclaim", "agentrl_reward_exclaim", "exclaim_reward", REWARD_MODULE
+    )
     env_pkg = write_package(tmp_path, "agentrl-env-echo", "agentrl_env_echo", "echo_env", ENV_MODULE, "0.4.0")
     try:
         pip(plugin_venv, "install", "--no-deps", "--no-build-isolation", str(reward_pkg), str(env_pkg))
         rows = {row["name"]: row for row in json.loads(plugin_venv.agentrl("plugins", "--json").stdout)}
         assert rows["exclaim_reward"]["distribution"] == "agentrl-reward-exclaim"
         assert rows["exclaim_reward"]["version"] == "1.2.3" and rows["exclaim_reward"]["registers"] == {
-            "reward": ["exclaim"]}
+            "reward": ["exclaim"]
+        }
         assert rows["echo_env"]["distribution"] == "agentrl-env-echo" and rows["echo_env"]["version"] == "0.4.0"
         assert rows["echo_env"]["registers"] == {"env": ["echo"]}
 
         out = tmp_path / "run"
-        result = plugin_venv.agentrl("train", "--env", "echo", "--reward", "exclaim:0.2", "--model",
-                         str(tiny_model_dir), "--output-dir", str(out), *TINY)
+        result = plugin_venv.agentrl(
+            "train",
+            "--env",
+            "echo",
+            "--reward",
+            "exclaim:0.2",
+            "--model",
+            str(tiny_model_dir),
+            "--output-dir",
+            str(out),
+            *TINY,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "rewards: env return x1 + exclaim x0.2 (--reward)" in " ".join(result.stdout.split())
         lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -131,13 +153,23 @@ def test_installed_reward_and_env_packages_train_then_are_gone_after_uninstall(t
     assert not (tmp_path / "gone").exists()
 
 
-@pytest.mark.parametrize(("module", "message"), [
-    (BROKEN_MODULE, "plugin 'bad_plugin' (entry point 'agentrl_bad_plugin' of agentrl-bad-plugin) failed to import: "
-                    "ModuleNotFoundError(\"No module named 'a_module_that_does_not_exist'\"). Fix or uninstall it, "
-                    "or disable it with --disable-plugin bad_plugin."),
-    (DUPLICATE_MODULE, "reward 'format' is registered by two plugins: 'rewards' and 'bad_plugin'. Uninstall or "
-                       "disable one of them (--disable-plugin NAME)."),
-], ids=["fails-to-import", "duplicate-name"])
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        (
+            BROKEN_MODULE,
+            "plugin 'bad_plugin' (entry point 'agentrl_bad_plugin' of agentrl-bad-plugin) failed to import: "
+            "ModuleNotFoundError(\"No module named 'a_module_that_does_not_exist'\"). Fix or uninstall it, "
+            "or disable it with --disable-plugin bad_plugin.",
+        ),
+        (
+            DUPLICATE_MODULE,
+            "reward 'format' is registered by two plugins: 'rewards' and 'bad_plugin'. Uninstall or "
+            "disable one of them (--disable-plugin NAME).",
+        ),
+    ],
+    ids=["fails-to-import", "duplicate-name"],
+)
 def test_a_broken_installed_plugin_is_named_with_the_fix(module: str, message: str, tmp_path, plugin_venv) -> None:
     package = write_package(tmp_path, "agentrl-bad-plugin", "agentrl_bad_plugin", "bad_plugin", module)
     try:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.testing import GradientRecorder
 from agentrl.config.train import TrainConfig
 from agentrl.env import CallGuard
 from agentrl.errors import EngineError, EnvError, RewardError
 from agentrl.plugins import load_plugins
 from agentrl.rewards.scoring import score
+from agentrl.testing import GradientRecorder
 from agentrl.training.trainer import Trainer
 from agentrl.trajectory import collate
 from agentrl_grpo import group_advantages
@@ -141,9 +141,21 @@ def faults(tmp_path) -> Iterator[Path]:
 
 
 def _config(model_dir: Path, tmp_path: Path, **overrides) -> TrainConfig:
-    base = dict(model=str(model_dir), max_steps=1, prompts_per_step=2, num_generations=2, max_new_tokens=6,
-                eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0, save_model=False,
-                precision="fp32", engine_args={"dtype": "float32"}, checkpoint_every=0, max_grad_norm=None)
+    base = dict(
+        model=str(model_dir),
+        max_steps=1,
+        prompts_per_step=2,
+        num_generations=2,
+        max_new_tokens=6,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        log_completions_every=0,
+        save_model=False,
+        precision="fp32",
+        engine_args={"dtype": "float32"},
+        checkpoint_every=0,
+        max_grad_norm=None,
+    )
     base.update(overrides)
     return TrainConfig(**base)
 
@@ -155,8 +167,13 @@ def _metrics(tmp_path: Path) -> list[dict]:
 # -- reward functions ------------------------------------------------------------------------------
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_a_failed_reward_leaves_its_episode_out_of_the_gradient(tiny_model_dir, tmp_path, loss_type):
-    config = _config(tiny_model_dir, tmp_path, prompts_per_step=2, num_generations=3,
-                     algorithm={"loss_type": loss_type, "beta": 0.05})
+    config = _config(
+        tiny_model_dir,
+        tmp_path,
+        prompts_per_step=2,
+        num_generations=3,
+        algorithm={"loss_type": loss_type, "beta": 0.05},
+    )
     trainer = Trainer(config, load_plugins())
     _, trajectories, _ = trainer.rollout_step(1)
     bad = trajectories[1]
@@ -168,8 +185,13 @@ def test_a_failed_reward_leaves_its_episode_out_of_the_gradient(tiny_model_dir, 
 
     errors: dict[str, int] = {}
     with pytest.warns(RuntimeWarning, match=re.escape("reward function 'first_token' raised on sample 1 (task ")):
-        totals, components = score(trajectories, {"first_token": (first_token, 1.0)}, env_weight=0.0,
-                                   guard=CallGuard(timeout_s=5, on_error="skip"), errors=errors)
+        totals, components = score(
+            trajectories,
+            {"first_token": (first_token, 1.0)},
+            env_weight=0.0,
+            guard=CallGuard(timeout_s=5, on_error="skip"),
+            errors=errors,
+        )
     assert errors == {"first_token": 1}
     assert math.isnan(totals[1]) and all(math.isfinite(x) for i, x in enumerate(totals) if i != 1)
     batch = collate(trajectories, totals, trainer.tokenizer.pad_token_id)
@@ -192,8 +214,14 @@ def test_a_failed_reward_leaves_its_episode_out_of_the_gradient(tiny_model_dir, 
 
 
 def test_a_raising_reward_with_skip_is_counted_and_the_run_finishes(tiny_model_dir, tmp_path, faults):
-    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:fragile": 1.0},
-                     max_steps=2, on_call_error="skip")
+    config = _config(
+        tiny_model_dir,
+        tmp_path,
+        env=f"{faults}:Tasks",
+        rewards={f"{faults}:fragile": 1.0},
+        max_steps=2,
+        on_call_error="skip",
+    )
     with pytest.warns(RuntimeWarning, match="reward function 'fragile' raised on sample") as record:
         Trainer(config, load_plugins()).train()
     assert sum("reward function 'fragile'" in str(w.message) for w in record) == 1  # warned once per run
@@ -203,32 +231,50 @@ def test_a_raising_reward_with_skip_is_counted_and_the_run_finishes(tiny_model_d
     assert [r["errors/env"] for r in rows] == [0.0, 0.0]
 
 
-def test_a_raising_reward_with_fail_names_the_function_the_sample_and_the_exception(tiny_model_dir, tmp_path,
-                                                                                   faults):
-    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:fragile": 1.0},
-                     on_call_error="fail")
+def test_a_raising_reward_with_fail_names_the_function_the_sample_and_the_exception(tiny_model_dir, tmp_path, faults):
+    config = _config(
+        tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:fragile": 1.0}, on_call_error="fail"
+    )
     trainer = Trainer(config, load_plugins())
     with pytest.raises(RewardError) as caught:
         trainer.rollout_step(1)
     message = str(caught.value)
-    assert re.search(r"^reward function 'fragile' raised on sample \d \(task 'bad': 'Say 2\.'\): "
-                     r"ValueError: cannot score the bad task \(on_call_error=fail", message), message
+    assert re.search(
+        r"^reward function 'fragile' raised on sample \d \(task 'bad': 'Say 2\.'\): "
+        r"ValueError: cannot score the bad task \(on_call_error=fail",
+        message,
+    ), message
 
 
 def test_a_raising_reward_with_fail_in_the_rollout_thread_stops_an_async_run_with_the_same_error(
-        tiny_model_dir, tmp_path, faults):
+    tiny_model_dir, tmp_path, faults
+):
     import threading
 
-    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:fragile": 1.0},
-                     on_call_error="fail", async_steps=1, max_steps=3)
+    config = _config(
+        tiny_model_dir,
+        tmp_path,
+        env=f"{faults}:Tasks",
+        rewards={f"{faults}:fragile": 1.0},
+        on_call_error="fail",
+        async_steps=1,
+        max_steps=3,
+    )
     with pytest.raises(RewardError, match=r"^reward function 'fragile' raised on sample \d \(task 'bad'"):
         Trainer(config, load_plugins()).train()
     assert not [t for t in threading.enumerate() if t.name == "agentrl-async-rollouts"]  # the thread ended
 
 
 def test_a_hanging_reward_times_out_and_the_step_finishes(tiny_model_dir, tmp_path, faults):
-    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:slow": 1.0},
-                     env_reward_weight=0.0, call_timeout_s=1.0, on_call_error="skip")
+    config = _config(
+        tiny_model_dir,
+        tmp_path,
+        env=f"{faults}:Tasks",
+        rewards={f"{faults}:slow": 1.0},
+        env_reward_weight=0.0,
+        call_timeout_s=1.0,
+        on_call_error="skip",
+    )
     trainer = Trainer(config, load_plugins())
     start = time.perf_counter()
     with pytest.warns(RuntimeWarning, match="reward function 'slow' timed out on the batch of 4 samples"):
@@ -248,24 +294,31 @@ def test_a_raising_env_step_ends_that_episode_unscored(tiny_model_dir, tmp_path,
     errors = [t.info.get("error") for t in trajectories]
     bad = [i for i, t in enumerate(trajectories) if t.task["id"] == "bad"]
     assert [i for i, e in enumerate(errors) if e] == bad and len(bad) == 2
-    assert errors[bad[0]] == {"method": "StepRaises.step", "exception": "ValueError: env bug on the bad task",
-                              "timed_out": False}
+    assert errors[bad[0]] == {
+        "method": "StepRaises.step",
+        "exception": "ValueError: env bug on the bad task",
+        "timed_out": False,
+    }
     assert metrics["errors/env"] == 2.0
     assert all(math.isnan(batch.rewards[i]) and batch.loss_mask[i].sum() == 0 for i in bad)
     assert all(math.isfinite(batch.rewards[i]) for i in range(4) if i not in bad)
 
 
-def test_a_raising_env_step_with_fail_names_the_env_the_sample_and_the_exception(tiny_model_dir, tmp_path,
-                                                                                 faults):
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:StepRaises", on_call_error="fail"),
-                      load_plugins())
-    with pytest.raises(EnvError, match=r"^StepRaises\.step raised on sample \d \(task 'bad': 'Say 2\.'\): "
-                                       r"ValueError: env bug on the bad task \(on_call_error=fail"):
+def test_a_raising_env_step_with_fail_names_the_env_the_sample_and_the_exception(tiny_model_dir, tmp_path, faults):
+    trainer = Trainer(
+        _config(tiny_model_dir, tmp_path, env=f"{faults}:StepRaises", on_call_error="fail"), load_plugins()
+    )
+    with pytest.raises(
+        EnvError,
+        match=r"^StepRaises\.step raised on sample \d \(task 'bad': 'Say 2\.'\): "
+        r"ValueError: env bug on the bad task \(on_call_error=fail",
+    ):
         trainer.rollout_step(1)
 
 
-LIBRARY_FAILED = "somelib env 'Game-v0' failed in step: ValueError: could not convert string to float: " \
-                 "'Invalid action format'"
+LIBRARY_FAILED = (
+    "somelib env 'Game-v0' failed in step: ValueError: could not convert string to float: 'Invalid action format'"
+)
 
 
 def test_a_wrapped_library_failure_is_skipped_and_counted_not_a_contract_error(tiny_model_dir, tmp_path, faults):
@@ -278,18 +331,22 @@ def test_a_wrapped_library_failure_is_skipped_and_counted_not_a_contract_error(t
     assert metrics["errors/env"] == 2.0
 
 
-def test_a_wrapped_library_failure_with_fail_names_the_library_the_env_id_and_the_call(tiny_model_dir, tmp_path,
-                                                                                      faults):
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:LibraryStepFails", on_call_error="fail"),
-                      load_plugins())
-    with pytest.raises(EnvError, match=r"^LibraryStepFails\.step raised on sample \d \(task 'bad': 'Say 2\.'\): "
-                                       + re.escape(f"{LIBRARY_FAILED} (on_call_error=fail")):
+def test_a_wrapped_library_failure_with_fail_names_the_library_the_env_id_and_the_call(
+    tiny_model_dir, tmp_path, faults
+):
+    trainer = Trainer(
+        _config(tiny_model_dir, tmp_path, env=f"{faults}:LibraryStepFails", on_call_error="fail"), load_plugins()
+    )
+    with pytest.raises(
+        EnvError,
+        match=r"^LibraryStepFails\.step raised on sample \d \(task 'bad': 'Say 2\.'\): "
+        + re.escape(f"{LIBRARY_FAILED} (on_call_error=fail"),
+    ):
         trainer.rollout_step(1)
 
 
 def test_a_hanging_env_step_times_out_and_its_env_is_replaced(tiny_model_dir, tmp_path, faults):
-    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:StepHangs", call_timeout_s=1.0,
-                     on_call_error="skip")
+    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:StepHangs", call_timeout_s=1.0, on_call_error="skip")
     trainer = Trainer(config, load_plugins())
     before = list(trainer.envs)
     start = time.perf_counter()
@@ -302,31 +359,51 @@ def test_a_hanging_env_step_times_out_and_its_env_is_replaced(tiny_model_dir, tm
     assert all((trainer.envs[i] is before[i]) == (i not in hung) for i in range(4))
 
 
-@pytest.mark.parametrize(("cls", "message"), [
-    ("StepFourValues", "StepFourValues.step must return (messages, reward, terminated, truncated, info); "
-                       "got a tuple of 4 values"),
-    ("StepNanReward", "StepNanReward.step must return a finite number as its reward (2nd value); got a float nan"),
-])
+@pytest.mark.parametrize(
+    ("cls", "message"),
+    [
+        (
+            "StepFourValues",
+            "StepFourValues.step must return (messages, reward, terminated, truncated, info); got a tuple of 4 values",
+        ),
+        ("StepNanReward", "StepNanReward.step must return a finite number as its reward (2nd value); got a float nan"),
+    ],
+)
 def test_a_broken_step_contract_always_fails_even_with_skip(tiny_model_dir, tmp_path, faults, cls, message):
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:{cls}", on_call_error="skip"),
-                      load_plugins())
+    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:{cls}", on_call_error="skip"), load_plugins())
     with pytest.raises(EnvError, match=re.escape(message)):
         trainer.rollout_step(1)
 
 
-@pytest.mark.parametrize(("cls", "overrides", "message"), [
-    ("EmptyTasks", {}, "EmptyTasks.train_tasks returned an empty sequence; it must hold at least one task dict"),
-    ("GeneratorTasks", {}, "GeneratorTasks.train_tasks must return an indexable sequence of task dicts (a list or "
-                           "agentrl.LazyTasks); got a generator: an iterator can be read only once"),
-    ("NoEvalTasks", {"eval_tasks": 4}, "NoEvalTasks.eval_tasks returned an empty sequence; it must hold at least "
-                                       "one task dict to evaluate on (or set eval_tasks: 0)"),
-    ("ZeroTurns", {}, "ZeroTurns.max_turns is 0; it must be an integer >= 1"),
-    ("StartsWithText", {}, "StartsWithText.start must return its messages as a list of"),
-    ("ResetRaises", {}, "ResetRaises.reset raised on the first training task (task 'good': 'Say 1.'): "
-                        "KeyError: 'no such level'"),
-], ids=["empty-tasks", "generator", "empty-eval", "zero-turns", "start-text", "reset-raises"])
-def test_env_contract_violations_are_named_before_the_model_loads(tiny_model_dir, tmp_path, faults, monkeypatch,
-                                                                  cls, overrides, message):
+@pytest.mark.parametrize(
+    ("cls", "overrides", "message"),
+    [
+        ("EmptyTasks", {}, "EmptyTasks.train_tasks returned an empty sequence; it must hold at least one task dict"),
+        (
+            "GeneratorTasks",
+            {},
+            "GeneratorTasks.train_tasks must return an indexable sequence of task dicts (a list or "
+            "agentrl.LazyTasks); got a generator: an iterator can be read only once",
+        ),
+        (
+            "NoEvalTasks",
+            {"eval_tasks": 4},
+            "NoEvalTasks.eval_tasks returned an empty sequence; it must hold at least "
+            "one task dict to evaluate on (or set eval_tasks: 0)",
+        ),
+        ("ZeroTurns", {}, "ZeroTurns.max_turns is 0; it must be an integer >= 1"),
+        ("StartsWithText", {}, "StartsWithText.start must return its messages as a list of"),
+        (
+            "ResetRaises",
+            {},
+            "ResetRaises.reset raised on the first training task (task 'good': 'Say 1.'): KeyError: 'no such level'",
+        ),
+    ],
+    ids=["empty-tasks", "generator", "empty-eval", "zero-turns", "start-text", "reset-raises"],
+)
+def test_env_contract_violations_are_named_before_the_model_loads(
+    tiny_model_dir, tmp_path, faults, monkeypatch, cls, overrides, message
+):
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the env was checked")
 
@@ -341,17 +418,19 @@ def test_env_contract_violations_are_named_before_the_model_loads(tiny_model_dir
 def test_an_engine_failure_names_the_engine_and_the_batch(tiny_model_dir, tmp_path, faults, monkeypatch, async_steps):
     """The message names the engine the user chose, also in an asynchronous run (whose engine is a
     VersionedEngine wrapping it)."""
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", async_steps=async_steps),
-                      load_plugins())
+    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", async_steps=async_steps), load_plugins())
     assert type(trainer.engine).__name__ == ("VersionedEngine" if async_steps else "HFEngine")
 
     def broken_generate(prompts, sampling):
         raise RuntimeError("CUDA error: out of memory\nCompile with TORCH_USE_CUDA_DSA")
 
     monkeypatch.setattr(trainer.engine, "generate", broken_generate)
-    with pytest.raises(EngineError, match=r"^engine 'hf' \(HFEngine\) failed at turn 1 on 4 prompts of \d+-\d+ "
-                                          r"tokens \(max_new_tokens=6, temperature=1\.0\): RuntimeError: CUDA error: "
-                                          r"out of memory Compile with TORCH_USE_CUDA_DSA$"):
+    with pytest.raises(
+        EngineError,
+        match=r"^engine 'hf' \(HFEngine\) failed at turn 1 on 4 prompts of \d+-\d+ "
+        r"tokens \(max_new_tokens=6, temperature=1\.0\): RuntimeError: CUDA error: "
+        r"out of memory Compile with TORCH_USE_CUDA_DSA$",
+    ):
         trainer.rollout_step(1)
     monkeypatch.setattr(trainer.engine, "generate", lambda prompts, sampling: [])
     with pytest.raises(EngineError, match=re.escape("on 4 prompts of") + ".*: returned 0 generations for 4 prompts"):

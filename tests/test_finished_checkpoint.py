@@ -14,24 +14,35 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from agentrl.config.train import TrainConfig
+from agentrl.errors import ConfigError, TrainingInterrupted
+from agentrl.plugins import load_plugins
 from agentrl.rundir import checkpoints as ckpt
 from agentrl.rundir import state_files as statefiles
 from agentrl.rundir.checkpoints import complete_checkpoints
 from agentrl.rundir.directory import resume_config
-from agentrl.config.train import TrainConfig
-from agentrl.errors import ConfigError, TrainingInterrupted
-from agentrl.plugins import load_plugins
 from agentrl.training.trainer import Trainer
 
 
 def _config(model_dir: Path, out: Path, **overrides) -> TrainConfig:
     """A tiny run rewarded by its replies' length (a random model's math rewards are all 0: no update)."""
     reward = out.parent / "length_reward.py"
-    reward.write_text("def reply_length(completions, **kwargs):\n"
-                      "    return [len(c[-1]['content']) / 100 for c in completions]\n")
-    base = dict(model=str(model_dir), max_steps=3, prompts_per_step=2, num_generations=2, max_new_tokens=8,
-                eval_tasks=0, output_dir=str(out), checkpoint_every=1, keep_checkpoints=2, learning_rate=1e-3,
-                rewards={f"{reward}:reply_length": 1.0})
+    reward.write_text(
+        "def reply_length(completions, **kwargs):\n    return [len(c[-1]['content']) / 100 for c in completions]\n"
+    )
+    base = dict(
+        model=str(model_dir),
+        max_steps=3,
+        prompts_per_step=2,
+        num_generations=2,
+        max_new_tokens=8,
+        eval_tasks=0,
+        output_dir=str(out),
+        checkpoint_every=1,
+        keep_checkpoints=2,
+        learning_rate=1e-3,
+        rewards={f"{reward}:reply_length": 1.0},
+    )
     return TrainConfig(**{**base, **overrides})
 
 
@@ -52,14 +63,17 @@ def test_a_finished_run_keeps_its_last_checkpoint_slim_and_resumes_with_more_ste
     assert not (last / "model").exists()  # model/ holds the same weights
     assert ckpt.read_manifest(last)["weights_in"]["folder"] == "model" and ckpt.damage(out, last) is None
     assert sum(p.stat().st_size for p in last.rglob("*") if p.is_file()) < 0.2 * sum(
-        p.stat().st_size for p in (out / "model").glob("*.safetensors"))
+        p.stat().st_size for p in (out / "model").glob("*.safetensors")
+    )
 
     config, folder = resume_config(out, max_steps=5)
     trainer = Trainer(config, load_plugins(), resume=folder)
     assert "the AdamW moments restart from zero" in capsys.readouterr().out
     finished = _weights(out / "model")
     assert all(torch.equal(trainer.model.state_dict()[k], v) for k, v in finished.items())  # continues from model/
-    assert not trainer.run.trained["policy"].optimizer.state and trainer.run.trained["policy"].scheduler.last_epoch == 3  # fresh moments, schedule at step 3
+    assert (
+        not trainer.run.trained["policy"].optimizer.state and trainer.run.trained["policy"].scheduler.last_epoch == 3
+    )  # fresh moments, schedule at step 3
     trainer.train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
@@ -68,8 +82,7 @@ def test_a_finished_run_keeps_its_last_checkpoint_slim_and_resumes_with_more_ste
     assert _moments(complete_checkpoints(out)[0]) == {"policy": None}
 
 
-def test_keep_finished_checkpoints_leaves_them_whole_and_resume_restores_the_moments(tiny_model_dir, tmp_path,
-                                                                                     capsys):
+def test_keep_finished_checkpoints_leaves_them_whole_and_resume_restores_the_moments(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
     Trainer(_config(tiny_model_dir, out, keep_finished_checkpoints=True), load_plugins()).train()
     assert [p.name for p in complete_checkpoints(out)] == ["step-000002", "step-000003"]  # keep_checkpoints=2
@@ -79,7 +92,10 @@ def test_keep_finished_checkpoints_leaves_them_whole_and_resume_restores_the_mom
     trainer = Trainer(config, load_plugins(), resume=folder)
     assert "restart" not in capsys.readouterr().out
     saved = _moments(last)["policy"]["state"]
-    assert all(torch.equal(trainer.run.trained["policy"].optimizer.state_dict()["state"][i]["exp_avg"], saved[i]["exp_avg"]) for i in saved)
+    assert all(
+        torch.equal(trainer.run.trained["policy"].optimizer.state_dict()["state"][i]["exp_avg"], saved[i]["exp_avg"])
+        for i in saved
+    )
 
 
 def test_an_interrupted_run_keeps_its_checkpoint_whole(tiny_model_dir, tmp_path, monkeypatch):
@@ -104,13 +120,16 @@ def test_slimming_drops_only_weights_the_export_holds_byte_for_byte(tmp_path):
     run_dir = tmp_path / "run"
     tensor = {"w": torch.arange(4.0)}
     for step in (1, 2):
+
         def write(folder: Path, step: int = step) -> None:
             (folder / "model").mkdir()
             save_file(tensor, folder / "model" / "model.safetensors")
             statefiles.save_tensors({"policy": {"state": {0: {"exp_avg": torch.ones(4)}}}}, folder / ckpt.OPTIMIZERS)
             statefiles.save_tensors({}, folder / ckpt.MODULES)
-            statefiles.save_json({"schedules": {"policy": {"last_epoch": step}}, "processes": [], "algorithm": {},
-                            "plugins": {}}, folder / ckpt.EXTRA)
+            statefiles.save_json(
+                {"schedules": {"policy": {"last_epoch": step}}, "processes": [], "algorithm": {}, "plugins": {}},
+                folder / ckpt.EXTRA,
+            )
             (folder / ckpt.STATE).write_text(json.dumps({"step": step}))
 
         ckpt.write_atomically(run_dir, step, write, keep=2)

@@ -8,17 +8,17 @@ import copy
 
 import pytest
 import torch
+from cli_in_process import agentrl_in_process
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agentrl.model.activation_checkpointing import blocks, checkpoint_blocks, is_checkpointed
 from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError
-from agentrl.plugins import load_plugins
+from agentrl.model.activation_checkpointing import blocks, checkpoint_blocks, is_checkpointed
 from agentrl.model.policy import TokenLogprobs
+from agentrl.plugins import load_plugins
 from agentrl.testing import lockstep_plugins, parity_reward
 from agentrl.training.trainer import Trainer
-from cli_in_process import agentrl_in_process
 
 LAYERS = 4
 
@@ -27,9 +27,17 @@ def _llama() -> LlamaForCausalLM:
     """A float64 Llama with more layers and a smaller vocabulary than the tiny model, so that the
     decoder blocks, not the output head, hold most of what a forward saves."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=LAYERS,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(config).double().eval()
 
 
@@ -129,10 +137,22 @@ def test_a_custom_stack_of_blocks_is_found_and_a_model_without_one_is_not() -> N
 
 
 def _trainer(model_dir, tmp_path, name: str, **overrides) -> Trainer:
-    base = dict(model=str(model_dir), max_steps=2, prompts_per_step=2, num_generations=3, max_new_tokens=8,
-                eval_tasks=0, output_dir=str(tmp_path / name), log_completions_every=0, save_model=False,
-                checkpoint_every=0, precision="fp32", learning_rate=1e-2, rewards={"parity": 1.0},
-                plugins=lockstep_plugins())
+    base = dict(
+        model=str(model_dir),
+        max_steps=2,
+        prompts_per_step=2,
+        num_generations=3,
+        max_new_tokens=8,
+        eval_tasks=0,
+        output_dir=str(tmp_path / name),
+        log_completions_every=0,
+        save_model=False,
+        checkpoint_every=0,
+        precision="fp32",
+        learning_rate=1e-2,
+        rewards={"parity": 1.0},
+        plugins=lockstep_plugins(),
+    )
     base.update(overrides)
     manager = load_plugins()
     manager.registry.add("reward", "parity", parity_reward, plugin="test")  # a signal even for a random model
@@ -140,8 +160,10 @@ def _trainer(model_dir, tmp_path, name: str, **overrides) -> Trainer:
 
 
 def _weights(trainer: Trainer) -> dict[str, dict[str, torch.Tensor]]:
-    return {name: {k: v.detach().clone() for k, v in trained.parameters_of.state_dict().items()}
-            for name, trained in trainer.run.trained.items()}
+    return {
+        name: {k: v.detach().clone() for k, v in trained.parameters_of.state_dict().items()}
+        for name, trained in trainer.run.trained.items()
+    }
 
 
 def _two_steps(trainer: Trainer) -> dict[str, dict[str, torch.Tensor]]:
@@ -156,8 +178,11 @@ def _two_steps(trainer: Trainer) -> dict[str, dict[str, torch.Tensor]]:
     return after
 
 
-@pytest.mark.parametrize("overrides", [{}, {"algo": "ppo"}, {"lora": {"r": 4, "alpha": 8}}, {"precision": "bf16"}],
-                         ids=["grpo", "ppo-critic", "lora", "bf16-autocast"])  # the recompute runs under autocast too
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"algo": "ppo"}, {"lora": {"r": 4, "alpha": 8}}, {"precision": "bf16"}],
+    ids=["grpo", "ppo-critic", "lora", "bf16-autocast"],
+)  # the recompute runs under autocast too
 def test_a_run_with_checkpointing_trains_the_same_weights(tiny_model_dir, tmp_path, overrides) -> None:
     if "lora" in overrides:
         pytest.importorskip("peft")
@@ -174,16 +199,37 @@ def test_a_run_with_checkpointing_trains_the_same_weights(tiny_model_dir, tmp_pa
 
 
 def test_a_policy_without_blocks_to_checkpoint_is_a_config_error(tiny_model_dir, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("agentrl.training.build.checkpoint_blocks", lambda model: [])  # as for a model with no block stack
-    with pytest.raises(ConfigError, match="gradient_checkpointing=true: LlamaForCausalLM has no decoder blocks to "
-                                          "checkpoint .*; set gradient_checkpointing false"):
+    monkeypatch.setattr(
+        "agentrl.training.build.checkpoint_blocks", lambda model: []
+    )  # as for a model with no block stack
+    with pytest.raises(
+        ConfigError,
+        match="gradient_checkpointing=true: LlamaForCausalLM has no decoder blocks to "
+        "checkpoint .*; set gradient_checkpointing false",
+    ):
         _trainer(tiny_model_dir, tmp_path, "run", gradient_checkpointing=True)
 
 
 def test_the_cli_says_what_it_checkpoints(tiny_model_dir, tmp_path) -> None:
-    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--max-steps", "1", "--prompts-per-step", "2",
-                                "--num-generations", "2", "--set", "eval_tasks=0", "--set", "max_new_tokens=4",
-                                "--set", "gradient_checkpointing=true", "--output-dir", str(tmp_path / "run"))
+    result = agentrl_in_process(
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "1",
+        "--prompts-per-step",
+        "2",
+        "--num-generations",
+        "2",
+        "--set",
+        "eval_tasks=0",
+        "--set",
+        "max_new_tokens=4",
+        "--set",
+        "gradient_checkpointing=true",
+        "--output-dir",
+        str(tmp_path / "run"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     said = "gradient checkpointing: 2 decoder blocks (LlamaDecoderLayer) recomputed in the backward pass"
     assert said in result.stdout, result.stdout

@@ -32,12 +32,22 @@ def hook() -> object:
 
 def ctx(batch, logprobs, old, ref, totals) -> LossContext:
     """The loss context the trainer would pass for one micro-batch."""
-    return LossContext(batch=batch, logprobs=logprobs, old_logprobs=old, ref_logprobs=ref, totals=totals,
-                       hook=hook(), config=CONFIG, metrics={}, step=1)
+    return LossContext(
+        batch=batch,
+        logprobs=logprobs,
+        old_logprobs=old,
+        ref_logprobs=ref,
+        totals=totals,
+        hook=hook(),
+        config=CONFIG,
+        metrics={},
+        step=1,
+    )
 
 
-def make_batch(prompt: list[int], completion: list[int], rewards: list[float], groups: list[int],
-               vocab: int = 11, seed: int = 0) -> TrainBatch:
+def make_batch(
+    prompt: list[int], completion: list[int], rewards: list[float], groups: list[int], vocab: int = 11, seed: int = 0
+) -> TrainBatch:
     """Right-padded batch: row i is prompt[i] tokens then completion[i] sampled tokens."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([p + c for p, c in zip(prompt, completion)])
@@ -73,15 +83,19 @@ def test_config_defaults_and_frozen() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"loss_type": "mean"},
-         "algorithm.loss_type='mean' is invalid: expected one of 'bnpo', 'dapo', 'dr_grpo', 'grpo'"),
+        (
+            {"loss_type": "mean"},
+            "algorithm.loss_type='mean' is invalid: expected one of 'bnpo', 'dapo', 'dr_grpo', 'grpo'",
+        ),
         ({"beta": -0.1}, "algorithm.beta=-0.1 is invalid: expected a number >= 0"),
         ({"epsilon_low": 1.0}, "algorithm.epsilon_low=1.0 is invalid: expected a number in [0, 1)"),
         ({"epsilon_high": -0.2}, "algorithm.epsilon_high=-0.2 is invalid: expected a number >= 0"),
         ({"num_iterations": 0}, "algorithm.num_iterations=0 is invalid: expected an integer >= 1"),
         ({"kl_estimator": "k4"}, "algorithm.kl_estimator='k4' is invalid: expected one of 'k1', 'k2', 'k3'"),
-        ({"scale_rewards": "std"},
-         "algorithm.scale_rewards='std' is invalid: expected one of 'batch', 'group', 'none'"),
+        (
+            {"scale_rewards": "std"},
+            "algorithm.scale_rewards='std' is invalid: expected one of 'batch', 'group', 'none'",
+        ),
         ({"delta": 1.1}, "algorithm.delta=1.1 is invalid: expected None or a number > 1 + epsilon_high = 1.28"),
         ({"std_epsilon": 0.0}, "algorithm.std_epsilon=0.0 is invalid: expected a number > 0"),
         ({"beta": "0.1"}, "algorithm.beta='0.1' is invalid: expected a number"),
@@ -158,7 +172,7 @@ def test_an_agent_episode_split_in_segments_counts_once_in_the_group_statistics(
     rows_of = [3, 1, 1, 1, 2, 2, 1, 4]  # episode 0: three rows; with them counted thrice its group mean is 0.5
     expected = reference_advantages(episode_rewards, episode_groups, scale, 1e-4)  # one value per episode
     trajectories = []
-    for reward, group, rows in zip(episode_rewards, episode_groups, rows_of):
+    for _reward, group, rows in zip(episode_rewards, episode_groups, rows_of):
         episode = Trajectory([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [], [], {}, group=group)
         episode.segments = [Trajectory([1, 4], [0, 1], [0.0, -1.0], [], [], {}) for _ in range(rows - 1)]
         trajectories.append(episode)
@@ -189,9 +203,7 @@ def test_compute_advantages_broadcasts_over_the_loss_mask() -> None:
     assert advantages.shape == batch.loss_mask.shape
     assert torch.equal(advantages, torch.tensor([1.0, -1.0, 0.0, 0.0])[:, None] * batch.loss_mask)
     assert metrics["advantage/frac_zero_std_groups"] == 0.5
-    assert set(metrics) == {
-        "advantage/frac_zero_std_groups", "advantage/frac_nan_rewards", "advantage/abs_mean"
-    }
+    assert set(metrics) == {"advantage/frac_zero_std_groups", "advantage/frac_nan_rewards", "advantage/abs_mean"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,9 +216,7 @@ def test_loss_on_the_seed_worked_example() -> None:
     batch = make_batch([1, 1], [3, 3], rewards=[0.0, 0.0], groups=[0, 1])
     logprobs = torch.tensor([[0.0, -1.2, -0.8, -1.5], [0.0, -0.9, -1.1, -0.7]], dtype=torch.float64)
     old = torch.tensor([[0.0, -1.0, -1.0, -1.0], [0.0, -1.0, -1.0, -1.0]], dtype=torch.float64)
-    batch.extras["advantages"] = torch.tensor(
-        [[0.0, 0.5, -0.3, 0.8], [0.0, 0.2, 0.1, -0.4]], dtype=torch.float64
-    )
+    batch.extras["advantages"] = torch.tensor([[0.0, 0.5, -0.3, 0.8], [0.0, 0.2, 0.1, -0.4]], dtype=torch.float64)
     totals = step_totals([batch.loss_mask], num_tokens_rollout=6, max_completion_length=4)
     expected = {"grpo": -0.0499572, "bnpo": -0.0499572, "dapo": -0.0499572, "dr_grpo": -0.0374679}
     for loss_type, value in expected.items():
@@ -224,7 +234,8 @@ def test_kl_term_and_token_stats() -> None:
     batch.extras["advantages"] = torch.zeros(2, 4, dtype=torch.float64)
     totals = step_totals([batch.loss_mask], num_tokens_rollout=5, max_completion_length=4)
     out = GRPO(GRPOConfig(beta=0.5, kl_estimator="k2", loss_type="bnpo")).loss(
-        ctx(batch, logprobs, logprobs, ref, totals))
+        ctx(batch, logprobs, logprobs, ref, totals)
+    )
     assert out.loss.item() == pytest.approx(0.5 * 0.5 * 0.2**2)  # zero advantage: only beta * k2
     assert set(out.token_stats) == {"kl", "clip/low", "clip/high", "clip/region"}
     assert torch.allclose(out.token_stats["kl"], 0.02 * batch.loss_mask.double())
@@ -240,8 +251,13 @@ FOUR_MICRO_BATCHES = [[[0, 1], [3], [2, 4, 5], [6, 7]]]
 TWO_RANKS = [[[1, 6], [3, 0]], [[2], [4, 5, 7]]]
 
 
-def step(algo: GRPO, batch: TrainBatch, split: list[list[list[int]]], extra_rollout_tokens: float,
-         per_micro_batch_totals: bool = False) -> tuple[float, torch.Tensor]:
+def step(
+    algo: GRPO,
+    batch: TrainBatch,
+    split: list[list[list[int]]],
+    extra_rollout_tokens: float,
+    per_micro_batch_totals: bool = False,
+) -> tuple[float, torch.Tensor]:
     """One optimizer step's loss (summed over micro-batches and simulated ranks; DDP's mean of
     gradients times the world size) and its gradient wrt a leaf tensor of logits."""
     torch.manual_seed(0)
@@ -259,7 +275,7 @@ def step(algo: GRPO, batch: TrainBatch, split: list[list[list[int]]], extra_roll
     for k, rank in enumerate(split):
         masks = [batch.select(rows).loss_mask for rows in rank]
         others = sum(local[j] for j in range(len(split)) if j != k)
-        totals = step_totals(masks, rollout, 64, reduce=lambda t: t + others)
+        totals = step_totals(masks, rollout, 64, reduce=lambda t, others=others: t + others)
         for rows in rank:
             micro = batch.select(rows)
             width = micro.input_ids.shape[1]
@@ -315,8 +331,15 @@ def test_one_grpo_step_on_a_tiny_llama_moves_the_sampled_completion() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 64, (2, 5))  # (N, prompt)
     sampled_logprobs = []

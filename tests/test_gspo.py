@@ -13,18 +13,25 @@ from agentrl.config.train import TrainConfig, build_plugin_config
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model, parity_reward
 from agentrl.training.trainer import Trainer
-from agentrl_gspo import GSPOConfig
 from agentrl_grpo import GRPOConfig
+from agentrl_gspo import GSPOConfig
 
 HOOK = load_plugins().hook
 
 
 def _batch(mask: torch.Tensor) -> TrainBatch:
     n, width = mask.shape
-    return TrainBatch(input_ids=torch.zeros(n, width, dtype=torch.long), attention_mask=torch.ones(n, width, dtype=torch.long),
-                      loss_mask=mask, sampler_logprobs=torch.zeros(n, width), rewards=torch.zeros(n),
-                      groups=torch.zeros(n, dtype=torch.long), token_rewards=torch.zeros(n, width),
-                      truncated=torch.zeros(n, dtype=torch.bool), lengths=torch.full((n,), width))
+    return TrainBatch(
+        input_ids=torch.zeros(n, width, dtype=torch.long),
+        attention_mask=torch.ones(n, width, dtype=torch.long),
+        loss_mask=mask,
+        sampler_logprobs=torch.zeros(n, width),
+        rewards=torch.zeros(n),
+        groups=torch.zeros(n, dtype=torch.long),
+        token_rewards=torch.zeros(n, width),
+        truncated=torch.zeros(n, dtype=torch.bool),
+        lengths=torch.full((n,), width),
+    )
 
 
 def _multi_turn_mask() -> torch.Tensor:
@@ -68,12 +75,21 @@ def test_gspo_loss_matches_a_float64_reference(spread):
     old = -torch.rand(4, 9, dtype=torch.float64) * 3
     logprobs = old + spread * torch.randn(4, 9, dtype=torch.float64)
     advantages = torch.tensor([1.5, -0.7, -1.2, 0.4], dtype=torch.float64)
-    per_token, stats = policy_loss(batch=_batch(mask), logprobs=logprobs, old_logprobs=old,
-                                   advantages=advantages[:, None] * mask, hook=HOOK, train_config=None,
-                                   metrics={}, epsilon_low=3e-4, epsilon_high=4e-4,
-                                   importance_sampling_level="sequence")
-    totals = StepTotals(num_tokens=float(mask.sum()), num_sequences=3, num_tokens_rollout=float(mask.sum()),
-                        max_completion_length=9)
+    per_token, stats = policy_loss(
+        batch=_batch(mask),
+        logprobs=logprobs,
+        old_logprobs=old,
+        advantages=advantages[:, None] * mask,
+        hook=HOOK,
+        train_config=None,
+        metrics={},
+        epsilon_low=3e-4,
+        epsilon_high=4e-4,
+        importance_sampling_level="sequence",
+    )
+    totals = StepTotals(
+        num_tokens=float(mask.sum()), num_sequences=3, num_tokens_rollout=float(mask.sum()), max_completion_length=9
+    )
     loss = AGGREGATIONS["grpo"](per_token, mask, totals)
     assert float(loss) == pytest.approx(_reference_gspo_loss(logprobs, old, mask, advantages, 3e-4, 4e-4), rel=1e-10)
     clipped_rows = stats["clip/region"].amax(dim=1)
@@ -104,11 +120,21 @@ def test_autograd_gradient_equals_the_gspo_paper_formula(level):
         old = _sequence_logprobs(model, ids, mask) + 0.02 * torch.randn(4, 9, dtype=torch.float64) * mask
     advantages = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
     logprobs = _sequence_logprobs(model, ids, mask)
-    per_token, _ = policy_loss(batch=_batch(mask), logprobs=logprobs, old_logprobs=old,
-                               advantages=advantages[:, None] * mask, hook=HOOK, train_config=None, metrics={},
-                               epsilon_low=0.2, epsilon_high=0.2, importance_sampling_level=level)
-    totals = StepTotals(num_tokens=float(mask.sum()), num_sequences=3, num_tokens_rollout=float(mask.sum()),
-                        max_completion_length=9)
+    per_token, _ = policy_loss(
+        batch=_batch(mask),
+        logprobs=logprobs,
+        old_logprobs=old,
+        advantages=advantages[:, None] * mask,
+        hook=HOOK,
+        train_config=None,
+        metrics={},
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+        importance_sampling_level=level,
+    )
+    totals = StepTotals(
+        num_tokens=float(mask.sum()), num_sequences=3, num_tokens_rollout=float(mask.sum()), max_completion_length=9
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     got = torch.autograd.grad(AGGREGATIONS["grpo"](per_token, mask, totals), params)
     # The paper's formula: coefficients c_i = s_i A_i / (G |y_i|), detached; then grad of sum_t log pi.
@@ -129,9 +155,18 @@ def test_gspo_token_with_per_token_advantages_weights_each_token_by_the_sequence
     old = -torch.rand(4, 9, dtype=torch.float64)
     logprobs = (old + 0.05 * torch.randn(4, 9, dtype=torch.float64)).requires_grad_(True)
     advantages = torch.randn(4, 9, dtype=torch.float64) * mask
-    per_token, _ = policy_loss(batch=_batch(mask), logprobs=logprobs, old_logprobs=old, advantages=advantages,
-                               hook=HOOK, train_config=None, metrics={}, epsilon_low=0.5, epsilon_high=0.5,
-                               importance_sampling_level="sequence_token")
+    per_token, _ = policy_loss(
+        batch=_batch(mask),
+        logprobs=logprobs,
+        old_logprobs=old,
+        advantages=advantages,
+        hook=HOOK,
+        train_config=None,
+        metrics={},
+        epsilon_low=0.5,
+        epsilon_high=0.5,
+        importance_sampling_level="sequence_token",
+    )
     (grad,) = torch.autograd.grad(per_token.sum(), logprobs)
     s = torch.exp(((logprobs.detach() - old) * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1))
     torch.testing.assert_close(per_token.detach(), -s * advantages * mask)  # value: s_i A_it
@@ -140,8 +175,13 @@ def test_gspo_token_with_per_token_advantages_weights_each_token_by_the_sequence
 
 def test_gspo_defaults_and_bad_level():
     config = GSPOConfig()
-    assert (config.importance_sampling_level, config.epsilon_low, config.epsilon_high, config.loss_type,
-            config.mini_batches) == ("sequence", 3e-4, 4e-4, "grpo", 4)
+    assert (
+        config.importance_sampling_level,
+        config.epsilon_low,
+        config.epsilon_high,
+        config.loss_type,
+        config.mini_batches,
+    ) == ("sequence", 3e-4, 4e-4, "grpo", 4)
     assert GRPOConfig().importance_sampling_level == "token"
     with pytest.raises(ConfigError, match="algorithm.importance_sampling_level='seq' is invalid: expected one of"):
         build_plugin_config(GRPOConfig, {"importance_sampling_level": "seq"}, "algorithm")
@@ -150,9 +190,20 @@ def test_gspo_defaults_and_bad_level():
 
 
 def test_gspo_trains_end_to_end_on_a_tiny_model(tiny_model_dir, tmp_path):
-    config = TrainConfig(model=str(tiny_model_dir), algo="gspo", max_steps=2, prompts_per_step=2, num_generations=4,
-                         max_new_tokens=8, eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0,
-                         save_model=False, learning_rate=1e-3, rewards={"parity": 1.0})
+    config = TrainConfig(
+        model=str(tiny_model_dir),
+        algo="gspo",
+        max_steps=2,
+        prompts_per_step=2,
+        num_generations=4,
+        max_new_tokens=8,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        log_completions_every=0,
+        save_model=False,
+        learning_rate=1e-3,
+        rewards={"parity": 1.0},
+    )
     manager = load_plugins()
     manager.registry.add("reward", "parity", parity_reward, plugin="test")
     trainer = Trainer(config, manager)
@@ -166,11 +217,21 @@ def test_gspo_trains_end_to_end_on_a_tiny_model(tiny_model_dir, tmp_path):
 
 def test_ppo_with_gspo_token_and_masked_correction_composes(tiny_model_dir, tmp_path):
     """The sequence ratio and the sampler correction plug into PPO unchanged (bf16 sampler)."""
-    config = TrainConfig(model=str(tiny_model_dir), algo="ppo", max_steps=1, prompts_per_step=2, num_generations=2,
-                         max_new_tokens=6, eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0,
-                         save_model=False, rewards={"parity": 1.0},
-                         algorithm={"importance_sampling_level": "sequence_token", "mini_batches": 2},
-                         plugins={"sampler_correction": {"mode": "mis", "level": "geometric", "cap": 1.05}})
+    config = TrainConfig(
+        model=str(tiny_model_dir),
+        algo="ppo",
+        max_steps=1,
+        prompts_per_step=2,
+        num_generations=2,
+        max_new_tokens=6,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        log_completions_every=0,
+        save_model=False,
+        rewards={"parity": 1.0},
+        algorithm={"importance_sampling_level": "sequence_token", "mini_batches": 2},
+        plugins={"sampler_correction": {"mode": "mis", "level": "geometric", "cap": 1.05}},
+    )
     manager = load_plugins()
     manager.registry.add("reward", "parity", parity_reward, plugin="test")
     history = Trainer(config, manager).train().history

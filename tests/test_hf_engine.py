@@ -25,10 +25,21 @@ PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8, 9, 10, 11], [1], [1, 40, 
 def tiny_model(seed: int = 0, tied: bool = True) -> LlamaForCausalLM:
     """A random 2-layer Llama (vocab 128, pad == eos == 2) with peaked logits and attention dropout."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-                         initializer_range=0.3, attention_dropout=0.5)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=tied,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        initializer_range=0.3,
+        attention_dropout=0.5,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -38,12 +49,13 @@ def make_engine(model: torch.nn.Module, **engine_args: object) -> HFEngine:
     return HFEngine(model=model, tokenizer=None, config=TrainConfig(engine_args=dict(engine_args)))
 
 
-def recompute(model: torch.nn.Module, prompt: list[int], completion: list[int],
-              sampling: SamplingParams) -> torch.Tensor:
+def recompute(
+    model: torch.nn.Module, prompt: list[int], completion: list[int], sampling: SamplingParams
+) -> torch.Tensor:
     """Logprobs of ``completion`` from one unpadded forward, warped by transformers' own warpers."""
     ids = torch.tensor([prompt + completion])  # (1, T)
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()  # (L, V)
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # (L, V)
     warpers = LogitsProcessorList()
     if sampling.temperature not in (0, 1):
         warpers.append(TemperatureLogitsWarper(sampling.temperature))
@@ -68,13 +80,17 @@ def check_finish(generation: Generation, stop_ids: set[int], max_new_tokens: int
         assert not stop_ids & set(generation.token_ids)
 
 
-@pytest.mark.parametrize("sampling", [
-    SamplingParams(max_new_tokens=24, temperature=0.7, seed=1),
-    SamplingParams(max_new_tokens=24, temperature=0.7, top_k=5, seed=2),
-    SamplingParams(max_new_tokens=24, temperature=1.3, top_p=0.8, seed=3),
-    SamplingParams(max_new_tokens=24, temperature=0.9, top_k=20, top_p=0.9, seed=4),
-    SamplingParams(max_new_tokens=24, temperature=0.0),
-], ids=["T0.7", "T0.7-topk5", "T1.3-topp0.8", "topk20-topp0.9", "greedy"])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_new_tokens=24, temperature=0.7, seed=1),
+        SamplingParams(max_new_tokens=24, temperature=0.7, top_k=5, seed=2),
+        SamplingParams(max_new_tokens=24, temperature=1.3, top_p=0.8, seed=3),
+        SamplingParams(max_new_tokens=24, temperature=0.9, top_k=20, top_p=0.9, seed=4),
+        SamplingParams(max_new_tokens=24, temperature=0.0),
+    ],
+    ids=["T0.7", "T0.7-topk5", "T1.3-topp0.8", "topk20-topp0.9", "greedy"],
+)
 def test_float32_logprobs_match_a_separate_forward(sampling: SamplingParams) -> None:
     model = tiny_model()
     generations = make_engine(model).generate(PROMPTS * 2, sampling)
@@ -113,7 +129,7 @@ def test_ragged_prompts_match_decoding_each_prompt_alone_and_hf_generate() -> No
         assert generation.token_ids == alone.token_ids
         torch.testing.assert_close(generation.logprobs, alone.logprobs, atol=1e-5, rtol=0)
         reference = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, top_k=None)
-        assert generation.token_ids == reference[0, len(prompt):].tolist()[:len(generation.token_ids)]
+        assert generation.token_ids == reference[0, len(prompt) :].tolist()[: len(generation.token_ids)]
 
 
 def test_stop_token_is_kept_and_nothing_follows_it() -> None:
@@ -126,7 +142,7 @@ def test_stop_token_is_kept_and_nothing_follows_it() -> None:
     engine = make_engine(model)
     assert engine.stop_ids == {2, stop}
     stopped = engine.generate(PROMPTS, greedy)
-    assert stopped[0].token_ids == uncapped[0].token_ids[:first + 1]
+    assert stopped[0].token_ids == uncapped[0].token_ids[: first + 1]
     assert stopped[0].finish_reason == "stop"
     for prompt, generation in zip(PROMPTS, stopped):  # rows leave the batch at different steps
         check_finish(generation, {2, stop}, 20)
@@ -177,7 +193,8 @@ def test_prompt_seeds_make_each_completion_independent_of_its_batch() -> None:
     half = len(PROMPTS) // 2
     first = make_engine(model).generate(PROMPTS[:half], SamplingParams(max_new_tokens=12, prompt_seeds=seeds[:half]))
     second = make_engine(model, batch_size=2).generate(
-        PROMPTS[half:][::-1], SamplingParams(max_new_tokens=12, prompt_seeds=seeds[half:][::-1]))
+        PROMPTS[half:][::-1], SamplingParams(max_new_tokens=12, prompt_seeds=seeds[half:][::-1])
+    )
     assert [g.token_ids for g in first + second[::-1]] == [g.token_ids for g in whole]
     shifted = make_engine(model).generate(PROMPTS, SamplingParams(max_new_tokens=12, prompt_seeds=seeds[1:] + (7,)))
     assert [g.token_ids for g in shifted] != [g.token_ids for g in whole]
@@ -189,8 +206,10 @@ def test_inverse_cdf_sampling_draws_the_distribution_and_never_an_impossible_tok
     """Hand-checked picks at the CDF's edges, and 20,000 draws matching the probabilities."""
     probs = torch.tensor([[0.5, 0.0, 0.25, 0.25]], dtype=torch.float64)
     log_probs = probs.log()  # log(0) = -inf: masked by top_k/top_p
-    picks = [int(inverse_cdf_sample(log_probs, torch.tensor([u], dtype=torch.float64))) for u in
-             (0.0, 0.4999, 0.5, 0.7499, 0.75, 1 - 2**-53)]
+    picks = [
+        int(inverse_cdf_sample(log_probs, torch.tensor([u], dtype=torch.float64)))
+        for u in (0.0, 0.4999, 0.5, 0.7499, 0.75, 1 - 2**-53)
+    ]
     assert picks == [0, 0, 2, 2, 3, 3]
     generator = torch.Generator().manual_seed(0)
     uniforms = torch.rand(20_000, generator=generator, dtype=torch.float64)
@@ -217,7 +236,8 @@ def test_large_requests_are_split_into_batches() -> None:
     model = tiny_model()
     sizes: list[int] = []
     handle = model.register_forward_pre_hook(
-        lambda _, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+        lambda _, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
     prompts = [[1, i, i + 1] for i in range(3, 11)]
     greedy = SamplingParams(max_new_tokens=5, temperature=0.0)
     split = make_engine(model, batch_size=3).generate(prompts, greedy)
@@ -351,18 +371,21 @@ def test_registers_as_hf() -> None:
 @pytest.fixture(scope="module")
 def smollm2():
     """The default model and its chat prompts (8 arithmetic questions)."""
-    from agentrl.sampling.chat import ChatTokenizer
     from agentrl.model.loading import DEFAULT_MODEL, load_model, load_tokenizer
+    from agentrl.sampling.chat import ChatTokenizer
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     chat = ChatTokenizer(tokenizer)
-    prompts = [chat.encode(chat.render([{"role": "user", "content": f"What is {a} + {b}?"}], True))
-               for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (2, 9), (4, 4), (6, 1), (8, 3)]]
+    prompts = [
+        chat.encode(chat.render([{"role": "user", "content": f"What is {a} + {b}?"}], True))
+        for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (2, 9), (4, 4), (6, 1), (8, 3)]
+    ]
     return load_model(DEFAULT_MODEL), tokenizer, prompts
 
 
-def batch_recompute(model: torch.nn.Module, prompts: list[list[int]],
-                    generations: list[Generation]) -> list[torch.Tensor]:
+def batch_recompute(
+    model: torch.nn.Module, prompts: list[list[int]], generations: list[Generation]
+) -> list[torch.Tensor]:
     """T=1 logprobs of each completion from one unpadded fp32 forward per sequence."""
     full = SamplingParams(temperature=1.0)
     return [recompute(model, p, g.token_ids, full) for p, g in zip(prompts, generations)]
@@ -374,8 +397,12 @@ def test_smollm2_float32_engine_parity(smollm2) -> None:
     engine = HFEngine(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"}))
     assert engine.stop_ids == {2}
     generations = engine.generate(prompts, SamplingParams(max_new_tokens=32, temperature=1.0, seed=0))
-    diffs = torch.cat([(torch.tensor(g.logprobs) - r).abs()
-                       for g, r in zip(generations, batch_recompute(model, prompts, generations))])
+    diffs = torch.cat(
+        [
+            (torch.tensor(g.logprobs) - r).abs()
+            for g, r in zip(generations, batch_recompute(model, prompts, generations))
+        ]
+    )
     print(f"\nfloat32 engine vs fp32 forward: mean |dlogp| {diffs.mean():.2e}, max {diffs.max():.2e}")
     assert diffs.max() < 1e-3
 
@@ -393,8 +420,10 @@ def test_smollm2_bfloat16_engine_gap_to_the_autocast_trainer(smollm2) -> None:
     sampled = torch.cat([torch.tensor(g.logprobs) for g in generations])
     to_autocast = (sampled - torch.cat(autocast)).abs()
     to_fp32 = (sampled - torch.cat(exact)).abs()
-    print(f"\nbf16 engine ({sampled.numel()} tokens, {elapsed:.1f} s): mean |dlogp| vs autocast trainer "
-          f"{to_autocast.mean():.4f} (max {to_autocast.max():.3f}), vs fp32 trainer {to_fp32.mean():.4f} "
-          f"(max {to_fp32.max():.3f})")
+    print(
+        f"\nbf16 engine ({sampled.numel()} tokens, {elapsed:.1f} s): mean |dlogp| vs autocast trainer "
+        f"{to_autocast.mean():.4f} (max {to_autocast.max():.3f}), vs fp32 trainer {to_fp32.mean():.4f} "
+        f"(max {to_fp32.max():.3f})"
+    )
     assert to_autocast.mean() < 0.1 and to_fp32.mean() < 0.1
     assert {g.finish_reason for g in generations} <= {"stop", "length"}

@@ -130,8 +130,13 @@ def test_function_level_and_relative_imports_are_edges(tmp_path):
     (package / "sub" / "__init__.py").write_text("")
     (package / "sub" / "c.py").write_text("from ..b import x\nimport agentrl.sub\n")
     graph = import_graph(package)
-    assert graph == {"agentrl": {"agentrl.a"}, "agentrl.a": {"agentrl.b"}, "agentrl.b": {"agentrl.a", "agentrl"},
-                     "agentrl.sub": set(), "agentrl.sub.c": {"agentrl.b", "agentrl.sub"}}
+    assert graph == {
+        "agentrl": {"agentrl.a"},
+        "agentrl.a": {"agentrl.b"},
+        "agentrl.b": {"agentrl.a", "agentrl"},
+        "agentrl.sub": set(),
+        "agentrl.sub.c": {"agentrl.b", "agentrl.sub"},
+    }
     cycle = find_cycle(graph)
     assert cycle is not None and cycle[0] == cycle[-1] and {"agentrl.a", "agentrl.b"} <= set(cycle)
     assert all(b in graph[a] for a, b in zip(cycle, cycle[1:])), cycle  # each imports the next

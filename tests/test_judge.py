@@ -8,6 +8,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from cli_in_process import agentrl_in_process
+
 from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, RewardError
 from agentrl.plugins import load_plugins
@@ -15,21 +17,23 @@ from agentrl.rewards.schemes import RewardContext
 from agentrl.rewards.specs import resolve_rewards
 from agentrl.testing import build_tiny_model, make_trajectory
 from agentrl_rewards.judge import DEFAULT_RUBRIC, JudgeConfig, judge_scheme, parse_score, render
-from cli_in_process import agentrl_in_process
 
 
-@pytest.mark.parametrize(("reply", "score"), [
-    ("The reply is right.\nScore: 7", 0.7),
-    ("score = 10", 1.0),
-    ("**Score:** 0", 0.0),
-    ("Steps 1, 2 and 3 are fine. Score: 4.5", 0.45),
-    ("I would give it 8", 0.8),  # no "Score:": the last number
-    ("Score: 3, though 2 steps were wrong", 0.3),  # "Score:" wins over a later number
-    ("Score: 11", None),  # out of range
-    ("Score: -1", None),
-    ("I cannot grade this.", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        ("The reply is right.\nScore: 7", 0.7),
+        ("score = 10", 1.0),
+        ("**Score:** 0", 0.0),
+        ("Steps 1, 2 and 3 are fine. Score: 4.5", 0.45),
+        ("I would give it 8", 0.8),  # no "Score:": the last number
+        ("Score: 3, though 2 steps were wrong", 0.3),  # "Score:" wins over a later number
+        ("Score: 11", None),  # out of range
+        ("Score: -1", None),
+        ("I cannot grade this.", None),
+        ("", None),
+    ],
+)
 def test_parse_score(reply, score):
     assert parse_score(reply) == (pytest.approx(score) if score is not None else None)
 
@@ -39,15 +43,28 @@ def test_parse_score_on_another_scale():
 
 
 def episode(question: str, reply: str, answer: str = "4") -> object:
-    return make_trajectory([{"role": "system", "content": "Be brief."}, {"role": "user", "content": question},
-                            {"role": "assistant", "content": reply}], {"question": question, "answer": answer})
+    return make_trajectory(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": reply},
+        ],
+        {"question": question, "answer": answer},
+    )
 
 
 def test_render_fills_prompt_completion_reference_and_task_columns():
     text = render("Q={prompt} A={completion} R={reference} q={question}", episode("2+2?", "\\boxed{4}"))
     assert text == "Q=2+2? A=\\boxed{4} R=4 q=2+2?"
-    multi = make_trajectory([{"role": "user", "content": "17*3"}, {"role": "assistant", "content": "call"},
-                             {"role": "tool", "content": "51"}, {"role": "assistant", "content": "51"}], {})
+    multi = make_trajectory(
+        [
+            {"role": "user", "content": "17*3"},
+            {"role": "assistant", "content": "call"},
+            {"role": "tool", "content": "51"},
+            {"role": "assistant", "content": "51"},
+        ],
+        {},
+    )
     assert render("{prompt}|{completion}|{reference}", multi) == "17*3|assistant: call\n\ntool: 51\n\nassistant: 51|"
 
 
@@ -100,9 +117,13 @@ def test_the_policy_engine_judges_a_batch_in_one_generate_and_caches(policy_engi
     assert (policy_engine.calls - before[0], policy_engine.prompts - before[1]) == (1, 3)  # one generate, 3 unique
     assert scores[0] == scores[2] and all(s is None or 0 <= s <= 1 for s in scores)
     counts = judge.pop_metrics()
-    assert counts == {"judged": 3.0, "cache_hits": 1.0, "parse_failures": float(sum(s is None for s in scores)),
-                      "unformatted": float(len({b.messages[1]["content"] for b, s in zip(batch, scores) if s is not None})),
-                      "errors": 0.0}  # a random model never writes "Score:": every score it gives is its last number
+    assert counts == {
+        "judged": 3.0,
+        "cache_hits": 1.0,
+        "parse_failures": float(sum(s is None for s in scores)),
+        "unformatted": float(len({b.messages[1]["content"] for b, s in zip(batch, scores) if s is not None})),
+        "errors": 0.0,
+    }  # a random model never writes "Score:": every score it gives is its last number
     assert judge(batch[:2]) == scores[:2] and policy_engine.calls == before[0] + 1  # cached: no engine call
     assert judge.pop_metrics()["cache_hits"] == 2.0
 
@@ -123,8 +144,13 @@ def test_the_reply_prefix_is_written_for_the_judge_and_read_with_its_reply(polic
     ctx.engine, ctx.tokenizer = Recording(), tokenizer
     assert judge(batch) == [pytest.approx(0.7)] * 3
     assert all(tokenizer.decode(ids).endswith("Score: 7\n") for ids in recorded)
-    assert judge.pop_metrics() == {"judged": 3.0, "cache_hits": 0.0, "parse_failures": 0.0, "unformatted": 0.0,
-                                   "errors": 0.0}
+    assert judge.pop_metrics() == {
+        "judged": 3.0,
+        "cache_hits": 0.0,
+        "parse_failures": 0.0,
+        "unformatted": 0.0,
+        "errors": 0.0,
+    }
     local = judge_scheme(str(tiny_model_dir), context(max_new_tokens=4, batch_size=2, reply_prefix="Score: 7\n"))
     assert local(batch) == [pytest.approx(0.7)] * 3
 
@@ -154,10 +180,18 @@ class JudgeServer:
                 if "SLOW" in prompt:
                     time.sleep(1.5)
                 reply = "Score: 15" if "OUT" in prompt else "Fine. Score: 7"
-                data = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                   "choices": [{"index": 0, "finish_reason": "stop",
-                                                "message": {"role": "assistant", "content": reply}}],
-                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+                data = json.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body["model"],
+                        "choices": [
+                            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}
+                        ],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                    }
+                ).encode()
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
@@ -194,33 +228,52 @@ def test_an_openai_endpoint_judges_with_the_rubric_file(server, tmp_path, monkey
     server.received.clear()
     assert judge([episode("2+2?", "\\boxed{4}"), episode("OUT 3+3?", "6")]) == [pytest.approx(0.7), None]
     assert sorted(b["messages"][0]["content"] for b in server.received) == [
-        "Question: 2+2?\nGold: 4\nReply: \\boxed{4}\nScore it.", "Question: OUT 3+3?\nGold: 4\nReply: 6\nScore it."]
+        "Question: 2+2?\nGold: 4\nReply: \\boxed{4}\nScore it.",
+        "Question: OUT 3+3?\nGold: 4\nReply: 6\nScore it.",
+    ]
     assert all(b["model"] == "grader" and b["temperature"] == 0.0 for b in server.received)
-    assert judge.pop_metrics() == {"judged": 2.0, "cache_hits": 0.0, "parse_failures": 1.0, "unformatted": 0.0,
-                                   "errors": 0.0}
+    assert judge.pop_metrics() == {
+        "judged": 2.0,
+        "cache_hits": 0.0,
+        "parse_failures": 1.0,
+        "unformatted": 0.0,
+        "errors": 0.0,
+    }
 
 
 def test_an_endpoint_timeout_with_skip_leaves_the_episode_unscored_and_counts_it(server):
     judge = judge_scheme("openai", endpoint(server, on_call_error="skip"))
-    with pytest.warns(RuntimeWarning, match="judge 'judge:openai' failed on request 1 of the batch: .*on_call_error=skip"):
+    with pytest.warns(
+        RuntimeWarning, match="judge 'judge:openai' failed on request 1 of the batch: .*on_call_error=skip"
+    ):
         scores = judge([episode("2+2?", "4"), episode("SLOW 3+3?", "6")])
     assert scores == [pytest.approx(0.7), None]
-    assert judge.pop_metrics() == {"judged": 2.0, "cache_hits": 0.0, "parse_failures": 0.0, "unformatted": 0.0,
-                                   "errors": 1.0}
+    assert judge.pop_metrics() == {
+        "judged": 2.0,
+        "cache_hits": 0.0,
+        "parse_failures": 0.0,
+        "unformatted": 0.0,
+        "errors": 1.0,
+    }
     assert judge([episode("2+2?", "4")]) == [pytest.approx(0.7)]  # cached; the failure is not
 
 
 def test_an_endpoint_timeout_with_fail_stops_naming_the_judge(server):
     judge = judge_scheme("openai", endpoint(server, on_call_error="fail"))
-    with pytest.raises(RewardError, match=r"judge 'judge:openai' failed on request 0 of the batch: .*on_call_error=fail"):
+    with pytest.raises(
+        RewardError, match=r"judge 'judge:openai' failed on request 0 of the batch: .*on_call_error=fail"
+    ):
         judge([episode("SLOW 2+2?", "4")])
 
 
 def test_resolve_rewards_builds_the_judge_with_the_runs_settings(server):
     from agentrl_math import MathEnv
 
-    config = TrainConfig(rewards={"judge:openai": 0.5, "accuracy": 1.0}, on_call_error="skip",
-                         plugins={"judge": {"base_url": server.url, "model": "grader"}})
+    config = TrainConfig(
+        rewards={"judge:openai": 0.5, "accuracy": 1.0},
+        on_call_error="skip",
+        plugins={"judge": {"base_url": server.url, "model": "grader"}},
+    )
     resolved = resolve_rewards(config, load_plugins().registry, MathEnv())
     assert list(resolved) == ["judge", "accuracy"] and resolved["judge"][1] == 0.5
     assert resolved["judge"][0]([episode("2+2?", "4")]) == [pytest.approx(0.7)]
@@ -233,18 +286,40 @@ def test_a_local_model_folder_judges_greedily(tiny_model_dir):
     second = judge_scheme(str(tiny_model_dir), context(max_new_tokens=4, batch_size=2))
     scores = first(batch)
     assert second(batch) == scores and all(s is None or 0 <= s <= 1 for s in scores)  # greedy: the same replies
-    assert first.pop_metrics() == {"judged": 3.0, "cache_hits": 0.0,
-                                   "parse_failures": float(sum(s is None for s in scores)),
-                                   "unformatted": float(sum(s is not None for s in scores)), "errors": 0.0}
+    assert first.pop_metrics() == {
+        "judged": 3.0,
+        "cache_hits": 0.0,
+        "parse_failures": float(sum(s is None for s in scores)),
+        "unformatted": float(sum(s is not None for s in scores)),
+        "errors": 0.0,
+    }
 
 
 def test_cli_trains_with_the_policy_as_its_own_judge(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    result = agentrl_in_process("train", "--model", str(tiny_model_dir),
-                                "--reward", "judge:policy:0.5", "--reward", "format",
-                                "--set", "plugins.judge.max_new_tokens=4",
-                                "--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2",
-                                "--set", "eval_tasks=3", "--set", "max_new_tokens=8", "--output-dir", str(out))
+    result = agentrl_in_process(
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--reward",
+        "judge:policy:0.5",
+        "--reward",
+        "format",
+        "--set",
+        "plugins.judge.max_new_tokens=4",
+        "--max-steps",
+        "2",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--set",
+        "eval_tasks=3",
+        "--set",
+        "max_new_tokens=8",
+        "--output-dir",
+        str(out),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [line for line in lines if "judge/judged" in line]

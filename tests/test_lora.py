@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM
 from agentrl.config.train import TrainConfig, build_config, resolved_dict
 from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.model.lora import LLAMA_TARGETS, sampling_model
-from agentrl.plugins import load_plugins
 from agentrl.model.policy import TokenLogprobs
+from agentrl.plugins import load_plugins
 from agentrl.testing import lockstep_plugins, parity_reward
 from agentrl.training.trainer import Trainer
 
@@ -27,10 +27,23 @@ LORA = {"r": 4, "alpha": 8}  # scale alpha / r = 2
 
 
 def _trainer(model_dir, tmp_path, **overrides) -> Trainer:
-    base = dict(model=str(model_dir), max_steps=2, prompts_per_step=2, num_generations=3, max_new_tokens=8,
-                eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0, save_model=False,
-                checkpoint_every=0, precision="fp32", learning_rate=1e-2, lora=LORA, rewards={"parity": 1.0},
-                plugins=lockstep_plugins())
+    base = dict(
+        model=str(model_dir),
+        max_steps=2,
+        prompts_per_step=2,
+        num_generations=3,
+        max_new_tokens=8,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        log_completions_every=0,
+        save_model=False,
+        checkpoint_every=0,
+        precision="fp32",
+        learning_rate=1e-2,
+        lora=LORA,
+        rewards={"parity": 1.0},
+        plugins=lockstep_plugins(),
+    )
     base.update(overrides)
     manager = load_plugins()
     manager.registry.add("reward", "parity", parity_reward, plugin="test")  # a signal even for a random model
@@ -114,8 +127,9 @@ def test_engine_samples_from_the_merged_weights(tiny_model_dir, tmp_path, dtype)
 
 def expected_base(trainer: Trainer, name: str) -> torch.Tensor:
     """The base weight of a plain name (adapted layers: their ``base_layer``), float64."""
-    params = {n.removeprefix("base_model.model.").replace(".base_layer.", "."): p
-              for n, p in trainer.model.named_parameters()}
+    params = {
+        n.removeprefix("base_model.model.").replace(".base_layer.", "."): p for n, p in trainer.model.named_parameters()
+    }
     return params[name].double()
 
 
@@ -136,8 +150,9 @@ def test_export_is_merged_the_adapter_loads_with_peft_and_eval_runs(tiny_model_d
     ids = torch.tensor([[1, 5, 9, 300, 77, 2, 41]])
     with torch.no_grad():
         trained = trainer.model(input_ids=ids).logits
-        adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                                            result.run_dir / "adapter").eval()
+        adapter = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir), result.run_dir / "adapter"
+        ).eval()
         base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)(input_ids=ids).logits
         torch.testing.assert_close(exported(input_ids=ids).logits, trained, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(adapter(input_ids=ids).logits, trained, rtol=0, atol=1e-6)
@@ -147,8 +162,21 @@ def test_export_is_merged_the_adapter_loads_with_peft_and_eval_runs(tiny_model_d
 
     from agentrl.cli.app import app
 
-    evaluated = CliRunner().invoke(app, ["eval", "--model", str(result.run_dir), "--env", "math", "--num-tasks", "2",
-                                         "--max-new-tokens", "4", "--json"])
+    evaluated = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(result.run_dir),
+            "--env",
+            "math",
+            "--num-tasks",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--json",
+        ],
+    )
     assert evaluated.exit_code == 0, evaluated.output
     assert "eval/accuracy" in json.loads(evaluated.stdout.strip().splitlines()[-1])
 
@@ -184,21 +212,24 @@ def test_resume_with_lora_equals_straight_bit_for_bit(tiny_model_dir, tmp_path, 
     assert all(bool(t.any()) for k, t in trained.items() if "lora_B" in k)  # the adapter did train
 
 
-@pytest.mark.parametrize(("sets", "message"), [
-    (["lora.r=0"], "lora.r=0 is invalid: expected an integer >= 1"),
-    (["lora.r=1.5"], "lora.r must be an integer, got 1.5"),
-    (["lora.r=true"], "lora.r must be an integer, got True"),
-    (["lora.alpha=0"], "lora.alpha=0 is invalid: expected null (2 * r) or a finite number > 0"),
-    (["lora.alpha=.inf"], "lora.alpha must be a finite number or null, got inf"),
-    (["lora.dropout=1"], "lora.dropout=1 is invalid: expected a number in [0, 1)"),
-    (["lora.dropout=0.1"], "lora.dropout=0.1 is invalid: expected 0: the policy runs in eval mode"),
-    (["lora.target_modules=[]"], "lora.target_modules=[] is invalid: expected 'all-linear' or a non-empty list"),
-    (["lora.target_modules=5"], "lora.target_modules=5 is invalid"),
-    (["lora.target_modules=all"], "lora.target_modules='all' is invalid"),
-    (["lora.bias=all"], "lora.bias='all' is invalid: expected 'none'"),
-    (["lora.rank=8"], "unknown key(s) 'rank' in lora; LoRAConfig accepts: alpha, bias, dropout, r, target_modules"),
-    (["lora=8"], "lora must be a mapping of names to values or null, got 8"),
-])
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["lora.r=0"], "lora.r=0 is invalid: expected an integer >= 1"),
+        (["lora.r=1.5"], "lora.r must be an integer, got 1.5"),
+        (["lora.r=true"], "lora.r must be an integer, got True"),
+        (["lora.alpha=0"], "lora.alpha=0 is invalid: expected null (2 * r) or a finite number > 0"),
+        (["lora.alpha=.inf"], "lora.alpha must be a finite number or null, got inf"),
+        (["lora.dropout=1"], "lora.dropout=1 is invalid: expected a number in [0, 1)"),
+        (["lora.dropout=0.1"], "lora.dropout=0.1 is invalid: expected 0: the policy runs in eval mode"),
+        (["lora.target_modules=[]"], "lora.target_modules=[] is invalid: expected 'all-linear' or a non-empty list"),
+        (["lora.target_modules=5"], "lora.target_modules=5 is invalid"),
+        (["lora.target_modules=all"], "lora.target_modules='all' is invalid"),
+        (["lora.bias=all"], "lora.bias='all' is invalid: expected 'none'"),
+        (["lora.rank=8"], "unknown key(s) 'rank' in lora; LoRAConfig accepts: alpha, bias, dropout, r, target_modules"),
+        (["lora=8"], "lora must be a mapping of names to values or null, got 8"),
+    ],
+)
 def test_bad_lora_values_are_one_named_error(sets, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         build_config(sets=sets)
@@ -207,8 +238,13 @@ def test_bad_lora_values_are_one_named_error(sets, message):
 def test_lora_options_resolve_in_print_config():
     config = build_config(sets=["lora.r=8"])
     data = resolved_dict(config, load_plugins())
-    assert data["lora"] == {"r": 8, "alpha": None, "dropout": 0.0, "target_modules": list(LLAMA_TARGETS),
-                            "bias": "none"}
+    assert data["lora"] == {
+        "r": 8,
+        "alpha": None,
+        "dropout": 0.0,
+        "target_modules": list(LLAMA_TARGETS),
+        "bias": "none",
+    }
     assert resolved_dict(build_config(), load_plugins())["lora"] is None  # full fine-tune
     assert build_config(sets=["lora={}"]).lora == {}  # LoRA with every default
 

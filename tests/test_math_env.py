@@ -10,33 +10,36 @@ from typing import Any
 
 import gymnasium
 import pytest
-from agentrl.answers import answers_match, extract_answer, extract_boxed, is_correct
-from agentrl_math import DEMONSTRATION, LEVELS, MathEnv
 
 import agentrl
 from agentrl import ConfigError, Env, EnvError
+from agentrl.answers import answers_match, extract_answer, extract_boxed, is_correct
 from agentrl.env import GYMNASIUM_IDS
 from agentrl.testing import check_env, check_gold_answer, check_tasks_disjoint
+from agentrl_math import DEMONSTRATION, LEVELS, MathEnv
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("The answer is \\boxed{12}.", "12"),
-    ("\\boxed{3}, no wait: \\boxed{4}", "4"),
-    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
-    ("\\boxed{ -7 }", "-7"),
-    ("\\boxed{12} and later 13", "12"),
-    ("7 + 5 = 12", "12"),
-    ("It is -3.", "-3"),
-    ("9-3=6", "6"),
-    ("9-3", "3"),
-    ("(2)-3", "3"),
-    ("The result is 12.0", "12.0"),
-    ("So we get 12.", "12"),
-    ("Put it in \\boxed{}: 5", "5"),
-    ("\\boxed{12", "12"),
-    ("no number here", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("The answer is \\boxed{12}.", "12"),
+        ("\\boxed{3}, no wait: \\boxed{4}", "4"),
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("\\boxed{ -7 }", "-7"),
+        ("\\boxed{12} and later 13", "12"),
+        ("7 + 5 = 12", "12"),
+        ("It is -3.", "-3"),
+        ("9-3=6", "6"),
+        ("9-3", "3"),
+        ("(2)-3", "3"),
+        ("The result is 12.0", "12.0"),
+        ("So we get 12.", "12"),
+        ("Put it in \\boxed{}: 5", "5"),
+        ("\\boxed{12", "12"),
+        ("no number here", None),
+        ("", None),
+    ],
+)
 def test_extract_answer(text: str, expected: str | None) -> None:
     assert extract_answer(text) == expected
 
@@ -47,30 +50,33 @@ def test_extract_boxed_ignores_unboxed_numbers() -> None:
     assert extract_boxed("\\boxed{{a}{b}} x") == "{a}{b}"
 
 
-@pytest.mark.parametrize(("text", "answer", "expected"), [
-    ("\\boxed{12}", "12", True),
-    ("12.0", "12", True),
-    ("\\boxed{12.0}", "12", True),
-    ("\\boxed{12.5}", "12", False),
-    ("11", "12", False),
-    ("", "12", False),
-    ("The answer is -3", "-3", True),
-    ("The answer is 3", "-3", False),
-    ("\\boxed{1/2}", "0.5", True),
-    ("\\boxed{\\frac{1}{2}}", "0.5", True),
-    ("12 apples, 3 left over", "12", False),
-    ("\\boxed{twelve}", "12", False),
-    # an unevaluated expression is not an answer (a trained model boxed the question for full marks)
-    ("\\boxed{7 - 8}", "-1", False),
-    ("\\boxed{6 + 5}", "11", False),
-    ("\\boxed{3 \\times 4}", "12", False),
-    ("\\boxed{24/2}", "12", False),
-    ("\\boxed{\\frac{24}{2}}", "12", False),
-    ("\\boxed{8 + 8 = 16}", "16", True),  # the value after the last "="
-    ("\\boxed{8 + 8 = 15}", "16", False),
-    ("7 - 8 = -1.", "-1", True),
-    ("\\boxed{-1}.", "-1", True),
-])
+@pytest.mark.parametrize(
+    ("text", "answer", "expected"),
+    [
+        ("\\boxed{12}", "12", True),
+        ("12.0", "12", True),
+        ("\\boxed{12.0}", "12", True),
+        ("\\boxed{12.5}", "12", False),
+        ("11", "12", False),
+        ("", "12", False),
+        ("The answer is -3", "-3", True),
+        ("The answer is 3", "-3", False),
+        ("\\boxed{1/2}", "0.5", True),
+        ("\\boxed{\\frac{1}{2}}", "0.5", True),
+        ("12 apples, 3 left over", "12", False),
+        ("\\boxed{twelve}", "12", False),
+        # an unevaluated expression is not an answer (a trained model boxed the question for full marks)
+        ("\\boxed{7 - 8}", "-1", False),
+        ("\\boxed{6 + 5}", "11", False),
+        ("\\boxed{3 \\times 4}", "12", False),
+        ("\\boxed{24/2}", "12", False),
+        ("\\boxed{\\frac{24}{2}}", "12", False),
+        ("\\boxed{8 + 8 = 16}", "16", True),  # the value after the last "="
+        ("\\boxed{8 + 8 = 15}", "16", False),
+        ("7 - 8 = -1.", "-1", True),
+        ("\\boxed{-1}.", "-1", True),
+    ],
+)
 def test_is_correct(text: str, answer: str, expected: bool) -> None:
     assert is_correct(text, answer) is expected
 
@@ -93,8 +99,9 @@ def test_levels_generate_correct_problems(difficulty: str) -> None:
         assert task["a"] in level.a and task["b"] in level.b and task["op"] in level.ops
         value = {"+": task["a"] + task["b"], "-": task["a"] - task["b"], "*": task["a"] * task["b"]}
         assert task["answer"] == str(value[task["op"]])
-        assert task["question"] == (f"What is {task['a']} {task['op']} {task['b']}? "
-                                    "Put the final answer in \\boxed{}.")
+        assert task["question"] == (
+            f"What is {task['a']} {task['op']} {task['b']}? Put the final answer in \\boxed{{}}."
+        )
     assert {t["op"] for t in tasks} == set(level.ops)
 
 
@@ -134,11 +141,21 @@ def test_episode_messages_reward_and_info() -> None:
     messages, info = env.reset(options={"task": task})
     assert messages == [{"role": "user", "content": task["question"]}]
     assert info["task"] == task
-    assert env.step("7 + 5 = 12") == ([], 1.0, True, False, {"correct": True, "parsed": "12", "boxed": False,
-                                                              "metrics": {"boxed": 0.0}})
+    assert env.step("7 + 5 = 12") == (
+        [],
+        1.0,
+        True,
+        False,
+        {"correct": True, "parsed": "12", "boxed": False, "metrics": {"boxed": 0.0}},
+    )
     env.reset(options={"task": task})
-    assert env.step("\\boxed{13}") == ([], 0.0, True, False, {"correct": False, "parsed": "13", "boxed": True,
-                                                              "metrics": {"boxed": 1.0}})
+    assert env.step("\\boxed{13}") == (
+        [],
+        0.0,
+        True,
+        False,
+        {"correct": False, "parsed": "13", "boxed": True, "metrics": {"boxed": 1.0}},
+    )
     env.reset(options={"task": task})
     assert env.step("I don't know")[1:3] == (0.0, True)
 
@@ -146,8 +163,10 @@ def test_episode_messages_reward_and_info() -> None:
 def test_system_prompt_and_instruction_appended_once() -> None:
     env = MathEnv(system_prompt="Be brief.")
     messages, _ = env.reset(options={"task": {"question": "What is 2 + 2?", "answer": "4"}})
-    assert messages == [{"role": "system", "content": "Be brief."},
-                        {"role": "user", "content": "What is 2 + 2? Put the final answer in \\boxed{}."}]
+    assert messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2 + 2? Put the final answer in \\boxed{}."},
+    ]
 
 
 def test_the_demonstration_is_never_a_generated_task() -> None:
@@ -166,12 +185,15 @@ def test_task_without_answer_is_refused() -> None:
         MathEnv().reset(options={"task": {"question": "What is 2 + 2?"}})
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"difficulty": "hard"}, "math env: difficulty 'hard' is not one of single_digit, two_digit, mixed"),
-    ({"num_eval": 0}, "math env: num_eval must be an int >= 1, got 0"),
-    ({"seed": "1"}, "math env: seed must be an int, got '1'"),
-    ({"system_prompt": 3}, "math env: system_prompt must be a string or None, got 3"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"difficulty": "hard"}, "math env: difficulty 'hard' is not one of single_digit, two_digit, mixed"),
+        ({"num_eval": 0}, "math env: num_eval must be an int >= 1, got 0"),
+        ({"seed": "1"}, "math env: seed must be an int, got '1'"),
+        ({"system_prompt": 3}, "math env: system_prompt must be a string or None, got 3"),
+    ],
+)
 def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         MathEnv(**kwargs)
@@ -203,13 +225,19 @@ def test_jsonl_keeps_boxed_instruction_from_file(tmp_path: Path) -> None:
     assert messages[0]["content"].count("\\boxed") == 1
 
 
-@pytest.mark.parametrize(("rows", "message"), [
-    ([{"question": "a", "answer": 1}, "{not json"], "d.jsonl, line 2: not valid JSON"),
-    ([{"question": "a", "answer": 1}, "", "[1, 2]"], "d.jsonl, line 3: expected a JSON object, got list"),
-    ([{"question": "a"}], "d.jsonl, line 1: 'answer' must be a non-empty string or number, got None"),
-    ([{"question": "", "answer": 1}], "d.jsonl, line 1: 'question' must be a non-empty string, got ''"),
-    ([{"question": "a", "answer": 1}] * 3, "d.jsonl: needs at least 2 distinct questions (one to train on, one to hold out), found 1"),
-])
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([{"question": "a", "answer": 1}, "{not json"], "d.jsonl, line 2: not valid JSON"),
+        ([{"question": "a", "answer": 1}, "", "[1, 2]"], "d.jsonl, line 3: expected a JSON object, got list"),
+        ([{"question": "a"}], "d.jsonl, line 1: 'answer' must be a non-empty string or number, got None"),
+        ([{"question": "", "answer": 1}], "d.jsonl, line 1: 'question' must be a non-empty string, got ''"),
+        (
+            [{"question": "a", "answer": 1}] * 3,
+            "d.jsonl: needs at least 2 distinct questions (one to train on, one to hold out), found 1",
+        ),
+    ],
+)
 def test_jsonl_errors_name_file_and_line(tmp_path: Path, rows: list[Any], message: str) -> None:
     with pytest.raises(EnvError, match=re.escape(message)):
         MathEnv(data_file=write_jsonl(tmp_path / "d.jsonl", rows))
@@ -230,8 +258,10 @@ NEEDS_ARGS = {"verifiers": "needs env_args.env_id naming an installed verifiers 
 
 
 def _env_names() -> list:
-    return [pytest.param(name, marks=pytest.mark.skip(reason=NEEDS_ARGS[name])) if name in NEEDS_ARGS else name
-            for name in agentrl.load_plugins().registry.names("env")]
+    return [
+        pytest.param(name, marks=pytest.mark.skip(reason=NEEDS_ARGS[name])) if name in NEEDS_ARGS else name
+        for name in agentrl.load_plugins().registry.names("env")
+    ]
 
 
 def _gymnasium_id(factory: type) -> str | None:
@@ -275,38 +305,45 @@ class LeakyEnv(Env):
 def test_check_env_names_broken_rules() -> None:
     with pytest.raises(EnvError, match=re.escape("LeakyEnv: 1 eval task(s) also appear in train_tasks, e.g. 'q2'")):
         check_tasks_disjoint(LeakyEnv())
-    with pytest.raises(EnvError, match=re.escape("LeakyEnv: the gold reply '\\\\boxed{1}' earned 0.0, expected the max reward 1.0")):
+    with pytest.raises(
+        EnvError, match=re.escape("LeakyEnv: the gold reply '\\\\boxed{1}' earned 0.0, expected the max reward 1.0")
+    ):
         check_gold_answer(LeakyEnv())
     with pytest.raises(EnvError, match=re.escape("check_env: the factory returned dict, not a gymnasium.Env")):
         check_env(dict)
 
 
-@pytest.mark.parametrize(("reply", "total"), [
-    ("7 + 5 = \\boxed{12}", 3.0),  # correct and boxed: env 1 + format 1 + accuracy 1
-    ("The answer is \\boxed{12.0}.", 3.0),  # math-verify: 12.0 is 12
-    ("7 + 5 = 12", 1.0),  # correct, not boxed: env 1 only
-    ("7 + 5 = \\boxed{13}", 1.0),  # boxed but wrong: format 1 only, no more than any correct answer
-    ("7 + 5 = 13", 0.0),
-    ("\\boxed{13}, I mean 12", 1.0),  # the boxed answer is the answer, for the env too
-    ("\\boxed{}", 0.0),  # an empty box is not an answer: no format bonus
-    ("\\boxed{twelve}", 0.0),
-    ("\\boxed{7 + 5}", 0.0),  # the question boxed is not an answer (math-verify alone would say 12)
-])
+@pytest.mark.parametrize(
+    ("reply", "total"),
+    [
+        ("7 + 5 = \\boxed{12}", 3.0),  # correct and boxed: env 1 + format 1 + accuracy 1
+        ("The answer is \\boxed{12.0}.", 3.0),  # math-verify: 12.0 is 12
+        ("7 + 5 = 12", 1.0),  # correct, not boxed: env 1 only
+        ("7 + 5 = \\boxed{13}", 1.0),  # boxed but wrong: format 1 only, no more than any correct answer
+        ("7 + 5 = 13", 0.0),
+        ("\\boxed{13}, I mean 12", 1.0),  # the boxed answer is the answer, for the env too
+        ("\\boxed{}", 0.0),  # an empty box is not an answer: no format bonus
+        ("\\boxed{twelve}", 0.0),
+        ("\\boxed{7 + 5}", 0.0),  # the question boxed is not an answer (math-verify alone would say 12)
+    ],
+)
 def test_default_rewards_pay_a_correct_boxed_answer_most_and_a_wrong_one_no_more_than_any_correct(
-        reply: str, total: float) -> None:
+    reply: str, total: float
+) -> None:
     """Hand-derived totals of the default run's rewards (env x1 + format x1 + accuracy x1) on "7 + 5"."""
     from agentrl.config.train import TrainConfig
     from agentrl.plugins import load_plugins
-    from agentrl.rewards.specs import resolve_rewards
     from agentrl.rewards.scoring import score
+    from agentrl.rewards.specs import resolve_rewards
     from agentrl.testing import make_trajectory
 
     env = MathEnv()
     task = {"question": "What is 7 + 5? Put the final answer in \\boxed{}.", "answer": "12"}
     env.reset(options={"task": task})
     _, env_reward, _, _, _ = env.step(reply)
-    trajectory = make_trajectory([{"role": "user", "content": task["question"]},
-                                  {"role": "assistant", "content": reply}], task)
+    trajectory = make_trajectory(
+        [{"role": "user", "content": task["question"]}, {"role": "assistant", "content": reply}], task
+    )
     trajectory.turns[0].reward = env_reward
     reward_fns = resolve_rewards(TrainConfig(), load_plugins().registry, env)
     assert {name: weight for name, (_, weight) in reward_fns.items()} == {"format": 1.0, "accuracy": 1.0}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.training import memory
 from agentrl.model.precision import cpu_flags, decide_cpu
+from agentrl.training import memory
 
 MB = 1e6
 glibc_only = pytest.mark.skipif(memory.malloc_stats() is None, reason="needs glibc (mallinfo2, malloc_trim)")
@@ -81,8 +81,14 @@ print(1000 * (memory.malloc_stats().in_use_gb - before))
 
 def _live_mb_after_100_shapes(capacity: str) -> float:
     env = {k: v for k, v in os.environ.items() if k not in memory.KERNEL_CACHE_VARIABLES}
-    out = subprocess.run([sys.executable, "-c", KERNEL_CACHE_PROBE, str(Path(memory.__file__)), capacity],
-                         capture_output=True, text=True, env=env, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", KERNEL_CACHE_PROBE, str(Path(memory.__file__)), capacity],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 

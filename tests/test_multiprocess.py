@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from cli_in_process import agentrl_in_process
+from safetensors.torch import load_file
 
 REWARD = '''
 def vowels(completions, **kwargs):
@@ -47,8 +46,9 @@ is 1% of one step; a lost or doubled shard moves weights by whole steps (~1e-3).
 def agentrl(*args: str) -> subprocess.CompletedProcess[str]:
     """The ``agentrl`` CLI in a subprocess (``--num-processes`` launches more processes)."""
     env = {**os.environ, "AGENTRL_LAUNCHED": ""}
-    result = subprocess.run([sys.executable, "-m", "agentrl", *args], capture_output=True, text=True,
-                            timeout=600, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "agentrl", *args], capture_output=True, text=True, timeout=600, env=env
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -63,11 +63,37 @@ def one_process(*args: str) -> None:
 def common(tiny_model_dir: Path, tmp_path: Path, algo: str, *sets: str) -> list[str]:
     reward = tmp_path / "vowels.py"
     reward.write_text(REWARD)
-    args = ["train", "--env", "math", "--algo", algo, "--model", str(tiny_model_dir), "--prompts-per-step", "4",
-            "--num-generations", "4", "--reward", f"{reward}:vowels", "--set", "eval_tasks=0",
-            "--set", "max_new_tokens=12", "--set", "learning_rate=1e-3", "--set", "precision=fp32",
-            "--set", "engine_args.dtype=float32", "--set", "log_completions_every=1",
-            "--set", "lr_scheduler=cosine", "--set", "warmup_steps=1"]
+    args = [
+        "train",
+        "--env",
+        "math",
+        "--algo",
+        algo,
+        "--model",
+        str(tiny_model_dir),
+        "--prompts-per-step",
+        "4",
+        "--num-generations",
+        "4",
+        "--reward",
+        f"{reward}:vowels",
+        "--set",
+        "eval_tasks=0",
+        "--set",
+        "max_new_tokens=12",
+        "--set",
+        "learning_rate=1e-3",
+        "--set",
+        "precision=fp32",
+        "--set",
+        "engine_args.dtype=float32",
+        "--set",
+        "log_completions_every=1",
+        "--set",
+        "lr_scheduler=cosine",
+        "--set",
+        "warmup_steps=1",
+    ]
     for item in sets:
         args += ["--set", item]
     return args
@@ -82,8 +108,9 @@ def metric_rows(run_dir: Path) -> list[dict[str, float]]:
     return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
 
 
-def assert_same_run(one: Path, two: Path, parts: tuple[str, ...] = ("model",),
-                    tolerance: float = WEIGHT_TOLERANCE) -> None:
+def assert_same_run(
+    one: Path, two: Path, parts: tuple[str, ...] = ("model",), tolerance: float = WEIGHT_TOLERANCE
+) -> None:
     """Weights within ``tolerance``, every metric equal up to float rounding, same completions."""
     for part in parts:
         a, b = weights(one, part), weights(two, part)
@@ -107,12 +134,29 @@ def test_ppo_async_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp
     the two-process run, and its resume, equal one process. The two processes checkpoint the
     decoder blocks of both DDP modules (``gradient_checkpointing``: DDP's gradient hooks fire
     while the backward pass runs each block's forward again), which changes no gradient."""
-    args = common(tiny_model_dir, tmp_path, "ppo", "async_steps=2", "checkpoint_every=2", "algorithm.mini_batches=1",
-                  "algorithm.ppo_epochs=2", "keep_finished_checkpoints=true")  # step 2's stays: resumed below
+    args = common(
+        tiny_model_dir,
+        tmp_path,
+        "ppo",
+        "async_steps=2",
+        "checkpoint_every=2",
+        "algorithm.mini_batches=1",
+        "algorithm.ppo_epochs=2",
+        "keep_finished_checkpoints=true",
+    )  # step 2's stays: resumed below
     one_process(*args, "--max-steps", "4", "--output-dir", str(tmp_path / "one"))
     two = tmp_path / "two"
-    launched = agentrl(*args, "--max-steps", "4", "--output-dir", str(two), "--num-processes", "2",
-                       "--set", "gradient_checkpointing=true")
+    launched = agentrl(
+        *args,
+        "--max-steps",
+        "4",
+        "--output-dir",
+        str(two),
+        "--num-processes",
+        "2",
+        "--set",
+        "gradient_checkpointing=true",
+    )
     assert "gradient checkpointing: 2 decoder blocks (LlamaDecoderLayer) recomputed" in launched.stdout
     # mismatch/ratio_min|max (stale tokens: not 1) too: the extremes over both processes' tokens
     assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
@@ -126,18 +170,22 @@ def test_ppo_async_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     agentrl("train", "--resume", str(two), "--num-processes", "2")
     assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
-    refused = subprocess.run([sys.executable, "-m", "agentrl", "train", "--resume", str(two)],
-                             capture_output=True, text=True, timeout=600)
+    refused = subprocess.run(
+        [sys.executable, "-m", "agentrl", "train", "--resume", str(two)], capture_output=True, text=True, timeout=600
+    )
     assert refused.returncode == 2 and "written by 2 process(es)" in refused.stderr
 
 
-PREAMBLE = "Read this slowly and with great care, because every word of it matters a great deal to the person who is asking: "
+PREAMBLE = (
+    "Read this slowly and with great care, because every word of it matters a great deal to the person who is asking: "
+)
 
 
 def mixed_length_questions(path: Path) -> Path:
     """A math data file whose questions are short (a row of about 60 tokens) or long (about 130)."""
-    rows = [{"question": (PREAMBLE * 3 if i % 2 else "") + f"What is {i} + 3?", "answer": str(i + 3)}
-            for i in range(40)]
+    rows = [
+        {"question": (PREAMBLE * 3 if i % 2 else "") + f"What is {i} + 3?", "answer": str(i + 3)} for i in range(40)
+    ]
     path.write_text("\n".join(json.dumps(row) for row in rows))
     return path
 
@@ -152,13 +200,32 @@ def test_fsdp_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
     also checkpoint their decoder blocks (``gradient_checkpointing``: the backward pass runs each
     sharded block's forward again), which changes no gradient."""
     data = mixed_length_questions(tmp_path / "questions.jsonl")
-    args = common(tiny_model_dir, tmp_path, "ppo", "checkpoint_every=1", "algorithm.mini_batches=1",
-                  "algorithm.ppo_epochs=2", f"env_args.data_file={data}", "micro_batch_tokens=263",
-                  "keep_finished_checkpoints=true")  # step 2's checkpoint stays: resumed below
+    args = common(
+        tiny_model_dir,
+        tmp_path,
+        "ppo",
+        "checkpoint_every=1",
+        "algorithm.mini_batches=1",
+        "algorithm.ppo_epochs=2",
+        f"env_args.data_file={data}",
+        "micro_batch_tokens=263",
+        "keep_finished_checkpoints=true",
+    )  # step 2's checkpoint stays: resumed below
     one_process(*args, "--max-steps", "3", "--output-dir", str(tmp_path / "one"))
     two = tmp_path / "two"
-    launched = agentrl(*args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2",
-                       "--accelerate-config", "fsdp", "--set", "gradient_checkpointing=true")
+    launched = agentrl(
+        *args,
+        "--max-steps",
+        "3",
+        "--output-dir",
+        str(two),
+        "--num-processes",
+        "2",
+        "--accelerate-config",
+        "fsdp",
+        "--set",
+        "gradient_checkpointing=true",
+    )
     assert "2 processes (FSDP): weights sharded" in launched.stdout
     # the blocks' own class, named through FSDP's class around it
     assert "gradient checkpointing: 2 decoder blocks (LlamaDecoderLayer) recomputed" in launched.stdout
@@ -178,15 +245,34 @@ def test_fsdp_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     agentrl("train", "--resume", str(two), "--num-processes", "2", "--accelerate-config", "fsdp")
     assert_same_run(tmp_path / "one", two, parts=("model", "critic"), tolerance=FSDP_WEIGHT_TOLERANCE)
-    refused = subprocess.run([sys.executable, "-m", "agentrl", "train", "--resume", str(two)],
-                             capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 2 and "resume it with --accelerate-config fsdp" in refused.stderr, refused.stderr[-2000:]
+    refused = subprocess.run(
+        [sys.executable, "-m", "agentrl", "train", "--resume", str(two)], capture_output=True, text=True, timeout=600
+    )
+    assert refused.returncode == 2 and "resume it with --accelerate-config fsdp" in refused.stderr, refused.stderr[
+        -2000:
+    ]
 
 
 def test_groups_must_split_evenly_over_the_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "agentrl", "train", "--model", str(tiny_model_dir),
-                             "--prompts-per-step", "3", "--num-processes", "2",
-                             "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentrl",
+            "train",
+            "--model",
+            str(tiny_model_dir),
+            "--prompts-per-step",
+            "3",
+            "--num-processes",
+            "2",
+            "--output-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2
     assert "prompts_per_step=3 does not split over 2 processes" in result.stderr
     assert not (tmp_path / "run").exists()
@@ -227,9 +313,14 @@ def test_ctrl_c_stops_every_process_at_one_step_and_resumes(tiny_model_dir: Path
     trained = weights(tmp_path / "one")
     assert max(float((trained[k] - base[k]).abs().max()) for k in base) > 1e-4  # the steps moved the weights
     two = tmp_path / "two"
-    launcher = subprocess.Popen([sys.executable, "-m", "agentrl", *args, "--max-steps", "3", "--output-dir", str(two),
-                                 "--num-processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "AGENTRL_LAUNCHED": ""}, start_new_session=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "agentrl", *args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "AGENTRL_LAUNCHED": ""},
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 600
         while not marker.exists() and launcher.poll() is None and time.monotonic() < deadline:

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from agentrl import ConfigError, Env, SamplingParams, Trajectory, Turn, collate
-from agentrl.sampling.chat import ChatTokenizer
 from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.rewards.scoring import score
+from agentrl.sampling.chat import ChatTokenizer
 from agentrl.testing import build_tiny_model
 
 
@@ -44,7 +44,8 @@ def _engine_and_rollout(tokenizer, engine_class=None, model=None, **config):
     engine_class = engine_class or manager.registry.get("engine", "hf").factory
     engine = engine_class(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"}))
     rollout = manager.registry.get("rollout", "multi_turn").factory(
-        engine=engine, tokenizer=tokenizer, config=TrainConfig(**{"max_new_tokens": 8, **config}))
+        engine=engine, tokenizer=tokenizer, config=TrainConfig(**{"max_new_tokens": 8, **config})
+    )
     return engine, rollout
 
 
@@ -82,15 +83,20 @@ def test_later_turns_do_not_repeat_the_first_turns_draws(tokenizer):
     # every turn repeated turn 1's tokens exactly.
     _, rollout = _engine_and_rollout(tokenizer)
     [trajectory] = rollout.run([TalkEnv()], [{"question": "Talk."}], [0], SamplingParams(max_new_tokens=8, seed=5))
-    turns = [trajectory.token_ids[t.start:t.end] for t in trajectory.turns]
+    turns = [trajectory.token_ids[t.start : t.end] for t in trajectory.turns]
     assert len(turns) == 3 and all(len(t) == 8 for t in turns)
     assert turns[0] != turns[1] and turns[1] != turns[2] and turns[0] != turns[2]
 
 
 def _two_turn(rewards):
-    return Trajectory(token_ids=list(range(10, 20)), loss_mask=[0, 0, 0, 1, 1, 0, 0, 1, 1, 1],
-                      sampler_logprobs=[0.0] * 10, turns=[Turn(3, 5, reward=rewards[0]), Turn(7, 10, reward=rewards[1])],
-                      messages=[], task={})
+    return Trajectory(
+        token_ids=list(range(10, 20)),
+        loss_mask=[0, 0, 0, 1, 1, 0, 0, 1, 1, 1],
+        sampler_logprobs=[0.0] * 10,
+        turns=[Turn(3, 5, reward=rewards[0]), Turn(7, 10, reward=rewards[1])],
+        messages=[],
+        task={},
+    )
 
 
 def test_env_reward_weight_reaches_the_per_turn_rewards():
@@ -113,7 +119,7 @@ def test_an_eos_that_is_not_the_end_of_turn_token_keeps_the_run_going(tokenizer)
     usual = chat.delta_ids(history, content + [im_end], assistant, reply, stopped=True)
     after = chat.render(history + [assistant] + reply, add_generation_prompt=True)
     before = chat.render(history, add_generation_prompt=True)
-    assert chat.decode(usual) == after[len(before) + len("5<|im_end|>"):]  # as before: the stop token closes the turn
+    assert chat.decode(usual) == after[len(before) + len("5<|im_end|>") :]  # as before: the stop token closes the turn
     other = chat.delta_ids(history, content + [endoftext], assistant, reply, stopped=True)
     assert other[0] == im_end  # the template's end-of-turn joins the env delta
     assert chat.decode(other) == "<|im_end|>" + chat.decode(usual)
@@ -154,13 +160,13 @@ def test_a_rollout_survives_a_model_that_stops_with_another_eos(tokenizer):
     assert max(turn.end - turn.start for turn in trajectory.turns) > 1  # some turns have content
     for turn, sampled in zip(trajectory.turns, engine.sampled):
         assert turn.finish_reason == "stop" and sampled[-1] == 0
-        assert ids[turn.start:turn.end] == sampled and set(mask[turn.start:turn.end]) == {1}  # untouched, trained
+        assert ids[turn.start : turn.end] == sampled and set(mask[turn.start : turn.end]) == {1}  # untouched, trained
     for turn in trajectory.turns[:-1]:
         assert ids[turn.end] == 2 and mask[turn.end] == 0  # the template's <|im_end|> is env text
     chat = ChatTokenizer(tokenizer)
     last = trajectory.turns[-1]
     stops = {turn.end - 1 for turn in trajectory.turns}
-    without_stops = [t for i, t in enumerate(ids[:last.start]) if i not in stops]
+    without_stops = [t for i, t in enumerate(ids[: last.start]) if i not in stops]
     assert chat.decode(without_stops) == chat.render(trajectory.messages[:-1], add_generation_prompt=True)
 
 
@@ -175,7 +181,8 @@ def test_infinite_rewards_count_as_not_scored():
     assert totals == [0.0, 1.0, 0.0]  # the env still scored the first and last; no inf in any total
     assert np.isnan(components["bad"][0]) and np.isnan(components["bad"][2])
     assert [str(w.message) for w in caught] == [
-        "reward 'bad' gave 2 non-finite value(s) (inf or NaN); they count as not scored"]
+        "reward 'bad' gave 2 non-finite value(s) (inf or NaN); they count as not scored"
+    ]
 
 
 def test_non_finite_rewards_are_counted_per_component():
@@ -192,14 +199,18 @@ def test_non_finite_rewards_are_counted_per_component():
     assert np.isnan(components["env"][1]) and np.isnan(components["shaky"]).all()
     assert [str(w.message) for w in caught] == [
         "reward 'env' gave 1 non-finite value(s) (inf or NaN); they count as not scored",
-        "reward 'shaky' gave 2 non-finite value(s) (inf or NaN); they count as not scored"]
+        "reward 'shaky' gave 2 non-finite value(s) (inf or NaN); they count as not scored",
+    ]
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"rewards": {"format": math.inf}}, "rewards.format must be a finite number, got inf"),
-    ({"rewards": {"format": math.nan}}, "rewards.format must be a finite number, got nan"),
-    ({"env_reward_weight": -math.inf}, "env_reward_weight must be a finite number, got -inf"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rewards": {"format": math.inf}}, "rewards.format must be a finite number, got inf"),
+        ({"rewards": {"format": math.nan}}, "rewards.format must be a finite number, got nan"),
+        ({"env_reward_weight": -math.inf}, "env_reward_weight must be a finite number, got -inf"),
+    ],
+)
 def test_non_finite_reward_weights_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         TrainConfig(**kwargs)
@@ -230,7 +241,8 @@ def test_an_episode_whose_prompt_fills_the_budget_scores_as_an_empty_reply(token
     assert rollout_metrics([trajectory])["rollout/prompt_too_long_frac"] == 1.0
     assert [str(w.message) for w in caught] == [
         "1 of 1 episodes ended before the model spoke: their prompt alone fills max_total_tokens=64; "
-        "they score as empty replies. Raise max_total_tokens or shorten the prompt."]
+        "they score as empty replies. Raise max_total_tokens or shorten the prompt."
+    ]
 
 
 def test_prompt_too_long_is_counted_and_warned_once_per_run(tokenizer):

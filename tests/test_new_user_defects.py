@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_in_process import agentrl_in_process
 
 from agentrl import Env
-from agentrl.training.evaluate import episode_success
 from agentrl.testing import make_trajectory
-from cli_in_process import agentrl_in_process
+from agentrl.training.evaluate import episode_success
 
 AGENTRL = [sys.executable, "-m", "agentrl.cli.app"]
 TINY = ["--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--set", "max_new_tokens=4"]
@@ -58,14 +58,27 @@ def test_eval_of_a_run_dir_uses_the_runs_env_and_works_from_another_directory(ti
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir(), elsewhere.mkdir()
     (project / "scored.py").write_text(SCORED_ENV)
-    trained = agentrl_in_process("train", "--env", "scored.py:Scored", "--set", "env_args.target=70", "--model",
-                                 str(tiny_model_dir), "--output-dir", "run", "--set", "eval_tasks=2", *TINY,
-                                 cwd=project)
+    trained = agentrl_in_process(
+        "train",
+        "--env",
+        "scored.py:Scored",
+        "--set",
+        "env_args.target=70",
+        "--model",
+        str(tiny_model_dir),
+        "--output-dir",
+        "run",
+        "--set",
+        "eval_tasks=2",
+        *TINY,
+        cwd=project,
+    )
     assert trained.returncode == 0, trained.stdout + trained.stderr
     config = yaml.safe_load((project / "run" / "config.yaml").read_text())
     assert config["env"] == f"{project / 'scored.py'}:Scored"  # absolute: usable from anywhere
-    result = agentrl_in_process("eval", "--model", str(project / "run"), "--num-tasks", "2", "--max-new-tokens",
-                                "4", "--json", cwd=elsewhere)
+    result = agentrl_in_process(
+        "eval", "--model", str(project / "run"), "--num-tasks", "2", "--max-new-tokens", "4", "--json", cwd=elsewhere
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = json.loads(result.stdout.strip().splitlines()[-1])
     assert metrics["env"] == config["env"] and metrics["env_args"] == {"target": 70}
@@ -74,15 +87,29 @@ def test_eval_of_a_run_dir_uses_the_runs_env_and_works_from_another_directory(ti
 
 
 def test_a_log_file_gets_whole_lines_with_the_phase_and_no_carriage_returns(tiny_model_dir, tmp_path):
-    result = agentrl("train", "--env", "math", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "r"),
-                     "--set", "eval_tasks=2", "--reward", "format", *TINY)
+    result = agentrl(
+        "train",
+        "--env",
+        "math",
+        "--model",
+        str(tiny_model_dir),
+        "--output-dir",
+        str(tmp_path / "r"),
+        "--set",
+        "eval_tasks=2",
+        "--reward",
+        "format",
+        *TINY,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "\r" not in result.stdout + result.stderr
     assert "Loading weights" not in result.stdout + result.stderr  # transformers' own bars are off
     out = " ".join(result.stdout.split())
     assert "step 1/1" in out
-    assert ("rewards: env return x1 + format x1 (--reward replaces the env's defaults; add --reward format:1 "
-            "--reward accuracy:1 to keep them)") in out
+    assert (
+        "rewards: env return x1 + format x1 (--reward replaces the env's defaults; add --reward format:1 "
+        "--reward accuracy:1 to keep them)"
+    ) in out
     assert "within noise" in out or "noise" in out  # 2 held-out tasks: the before/after figure is noise
 
 
@@ -103,8 +130,9 @@ class ScoredGame(Env):
 
 
 def episode(env_return: float, **info: object):
-    trajectory = make_trajectory([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], {},
-                                 info=dict(info))
+    trajectory = make_trajectory(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], {}, info=dict(info)
+    )
     trajectory.turns[0].reward = env_return
     return trajectory
 
@@ -127,8 +155,9 @@ def test_print_config_shows_the_rewards_that_will_run(tmp_path):
 
 
 def test_unknown_reward_gets_did_you_mean(tmp_path):
-    result = agentrl_in_process("train", "--reward", "acuracy", "--output-dir", str(tmp_path / "r"),
-                                "--set", "eval_tasks=0")
+    result = agentrl_in_process(
+        "train", "--reward", "acuracy", "--output-dir", str(tmp_path / "r"), "--set", "eval_tasks=0"
+    )
     assert result.returncode == 2
     assert "unknown reward 'acuracy'; did you mean 'accuracy'?" in result.stderr
     assert not (tmp_path / "r").exists()
@@ -136,8 +165,13 @@ def test_unknown_reward_gets_did_you_mean(tmp_path):
 
 def test_train_help_shows_the_defaults():
     text = " ".join(agentrl("train", "--help").stdout.split())
-    for default in ("[default: math]", "[default: grpo]", "[default: smollm2-135m]", "[default: 40]",
-                    "[default: the env's]"):
+    for default in (
+        "[default: math]",
+        "[default: grpo]",
+        "[default: smollm2-135m]",
+        "[default: 40]",
+        "[default: the env's]",
+    ):
         assert default in text, default
 
 
@@ -158,29 +192,44 @@ def agentrl_register_rewards(register):
 
 def test_plugin_from_a_file_relative_to_the_cwd_and_disabling_a_plugin(tmp_path):
     (tmp_path / "myplug.py").write_text(PLUGIN_FILE)
-    listed = agentrl_in_process("plugins", "--plugin", "myplug.py", "--disable-plugin", "gem_env", "--json",
-                                cwd=tmp_path)
+    listed = agentrl_in_process(
+        "plugins", "--plugin", "myplug.py", "--disable-plugin", "gem_env", "--json", cwd=tmp_path
+    )
     assert listed.returncode == 0, listed.stderr
     rows = {row["name"]: row for row in json.loads(listed.stdout)}
     assert rows["myplug.py"]["registers"] == {"reward": ["shout"]} and "gem_env" not in rows
-    shown = agentrl_in_process("train", "--plugin", "myplug.py", "--reward", "shout:0.3", "--print-config",
-                               cwd=tmp_path)
+    shown = agentrl_in_process(
+        "train", "--plugin", "myplug.py", "--reward", "shout:0.3", "--print-config", cwd=tmp_path
+    )
     assert shown.returncode == 0, shown.stderr
-    missing = agentrl_in_process("train", "--disable-plugin", "rewards", "--reward", "format", "--output-dir",
-                                 str(tmp_path / "r"), "--set", "eval_tasks=0", cwd=tmp_path)
+    missing = agentrl_in_process(
+        "train",
+        "--disable-plugin",
+        "rewards",
+        "--reward",
+        "format",
+        "--output-dir",
+        str(tmp_path / "r"),
+        "--set",
+        "eval_tasks=0",
+        cwd=tmp_path,
+    )
     assert missing.returncode == 2 and "unknown reward 'format'" in missing.stderr
 
 
 def test_a_misspelt_hook_is_named_with_the_fix(tmp_path):
-    (tmp_path / "typo.py").write_text(PLUGIN_FILE.replace("def agentrl_register_rewards", "def agentrl_register_reward"))
+    (tmp_path / "typo.py").write_text(
+        PLUGIN_FILE.replace("def agentrl_register_rewards", "def agentrl_register_reward")
+    )
     result = agentrl_in_process("plugins", "--plugin", "typo.py", cwd=tmp_path)
     assert result.returncode == 2
-    assert ("implements 'agentrl_register_reward', which is not an agentrl hook; rename it to "
-            "'agentrl_register_rewards'") in " ".join(result.stderr.split())
+    assert (
+        "implements 'agentrl_register_reward', which is not an agentrl hook; rename it to 'agentrl_register_rewards'"
+    ) in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr
 
 
-DATACLASS_ENV = '''
+DATACLASS_ENV = """
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -208,7 +257,7 @@ class Asks(Env):
 
     def gold_reply(self, task):
         return task["answer"]
-'''
+"""
 
 
 def test_an_env_file_may_define_dataclasses(tmp_path):
@@ -220,8 +269,11 @@ def test_an_env_file_may_define_dataclasses(tmp_path):
 
 
 def test_a_hook_with_a_wrong_signature_is_named(tmp_path):
-    (tmp_path / "wrong.py").write_text(PLUGIN_FILE.replace("def agentrl_register_rewards(register)",
-                                                           "def agentrl_register_rewards(register, registry)"))
+    (tmp_path / "wrong.py").write_text(
+        PLUGIN_FILE.replace(
+            "def agentrl_register_rewards(register)", "def agentrl_register_rewards(register, registry)"
+        )
+    )
     result = agentrl_in_process("plugins", "--plugin", "wrong.py", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     message = " ".join(result.stderr.split())

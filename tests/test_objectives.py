@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl import StepTotals, TrainBatch, hookimpl
-from agentrl import defaults
+from agentrl import StepTotals, TrainBatch, defaults, hookimpl
 from agentrl.algorithms.objectives import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -174,9 +173,7 @@ def test_sequence_level_weights_broadcast() -> None:
 # Aggregation modes and step totals
 
 
-def reference_aggregate(
-    mode: str, loss: list[list[float]], mask: list[list[float]], totals: StepTotals
-) -> float:
+def reference_aggregate(mode: str, loss: list[list[float]], mask: list[list[float]], totals: StepTotals) -> float:
     """Plain-python float64 aggregation of one micro-batch."""
     token_sum = sum(l * m for row_l, row_m in zip(loss, mask) for l, m in zip(row_l, row_m))
     if mode == "grpo":
@@ -216,9 +213,7 @@ def test_step_totals_counts_and_reduces() -> None:
     masks = [ragged_mask([(0, 3), (1, 5)], 6), ragged_mask([(2, 2)], 4), ragged_mask([(0, 6)], 6)]
     totals = step_totals(masks, num_tokens_rollout=40, max_completion_length=64)
     # The row (2, 2) has no loss token: it is not a sequence of the loss.
-    assert totals == StepTotals(
-        num_tokens=13.0, num_sequences=3.0, num_tokens_rollout=40.0, max_completion_length=64
-    )
+    assert totals == StepTotals(num_tokens=13.0, num_sequences=3.0, num_tokens_rollout=40.0, max_completion_length=64)
     doubled = step_totals(masks, num_tokens_rollout=40, max_completion_length=64, reduce=lambda t: 2 * t)
     # The rollout count is global already: reduce leaves it alone.
     assert (doubled.num_tokens, doubled.num_sequences, doubled.num_tokens_rollout) == (26.0, 6.0, 40.0)
@@ -238,8 +233,7 @@ def test_fully_masked_rows_do_not_dilute_per_sequence_modes(mode: str) -> None:
     diluted = AGGREGATIONS[mode](padded_loss, padded_mask, step_totals([padded_mask], float(mask.sum()), 8)).item()
     assert diluted == pytest.approx(alone, rel=1e-12)
     per_row = [sum(l * m for l, m in zip(rl, rm)) for rl, rm in zip(loss.tolist(), mask.tolist())]
-    expected = (sum(r / sum(m) for r, m in zip(per_row, mask.tolist())) / 3 if mode == "grpo"
-                else sum(per_row) / (3 * 8))
+    expected = sum(r / sum(m) for r, m in zip(per_row, mask.tolist())) / 3 if mode == "grpo" else sum(per_row) / (3 * 8)
     assert alone == pytest.approx(expected, rel=1e-12)
 
 
@@ -259,9 +253,17 @@ def test_policy_loss_default_is_token_level_surrogate() -> None:
     logprobs = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     old = logprobs.detach() + 0.3 * torch.randn(2, 4, dtype=torch.float64)
     advantages = torch.randn(2, 4, dtype=torch.float64) * mask
-    got, stats = policy_loss(batch=make_batch(mask), logprobs=logprobs, old_logprobs=old,
-                             advantages=advantages, hook=manager().hook, train_config=CONFIG,
-                             metrics={}, epsilon_low=0.2, epsilon_high=0.28)
+    got, stats = policy_loss(
+        batch=make_batch(mask),
+        logprobs=logprobs,
+        old_logprobs=old,
+        advantages=advantages,
+        hook=manager().hook,
+        train_config=CONFIG,
+        metrics={},
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+    )
     expected, _ = clipped_surrogate((logprobs - old) * mask, advantages, 0.2, 0.28)
     assert torch.allclose(got, expected) and set(stats) == {"clip/low", "clip/high", "clip/region"}
 
@@ -289,9 +291,17 @@ def test_policy_loss_hooks_override_weights_and_multiply_factors() -> None:
     logprobs = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     old = logprobs.detach() - 0.05
     advantages = torch.ones(2, 4, dtype=torch.float64) * mask
-    got, _ = policy_loss(batch=make_batch(mask), logprobs=logprobs, old_logprobs=old, advantages=advantages,
-                         hook=manager(SequenceLevel(), Factor(0.5), Factor(3.0), Silent()).hook,
-                         train_config=CONFIG, metrics={}, epsilon_low=0.2, epsilon_high=0.2)
+    got, _ = policy_loss(
+        batch=make_batch(mask),
+        logprobs=logprobs,
+        old_logprobs=old,
+        advantages=advantages,
+        hook=manager(SequenceLevel(), Factor(0.5), Factor(3.0), Silent()).hook,
+        train_config=CONFIG,
+        metrics={},
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+    )
     # Sequence-level log-weight is the mean log-ratio 0.05, identical on every token; factors 0.5*3.
     expected = -1.5 * math.exp(0.05) * mask
     assert torch.allclose(got.detach(), expected)
@@ -303,9 +313,17 @@ def test_garbage_off_the_mask_does_not_leak() -> None:
     logprobs.requires_grad_(True)
     old = torch.tensor([[float("inf"), -0.4, -0.9, 0.0], [0.0] * 4], dtype=torch.float64)
     advantages = torch.ones(2, 4, dtype=torch.float64)
-    loss, _ = policy_loss(batch=make_batch(mask), logprobs=logprobs, old_logprobs=old,
-                          advantages=advantages, hook=manager().hook, train_config=CONFIG,
-                          metrics={}, epsilon_low=0.2, epsilon_high=0.2)
+    loss, _ = policy_loss(
+        batch=make_batch(mask),
+        logprobs=logprobs,
+        old_logprobs=old,
+        advantages=advantages,
+        hook=manager().hook,
+        train_config=CONFIG,
+        metrics={},
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+    )
     totals = StepTotals(num_tokens=2, num_sequences=2, num_tokens_rollout=2, max_completion_length=4)
     for aggregate in AGGREGATIONS.values():
         out = aggregate(loss, mask, totals)
@@ -336,8 +354,9 @@ def test_default_importance_weights_is_trylast() -> None:
             return log_ratio * 0
 
     log_ratio = torch.ones(1, 2)
-    kwargs = dict(log_ratio=log_ratio, loss_mask=torch.ones(1, 2), level="token", config=CONFIG, settings={},
-                  metrics={})
+    kwargs = dict(
+        log_ratio=log_ratio, loss_mask=torch.ones(1, 2), level="token", config=CONFIG, settings={}, metrics={}
+    )
     assert manager().hook.agentrl_importance_weights(**kwargs) is log_ratio
     assert manager(Override()).hook.agentrl_importance_weights(**kwargs).sum() == 0
     sequence = manager().hook.agentrl_importance_weights(**{**kwargs, "level": "sequence"})

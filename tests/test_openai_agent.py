@@ -6,16 +6,15 @@ import json
 import time
 from pathlib import Path
 
-import openai
 import pytest
+from cli_in_process import agentrl_in_process
 
 from agentrl import Engine, Generation, SamplingParams
-from agentrl.sampling.chat import ChatTokenizer
 from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
+from agentrl.sampling.chat import ChatTokenizer
 from agentrl.testing import build_tiny_model
 from agentrl.trajectory import with_segments
-from cli_in_process import agentrl_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,8 +51,11 @@ class ScriptedEngine(Engine):
 
 def _rollout(engine, tokenizer, agent: str, **overrides):
     config = TrainConfig(**{"max_new_tokens": 10, "plugins": {"openai_agent": {"agent": agent}}, **overrides})
-    return load_plugins().registry.get("rollout", "openai_agent").factory(engine=engine, tokenizer=tokenizer,
-                                                                          config=config)
+    return (
+        load_plugins()
+        .registry.get("rollout", "openai_agent")
+        .factory(engine=engine, tokenizer=tokenizer, config=config)
+    )
 
 
 def _hf(tokenizer):
@@ -68,7 +70,7 @@ def _agent_file(tmp_path, body: str) -> str:
     return f"{path}:solve"
 
 
-LOOP = '''
+LOOP = """
 def solve(task, client):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": task["question"]}]
     for _ in range(3):
@@ -76,7 +78,7 @@ def solve(task, client):
         messages.append({"role": "assistant", "content": reply.choices[0].message.content})
         messages.append({"role": "user", "content": "Go on."})
     return messages[:-1]
-'''
+"""
 
 
 def test_calls_merge_into_one_token_exact_trajectory(tokenizer, tmp_path):
@@ -85,31 +87,32 @@ def test_calls_merge_into_one_token_exact_trajectory(tokenizer, tmp_path):
     # a long wait bound: the first batch starts when all four agents have called, however slow the machine
     rollout = _rollout(engine, tokenizer, agent, plugins={"openai_agent": {"agent": agent, "batch_wait_s": 30.0}})
     tasks = [{"question": f"What is {i} + 1?"} for i in range(4)]
-    trajectories = rollout.run([None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=10, seed=3),
-                               seeds=[11, 12, 13, 14])
+    trajectories = rollout.run(
+        [None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=10, seed=3), seeds=[11, 12, 13, 14]
+    )
     chat = ChatTokenizer(tokenizer)
     sampled = {tuple(prompt): generation for prompt, generation in engine.log}
     assert len(engine.log) == 12
     for trajectory in trajectories:
         assert not trajectory.segments and trajectory.info["agent_calls"] == 3 and len(trajectory.turns) == 3
         for turn in trajectory.turns:  # each sampled span is exactly what the engine sampled for that prompt
-            generation = sampled[tuple(trajectory.token_ids[:turn.start])]
-            assert trajectory.token_ids[turn.start:turn.end] == generation.token_ids
-            assert trajectory.sampler_logprobs[turn.start:turn.end] == pytest.approx(generation.logprobs)
+            generation = sampled[tuple(trajectory.token_ids[: turn.start])]
+            assert trajectory.token_ids[turn.start : turn.end] == generation.token_ids
+            assert trajectory.sampler_logprobs[turn.start : turn.end] == pytest.approx(generation.logprobs)
         mask = [0] * len(trajectory.token_ids)
         for turn in trajectory.turns:
-            mask[turn.start:turn.end] = [1] * (turn.end - turn.start)
+            mask[turn.start : turn.end] = [1] * (turn.end - turn.start)
         assert trajectory.loss_mask == mask
         # The rest is the rendered conversation (user turns, headers) encoded on its own, masked.
         first = chat.prompt_ids(trajectory.messages[:2])
-        assert trajectory.token_ids[:len(first)] == first
+        assert trajectory.token_ids[: len(first)] == first
         rendered = chat.render(trajectory.messages, add_generation_prompt=False)
         decoded = chat.decode(trajectory.token_ids)
-        assert rendered.startswith(decoded) and rendered[len(decoded):] in ("\n", "<|im_end|>\n")
+        assert rendered.startswith(decoded) and rendered[len(decoded) :] in ("\n", "<|im_end|>\n")
     assert rollout.batches[0] == 4  # the four episodes' first calls were sampled together
 
 
-SOME_CALL = '''
+SOME_CALL = """
 import time
 
 def solve(task, client):
@@ -118,19 +121,21 @@ def solve(task, client):
     time.sleep(task["think_s"])
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["question"]}])
     return 1.0
-'''
+"""
 
 
 def test_a_batch_starts_once_every_running_agent_has_called_not_after_the_whole_wait(tokenizer, tmp_path):
     """With a 30 s wait bound, two agents that finish without calling and two that call after 0.5 s of
     their own work: one batch of two, started as soon as the second call is in (not after 30 s)."""
     agent = _agent_file(tmp_path, SOME_CALL)
-    rollout = _rollout(_hf(tokenizer), tokenizer, agent,
-                       plugins={"openai_agent": {"agent": agent, "batch_wait_s": 30.0}})
+    rollout = _rollout(
+        _hf(tokenizer), tokenizer, agent, plugins={"openai_agent": {"agent": agent, "batch_wait_s": 30.0}}
+    )
     tasks = [{"question": f"{i} + 1?", "calls": i % 2, "think_s": 0.5} for i in range(4)]
     start = time.monotonic()
-    trajectories = rollout.run([None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=4, seed=3),
-                               seeds=[1, 2, 3, 4])
+    trajectories = rollout.run(
+        [None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=4, seed=3), seeds=[1, 2, 3, 4]
+    )
     elapsed = time.monotonic() - start
     assert rollout.batches == [2]
     assert elapsed < 25, elapsed  # the 30 s bound was not waited out (margin for a loaded machine)
@@ -146,12 +151,16 @@ def test_episodes_sample_the_same_tokens_whatever_runs_beside_them(tokenizer, tm
         config = {"agent": agent, **options}
         rollout = _rollout(_hf(tokenizer), tokenizer, agent, plugins={"openai_agent": config})
         tasks = [{"question": f"{i} + 1?"} for i in range(4)]
-        runs.append(rollout.run([None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=10, seed=3),
-                                seeds=[21, 22, 23, 24]))
+        runs.append(
+            rollout.run(
+                [None] * 4, tasks, [0, 0, 1, 1], SamplingParams(max_new_tokens=10, seed=3), seeds=[21, 22, 23, 24]
+            )
+        )
         assert max(rollout.batches) == (1 if options["max_concurrency"] == 1 else 4)
     assert [t.token_ids for t in runs[0]] == [t.token_ids for t in runs[1]]
     assert [x for t in runs[0] for x in t.sampler_logprobs] == pytest.approx(
-        [x for t in runs[1] for x in t.sampler_logprobs], abs=1e-4)
+        [x for t in runs[1] for x in t.sampler_logprobs], abs=1e-4
+    )
 
 
 def _docs_agent(tmp_path, name: str = "calc_agent.py") -> str:
@@ -170,8 +179,8 @@ def test_the_agents_sdk_agent_runs_its_tool_through_the_endpoint(tokenizer, tmp_
     assert trajectory.completion_text == "\\boxed{5}" and trajectory.info["agent_calls"] == 2
     (prompt1, gen1), (prompt2, gen2) = engine.log  # the SDK's second call extends its first: one row
     assert not trajectory.segments and trajectory.token_ids == prompt2 + gen2.token_ids
-    assert prompt2[:len(prompt1) + len(gen1.token_ids)] == prompt1 + gen1.token_ids
-    assert "<|im_start|>tool\n5<|im_end|>" in ChatTokenizer(tokenizer).decode(prompt2[len(prompt1):])
+    assert prompt2[: len(prompt1) + len(gen1.token_ids)] == prompt1 + gen1.token_ids
+    assert "<|im_start|>tool\n5<|im_end|>" in ChatTokenizer(tokenizer).decode(prompt2[len(prompt1) :])
 
 
 def test_tool_calls_come_back_parsed_and_tool_tokens_are_masked(tokenizer, tmp_path):
@@ -186,24 +195,27 @@ def test_tool_calls_come_back_parsed_and_tool_tokens_are_masked(tokenizer, tmp_p
     assert trajectory.completion_text == "\\boxed{5}"
     chat = ChatTokenizer(tokenizer)
     (prompt1, gen1), (prompt2, gen2) = engine.log
-    assert trajectory.token_ids == prompt2 + gen2.token_ids and prompt2[:len(prompt1) + len(gen1.token_ids)] == \
-        prompt1 + gen1.token_ids  # one trajectory: call 2's prompt extends call 1's prompt + sample
-    delta = prompt2[len(prompt1) + len(gen1.token_ids):]
+    assert (
+        trajectory.token_ids == prompt2 + gen2.token_ids
+        and prompt2[: len(prompt1) + len(gen1.token_ids)] == prompt1 + gen1.token_ids
+    )  # one trajectory: call 2's prompt extends call 1's prompt + sample
+    delta = prompt2[len(prompt1) + len(gen1.token_ids) :]
     assert "calculator" not in chat.decode(prompt1[-3:]) and "<|im_start|>tool\n5<|im_end|>" in chat.decode(delta)
-    assert trajectory.loss_mask == [0] * len(prompt1) + [1] * len(gen1.token_ids) + [0] * len(delta) + \
-        [1] * len(gen2.token_ids)
+    assert trajectory.loss_mask == [0] * len(prompt1) + [1] * len(gen1.token_ids) + [0] * len(delta) + [1] * len(
+        gen2.token_ids
+    )
     assert "You have these tools:" in chat.decode(prompt1)  # SmolLM2's template ignores tools=
     assert trajectory.sampler_logprobs[len(prompt1)] == -0.5
 
 
-REWRITE = '''
+REWRITE = """
 def solve(task, client):
     messages = [{"role": "user", "content": "Hello"}]
     first = client.chat.completions.create(model="m", messages=messages).choices[0].message.content
     summary = [{"role": "user", "content": "Summary of before: " + first[:3]}]
     client.chat.completions.create(model="m", messages=summary)
     return 0.5
-'''
+"""
 
 
 def test_a_history_rewrite_starts_a_second_segment_sharing_reward_and_group(tokenizer, tmp_path):
@@ -214,22 +226,22 @@ def test_a_history_rewrite_starts_a_second_segment_sharing_reward_and_group(toke
     for trajectory in trajectories:
         [earlier] = trajectory.segments
         assert trajectory.info["agent_segments"] == 2 and trajectory.env_return == 0.5
-        assert earlier.token_ids[:earlier.turns[0].start] == chat.prompt_ids([{"role": "user", "content": "Hello"}])
-        assert chat.decode(trajectory.token_ids[:trajectory.turns[0].start]).count("Summary of before") == 1
+        assert earlier.token_ids[: earlier.turns[0].start] == chat.prompt_ids([{"role": "user", "content": "Hello"}])
+        assert chat.decode(trajectory.token_ids[: trajectory.turns[0].start]).count("Summary of before") == 1
         assert sum(earlier.loss_mask) and sum(trajectory.loss_mask)
     rows, totals, shares = with_segments(trajectories, [0.5, -1.0])
     assert len(rows) == 4 and totals == [0.5, 0.5, -1.0, -1.0] and [r.group for r in rows] == [4, 4, 4, 4]
     assert shares == [0.5] * 4  # each episode counts once in its group's statistics
 
 
-BAD_FIELD = '''
+BAD_FIELD = """
 def solve(task, client):
     try:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], presence_penalty=1.0)
     except openai.BadRequestError as exc:
         return [{"role": "assistant", "content": str(exc)}]
     return None
-'''
+"""
 
 
 def test_an_unsupported_field_is_a_400_naming_it(tokenizer, tmp_path):
@@ -243,20 +255,50 @@ def test_an_unsupported_field_is_a_400_naming_it(tokenizer, tmp_path):
 def test_grpo_trains_the_agent_through_the_cli(tiny_model_dir, tmp_path):
     # Two calls that merge, then one on a rewritten history (a second segment: a second row); a
     # reward the random tiny model earns about half the time, so GRPO groups have a spread.
-    agent = _agent_file(tmp_path, LOOP.replace("range(3)", "range(2)").replace("    return messages[:-1]", """\
+    agent = _agent_file(
+        tmp_path,
+        LOOP.replace("range(3)", "range(2)").replace(
+            "    return messages[:-1]",
+            """\
     last = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Again?"}])
-    return float(len(last.choices[0].message.content) % 2)"""))
+    return float(len(last.choices[0].message.content) % 2)""",
+        ),
+    )
     probe = tmp_path / "rows_probe.py"  # logs how many rows (and groups) each step trains on
-    probe.write_text("from agentrl import hookimpl\n\n\n@hookimpl\n"
-                     "def agentrl_adjust_loss_mask(batch, config, settings, metrics):\n"
-                     "    metrics['probe/rows'] = float(batch.num_rows)\n"
-                     "    metrics['probe/groups'] = float(len(set(batch.groups.tolist())))\n")
+    probe.write_text(
+        "from agentrl import hookimpl\n\n\n@hookimpl\n"
+        "def agentrl_adjust_loss_mask(batch, config, settings, metrics):\n"
+        "    metrics['probe/rows'] = float(batch.num_rows)\n"
+        "    metrics['probe/groups'] = float(len(set(batch.groups.tolist())))\n"
+    )
     out = tmp_path / "run"
     result = agentrl_in_process(
-        "train", "--env", "math", "--model", str(tiny_model_dir),
-        "--max-steps", "3", "--num-generations", "2", "--prompts-per-step", "2", "--output-dir", str(out),
-        "--plugin", str(probe), "--set", "rollout=openai_agent", "--set", f"plugins.openai_agent.agent={agent}",
-        "--set", "eval_tasks=2", "--set", "max_new_tokens=8", "--set", "save_model=false")
+        "train",
+        "--env",
+        "math",
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "3",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--output-dir",
+        str(out),
+        "--plugin",
+        str(probe),
+        "--set",
+        "rollout=openai_agent",
+        "--set",
+        f"plugins.openai_agent.agent={agent}",
+        "--set",
+        "eval_tasks=2",
+        "--set",
+        "max_new_tokens=8",
+        "--set",
+        "save_model=false",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "loss/total" in line] == [1, 2, 3]
@@ -268,7 +310,7 @@ def test_grpo_trains_the_agent_through_the_cli(tiny_model_dir, tmp_path):
     assert all(abs(line["policy/sampler_logprob_gap"]) < 0.05 for line in lines)
 
 
-ASYNC_AND_URL = '''
+ASYNC_AND_URL = """
 async def solve(task, client):
     reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
     return float(isinstance(client, openai.AsyncOpenAI) and reply.choices[0].finish_reason in ("stop", "length"))
@@ -278,15 +320,16 @@ def solve_url(task, base_url):
     client = openai.OpenAI(base_url=base_url, api_key="anything")
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
     return 1.0
-'''
+"""
 
 
 @pytest.mark.parametrize("function", ["solve", "solve_url"])
 def test_async_agents_and_base_url_agents(tokenizer, tmp_path, function):
     agent = _agent_file(tmp_path, ASYNC_AND_URL).replace(":solve", f":{function}")
     rollout = _rollout(_hf(tokenizer), tokenizer, agent)
-    trajectories = rollout.run([None] * 3, [{}] * 3, [0] * 3, SamplingParams(max_new_tokens=10, seed=0),
-                               seeds=[1, 2, 3])
+    trajectories = rollout.run(
+        [None] * 3, [{}] * 3, [0] * 3, SamplingParams(max_new_tokens=10, seed=0), seeds=[1, 2, 3]
+    )
     for trajectory in trajectories:
         assert trajectory.env_return == 1.0 and trajectory.info["agent_calls"] == 1
         assert trajectory.num_sampled_tokens <= (3 if function == "solve_url" else 10)
@@ -326,7 +369,7 @@ def test_a_missing_agent_is_a_config_error(tokenizer):
         _rollout(_hf(tokenizer), tokenizer, "no_such_file.py:solve")
 
 
-OPTIONS = '''
+OPTIONS = """
 import json
 
 TOOLS = [%s]
@@ -345,13 +388,18 @@ def solve(task, client):
                                                          plain.choices[0].finish_reason,
                                                          cut.choices[0].message.content, cut.choices[0].finish_reason,
                                                          refused])}]
-'''
+"""
 
 
 def test_tool_choice_none_stop_strings_and_refused_choices(tokenizer, tmp_path):
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
-    tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object", "properties": {
-        "expression": {"type": "string"}}}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
     engine = ScriptedEngine(tokenizer, [f"Let me compute.\n{call}"])
     rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, OPTIONS % json.dumps(tool)))
     [trajectory] = rollout.run([None], [{}], [0], SamplingParams(seed=0))
@@ -361,9 +409,11 @@ def test_tool_choice_none_stop_strings_and_refused_choices(tokenizer, tmp_path):
     assert "'tool_choice' names function 'abacus', which is not among the tools given: calculator" in refused
     # The cut call kept the sampled ids up to the one that completed "compute", and no more.
     [earlier] = trajectory.segments
-    kept = trajectory.token_ids[trajectory.turns[0].start:]
-    assert "compute" in ChatTokenizer(tokenizer).decode(kept) and "compute" not in ChatTokenizer(tokenizer).decode(kept[:-1])
-    assert kept == engine.log[1][1].token_ids[:len(kept)] and len(earlier.turns) == 1
+    kept = trajectory.token_ids[trajectory.turns[0].start :]
+    assert "compute" in ChatTokenizer(tokenizer).decode(kept) and "compute" not in ChatTokenizer(tokenizer).decode(
+        kept[:-1]
+    )
+    assert kept == engine.log[1][1].token_ids[: len(kept)] and len(earlier.turns) == 1
 
 
 def test_an_agent_past_its_timeout_is_unscored(tokenizer, tmp_path):
@@ -375,6 +425,7 @@ def test_an_agent_past_its_timeout_is_unscored(tokenizer, tmp_path):
 
 
 # -- the tool parser chosen from the model, tool_choice, streaming -------------------------------------------
+
 
 def _variant(tokenizer, template: str | None = None, special: list[str] | None = None):
     """A copy of the real tokenizer with another chat template or more special tokens."""
@@ -388,15 +439,18 @@ def _variant(tokenizer, template: str | None = None, special: list[str] | None =
     return variant
 
 
-@pytest.mark.parametrize(("template", "special", "expected", "why"), [
-    (None, None, "xml_json", "no native call syntax"),  # SmolLM2: the default model
-    ("{{ '<tool_call>' }}{{ messages }}", None, "xml_json", "the chat template writes <tool_call>"),
-    ("{{ '<tool_call>\\n<function=' }}{{ messages }}", None, "qwen3_coder", "the chat template writes <function="),
-    ("{{ '<|python_tag|>' }}{{ messages }}", None, "llama3_json", "the chat template writes <|python_tag|>"),
-    ("{{ '<|start_header_id|>' }}{{ messages }}", None, "llama3_json", "writes <|start_header_id|>"),
-    (None, ["[TOOL_CALLS]"], "mistral", "the tokenizer has the special token [TOOL_CALLS]"),
-    (None, ["<|call|>"], "harmony", "the tokenizer has the special token <|call|>"),
-])
+@pytest.mark.parametrize(
+    ("template", "special", "expected", "why"),
+    [
+        (None, None, "xml_json", "no native call syntax"),  # SmolLM2: the default model
+        ("{{ '<tool_call>' }}{{ messages }}", None, "xml_json", "the chat template writes <tool_call>"),
+        ("{{ '<tool_call>\\n<function=' }}{{ messages }}", None, "qwen3_coder", "the chat template writes <function="),
+        ("{{ '<|python_tag|>' }}{{ messages }}", None, "llama3_json", "the chat template writes <|python_tag|>"),
+        ("{{ '<|start_header_id|>' }}{{ messages }}", None, "llama3_json", "writes <|start_header_id|>"),
+        (None, ["[TOOL_CALLS]"], "mistral", "the tokenizer has the special token [TOOL_CALLS]"),
+        (None, ["<|call|>"], "harmony", "the tokenizer has the special token <|call|>"),
+    ],
+)
 def test_the_tool_parser_is_chosen_from_the_model(tokenizer, template, special, expected, why):
     from agentrl_rollouts.agent_tools import detect_tool_parser
 
@@ -414,27 +468,55 @@ def test_auto_is_the_default_and_resolves_to_xml_json_for_smollm2(tokenizer, tmp
     _rollout(_hf(tokenizer), tokenizer, _agent_file(tmp_path, LOOP))  # said once, not per rollout
     assert capsys.readouterr().err.count("openai_agent: tool_parser auto -> xml_json (no native call syntax") == 1
     with pytest.raises(Exception, match="unknown tool_parser 'xml_jsn'; did you mean 'xml_json'"):
-        _rollout(_hf(tokenizer), tokenizer, "", plugins={"openai_agent": {"agent": _agent_file(tmp_path, LOOP),
-                                                                           "tool_parser": "xml_jsn"}})
+        _rollout(
+            _hf(tokenizer),
+            tokenizer,
+            "",
+            plugins={"openai_agent": {"agent": _agent_file(tmp_path, LOOP), "tool_parser": "xml_jsn"}},
+        )
 
 
 @pytest.mark.parametrize("where", ["env_args.tool_parser", "plugins.openai_agent.tool_parser"])
 def test_print_config_refuses_a_tool_parser_as_train_does(where, tiny_model_dir, tmp_path):
     agent = _agent_file(tmp_path, LOOP)
-    common = ["--env", "calculator", "--set", f"{where}=xml_jsn", "--set", "rollout=openai_agent",
-              "--set", f"plugins.openai_agent.agent={agent}"]
+    common = [
+        "--env",
+        "calculator",
+        "--set",
+        f"{where}=xml_jsn",
+        "--set",
+        "rollout=openai_agent",
+        "--set",
+        f"plugins.openai_agent.agent={agent}",
+    ]
     printed = agentrl_in_process("train", *common, "--print-config")
-    trained = agentrl_in_process("train", *common, "--model", str(tiny_model_dir), "--max-steps", "1",
-                                 "--set", "eval_tasks=0", "--output-dir", str(tmp_path / "r"))
+    trained = agentrl_in_process(
+        "train",
+        *common,
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "1",
+        "--set",
+        "eval_tasks=0",
+        "--output-dir",
+        str(tmp_path / "r"),
+    )
     for result in (printed, trained):
-        assert result.returncode == 2 and "unknown tool_parser 'xml_jsn'; did you mean 'xml_json'?" in result.stderr, \
+        assert result.returncode == 2 and "unknown tool_parser 'xml_jsn'; did you mean 'xml_json'?" in result.stderr, (
             result.stdout + result.stderr
+        )
     assert printed.stderr.splitlines()[-1] == trained.stderr.splitlines()[-1]
 
 
-TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {
-    "type": "object", "properties": {"expression": {"type": "string"}}}}}
-CHOICES = '''
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+CHOICES = """
 import json
 
 TOOLS = [%s, {"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}}]
@@ -449,30 +531,36 @@ def solve(task, client):
         messages.append({"role": "tool", "tool_call_id": call.id, "content": "5"})
     client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
     return [{"role": "assistant", "content": json.dumps([message.model_dump(), reply.choices[0].finish_reason])}]
-''' % json.dumps(TOOL)
+""" % json.dumps(TOOL)
 
 
-@pytest.mark.parametrize(("choice", "opener", "sampled"), [
-    ("required", "<tool_call>\n", '{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'),
-    ({"type": "function", "function": {"name": "calculator"}}, '<tool_call>\n{"name": "calculator", "arguments": ',
-     '{"expression": "2+3"}}\n</tool_call>'),
-])
-def test_tool_choice_required_and_named_prefill_the_call_opening_masked(tokenizer, tmp_path, choice, opener,
-                                                                           sampled):
+@pytest.mark.parametrize(
+    ("choice", "opener", "sampled"),
+    [
+        ("required", "<tool_call>\n", '{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'),
+        (
+            {"type": "function", "function": {"name": "calculator"}},
+            '<tool_call>\n{"name": "calculator", "arguments": ',
+            '{"expression": "2+3"}}\n</tool_call>',
+        ),
+    ],
+)
+def test_tool_choice_required_and_named_prefill_the_call_opening_masked(tokenizer, tmp_path, choice, opener, sampled):
     engine = ScriptedEngine(tokenizer, [sampled, "\\boxed{5}"])
     rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, CHOICES), on_call_error="fail")
     [trajectory] = rollout.run([None], [{"choice": choice}], [0], SamplingParams(seed=0))
     message, reason = json.loads(trajectory.completion_text)
     assert reason == "tool_calls" and message["content"] is None
-    assert [c["function"] for c in message["tool_calls"]] == [{"name": "calculator",
-                                                               "arguments": '{"expression": "2+3"}'}]
+    assert [c["function"] for c in message["tool_calls"]] == [
+        {"name": "calculator", "arguments": '{"expression": "2+3"}'}
+    ]
     chat = ChatTokenizer(tokenizer)
     (prompt1, gen1), (prompt2, gen2) = engine.log
     assert chat.decode(prompt1).endswith("<|im_start|>assistant\n" + opener)  # prefilled: part of the prompt
     # One token-exact row: the opener masked with the prompt, only the sampled ids trained.
     assert not trajectory.segments and trajectory.token_ids == prompt2 + gen2.token_ids
-    assert prompt2[:len(prompt1) + len(gen1.token_ids)] == prompt1 + gen1.token_ids
-    assert trajectory.loss_mask[:len(prompt1) + len(gen1.token_ids)] == [0] * len(prompt1) + [1] * len(gen1.token_ids)
+    assert prompt2[: len(prompt1) + len(gen1.token_ids)] == prompt1 + gen1.token_ids
+    assert trajectory.loss_mask[: len(prompt1) + len(gen1.token_ids)] == [0] * len(prompt1) + [1] * len(gen1.token_ids)
     assert chat.decode(prompt2).count(opener + sampled) == 1  # the call re-rendered as sampled, opener included
 
 
@@ -484,7 +572,7 @@ def test_tool_choice_required_with_a_call_the_parser_cannot_read_answers_the_tex
     assert reason == "stop" and message["content"] == "<tool_call>\nnot json at all" and not message["tool_calls"]
 
 
-REFUSED_CHOICES = '''
+REFUSED_CHOICES = """
 def solve(task, client):
     refused = []
     for tools, choice in task["cases"]:
@@ -494,23 +582,23 @@ def solve(task, client):
         except openai.BadRequestError as exc:
             refused.append(exc.body["message"])
     return [{"role": "assistant", "content": "\\n".join(refused)}]
-'''
+"""
 
 
 def test_tool_choice_mistakes_are_400s_naming_them(tokenizer, tmp_path):
-    cases = [[[TOOL], {"type": "function", "function": {"name": "clock"}}], [None, "required"],
-             [[TOOL], "any"]]
+    cases = [[[TOOL], {"type": "function", "function": {"name": "clock"}}], [None, "required"], [[TOOL], "any"]]
     rollout = _rollout(_hf(tokenizer), tokenizer, _agent_file(tmp_path, REFUSED_CHOICES))
     [trajectory] = rollout.run([None], [{"cases": cases}], [0], SamplingParams(seed=0))
     assert trajectory.messages[-1]["content"].splitlines() == [  # no call reached the model: no completion
         "'tool_choice' names function 'clock', which is not among the tools given: calculator",
         "'tool_choice' 'required' needs 'tools'; none were given",
         "'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': NAME}}, "
-        'got "any"']
+        'got "any"',
+    ]
     assert trajectory.info["agent_calls"] == 0
 
 
-STREAM = '''
+STREAM = """
 import json
 
 
@@ -528,7 +616,7 @@ def solve(task, client):
             "finish": [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason],
             "usage": [c.usage.model_dump() for c in chunks if c.usage], "plain_usage": plain.usage.model_dump()}
     return [{"role": "assistant", "content": json.dumps(kept)}]
-''' % (json.dumps(TOOL), json.dumps(TOOL))
+""" % (json.dumps(TOOL), json.dumps(TOOL))
 
 
 def test_stream_true_sends_the_completion_as_openai_chunks(tokenizer, tmp_path):
@@ -540,14 +628,19 @@ def test_stream_true_sends_the_completion_as_openai_chunks(tokenizer, tmp_path):
         assert got["content"] == got["plain"]["content"] == "Let me compute."
         [streamed] = got["calls"]  # the tool call arrives whole, with its index
         [plain] = got["plain"]["tool_calls"]
-        assert streamed["index"] == 0 and streamed["function"] == plain["function"] == {
-            "name": "calculator", "arguments": '{"expression": "2+3"}'} and streamed["id"].startswith("call_")
+        assert (
+            streamed["index"] == 0
+            and streamed["function"]
+            == plain["function"]
+            == {"name": "calculator", "arguments": '{"expression": "2+3"}'}
+            and streamed["id"].startswith("call_")
+        )
         assert got["finish"] == ["tool_calls"]
         assert got["usage"] == ([got["plain_usage"]] if with_usage == "True" else [])
     assert trajectory.info["agent_calls"] == 4 and len(engine.log) == 4
 
 
-N_CHOICES = '''
+N_CHOICES = """
 import json
 
 
@@ -564,17 +657,21 @@ def solve(task, client):
         messages += [{"role": "assistant", "content": texts[task["continue_with"]]}, {"role": "user", "content": "More."}]
         client.chat.completions.create(model="m", messages=messages)
     return [{"role": "assistant", "content": json.dumps(texts)}]
-'''
+"""
 
 
 def test_n_choices_the_continued_one_is_merged_the_others_are_segments_of_their_own(tokenizer, tmp_path):
     engine = RecordingEngine(_hf(tokenizer))
     rollout = _rollout(engine, tokenizer, _agent_file(tmp_path, N_CHOICES), on_call_error="fail")
-    tasks = [{"n": 3, "continue_with": 2}, {"n": 3, "continue_with": None, "stream": True},
-             {"n": 1, "continue_with": 0}]
+    tasks = [
+        {"n": 3, "continue_with": 2},
+        {"n": 3, "continue_with": None, "stream": True},
+        {"n": 1, "continue_with": 0},
+    ]
     # Episodes 0 and 2 share a seed: choice 0 of an n=3 call samples what the same call with n=1 samples.
-    chosen, unchosen, single = rollout.run([None] * 3, tasks, [0, 0, 1], SamplingParams(max_new_tokens=10, seed=3),
-                                           seeds=[7, 8, 7])
+    chosen, unchosen, single = rollout.run(
+        [None] * 3, tasks, [0, 0, 1], SamplingParams(max_new_tokens=10, seed=3), seeds=[7, 8, 7]
+    )
     chat = ChatTokenizer(tokenizer)
     prompt = chat.prompt_ids([{"role": "user", "content": "Hello"}])
     sampled = {tuple(g.token_ids) for p, g in engine.log if p == prompt}
@@ -582,25 +679,32 @@ def test_n_choices_the_continued_one_is_merged_the_others_are_segments_of_their_
         assert trajectory.info["agent_calls"] == (2 if trajectory is chosen else 1) and len(trajectory.segments) == 2
         for alone in trajectory.segments:  # a separate segment: the whole prompt masked, then its sampled ids
             [turn] = alone.turns
-            assert alone.token_ids[:turn.start] == prompt and alone.loss_mask == [0] * turn.start + [1] * (
-                len(alone.token_ids) - turn.start) and alone.sampler_logprobs[:turn.start] == [0.0] * turn.start
+            assert (
+                alone.token_ids[: turn.start] == prompt
+                and alone.loss_mask == [0] * turn.start + [1] * (len(alone.token_ids) - turn.start)
+                and alone.sampler_logprobs[: turn.start] == [0.0] * turn.start
+            )
         first = trajectory.turns[0]
-        spans = [tuple(s.token_ids[s.turns[0].start:]) for s in trajectory.segments] + [
-            tuple(trajectory.token_ids[first.start:first.end])]
+        spans = [tuple(s.token_ids[s.turns[0].start :]) for s in trajectory.segments] + [
+            tuple(trajectory.token_ids[first.start : first.end])
+        ]
         assert len(set(spans)) == 3 and set(spans) <= sampled  # three different samples, each what was sampled
     # The continued choice (2) is merged with the next call: one token-exact row of two turns.
-    assert len(chosen.turns) == 2 and chosen.token_ids[:chosen.turns[0].start] == prompt
+    assert len(chosen.turns) == 2 and chosen.token_ids[: chosen.turns[0].start] == prompt
     texts = json.loads(chosen.messages[-1]["content"])
-    assert chat.decode(chosen.token_ids[chosen.turns[0].start:chosen.turns[0].end]).startswith(texts[2])
-    assert chosen.segments[0].token_ids == single.token_ids[:single.turns[0].end]  # choice 0, as with n=1
-    assert chosen.segments[0].sampler_logprobs[len(prompt):] == pytest.approx(
-        single.sampler_logprobs[len(prompt):single.turns[0].end], abs=1e-4)
+    assert chat.decode(chosen.token_ids[chosen.turns[0].start : chosen.turns[0].end]).startswith(texts[2])
+    assert chosen.segments[0].token_ids == single.token_ids[: single.turns[0].end]  # choice 0, as with n=1
+    assert chosen.segments[0].sampler_logprobs[len(prompt) :] == pytest.approx(
+        single.sampler_logprobs[len(prompt) : single.turns[0].end], abs=1e-4
+    )
     # Not continued: choice 0 stays the trajectory, the streamed texts are the three choices'.
     streamed = json.loads(unchosen.messages[-1]["content"])
     rows = [*unchosen.segments, unchosen]
     order = [rows[2], rows[0], rows[1]]  # choice 0 is the trajectory; choices 1 and 2 its segments
-    assert streamed == [chat.assistant_text(r.token_ids[r.turns[0].start:r.turns[0].end],
-                                            r.turns[0].finish_reason == "stop") for r in order]
+    assert streamed == [
+        chat.assistant_text(r.token_ids[r.turns[0].start : r.turns[0].end], r.turns[0].finish_reason == "stop")
+        for r in order
+    ]
     rows, totals, shares = with_segments([chosen, unchosen, single], [1.0, 0.0, 0.5])
     assert len(rows) == 7 and totals == [1.0] * 3 + [0.0] * 3 + [0.5] and shares == [1 / 3] * 6 + [1.0]
 

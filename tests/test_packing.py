@@ -10,8 +10,8 @@ import torch
 from agentrl.config.train import TrainConfig
 from agentrl.model.loading import load_model
 from agentrl.model.packing import pack_prefix_tree
-from agentrl.plugins import load_plugins
 from agentrl.model.policy import TokenLogprobs
+from agentrl.plugins import load_plugins
 from agentrl.testing import GradientRecorder
 from agentrl.training.batching import plan_micro_batches
 from agentrl.training.trainer import Trainer
@@ -22,8 +22,8 @@ def _rows(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
     return ids, mask
 
 
@@ -35,8 +35,15 @@ def test_prefix_tree_by_hand():
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2, 3, 4]]
     assert packed.node_index.tolist() == [[0, 1, 2, 3, -1], [0, 1, 4, -1, -1], [0, 1, 2, 5, 6]]
     ancestors = {q: [k for k in range(7) if packed.attend[0, 0, q, k]] for q in range(7)}
-    assert ancestors == {0: [0], 1: [0, 1], 2: [0, 1, 2], 3: [0, 1, 2, 3], 4: [0, 1, 4], 5: [0, 1, 2, 5],
-                         6: [0, 1, 2, 5, 6]}
+    assert ancestors == {
+        0: [0],
+        1: [0, 1],
+        2: [0, 1, 2],
+        3: [0, 1, 2, 3],
+        4: [0, 1, 4],
+        5: [0, 1, 2, 5],
+        6: [0, 1, 2, 5, 6],
+    }
 
 
 def test_rows_with_nothing_in_common_stay_apart():
@@ -105,10 +112,21 @@ def test_micro_batch_plan_keeps_groups_together():
 
 
 def test_a_training_step_packed_equals_padded(tiny_model_dir, tmp_path):
-    config = TrainConfig(model=str(tiny_model_dir), max_steps=1, prompts_per_step=2, num_generations=4,
-                         max_new_tokens=8, eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0,
-                         save_model=False, precision="fp32", engine_args={"dtype": "float32"}, max_grad_norm=None,
-                         algorithm={"beta": 0.05})
+    config = TrainConfig(
+        model=str(tiny_model_dir),
+        max_steps=1,
+        prompts_per_step=2,
+        num_generations=4,
+        max_new_tokens=8,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        log_completions_every=0,
+        save_model=False,
+        precision="fp32",
+        engine_args={"dtype": "float32"},
+        max_grad_norm=None,
+        algorithm={"beta": 0.05},
+    )
     trainer = Trainer(config, load_plugins())
     assert trainer.run.policy_pack
     batch, _, _ = trainer.rollout_step(1)

@@ -42,14 +42,29 @@ def titles(fig) -> list[str]:
 
 def ppo_rows() -> list[dict]:
     """Rows as PPO logs them (plugins/agentrl_ppo): the critic's loss and explained variance."""
-    return [{"step": s, "reward/total_mean": s / 10, "loss/value": 1 / s, "critic/explained_variance": 1 - 2 / s,
-             "eval/accuracy": 0.2 + s / 20} for s in range(1, 6)]
+    return [
+        {
+            "step": s,
+            "reward/total_mean": s / 10,
+            "loss/value": 1 / s,
+            "critic/explained_variance": 1 - 2 / s,
+            "eval/accuracy": 0.2 + s / 20,
+        }
+        for s in range(1, 6)
+    ]
 
 
 def test_ppo_runs_get_a_critic_panel_with_its_loss_and_explained_variance(tmp_path: Path) -> None:
     fig = run_figure(write_run(tmp_path / "ppo", ppo_rows()))
-    assert titles(fig) == ["reward", "held-out accuracy", "sampled tokens", "policy", "critic (PPO)",
-                           "turns and tools", "seconds per step"]
+    assert titles(fig) == [
+        "reward",
+        "held-out accuracy",
+        "sampled tokens",
+        "policy",
+        "critic (PPO)",
+        "turns and tools",
+        "seconds per step",
+    ]
     critic = next(ax for ax in fig.axes if ax.get_title() == "critic (PPO)")
     twin = next(ax for ax in fig.axes if ax is not critic and ax.get_shared_x_axes().joined(ax, critic))
     assert [line.get_label() for line in critic.lines] == ["loss/value"]
@@ -59,10 +74,16 @@ def test_ppo_runs_get_a_critic_panel_with_its_loss_and_explained_variance(tmp_pa
         assert (axis.get_ylabel(), axis.yaxis.label.get_color()) == (line.get_label(), line.get_color())
     assert critic.lines[0].get_color() != twin.lines[0].get_color()
     assert fig.get_size_inches().tolist() == [20, 8]  # 7 panels: 4 columns
-    grpo = run_figure(write_run(tmp_path / "grpo", [{k: v for k, v in r.items() if "value" not in k and
-                                                     "critic" not in k} for r in ppo_rows()]))
+    grpo = run_figure(
+        write_run(
+            tmp_path / "grpo",
+            [{k: v for k, v in r.items() if "value" not in k and "critic" not in k} for r in ppo_rows()],
+        )
+    )
     assert "critic (PPO)" not in titles(grpo)
-    constant = run_figure(write_run(tmp_path / "constant", [{**r, "critic/explained_variance": None} for r in ppo_rows()]))
+    constant = run_figure(
+        write_run(tmp_path / "constant", [{**r, "critic/explained_variance": None} for r in ppo_rows()])
+    )
     critic = next(ax for ax in constant.axes if ax.get_title() == "critic (PPO)")  # NaN: Var(returns) = 0
     assert texts(critic) == ["explained variance undefined:\nthe returns never varied"]
     assert texts(next(ax for ax in fig.axes if ax.get_title() == "critic (PPO)")) == []

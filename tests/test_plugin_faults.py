@@ -98,14 +98,14 @@ def hangs(trajectories):
     return [1.0 for _ in trajectories]
 '''
 
-HOOK_PLUGIN = '''
+HOOK_PLUGIN = """
 from agentrl import hookimpl
 
 
 @hookimpl
 def agentrl_on_step_end(step, metrics):
     raise {exception}
-'''
+"""
 
 
 @pytest.fixture
@@ -118,9 +118,20 @@ def faults(tmp_path) -> Iterator[Path]:
 
 
 def _config(model_dir: Path, tmp_path: Path, **overrides: Any) -> TrainConfig:
-    base = dict(model=str(model_dir), max_steps=1, prompts_per_step=2, num_generations=2, max_new_tokens=4,
-                eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0, save_model=False,
-                precision="fp32", engine_args={"dtype": "float32"}, checkpoint_every=0)
+    base = dict(
+        model=str(model_dir),
+        max_steps=1,
+        prompts_per_step=2,
+        num_generations=2,
+        max_new_tokens=4,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        log_completions_every=0,
+        save_model=False,
+        precision="fp32",
+        engine_args={"dtype": "float32"},
+        checkpoint_every=0,
+    )
     base.update(overrides)
     return TrainConfig(**base)
 
@@ -153,8 +164,14 @@ def _interrupt() -> None:
 @pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["caller-thread", "worker-thread"])
 @pytest.mark.parametrize("fn", [_exit_zero, _interrupt], ids=["SystemExit", "KeyboardInterrupt"])
 def test_exits_raised_by_a_call_are_its_failure(fn, timeout_s):
-    with InterruptGuard().installed(), pytest.raises(PluginExit, match=r"raised by plugin code \(it would have "
-                                                                         r"ended the run\) at .*in _"):
+    with (
+        InterruptGuard().installed(),
+        pytest.raises(
+            PluginExit,
+            match=r"raised by plugin code \(it would have "
+            r"ended the run\) at .*in _",
+        ),
+    ):
         call_with_timeout(fn, timeout_s)
 
 
@@ -171,10 +188,19 @@ def test_a_real_ctrl_c_during_a_call_still_interrupts(timeout_s):
 
 
 def test_a_reward_raising_system_exit_with_skip_is_counted_and_the_run_finishes(tiny_model_dir, tmp_path, faults):
-    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:exits": 1.0},
-                     max_steps=2, on_call_error="skip")
-    with pytest.warns(RuntimeWarning, match=r"reward function 'exits' raised on sample \d \(task 'bad': 'Say 2\.'\): "
-                                            r"PluginExit: SystemExit\(0\) raised by plugin code"):
+    config = _config(
+        tiny_model_dir,
+        tmp_path,
+        env=f"{faults}:Tasks",
+        rewards={f"{faults}:exits": 1.0},
+        max_steps=2,
+        on_call_error="skip",
+    )
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"reward function 'exits' raised on sample \d \(task 'bad': 'Say 2\.'\): "
+        r"PluginExit: SystemExit\(0\) raised by plugin code",
+    ):
         Trainer(config, load_plugins()).train()
     rows = _metrics(tmp_path)
     assert [r["errors/reward/exits"] for r in rows] == [2.0, 2.0]
@@ -183,45 +209,87 @@ def test_a_reward_raising_system_exit_with_skip_is_counted_and_the_run_finishes(
 
 def test_a_reward_raising_system_exit_with_fail_exits_non_zero_naming_it(tiny_model_dir, tmp_path, faults):
     result = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli.app", "train", "--model", str(tiny_model_dir), "--env", f"{faults}:Tasks",
-         "--reward", f"{faults}:exits", "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
-         "--num-generations", "2", "--prompts-per-step", "2", "--set", "max_new_tokens=4", "--set", "eval_tasks=0",
-         "--set", "precision=fp32", "--set", "on_call_error=fail"],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli.app",
+            "train",
+            "--model",
+            str(tiny_model_dir),
+            "--env",
+            f"{faults}:Tasks",
+            "--reward",
+            f"{faults}:exits",
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--max-steps",
+            "1",
+            "--num-generations",
+            "2",
+            "--prompts-per-step",
+            "2",
+            "--set",
+            "max_new_tokens=4",
+            "--set",
+            "eval_tasks=0",
+            "--set",
+            "precision=fp32",
+            "--set",
+            "on_call_error=fail",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert re.search(r"^error: reward function 'exits' raised on sample \d \(task 'bad': 'Say 2\.'\): PluginExit: "
-                     r"SystemExit\(0\) raised by plugin code .* in exits \(on_call_error=fail", lines[0]), lines[0]
+    assert re.search(
+        r"^error: reward function 'exits' raised on sample \d \(task 'bad': 'Say 2\.'\): PluginExit: "
+        r"SystemExit\(0\) raised by plugin code .* in exits \(on_call_error=fail",
+        lines[0],
+    ), lines[0]
 
 
 def test_a_reward_raising_keyboard_interrupt_is_its_failure_not_an_interrupt(tiny_model_dir, tmp_path, faults):
-    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:interrupts": 1.0},
-                     on_call_error="fail")
-    with pytest.raises(RewardError, match=r"^reward function 'interrupts' raised on sample 0 .*: PluginExit: "
-                                          r"KeyboardInterrupt\(\) raised by plugin code"):
+    config = _config(
+        tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:interrupts": 1.0}, on_call_error="fail"
+    )
+    with pytest.raises(
+        RewardError,
+        match=r"^reward function 'interrupts' raised on sample 0 .*: PluginExit: "
+        r"KeyboardInterrupt\(\) raised by plugin code",
+    ):
         Trainer(config, load_plugins()).train()
 
 
 @pytest.mark.parametrize("on_call_error", ["skip", "fail"])
 def test_an_env_raising_system_exit_is_its_failure(tiny_model_dir, tmp_path, faults, on_call_error):
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:StepExits", on_call_error=on_call_error),
-                      load_plugins())
+    trainer = Trainer(
+        _config(tiny_model_dir, tmp_path, env=f"{faults}:StepExits", on_call_error=on_call_error), load_plugins()
+    )
     if on_call_error == "fail":
-        with pytest.raises(EnvError, match=r"^StepExits\.step raised on sample \d \(task 'bad': 'Say 2\.'\): "
-                                           r"PluginExit: SystemExit\(3\) raised by plugin code"):
+        with pytest.raises(
+            EnvError,
+            match=r"^StepExits\.step raised on sample \d \(task 'bad': 'Say 2\.'\): "
+            r"PluginExit: SystemExit\(3\) raised by plugin code",
+        ):
             trainer.rollout_step(1)
         return
     with pytest.warns(RuntimeWarning, match=re.escape("StepExits.step raised on sample")):
         _, trajectories, metrics = trainer.rollout_step(1)
     assert metrics["errors/env"] == 2.0
-    assert all(t.info["error"]["exception"].startswith("PluginExit: SystemExit(3)") for t in trajectories
-               if t.task["id"] == "bad")
+    assert all(
+        t.info["error"]["exception"].startswith("PluginExit: SystemExit(3)")
+        for t in trajectories
+        if t.task["id"] == "bad"
+    )
 
 
 def test_a_real_ctrl_c_while_a_reward_runs_still_interrupts_the_run(tiny_model_dir, tmp_path, faults):
-    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:hangs": 1.0},
-                     call_timeout_s=60.0)
+    config = _config(
+        tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:hangs": 1.0}, call_timeout_s=60.0
+    )
     trainer = Trainer(config, load_plugins())
     timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
@@ -232,34 +300,48 @@ def test_a_real_ctrl_c_while_a_reward_runs_still_interrupts_the_run(tiny_model_d
         timer.cancel()
 
 
-def test_a_keyboard_interrupt_raised_by_engine_code_is_a_training_error_not_an_interrupt(tiny_model_dir, tmp_path,
-                                                                                         faults):
+def test_a_keyboard_interrupt_raised_by_engine_code_is_a_training_error_not_an_interrupt(
+    tiny_model_dir, tmp_path, faults
+):
     trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks"), load_plugins())
 
     def generate(*args: Any, **kwargs: Any) -> Any:  # engine code on the main thread, as a plugin's would be
         raise KeyboardInterrupt
 
     trainer.engine.generate = generate
-    with pytest.raises(TrainingError, match=r"^the run stopped: KeyboardInterrupt\(\) raised by plugin code .* in "
-                                            r"generate$"):
+    with pytest.raises(
+        TrainingError,
+        match=r"^the run stopped: KeyboardInterrupt\(\) raised by plugin code .* in "
+        r"generate$",
+    ):
         trainer.train()
 
 
 @pytest.mark.parametrize("exception", ["SystemExit(0)", "KeyboardInterrupt"])
-def test_a_hook_raising_an_exit_stops_the_run_naming_the_plugin_and_the_hook(tiny_model_dir, tmp_path, faults,
-                                                                            exception):
+def test_a_hook_raising_an_exit_stops_the_run_naming_the_plugin_and_the_hook(
+    tiny_model_dir, tmp_path, faults, exception
+):
     plugin = tmp_path / "quitter.py"
     plugin.write_text(HOOK_PLUGIN.format(exception=exception))
     trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks"), load_plugins(modules=[str(plugin)]))
-    with pytest.raises(PluginError, match=re.escape(f"plugin {str(plugin)!r} raised in hook agentrl_on_step_end: "
-                                                    f"{exception if '(' in exception else exception + '()'} raised by "
-                                                    "plugin code")):
+    with pytest.raises(
+        PluginError,
+        match=re.escape(
+            f"plugin {str(plugin)!r} raised in hook agentrl_on_step_end: "
+            f"{exception if '(' in exception else exception + '()'} raised by "
+            "plugin code"
+        ),
+    ):
         trainer.train()
 
 
 def test_system_exit_from_other_plugin_code_is_one_line_never_a_silent_exit(tiny_model_dir, tmp_path, faults):
-    line = assert_one_line(cli("train", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "r"),
-                               "--env", f"{faults}:TasksExit"), f"error: SystemExit(4) raised at {faults}:")
+    line = assert_one_line(
+        cli(
+            "train", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "r"), "--env", f"{faults}:TasksExit"
+        ),
+        f"error: SystemExit(4) raised at {faults}:",
+    )
     assert line.endswith(" in train_tasks: plugin code may not end the run"), line
 
 
@@ -267,8 +349,10 @@ def test_system_exit_from_other_plugin_code_is_one_line_never_a_silent_exit(tiny
 def test_a_plugin_module_ending_the_process_at_import_is_named(tmp_path, statement):
     plugin = tmp_path / "bye.py"
     plugin.write_text(statement + "\n")
-    line = assert_one_line(cli("plugins", "--plugin", str(plugin)), f"plugin {str(plugin)!r}: {str(plugin)!r} failed "
-                                                                     "to import: PluginExit(")
+    line = assert_one_line(
+        cli("plugins", "--plugin", str(plugin)),
+        f"plugin {str(plugin)!r}: {str(plugin)!r} failed to import: PluginExit(",
+    )
     assert "raised by plugin code" in line
 
 
@@ -287,20 +371,35 @@ def test_a_plugin_whose_import_hangs_is_named_within_the_time_limit(tmp_path):
     _install_dist(site, "agentrl-hang", "agentrl_hang_plugin", "hang", "import time\ntime.sleep(3600)\n")
     env = {**os.environ, "PYTHONPATH": str(site), "AGENTRL_PLUGIN_IMPORT_TIMEOUT": "2"}
     # agentrl's own plugins import under the same limit; on a busy 2-core machine one can take over 2 s
-    builtins = [arg for ep in importlib.metadata.entry_points(group="agentrl") if ep.dist and ep.dist.name == "agentrl"
-                for arg in ("--disable-plugin", ep.name)]
+    builtins = [
+        arg
+        for ep in importlib.metadata.entry_points(group="agentrl")
+        if ep.dist and ep.dist.name == "agentrl"
+        for arg in ("--disable-plugin", ep.name)
+    ]
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "agentrl.cli.app", "plugins", *builtins], capture_output=True,
-                            text=True, env=env, timeout=180)
+    result = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli.app", "plugins", *builtins],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines == [
         "error: plugin 'hang' (entry point 'agentrl_hang_plugin' of agentrl-hang) did not finish importing within "
         "2 s: it hangs (or is very slow) at import. Fix or uninstall it, or disable it with --disable-plugin hang. "
-        "Raise AGENTRL_PLUGIN_IMPORT_TIMEOUT (now 2; 0: no limit) if it is only slow"], result.stderr
+        "Raise AGENTRL_PLUGIN_IMPORT_TIMEOUT (now 2; 0: no limit) if it is only slow"
+    ], result.stderr
     assert time.perf_counter() - start < 90  # start-up on a busy 2-core machine, then 2 s
-    disabled = subprocess.run([sys.executable, "-m", "agentrl.cli.app", "plugins", "--json", "--disable-plugin", "hang"],
-                              capture_output=True, text=True, env=env, timeout=180)
+    disabled = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli.app", "plugins", "--json", "--disable-plugin", "hang"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
     assert disabled.returncode == 0 and "hang" not in {row["name"] for row in json.loads(disabled.stdout)}
 
 
@@ -317,8 +416,12 @@ def test_a_plugin_file_whose_import_hangs_is_interrupted_in_process(tmp_path, mo
 
 def test_a_bad_import_timeout_is_named(monkeypatch):
     monkeypatch.setenv("AGENTRL_PLUGIN_IMPORT_TIMEOUT", "soon")
-    with pytest.raises(ConfigError, match=re.escape("AGENTRL_PLUGIN_IMPORT_TIMEOUT='soon' is invalid: expected a "
-                                                  "number of seconds >= 0 (0: no limit)")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "AGENTRL_PLUGIN_IMPORT_TIMEOUT='soon' is invalid: expected a number of seconds >= 0 (0: no limit)"
+        ),
+    ):
         load_plugins()
 
 
@@ -330,8 +433,13 @@ def test_huge_rewards_are_refused_naming_the_reward_and_the_value():
     totals, _ = score(trajectories, at_bound, env_weight=1.0)
     assert totals == [MAX_ABS_REWARD, -MAX_ABS_REWARD]
     huge = {"huge": (lambda trajectories: [1.0, -1e308], 1.0)}
-    with pytest.raises(RewardError, match=re.escape("reward function 'huge' returned -1e+308 for sample 1 (task 't1': "
-                                                    "'q'): weighted rewards must be within ±1e+09")):
+    with pytest.raises(
+        RewardError,
+        match=re.escape(
+            "reward function 'huge' returned -1e+308 for sample 1 (task 't1': "
+            "'q'): weighted rewards must be within ±1e+09"
+        ),
+    ):
         score(trajectories, huge, env_weight=1.0, guard=CallGuard(on_error="skip"))
     weighted = {"big": (lambda trajectories: [1.0, 2.0], 1e9)}
     with pytest.raises(RewardError, match=re.escape("reward function 'big' returned 2 (x weight 1e+09) for sample 1")):
@@ -345,53 +453,94 @@ def test_a_huge_reward_in_a_run_is_named_not_skipped_as_unscored(tiny_model_dir,
 
 
 def test_an_env_reward_beyond_the_bound_is_a_contract_error(tiny_model_dir, tmp_path, faults):
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:HugeReturn", on_call_error="skip"),
-                      load_plugins())
-    with pytest.raises(EnvError, match=re.escape("HugeReturn.respond returned reward 1e+308 (2nd value): rewards "
-                                                 "must be within ±1e+09")):
+    trainer = Trainer(
+        _config(tiny_model_dir, tmp_path, env=f"{faults}:HugeReturn", on_call_error="skip"), load_plugins()
+    )
+    with pytest.raises(
+        EnvError,
+        match=re.escape("HugeReturn.respond returned reward 1e+308 (2nd value): rewards must be within ±1e+09"),
+    ):
         trainer.rollout_step(1)
 
 
 # -- the smaller CLI cases ------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("args", "message"), [
-    (["--num-processes", "0"], "--num-processes must be >= 1, got 0"),
-    (["--num-processes", "-2"], "--num-processes must be >= 1, got -2"),
-    (["--num-generations", "2", "--set", "num_generations=1"],
-     "num_generations is given twice with different values: --num-generations 2 and --set 'num_generations=1'; "
-     "give it once"),
-    (["--seed", "3", "--set", "seed=0"], "seed is given twice with different values: --seed 3 and --set 'seed=0'"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--num-processes", "0"], "--num-processes must be >= 1, got 0"),
+        (["--num-processes", "-2"], "--num-processes must be >= 1, got -2"),
+        (
+            ["--num-generations", "2", "--set", "num_generations=1"],
+            "num_generations is given twice with different values: --num-generations 2 and --set 'num_generations=1'; "
+            "give it once",
+        ),
+        (["--seed", "3", "--set", "seed=0"], "seed is given twice with different values: --seed 3 and --set 'seed=0'"),
+    ],
+)
 def test_train_flags_refused_in_one_line(args, message, tmp_path):
-    assert_one_line(cli("train", "--model", str(tmp_path / "no-model"), "--output-dir", str(tmp_path / "r"), *args),
-                    message)
+    assert_one_line(
+        cli("train", "--model", str(tmp_path / "no-model"), "--output-dir", str(tmp_path / "r"), *args), message
+    )
 
 
-@pytest.mark.parametrize("flag", [["--seed", "0"], ["--seed", "5"], ["--num-generations", "0"],
-                                  ["--prompts-per-step", "0"], ["--set", "seed=0"]])
+@pytest.mark.parametrize(
+    "flag",
+    [["--seed", "0"], ["--seed", "5"], ["--num-generations", "0"], ["--prompts-per-step", "0"], ["--set", "seed=0"]],
+)
 def test_resume_refuses_every_given_run_setting_alike(flag, tmp_path):
-    assert_one_line(cli("train", "--resume", str(tmp_path / "run"), *flag),
-                    f"--resume continues the run with its own config; drop {flag[0]} (only --max-steps may be given)")
+    assert_one_line(
+        cli("train", "--resume", str(tmp_path / "run"), *flag),
+        f"--resume continues the run with its own config; drop {flag[0]} (only --max-steps may be given)",
+    )
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe", "could not be read as UTF-8 text (an accelerate config is a "
-                                                     "YAML file): UnicodeDecodeError"),
-    (b"compute_environment: [LOCAL_MACHINE\n", "is not valid YAML"),
-    (b"- just\n- a list\n", "must hold a YAML mapping of accelerate settings"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe",
+            "could not be read as UTF-8 text (an accelerate config is a YAML file): UnicodeDecodeError",
+        ),
+        (b"compute_environment: [LOCAL_MACHINE\n", "is not valid YAML"),
+        (b"- just\n- a list\n", "must hold a YAML mapping of accelerate settings"),
+    ],
+)
 def test_a_garbage_accelerate_config_is_one_line(content, message, tiny_model_dir, tmp_path):
     garbage = tmp_path / "accelerate.yaml"
     garbage.write_bytes(content)
-    line = assert_one_line(cli("train", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "r"),
-                               "--num-processes", "2", "--accelerate-config", str(garbage)), message)
+    line = assert_one_line(
+        cli(
+            "train",
+            "--model",
+            str(tiny_model_dir),
+            "--output-dir",
+            str(tmp_path / "r"),
+            "--num-processes",
+            "2",
+            "--accelerate-config",
+            str(garbage),
+        ),
+        message,
+    )
     assert f"--accelerate-config {str(garbage)!r}" in line
 
 
 def test_an_env_whose_constructor_raises_is_named_in_one_line(tiny_model_dir, tmp_path, faults):
-    assert_one_line(cli("train", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "r"),
-                        "--env", f"{faults}:InitRaises", "--set", "env_args.level=moon"),
-                    f"env '{faults}:InitRaises' failed to start: InitRaises(level='moon') raised ValueError: no level "
-                    "file for 'moon'")
+    assert_one_line(
+        cli(
+            "train",
+            "--model",
+            str(tiny_model_dir),
+            "--output-dir",
+            str(tmp_path / "r"),
+            "--env",
+            f"{faults}:InitRaises",
+            "--set",
+            "env_args.level=moon",
+        ),
+        f"env '{faults}:InitRaises' failed to start: InitRaises(level='moon') raised ValueError: no level "
+        "file for 'moon'",
+    )
 
 
 def test_eval_of_a_run_without_an_exported_model_says_what_to_do(tiny_model_dir, tmp_path, faults):
@@ -399,19 +548,25 @@ def test_eval_of_a_run_without_an_exported_model_says_what_to_do(tiny_model_dir,
     Trainer(config, load_plugins()).train()
     run = tmp_path / "run"
     assert not (run / "model").exists()
-    assert_one_line(cli("eval", str(run), "--num-tasks", "1"),
-                    f"run dir {str(run)!r} has no exported model (no model/ folder): the run was trained with "
-                    f"save_model=false, or has not finished; use its newest checkpoint's weights, --model "
-                    f"{str(run / 'checkpoints' / 'step-000001' / 'model')!r} (a full HF folder), or train it again "
-                    "with save_model=true (the default)")
+    assert_one_line(
+        cli("eval", str(run), "--num-tasks", "1"),
+        f"run dir {str(run)!r} has no exported model (no model/ folder): the run was trained with "
+        f"save_model=false, or has not finished; use its newest checkpoint's weights, --model "
+        f"{str(run / 'checkpoints' / 'step-000001' / 'model')!r} (a full HF folder), or train it again "
+        "with save_model=true (the default)",
+    )
 
 
 def test_new_with_a_name_too_long_for_a_file_name_is_one_line(tmp_path):
     name = "a" * 300
-    assert_one_line(cli("new", "env", name, "--dir", str(tmp_path / "pkg")),
-                    "env name 'aaaaaaaaaaaaaaaaaaaa'... is 300 characters long: at most 64 (it names the package's "
-                    "folder and files)")
+    assert_one_line(
+        cli("new", "env", name, "--dir", str(tmp_path / "pkg")),
+        "env name 'aaaaaaaaaaaaaaaaaaaa'... is 300 characters long: at most 64 (it names the package's "
+        "folder and files)",
+    )
     assert not (tmp_path / "pkg").exists()
     deep = tmp_path / ("b" * 300)
-    assert_one_line(cli("new", "reward", "ok", "--dir", str(deep)), f"could not write {str(deep)!r}: File name too "
-                                                                     "long; nothing was kept")
+    assert_one_line(
+        cli("new", "reward", "ok", "--dir", str(deep)),
+        f"could not write {str(deep)!r}: File name too long; nothing was kept",
+    )

@@ -13,10 +13,10 @@ import sys
 import pytest
 import torch
 
-from agentrl.testing import GradientRecorder
 from agentrl import ConfigError, TrainBatch, Trajectory, Turn, collate
 from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
+from agentrl.testing import GradientRecorder
 from agentrl.training.trainer import Trainer
 from agentrl_ppo import PPOConfig, episode_rewards, explained_variance, gae, value_loss, whiten
 
@@ -27,30 +27,54 @@ from agentrl_ppo import PPOConfig, episode_rewards, explained_variance, gae, val
 def test_defaults_and_every_option_listed():
     config = PPOConfig()
     assert (config.gamma, config.lam, config.credit, config.value_clip) == (1.0, 1.0, "episode", 0.2)
-    expected = {"gamma", "lam", "credit", "critic_learning_rate", "critic_lr_warmup_steps", "critic_max_grad_norm",
-                "critic_warmup_steps", "value_clip", "whiten_advantages", "ppo_epochs", "mini_batches",
-                "epsilon_low", "epsilon_high", "delta", "importance_sampling_level", "beta", "kl_in", "kl_estimator",
-                "loss_type", "ref_sync_every", "ref_sync_mix"}
+    expected = {
+        "gamma",
+        "lam",
+        "credit",
+        "critic_learning_rate",
+        "critic_lr_warmup_steps",
+        "critic_max_grad_norm",
+        "critic_warmup_steps",
+        "value_clip",
+        "whiten_advantages",
+        "ppo_epochs",
+        "mini_batches",
+        "epsilon_low",
+        "epsilon_high",
+        "delta",
+        "importance_sampling_level",
+        "beta",
+        "kl_in",
+        "kl_estimator",
+        "loss_type",
+        "ref_sync_every",
+        "ref_sync_mix",
+    }
     assert {f.name for f in dataclasses.fields(PPOConfig)} == expected
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"gamma": 1.5}, "algorithm.gamma=1.5 is invalid: expected a number in [0, 1]"),
-    ({"lam": float("nan")}, "algorithm.lam=nan is invalid: expected a finite number"),
-    ({"credit": "token"}, "algorithm.credit='token' is invalid: expected one of 'episode', 'turn'"),
-    ({"critic_learning_rate": 0}, "algorithm.critic_learning_rate=0 is invalid: expected a number > 0"),
-    ({"value_clip": 0.0}, "algorithm.value_clip=0.0 is invalid: expected None or a number > 0"),
-    ({"ppo_epochs": 0}, "algorithm.ppo_epochs=0 is invalid: expected an integer >= 1"),
-    ({"mini_batches": 1.5}, "algorithm.mini_batches=1.5 is invalid: expected an integer >= 1"),
-    ({"critic_warmup_steps": -1}, "algorithm.critic_warmup_steps=-1 is invalid: expected an integer >= 0"),
-    ({"whiten_advantages": "yes"}, "algorithm.whiten_advantages='yes' is invalid: expected true or false"),
-    ({"kl_in": "both"}, "algorithm.kl_in='both' is invalid: expected one of 'loss', 'reward'"),
-    ({"beta": 0.1, "kl_estimator": "k3"},
-     "algorithm.kl_estimator='k3' is invalid: KL in the reward is k1 with no gradient; set kl_in=loss"),
-    ({"delta": 1.1}, "algorithm.delta=1.1 is invalid: expected None or a number > 1 + epsilon_high = 1.2"),
-    ({"loss_type": "mean"}, "algorithm.loss_type='mean' is invalid: expected one of"),
-    ({"importance_sampling_level": "seq"}, "algorithm.importance_sampling_level='seq' is invalid: expected one of"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gamma": 1.5}, "algorithm.gamma=1.5 is invalid: expected a number in [0, 1]"),
+        ({"lam": float("nan")}, "algorithm.lam=nan is invalid: expected a finite number"),
+        ({"credit": "token"}, "algorithm.credit='token' is invalid: expected one of 'episode', 'turn'"),
+        ({"critic_learning_rate": 0}, "algorithm.critic_learning_rate=0 is invalid: expected a number > 0"),
+        ({"value_clip": 0.0}, "algorithm.value_clip=0.0 is invalid: expected None or a number > 0"),
+        ({"ppo_epochs": 0}, "algorithm.ppo_epochs=0 is invalid: expected an integer >= 1"),
+        ({"mini_batches": 1.5}, "algorithm.mini_batches=1.5 is invalid: expected an integer >= 1"),
+        ({"critic_warmup_steps": -1}, "algorithm.critic_warmup_steps=-1 is invalid: expected an integer >= 0"),
+        ({"whiten_advantages": "yes"}, "algorithm.whiten_advantages='yes' is invalid: expected true or false"),
+        ({"kl_in": "both"}, "algorithm.kl_in='both' is invalid: expected one of 'loss', 'reward'"),
+        (
+            {"beta": 0.1, "kl_estimator": "k3"},
+            "algorithm.kl_estimator='k3' is invalid: KL in the reward is k1 with no gradient; set kl_in=loss",
+        ),
+        ({"delta": 1.1}, "algorithm.delta=1.1 is invalid: expected None or a number > 1 + epsilon_high = 1.2"),
+        ({"loss_type": "mean"}, "algorithm.loss_type='mean' is invalid: expected one of"),
+        ({"importance_sampling_level": "seq"}, "algorithm.importance_sampling_level='seq' is invalid: expected one of"),
+    ],
+)
 def test_bad_options_are_named(kwargs, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         PPOConfig(**kwargs)
@@ -106,8 +130,9 @@ def test_gae_matches_plain_loop_reference(gamma, lam):
     rewards = [[rng.uniform(-1, 1) if m else rng.uniform(-5, 5) for m in row] for row in mask]  # junk off the mask
     values = [[rng.uniform(-1, 1) for _ in row] for row in mask]
     expected_adv, expected_ret = reference_gae(rewards, values, mask, gamma, lam)
-    advantages, returns = gae(torch.tensor(rewards), torch.tensor(values), torch.tensor(mask, dtype=torch.float32),
-                              gamma, lam)
+    advantages, returns = gae(
+        torch.tensor(rewards), torch.tensor(values), torch.tensor(mask, dtype=torch.float32), gamma, lam
+    )
     assert advantages.dtype == torch.float64
     torch.testing.assert_close(advantages, torch.tensor(expected_adv, dtype=torch.float64), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(returns, torch.tensor(expected_ret, dtype=torch.float64), rtol=1e-6, atol=1e-6)
@@ -174,9 +199,14 @@ def test_explained_variance():
 def two_turn_trajectory(turn_rewards: list[float]) -> Trajectory:
     """ids: 3 prompt, 2 sampled (turn 1, stop token last), 2 env, 3 sampled (turn 2)."""
     mask = [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
-    return Trajectory(token_ids=list(range(10, 20)), loss_mask=mask, sampler_logprobs=[0.0] * 10,
-                      turns=[Turn(3, 5, reward=turn_rewards[0]), Turn(7, 10, reward=turn_rewards[1])],
-                      messages=[], task={})
+    return Trajectory(
+        token_ids=list(range(10, 20)),
+        loss_mask=mask,
+        sampler_logprobs=[0.0] * 10,
+        turns=[Turn(3, 5, reward=turn_rewards[0]), Turn(7, 10, reward=turn_rewards[1])],
+        messages=[],
+        task={},
+    )
 
 
 def test_turn_rewards_land_on_each_turns_stop_token():
@@ -196,9 +226,21 @@ def test_turn_rewards_land_on_each_turns_stop_token():
 
 
 def _config(model_dir, tmp_path, **overrides) -> TrainConfig:
-    base = dict(model=str(model_dir), algo="ppo", max_steps=1, prompts_per_step=3, num_generations=3,
-                max_new_tokens=10, eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0,
-                save_model=False, precision="fp32", engine_args={"dtype": "float32"}, max_grad_norm=None)
+    base = dict(
+        model=str(model_dir),
+        algo="ppo",
+        max_steps=1,
+        prompts_per_step=3,
+        num_generations=3,
+        max_new_tokens=10,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        log_completions_every=0,
+        save_model=False,
+        precision="fp32",
+        engine_args={"dtype": "float32"},
+        max_grad_norm=None,
+    )
     base.update(overrides)
     return TrainConfig(**base)
 
@@ -206,7 +248,7 @@ def _config(model_dir, tmp_path, **overrides) -> TrainConfig:
 def _ragged(batch: TrainBatch) -> TrainBatch:
     """A random tiny model never stops: cut some rows' sampled spans short (row 4 entirely)."""
     for row, keep in enumerate([10, 3, 7, 1, 0, 10, 5, 2, 9]):
-        batch.loss_mask[row, int(batch.lengths[row]) - 10 + keep:] = 0
+        batch.loss_mask[row, int(batch.lengths[row]) - 10 + keep :] = 0
     batch.rewards = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0, 0.2, 1.0, 0.0, 0.7])
     return batch
 
@@ -225,7 +267,9 @@ def test_policy_and_critic_each_get_only_their_own_gradient_for_any_split(tiny_m
         trainer.run.trained["policy"].optimizer = GradientRecorder(trainer.model.parameters())
         trainer.run.trained["critic"].optimizer = GradientRecorder(critic.parameters())
         trainer.update(batch, {})
-        recorded.append((trainer.run.trained["policy"].optimizer.steps[0], trainer.run.trained["critic"].optimizer.steps[0]))
+        recorded.append(
+            (trainer.run.trained["policy"].optimizer.steps[0], trainer.run.trained["critic"].optimizer.steps[0])
+        )
     for policy_grads, critic_grads in recorded[1:]:
         for a, b in zip(recorded[0][0] + recorded[0][1], policy_grads + critic_grads):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
@@ -267,7 +311,10 @@ def test_mini_batches_and_epochs_give_that_many_optimizer_steps(tiny_model_dir, 
     critic.optimizer = GradientRecorder(critic.module.parameters())
     metrics: dict[str, float] = {}
     trainer.update(batch, metrics, step=1)
-    assert len(trainer.run.trained["policy"].optimizer.steps) == 6 and len(trainer.run.trained["critic"].optimizer.steps) == 6
+    assert (
+        len(trainer.run.trained["policy"].optimizer.steps) == 6
+        and len(trainer.run.trained["critic"].optimizer.steps) == 6
+    )
     assert metrics["clip/region"] == 0.0  # nothing moved (recorders), so every ratio is 1
 
 
@@ -277,8 +324,13 @@ def test_too_many_mini_batches_is_refused(tiny_model_dir, tmp_path):
 
 
 def test_critic_warmup_freezes_the_policy_then_trains_both(tiny_model_dir, tmp_path):
-    config = _config(tiny_model_dir, tmp_path, max_steps=2, learning_rate=1e-2,
-                     algorithm={"critic_warmup_steps": 1, "critic_learning_rate": 1e-2})
+    config = _config(
+        tiny_model_dir,
+        tmp_path,
+        max_steps=2,
+        learning_rate=1e-2,
+        algorithm={"critic_warmup_steps": 1, "critic_learning_rate": 1e-2},
+    )
     trainer = Trainer(config, load_plugins())
     critic = trainer.algorithm.critic.module
     snapshot = lambda module: [p.detach().clone() for p in module.parameters()]  # noqa: E731
@@ -316,10 +368,34 @@ def test_kl_in_the_reward_is_k1_of_old_vs_reference(tiny_model_dir, tmp_path):
 
 def test_two_steps_through_the_cli_save_the_critic(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "agentrl.cli.app", "train", "--env", "guess", "--algo", "ppo", "--model",
-               str(tiny_model_dir), "--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2",
-               "--output-dir", str(out), "--set", "eval_tasks=2", "--set", "max_new_tokens=6",
-               "--set", "algorithm.credit=turn", "--set", "algorithm.mini_batches=2"]
+    command = [
+        sys.executable,
+        "-m",
+        "agentrl.cli.app",
+        "train",
+        "--env",
+        "guess",
+        "--algo",
+        "ppo",
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "2",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--output-dir",
+        str(out),
+        "--set",
+        "eval_tasks=2",
+        "--set",
+        "max_new_tokens=6",
+        "--set",
+        "algorithm.credit=turn",
+        "--set",
+        "algorithm.mini_batches=2",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -331,15 +407,26 @@ def test_two_steps_through_the_cli_save_the_critic(tiny_model_dir, tmp_path):
 
 
 def test_print_config_lists_every_ppo_option():
-    command = [sys.executable, "-m", "agentrl.cli.app", "train", "--algo", "ppo", "--print-config",
-               "--set", "algorithm.credit=turn"]
+    command = [
+        sys.executable,
+        "-m",
+        "agentrl.cli.app",
+        "train",
+        "--algo",
+        "ppo",
+        "--print-config",
+        "--set",
+        "algorithm.credit=turn",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     for field in dataclasses.fields(PPOConfig):
         assert f"  {field.name}:" in result.stdout, field.name
     assert "credit: turn" in result.stdout
     bad = subprocess.run(command[:-2] + ["--set", "algorithm.gama=0.9"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown key(s) 'gama' in algorithm; PPOConfig accepts:" in " ".join(bad.stderr.split())
+    assert bad.returncode == 2 and "unknown key(s) 'gama' in algorithm; PPOConfig accepts:" in " ".join(
+        bad.stderr.split()
+    )
 
 
 @pytest.mark.slow
@@ -348,11 +435,36 @@ def test_ppo_on_the_real_default_model_multi_turn(tmp_path):
     (3 turns at most: the test's longest run on the real model; PPO needs no groups, so 2 x 2
     episodes a step, which takes a fifth less time than 2 x 4)."""
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "agentrl.cli.app", "train", "--env", "guess", "--algo", "ppo", "--max-steps", "2",
-               "--prompts-per-step", "2", "--num-generations", "2", "--output-dir", str(out),
-               "--set", "eval_tasks=2", "--set", "max_new_tokens=12", "--set", "algorithm.credit=turn",
-               "--set", "env_args.consistency_bonus=0.1", "--set", "env_args.max_turns=3",
-               "--set", "algorithm.critic_learning_rate=1e-3"]
+    command = [
+        sys.executable,
+        "-m",
+        "agentrl.cli.app",
+        "train",
+        "--env",
+        "guess",
+        "--algo",
+        "ppo",
+        "--max-steps",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--num-generations",
+        "2",
+        "--output-dir",
+        str(out),
+        "--set",
+        "eval_tasks=2",
+        "--set",
+        "max_new_tokens=12",
+        "--set",
+        "algorithm.credit=turn",
+        "--set",
+        "env_args.consistency_bonus=0.1",
+        "--set",
+        "env_args.max_turns=3",
+        "--set",
+        "algorithm.critic_learning_rate=1e-3",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

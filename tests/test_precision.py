@@ -16,9 +16,18 @@ AMX = AVX512_BF16 | {"amx_bf16", "amx_tile", "amx_int8"}  # Sapphire Rapids
 AVX512_NO_BF16 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512_vnni"}  # Skylake/Cascade Lake server
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    (AVX2_ONLY, "fp32"), (AVX512_NO_BF16, "fp32"), (AVX512_BF16, "bf16"), (AMX, "bf16"),
-    ({"fp", "asimd", "bf16"}, "bf16"), ({"fp", "asimd"}, "fp32"), (None, "fp32")])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (AVX2_ONLY, "fp32"),
+        (AVX512_NO_BF16, "fp32"),
+        (AVX512_BF16, "bf16"),
+        (AMX, "bf16"),
+        ({"fp", "asimd", "bf16"}, "bf16"),
+        ({"fp", "asimd"}, "fp32"),
+        (None, "fp32"),
+    ],
+)
 def test_auto_decides_from_the_cpu_flags(flags, expected):
     decision = decide_cpu(flags)
     assert decision.name == expected

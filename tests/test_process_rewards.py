@@ -10,7 +10,6 @@ import random
 
 import pytest
 import torch
-from agentrl_grpo import GRPO, GRPOConfig
 
 from agentrl import StepRewards, Trajectory, Turn, collate, group_advantages, process_advantages
 from agentrl.config.train import TrainConfig
@@ -19,17 +18,26 @@ from agentrl.plugins import load_plugins
 from agentrl.rewards.process import outcome_steps, step_ends
 from agentrl.rewards.scoring import score
 from agentrl.training.trainer import Trainer
+from agentrl_grpo import GRPO, GRPOConfig
 
 SQRT2 = math.sqrt(2.0)
 
 
-def _episode(length: int, spans: list[tuple[int, int]], group: int = 0,
-             token_ids: list[int] | None = None) -> Trajectory:
+def _episode(
+    length: int, spans: list[tuple[int, int]], group: int = 0, token_ids: list[int] | None = None
+) -> Trajectory:
     mask = [0] * length
     for start, end in spans:
         mask[start:end] = [1] * (end - start)
-    return Trajectory(token_ids=token_ids or list(range(length)), loss_mask=mask, sampler_logprobs=[0.0] * length,
-                      turns=[Turn(start, end) for start, end in spans], messages=[], task={"id": "t"}, group=group)
+    return Trajectory(
+        token_ids=token_ids or list(range(length)),
+        loss_mask=mask,
+        sampler_logprobs=[0.0] * length,
+        turns=[Turn(start, end) for start, end in spans],
+        messages=[],
+        task={"id": "t"},
+        group=group,
+    )
 
 
 def _tensors(rows: list[tuple[int, list[tuple[int, int]], dict[int, float]]], width: int):
@@ -62,8 +70,9 @@ def _reference(rows, width: int, scale: str = "group", eps: float = 1e-4) -> lis
         else:
             std = 1.0
         constant = len(values) < 2 or max(values) == min(values)
-        normalised = {p: 0.0 if constant else (r - mean) / (max(std, eps) if scale != "none" else 1.0)
-                      for p, r in rewards.items()}
+        normalised = {
+            p: 0.0 if constant else (r - mean) / (max(std, eps) if scale != "none" else 1.0) for p, r in rewards.items()
+        }
         row = [0.0] * width
         for start, end in spans:
             for t in range(start, end):
@@ -76,8 +85,13 @@ def test_process_advantage_by_hand():
     # group 0: pooled step rewards [3, 0, 0]: mean 1, std sqrt(2); normalised sqrt(2), -1/sqrt(2), -1/sqrt(2)
     # (the third episode has no step: it adds nothing to the statistics and gets 0 everywhere)
     # group 1: step rewards all 0.5: advantage exactly 0
-    rows = [(0, [(2, 8)], {3: 3.0, 7: 0.0}), (0, [(2, 6)], {5: 0.0}), (0, [(2, 4)], {}),
-            (1, [(1, 4)], {2: 0.5, 3: 0.5}), (1, [(1, 3)], {2: 0.5})]
+    rows = [
+        (0, [(2, 8)], {3: 3.0, 7: 0.0}),
+        (0, [(2, 6)], {5: 0.0}),
+        (0, [(2, 4)], {}),
+        (1, [(1, 4)], {2: 0.5, 3: 0.5}),
+        (1, [(1, 3)], {2: 0.5}),
+    ]
     steps, ends, mask, groups = _tensors(rows, 10)
     advantages, stats = process_advantages(steps, ends, mask, groups)
     a, b = 1 / SQRT2, -1 / SQRT2
@@ -96,7 +110,7 @@ def test_process_advantage_equals_an_independent_float64_computation(scale, seed
         sampled = [t for s, e in spans for t in range(s, e)]
         positions = rng.sample(sampled, rng.randint(0, min(4, len(sampled))))  # 0: an episode with no step
         group = i // 4
-        value = lambda: round(rng.uniform(-2, 2), 1) if group != 2 else 1.0  # group 2: std 0  # noqa: E731
+        value = lambda: round(rng.uniform(-2, 2), 1) if group != 2 else 1.0  # group 2: std 0  # noqa: E731, B023
         rows.append((group, spans, {p: value() for p in positions}))
     steps, ends, mask, groups = _tensors(rows, width)
     advantages, _ = process_advantages(steps.double(), ends, mask.double(), groups, scale)
@@ -120,8 +134,11 @@ def test_one_step_at_the_last_token_is_the_outcome_advantage():
 
 def test_step_rewards_and_outcome_rewards_mix_in_scoring_and_collate():
     episodes = [_episode(10, [(2, 5), (6, 9)]), _episode(8, [(2, 7)]), _episode(8, [(2, 7)])]
-    prm = lambda trajectories: [StepRewards.per_turn(trajectories[0], [1.0, -0.5]),  # noqa: E731
-                                StepRewards.at([3, 6], [0.25, 0.5]), StepRewards.at([], [])]
+    prm = lambda trajectories: [
+        StepRewards.per_turn(trajectories[0], [1.0, -0.5]),  # noqa: E731
+        StepRewards.at([3, 6], [0.25, 0.5]),
+        StepRewards.at([], []),
+    ]
     outcome = lambda trajectories: [1.0, None, 0.0]  # noqa: E731
     totals, components = score(episodes, {"prm": (prm, 2.0), "acc": (outcome, 1.0)}, env_weight=1.0)
     assert episodes[0].step_rewards == {4: 2.0, 8: -1.0 + 1.0}  # acc's 1.0 on the last sampled token
@@ -138,8 +155,11 @@ def test_step_rewards_and_outcome_rewards_mix_in_scoring_and_collate():
 
 def test_bad_step_rewards_are_named():
     episode = _episode(8, [(2, 5)])
-    with pytest.raises(RewardError, match=r"reward 'prm' put a step reward at token 6, which the model did not "
-                                          r"sample: expected a position in 2\.\.4"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward 'prm' put a step reward at token 6, which the model did not "
+        r"sample: expected a position in 2\.\.4",
+    ):
         score([episode], {"prm": (lambda trajectories: [StepRewards.at([6], [1.0])], 1.0)}, env_weight=1.0)
     with pytest.raises(RewardError, match=r"StepRewards value nan is invalid: expected a finite number"):
         StepRewards.at([3], [float("nan")])
@@ -154,11 +174,11 @@ def test_step_ends_are_the_tokens_completing_each_separator(tokenizer):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     episode = _episode(len(ids) + 2, [(2, len(ids) + 2)], token_ids=[0, 0, *ids])
     ends = step_ends(episode, tokenizer)
-    decoded = [tokenizer.decode(episode.token_ids[2:e + 1]) for e in ends]
+    decoded = [tokenizer.decode(episode.token_ids[2 : e + 1]) for e in ends]
     assert len(ends) == 3 and ends[-1] == len(ids) + 1
     assert decoded[0].endswith("add.\n\n") and decoded[1].endswith("multiply.\n\n") and decoded[2] == text
     first = step_ends(episode, tokenizer, separator="multiply")[0]  # the token completing the separator
-    assert "multiply" in tokenizer.decode(episode.token_ids[2:first + 1])
+    assert "multiply" in tokenizer.decode(episode.token_ids[2 : first + 1])
     assert "multiply" not in tokenizer.decode(episode.token_ids[2:first])
     with pytest.raises(ValueError, match="step separator '' is invalid"):
         step_ends(episode, tokenizer, separator="")
@@ -188,10 +208,17 @@ def per_turn_length(trajectories):
 
 def test_training_with_step_rewards_and_the_process_advantage(tiny_model_dir, tmp_path):
     (tmp_path / "steps.py").write_text(STEP_REWARD)
-    config = TrainConfig(model=str(tiny_model_dir), max_steps=2, prompts_per_step=2, num_generations=3,
-                         max_new_tokens=8, eval_tasks=0, output_dir=str(tmp_path / "out"),
-                         rewards={str(tmp_path / "steps.py") + ":per_turn_length": 1.0, "format": 1.0},
-                         algorithm={"advantage": "process"})
+    config = TrainConfig(
+        model=str(tiny_model_dir),
+        max_steps=2,
+        prompts_per_step=2,
+        num_generations=3,
+        max_new_tokens=8,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "out"),
+        rewards={str(tmp_path / "steps.py") + ":per_turn_length": 1.0, "format": 1.0},
+        algorithm={"advantage": "process"},
+    )
     result = Trainer(config, load_plugins()).train()
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(row["advantage/steps_per_episode"] >= 1.0 for row in rows)

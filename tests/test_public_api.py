@@ -10,8 +10,9 @@ import pytest
 import agentrl
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILT_INS = sorted(path for folder in ("plugins", "envs") for path in (ROOT / folder).iterdir()
-                   if (path / "__init__.py").is_file())
+BUILT_INS = sorted(
+    path for folder in ("plugins", "envs") for path in (ROOT / folder).iterdir() if (path / "__init__.py").is_file()
+)
 """Every built-in plugin and env package: none is exempt."""
 
 
@@ -27,15 +28,23 @@ def core_imports(source: str) -> list[str]:
             elif node.module.startswith("agentrl.") and node.module not in agentrl.PUBLIC_MODULES:
                 found.append(node.module)
         elif isinstance(node, ast.Import):
-            found += [a.name for a in node.names
-                      if a.name.startswith("agentrl.") and a.name not in agentrl.PUBLIC_MODULES]
+            found += [
+                a.name for a in node.names if a.name.startswith("agentrl.") and a.name not in agentrl.PUBLIC_MODULES
+            ]
     return found
 
 
 def test_built_ins_are_all_covered():
     names = {path.name for path in BUILT_INS}
-    assert {"agentrl_grpo", "agentrl_gspo", "agentrl_ppo", "agentrl_vllm_engine", "agentrl_math",
-            "agentrl_tool_envs", "agentrl_verifiers"} <= names
+    assert {
+        "agentrl_grpo",
+        "agentrl_gspo",
+        "agentrl_ppo",
+        "agentrl_vllm_engine",
+        "agentrl_math",
+        "agentrl_tool_envs",
+        "agentrl_verifiers",
+    } <= names
     assert len(names) == 15, sorted(names)
 
 
@@ -53,19 +62,27 @@ def test_built_ins_do_not_import_each_other():
     for package in BUILT_INS:
         for path in package.rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
-                           [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                modules = (
+                    [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.module
+                    else [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else []
+                )
                 others = {m.split(".")[0] for m in modules} & (names - {package.name})
                 assert not others, f"{package.name}/{path.name} imports {sorted(others)}"
 
 
-@pytest.mark.parametrize("source, found", [
-    ("from agentrl.env import seeded_rng", ["agentrl.env"]),
-    ("def f():\n    from agentrl.errors import one_line", ["agentrl.errors"]),
-    ("import agentrl.tools.tool", ["agentrl.tools.tool"]),
-    ("from agentrl import _private_thing", ["agentrl._private_thing"]),
-    ("from agentrl import Env, seeded_rng\nfrom agentrl.answers import extract_boxed", []),
-])
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        ("from agentrl.env import seeded_rng", ["agentrl.env"]),
+        ("def f():\n    from agentrl.errors import one_line", ["agentrl.errors"]),
+        ("import agentrl.tools.tool", ["agentrl.tools.tool"]),
+        ("from agentrl import _private_thing", ["agentrl._private_thing"]),
+        ("from agentrl import Env, seeded_rng\nfrom agentrl.answers import extract_boxed", []),
+    ],
+)
 def test_core_imports_finds_private_imports(source, found):
     assert core_imports(source) == found
 
@@ -80,11 +97,32 @@ def test_public_modules_import():
 def test_public_api_names_exist():
     for name in agentrl.__all__:
         assert hasattr(agentrl, name), name
-    for name in ("Algorithm", "LossContext", "SetupContext", "TrainableModule", "policy_loss", "AGGREGATIONS",
-                 "KL_ESTIMATORS", "build_plugin_config", "step_totals", "ClippedPolicy", "ClippedPolicyConfig",
-                 "GroupRelative", "GroupRelativeConfig", "group_advantages", "seeded_rng", "SeedTasks",
-                 "PrivateGlobalRandom", "library_call", "import_extra", "run_python", "parse_xml_json",
-                 "GenerationRequest", "RequestQueue", "request_queue"):
+    for name in (
+        "Algorithm",
+        "LossContext",
+        "SetupContext",
+        "TrainableModule",
+        "policy_loss",
+        "AGGREGATIONS",
+        "KL_ESTIMATORS",
+        "build_plugin_config",
+        "step_totals",
+        "ClippedPolicy",
+        "ClippedPolicyConfig",
+        "GroupRelative",
+        "GroupRelativeConfig",
+        "group_advantages",
+        "seeded_rng",
+        "SeedTasks",
+        "PrivateGlobalRandom",
+        "library_call",
+        "import_extra",
+        "run_python",
+        "parse_xml_json",
+        "GenerationRequest",
+        "RequestQueue",
+        "request_queue",
+    ):
         assert name in agentrl.__all__, name
 
 
@@ -98,8 +136,9 @@ def test_reward_plugin_does_not_need_the_math_env(monkeypatch):
     rewards = importlib.import_module("agentrl_rewards")
     from agentrl.testing import make_trajectory
 
-    trajectory = make_trajectory([{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "\\boxed{2}"}],
-                                 {"answer": "2"})
+    trajectory = make_trajectory(
+        [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "\\boxed{2}"}], {"answer": "2"}
+    )
     assert rewards.accuracy_reward([trajectory]) == [1.0]
 
 

@@ -26,9 +26,16 @@ def test_readme_envs_pass_check_env_and_their_gold_answers_score_one():
     for block in blocks:
         namespace: dict = {}
         exec(compile(block, "README.md", "exec"), namespace)
-        classes.update({name: value for name, value in namespace.items()
-                        if isinstance(value, type) and issubclass(value, agentrl.Env)
-                        and value.__module__ != "agentrl.env" and value not in (agentrl.Env, agentrl.ToolEnv)})
+        classes.update(
+            {
+                name: value
+                for name, value in namespace.items()
+                if isinstance(value, type)
+                and issubclass(value, agentrl.Env)
+                and value.__module__ != "agentrl.env"
+                and value not in (agentrl.Env, agentrl.ToolEnv)
+            }
+        )
     assert set(classes) == {"Countdown", "Capitals"}
     for cls in classes.values():
         check_env(cls)
@@ -61,10 +68,21 @@ def test_readme_algorithm_plugin_trains_a_step(tiny_model_dir, tmp_path):
     exec(compile(block, "README.md", "exec"), module.__dict__)
     manager = load_plugins()
     manager.register_plugin(module, name="readme_reinforce")
-    config = TrainConfig(model=str(tiny_model_dir), algo="reinforce", max_steps=1, prompts_per_step=2,
-                         num_generations=2, max_new_tokens=6, eval_tasks=0, output_dir=str(tmp_path / "run"),
-                         save_model=False, log_completions_every=0, learning_rate=1e-2,
-                         rewards={"format": 1.0}, algorithm={"baseline": 0.5})
+    config = TrainConfig(
+        model=str(tiny_model_dir),
+        algo="reinforce",
+        max_steps=1,
+        prompts_per_step=2,
+        num_generations=2,
+        max_new_tokens=6,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        save_model=False,
+        log_completions_every=0,
+        learning_rate=1e-2,
+        rewards={"format": 1.0},
+        algorithm={"baseline": 0.5},
+    )
     trainer = Trainer(config, manager)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
@@ -90,9 +108,18 @@ def test_readme_step_hook_plugin_is_configured_by_its_section(tiny_model_dir, tm
     exec(compile(block, "README.md", "exec"), module.__dict__)
     manager = load_plugins()
     manager.register_plugin(module, name="readme_max_length")
-    config = TrainConfig(model=str(tiny_model_dir), max_steps=1, prompts_per_step=2, num_generations=2,
-                         max_new_tokens=6, eval_tasks=0, output_dir=str(tmp_path / "run"), save_model=False,
-                         log_completions_every=0, plugins={"max_length": {"max_tokens": 3}})
+    config = TrainConfig(
+        model=str(tiny_model_dir),
+        max_steps=1,
+        prompts_per_step=2,
+        num_generations=2,
+        max_new_tokens=6,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        save_model=False,
+        log_completions_every=0,
+        plugins={"max_length": {"max_tokens": 3}},
+    )
     assert resolved_dict(TrainConfig(), manager)["plugins"]["max_length"] == {"max_tokens": 0}
     with pytest.raises(ConfigError, match="plugins.max_length.max_tokens=-1 is invalid"):
         Trainer(TrainConfig(model=str(tiny_model_dir), plugins={"max_length": {"max_tokens": -1}}), manager)

@@ -12,15 +12,15 @@ import torch
 from safetensors.torch import load_file
 
 from agentrl import hookimpl
+from agentrl.algorithms.reference import REFERENCE_FILE, load_reference, mix_into
 from agentrl.config.train import TrainConfig
 from agentrl.errors import CheckpointError, ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
-from agentrl.algorithms.reference import REFERENCE_FILE, load_reference, mix_into
 from agentrl.rundir.directory import resume_config
 from agentrl.testing import build_tiny_model, lockstep_plugins
 from agentrl.training.trainer import Trainer
 
-STOP_PLUGIN = '''
+STOP_PLUGIN = """
 import os, signal
 from agentrl import hookimpl
 
@@ -28,14 +28,25 @@ from agentrl import hookimpl
 def agentrl_on_step_end(step, metrics):
     if step == int(os.environ.get("AGENTRL_TEST_STOP_AT", "0")):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during the step's records: the step completes
-'''
+"""
 
 
 def _config(model_dir: Path, out: Path, **algorithm) -> TrainConfig:
-    return TrainConfig(model=str(model_dir), max_steps=4, prompts_per_step=2, num_generations=3, max_new_tokens=8,
-                       eval_tasks=0, output_dir=str(out), checkpoint_every=1, keep_checkpoints=5,
-                       learning_rate=1e-2, rewards={"agentrl.testing:parity_reward": 1.0}, algorithm={"beta": 0.5, **algorithm},
-                       plugins=lockstep_plugins())
+    return TrainConfig(
+        model=str(model_dir),
+        max_steps=4,
+        prompts_per_step=2,
+        num_generations=3,
+        max_new_tokens=8,
+        eval_tasks=0,
+        output_dir=str(out),
+        checkpoint_every=1,
+        keep_checkpoints=5,
+        learning_rate=1e-2,
+        rewards={"agentrl.testing:parity_reward": 1.0},
+        algorithm={"beta": 0.5, **algorithm},
+        plugins=lockstep_plugins(),
+    )
 
 
 def _manager(folder: Path):
@@ -141,12 +152,15 @@ def test_a_checkpoint_after_a_reset_without_the_reference_is_refused(tmp_path):
         load_reference(model, tmp_path, needed=True)
 
 
-@pytest.mark.parametrize(("algorithm", "extra", "match"), [
-    ({"ref_sync_every": 2, "beta": 0.0}, {}, r"algorithm\.ref_sync_every=2 is invalid: .*beta > 0"),
-    ({"ref_sync_every": -1}, {}, r"algorithm\.ref_sync_every=-1"),
-    ({"ref_sync_every": 2, "ref_sync_mix": 1.0}, {}, r"algorithm\.ref_sync_mix=1\.0"),
-    ({"ref_sync_every": 2}, {"lora": {"r": 4}}, r"ref_sync_every=2 with lora"),
-])
+@pytest.mark.parametrize(
+    ("algorithm", "extra", "match"),
+    [
+        ({"ref_sync_every": 2, "beta": 0.0}, {}, r"algorithm\.ref_sync_every=2 is invalid: .*beta > 0"),
+        ({"ref_sync_every": -1}, {}, r"algorithm\.ref_sync_every=-1"),
+        ({"ref_sync_every": 2, "ref_sync_mix": 1.0}, {}, r"algorithm\.ref_sync_mix=1\.0"),
+        ({"ref_sync_every": 2}, {"lora": {"r": 4}}, r"ref_sync_every=2 with lora"),
+    ],
+)
 def test_what_a_reset_cannot_do_is_refused(tiny_model_dir, tmp_path, algorithm, extra, match):
     config = _config(tiny_model_dir, tmp_path / "run")
     with pytest.raises(ConfigError, match=match):

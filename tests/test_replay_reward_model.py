@@ -18,7 +18,7 @@ from agentrl.testing import lockstep_plugins
 from agentrl.training.trainer import Trainer
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-reward.md"
-STOP = '''
+STOP = """
 import os, signal
 from agentrl import hookimpl
 
@@ -26,7 +26,7 @@ from agentrl import hookimpl
 def agentrl_on_step_end(step, metrics):
     if step == int(os.environ.get("AGENTRL_TEST_STOP_AT", "0")):
         os.kill(os.getpid(), signal.SIGINT)
-'''
+"""
 
 
 def _plugin(folder: Path) -> tuple[str, str]:
@@ -41,10 +41,20 @@ def _plugin(folder: Path) -> tuple[str, str]:
 
 def _train(model_dir: Path, folder: Path, out: Path, resume: Path | None = None, config: TrainConfig | None = None):
     plugin, stop = _plugin(folder)
-    config = config or TrainConfig(model=str(model_dir), env="math", max_steps=5, prompts_per_step=2,
-                                   num_generations=3, max_new_tokens=8, eval_tasks=0, output_dir=str(out),
-                                   checkpoint_every=1, rewards={f"{plugin}:learned": 1.0, "accuracy": 1.0},
-                                   algorithm={"beta": 0.04, "ref_sync_every": 2}, plugins=lockstep_plugins())
+    config = config or TrainConfig(
+        model=str(model_dir),
+        env="math",
+        max_steps=5,
+        prompts_per_step=2,
+        num_generations=3,
+        max_new_tokens=8,
+        eval_tasks=0,
+        output_dir=str(out),
+        checkpoint_every=1,
+        rewards={f"{plugin}:learned": 1.0, "accuracy": 1.0},
+        algorithm={"beta": 0.04, "ref_sync_every": 2},
+        plugins=lockstep_plugins(),
+    )
     if resume is not None:  # the saved config names the first run's file: this run's copy instead
         rewards = {f"{plugin}:learned": 1.0, "accuracy": 1.0}
         config = TrainConfig(**{**config.to_dict(), "rewards": rewards})

@@ -16,8 +16,11 @@ class Recording:
 
     def __init__(self, tokenizer):
         factory = load_plugins().registry.get("engine", "hf").factory
-        self.inner = factory(model=build_tiny_model(len(tokenizer)), tokenizer=tokenizer,
-                             config=TrainConfig(engine_args={"dtype": "float32"}))
+        self.inner = factory(
+            model=build_tiny_model(len(tokenizer)),
+            tokenizer=tokenizer,
+            config=TrainConfig(engine_args={"dtype": "float32"}),
+        )
         self.calls = []
 
     def generate(self, prompts, sampling):
@@ -33,8 +36,10 @@ def test_requests_sample_what_generate_samples_with_their_seeds_in_order(tokeniz
     queue = request_queue(engine, 30.0, lambda: len(PROMPTS))
     assert isinstance(queue, BatchingQueue)
     caps = [3, 8, 5, 8]
-    futures = [queue.submit(GenerationRequest(p, SamplingParams(max_new_tokens=cap), seed=100 + i, order=i))
-               for i, (p, cap) in reversed(list(enumerate(zip(PROMPTS, caps))))]
+    futures = [
+        queue.submit(GenerationRequest(p, SamplingParams(max_new_tokens=cap), seed=100 + i, order=i))
+        for i, (p, cap) in reversed(list(enumerate(zip(PROMPTS, caps))))
+    ]
     results = [f.result(timeout=60) for f in reversed(futures)]
     queue.close()
     assert engine.calls == [[5, 8, 10, 14]] and queue.batches == [4]  # one batch, in ``order``, not arrival order
@@ -50,8 +55,10 @@ def test_a_batch_waits_for_the_running_requesters_only_and_splits_by_temperature
     engine = Recording(tokenizer)
     running = [2]
     queue = request_queue(engine, 30.0, lambda: running[0])
-    first = [queue.submit(GenerationRequest(p, SamplingParams(max_new_tokens=2, temperature=t), seed=i, order=i))
-             for i, (p, t) in enumerate(zip(PROMPTS[:2], (1.0, 0.0)))]
+    first = [
+        queue.submit(GenerationRequest(p, SamplingParams(max_new_tokens=2, temperature=t), seed=i, order=i))
+        for i, (p, t) in enumerate(zip(PROMPTS[:2], (1.0, 0.0)))
+    ]
     [f.result(timeout=60) for f in first]
     running[0] = 1  # one requester left: its request goes at once, however long wait_s is
     queue.submit(GenerationRequest(PROMPTS[2], SamplingParams(max_new_tokens=2), seed=7)).result(timeout=20)

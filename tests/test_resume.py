@@ -15,16 +15,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.rundir.checkpoints import complete_checkpoints, latest_checkpoint, weights_folder
-from agentrl.rundir.directory import resume_config
 from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, TrainingError, TrainingInterrupted
 from agentrl.plugins import load_plugins
+from agentrl.rundir.checkpoints import complete_checkpoints, latest_checkpoint, weights_folder
+from agentrl.rundir.directory import resume_config
 from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
 from agentrl.training.trainer import Trainer
 
 # A step-hook plugin with state of its own (a counter logged every step): resume must carry it on.
-COUNTER_PLUGIN = '''
+COUNTER_PLUGIN = """
 import os, signal
 from agentrl import hookimpl
 
@@ -50,13 +50,27 @@ def agentrl_save_state(state):
 @hookimpl
 def agentrl_load_state(state):
     calls.update(state["counter"])
-'''
+"""
 
 
 def _config(model_dir: Path, out: Path, **overrides) -> TrainConfig:
-    base = dict(model=str(model_dir), max_steps=4, prompts_per_step=2, num_generations=3, max_new_tokens=8,
-                eval_tasks=4, eval_every=2, output_dir=str(out), log_completions_every=1, checkpoint_every=1,
-                keep_checkpoints=2, lr_scheduler="cosine", warmup_steps=1, learning_rate=1e-3, plugins=lockstep_plugins())
+    base = dict(
+        model=str(model_dir),
+        max_steps=4,
+        prompts_per_step=2,
+        num_generations=3,
+        max_new_tokens=8,
+        eval_tasks=4,
+        eval_every=2,
+        output_dir=str(out),
+        log_completions_every=1,
+        checkpoint_every=1,
+        keep_checkpoints=2,
+        lr_scheduler="cosine",
+        warmup_steps=1,
+        learning_rate=1e-3,
+        plugins=lockstep_plugins(),
+    )
     base.update(overrides)
     if base["max_steps"] == 1:
         base["warmup_steps"] = 0  # warm-up must end within the run
@@ -129,7 +143,7 @@ def test_final_export_loads_with_from_pretrained(tiny_model_dir, tmp_path):
 
     out = tmp_path / "run"
     Trainer(_config(tiny_model_dir, out, max_steps=1, eval_tasks=0), load_plugins()).train()
-    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    AutoModelForCausalLM.from_pretrained(out / "model")
     AutoTokenizer.from_pretrained(out / "model")
     checkpoint = complete_checkpoints(out)[-1]
     assert weights_folder(out, checkpoint) == out / "model"  # the finished run's checkpoint: model/ holds its weights
@@ -151,8 +165,9 @@ def test_resume_refuses_what_cannot_be_continued(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="not a run dir"):
         latest_checkpoint(tmp_path)
     out = tmp_path / "run"
-    Trainer(_config(tiny_model_dir, out, max_steps=1, eval_tasks=0, checkpoint_every=0, save_model=False),
-            load_plugins()).train()
+    Trainer(
+        _config(tiny_model_dir, out, max_steps=1, eval_tasks=0, checkpoint_every=0, save_model=False), load_plugins()
+    ).train()
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         resume_config(out)
     other = tmp_path / "other"
@@ -173,31 +188,47 @@ def test_training_longer_replans_the_wsd_decay(tiny_model_dir, tmp_path):
     resumed to 4 steps, the decay moves to the last 2: lr, lr/2. The saved schedule state is the
     step count; the rates come from the new length."""
     out = tmp_path / "run"
-    Trainer(_config(tiny_model_dir, out, max_steps=2, warmup_steps=0, eval_tasks=0, save_model=False,
-                    lr_scheduler="wsd", lr_decay_fraction=0.5), load_plugins()).train()
+    Trainer(
+        _config(
+            tiny_model_dir,
+            out,
+            max_steps=2,
+            warmup_steps=0,
+            eval_tasks=0,
+            save_model=False,
+            lr_scheduler="wsd",
+            lr_decay_fraction=0.5,
+        ),
+        load_plugins(),
+    ).train()
     config, checkpoint = resume_config(out, max_steps=4)
     Trainer(config, load_plugins(), resume=checkpoint).train()
-    rates = [json.loads(line)["train/learning_rate"] for line in (out / "metrics.jsonl").read_text().splitlines()
-             if "train/learning_rate" in json.loads(line)]
+    rates = [
+        json.loads(line)["train/learning_rate"]
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if "train/learning_rate" in json.loads(line)
+    ]
     assert rates == pytest.approx([1e-3, 1e-3, 1e-3, 5e-4], abs=1e-12)
 
 
-NAN_FACTORS = '''
+NAN_FACTORS = """
 import torch
 from agentrl import hookimpl
 
 @hookimpl
 def agentrl_per_token_loss_factors(batch, logprobs, old_logprobs, config, settings, metrics):
     return torch.full_like(logprobs, float("nan"))
-'''
+"""
 
 
 def test_nonfinite_steps_in_a_row_stop_the_run_keeping_what_was_written(tiny_model_dir, tmp_path):
     plugin = tmp_path / "nan_plugin.py"
     plugin.write_text(NAN_FACTORS)
     out = tmp_path / "run"
-    trainer = Trainer(_config(tiny_model_dir, out, max_steps=10, eval_tasks=0, max_nonfinite_steps=3),
-                      load_plugins(modules=[str(plugin)]))
+    trainer = Trainer(
+        _config(tiny_model_dir, out, max_steps=10, eval_tasks=0, max_nonfinite_steps=3),
+        load_plugins(modules=[str(plugin)]),
+    )
     start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     with pytest.warns(RuntimeWarning, match="not finite"), pytest.raises(TrainingError, match=r"steps 1-3: 3 steps"):
         trainer.train()
@@ -211,8 +242,16 @@ def test_a_batch_with_no_scored_episode_is_not_an_update(tiny_model_dir, tmp_pat
     reward = tmp_path / "unscored.py"
     reward.write_text("def unscored(trajectories):\n    return [None] * len(trajectories)\n")
     out = tmp_path / "run"
-    config = _config(tiny_model_dir, out, max_steps=2, eval_tasks=0, env_reward_weight=0.0,
-                     rewards={f"{reward}:unscored": 1.0}, max_nonfinite_steps=5, save_model=False)
+    config = _config(
+        tiny_model_dir,
+        out,
+        max_steps=2,
+        eval_tasks=0,
+        env_reward_weight=0.0,
+        rewards={f"{reward}:unscored": 1.0},
+        max_nonfinite_steps=5,
+        save_model=False,
+    )
     trainer = Trainer(config, load_plugins())
     start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     with pytest.warns(RuntimeWarning, match="no episode of the batch has a finite reward"):
@@ -228,7 +267,7 @@ def _train_cli(*args: str) -> subprocess.Popen:
     return subprocess.Popen([*AGENTRL, "train", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-SLOW_SAVE_PLUGIN = '''
+SLOW_SAVE_PLUGIN = """
 import os, time
 from pathlib import Path
 from agentrl import hookimpl
@@ -242,19 +281,42 @@ def agentrl_save_state(state):
     if ready and saves["n"] == 3:  # the third checkpoint hangs half-written until killed
         Path(ready).write_text("writing")
         time.sleep(600)
-'''
+"""
 
 
 def test_sigkill_mid_checkpoint_then_resume_equals_straight(tiny_model_dir, tmp_path):
     plugin = tmp_path / "slow_save.py"
     plugin.write_text(SLOW_SAVE_PLUGIN)
-    common = ["--model", str(tiny_model_dir), "--max-steps", "5", "--num-generations", "2", "--prompts-per-step",
-              "2", "--set", "max_new_tokens=8", "--set", "eval_tasks=0", "--set", "checkpoint_every=1",
-              "--set", "log_completions_every=1", "--plugin", str(plugin), *LOCKSTEP_ARGS]
+    common = [
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "5",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--set",
+        "max_new_tokens=8",
+        "--set",
+        "eval_tasks=0",
+        "--set",
+        "checkpoint_every=1",
+        "--set",
+        "log_completions_every=1",
+        "--plugin",
+        str(plugin),
+        *LOCKSTEP_ARGS,
+    ]
     straight, killed, ready = tmp_path / "straight", tmp_path / "killed", tmp_path / "ready"
     first = _train_cli(*common, "--output-dir", str(straight))
-    proc = subprocess.Popen([*AGENTRL, "train", *common, "--output-dir", str(killed)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "AGENTRL_TEST_SLOW_SAVE": str(ready)})
+    proc = subprocess.Popen(
+        [*AGENTRL, "train", *common, "--output-dir", str(killed)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "AGENTRL_TEST_SLOW_SAVE": str(ready)},
+    )
     deadline = time.monotonic() + 300
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -267,8 +329,12 @@ def test_sigkill_mid_checkpoint_then_resume_equals_straight(tiny_model_dir, tmp_
     with (killed / "metrics.jsonl").open("a") as f:  # and a torn line, as a kill inside write() leaves
         f.write('{"step": 4, "reward/total_')
     assert first.wait(timeout=300) == 0, first.stderr.read()
-    done = subprocess.run([*AGENTRL, "train", "--resume", str(killed), "--plugin", str(plugin)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*AGENTRL, "train", "--resume", str(killed), "--plugin", str(plugin)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "resuming" in done.stdout and "step-000002" in done.stdout
     assert _lines(killed) == _lines(straight)
@@ -279,12 +345,28 @@ def test_sigkill_mid_checkpoint_then_resume_equals_straight(tiny_model_dir, tmp_
 
 def test_ctrl_c_on_the_cli_saves_and_exits_130_and_flags_conflict_with_resume(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    proc = _train_cli("--model", str(tiny_model_dir), "--max-steps", "50", "--num-generations", "2",
-                      "--prompts-per-step", "2", "--set", "max_new_tokens=8", "--set", "eval_tasks=0",
-                      "--set", "checkpoint_every=0", "--output-dir", str(out))
+    proc = _train_cli(
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "50",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--set",
+        "max_new_tokens=8",
+        "--set",
+        "eval_tasks=0",
+        "--set",
+        "checkpoint_every=0",
+        "--output-dir",
+        str(out),
+    )
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not ((out / "metrics.jsonl").is_file()
-                                               and (out / "metrics.jsonl").read_text().count("\n") >= 2):
+    while time.monotonic() < deadline and not (
+        (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().count("\n") >= 2
+    ):
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -295,6 +377,7 @@ def test_ctrl_c_on_the_cli_saves_and_exits_130_and_flags_conflict_with_resume(ti
     assert complete_checkpoints(out)[-1].name == f"step-{step:06d}"  # saved although checkpoint_every=0
     bad = subprocess.run([*AGENTRL, "train", "--resume", str(out), "--seed", "3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "drop --seed" in bad.stderr
-    again = subprocess.run([*AGENTRL, "train", "--output-dir", str(out), "--model", str(tiny_model_dir)],
-                           capture_output=True, text=True)
+    again = subprocess.run(
+        [*AGENTRL, "train", "--output-dir", str(out), "--model", str(tiny_model_dir)], capture_output=True, text=True
+    )
     assert again.returncode == 2 and "already holds a run" in again.stderr

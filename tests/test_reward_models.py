@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from cli_in_process import agentrl_in_process
+from transformers import LlamaConfig, LlamaForSequenceClassification
+
 from agentrl import hookimpl
 from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError
@@ -18,18 +21,36 @@ from agentrl.rewards.schemes import RewardContext, absolute_argument, with_absol
 from agentrl.rewards.specs import resolve_rewards
 from agentrl.testing import make_trajectory
 from agentrl_rewards.reward_model import RewardModel, RewardModelConfig
-from cli_in_process import agentrl_in_process
-from transformers import LlamaConfig, LlamaForSequenceClassification
 
-TINY = ("--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=0",
-        "--set", "max_new_tokens=8")
+TINY = (
+    "--max-steps",
+    "2",
+    "--num-generations",
+    "2",
+    "--prompts-per-step",
+    "2",
+    "--set",
+    "eval_tasks=0",
+    "--set",
+    "max_new_tokens=8",
+)
 
 
 def tiny_reward_model(vocab_size: int, num_labels: int = 1, seed: int = 0) -> LlamaForSequenceClassification:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         num_labels=num_labels, pad_token_id=2, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        num_labels=num_labels,
+        pad_token_id=2,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return LlamaForSequenceClassification(config).eval()
 
 
@@ -43,13 +64,21 @@ def rm_dir(tmp_path_factory, tokenizer):
 
 
 def conversations() -> list[list[dict[str, str]]]:
-    single = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
-              {"role": "assistant", "content": "\\boxed{4}"}]
-    multi = [{"role": "user", "content": "Use the calculator: 17*3"},
-             {"role": "assistant", "content": "<tool_call>{\"name\": \"calc\"}</tool_call>"},
-             {"role": "tool", "content": "51"}, {"role": "assistant", "content": "It is 51, so \\boxed{51}."}]
-    long = [{"role": "user", "content": "Count: " + " ".join(str(i) for i in range(40))},
-            {"role": "assistant", "content": "done"}]
+    single = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "\\boxed{4}"},
+    ]
+    multi = [
+        {"role": "user", "content": "Use the calculator: 17*3"},
+        {"role": "assistant", "content": '<tool_call>{"name": "calc"}</tool_call>'},
+        {"role": "tool", "content": "51"},
+        {"role": "assistant", "content": "It is 51, so \\boxed{51}."},
+    ]
+    long = [
+        {"role": "user", "content": "Count: " + " ".join(str(i) for i in range(40))},
+        {"role": "assistant", "content": "done"},
+    ]
     return [single, multi, long, single[:2] + [{"role": "assistant", "content": "5"}]]
 
 
@@ -89,8 +118,10 @@ def test_long_conversations_keep_their_end_and_are_counted(rm_dir, tokenizer):
     folder, model = rm_dir
     rm = RewardModel(str(folder), RewardModelConfig(max_length=24))
     got = np.array(rm(trajectories(conversations())), dtype=np.float64)
-    lengths = [len(tokenizer(tokenizer.apply_chat_template(m, tokenize=False), add_special_tokens=False)["input_ids"])
-               for m in conversations()]
+    lengths = [
+        len(tokenizer(tokenizer.apply_chat_template(m, tokenize=False), add_special_tokens=False)["input_ids"])
+        for m in conversations()
+    ]
     np.testing.assert_allclose(got, hand_scores(model, tokenizer, conversations(), max_length=24), rtol=1e-5, atol=1e-6)
     assert rm.pop_metrics() == {"truncated": float(sum(n > 24 for n in lengths))} and sum(n > 24 for n in lengths) >= 2
     assert rm.pop_metrics() == {"truncated": 0.0}
@@ -138,8 +169,9 @@ def test_the_scheme_loads_the_model_once_with_the_runs_settings(rm_dir, tokenize
     from agentrl_math import MathEnv
 
     folder, model = rm_dir
-    config = TrainConfig(rewards={f"rm:{folder}": 0.5, "format": 1.0},
-                         plugins={"reward_model": {"normalize": "none", "shift": 1.0}})
+    config = TrainConfig(
+        rewards={f"rm:{folder}": 0.5, "format": 1.0}, plugins={"reward_model": {"normalize": "none", "shift": 1.0}}
+    )
     manager = load_plugins()
     context = RewardContext(config=config, settings={"reward_model": RewardModelConfig(shift=1.0)})
     resolved = resolve_rewards(config, manager.registry, MathEnv(), context)
@@ -153,9 +185,22 @@ def test_the_scheme_loads_the_model_once_with_the_runs_settings(rm_dir, tokenize
 def test_cli_trains_with_a_reward_model_and_its_scores_are_the_rewards(rm_dir, tiny_model_dir, tokenizer, tmp_path):
     folder, model = rm_dir
     out = tmp_path / "run"
-    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", f"rm:{folder}:1",
-                                "--set", "env_reward_weight=0", "--set", "precision=fp32",
-                                "--set", "log_completions_every=1", "--output-dir", str(out), *TINY)
+    result = agentrl_in_process(
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--reward",
+        f"rm:{folder}:1",
+        "--set",
+        "env_reward_weight=0",
+        "--set",
+        "precision=fp32",
+        "--set",
+        "log_completions_every=1",
+        "--output-dir",
+        str(out),
+        *TINY,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert sorted({row["step"] for row in rows}) == [1, 2] and len(rows) == 8
@@ -167,19 +212,23 @@ def test_cli_trains_with_a_reward_model_and_its_scores_are_the_rewards(rm_dir, t
 
 @pytest.mark.parametrize("spec", ["rm:/nonexistent/reward-model", "rm:/nonexistent/reward-model:0.5"])
 def test_cli_bad_reward_model_path_is_one_line_naming_it(spec, tiny_model_dir, tmp_path):
-    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", spec,
-                                "--output-dir", str(tmp_path / "r"), *TINY)
+    result = agentrl_in_process(
+        "train", "--model", str(tiny_model_dir), "--reward", spec, "--output-dir", str(tmp_path / "r"), *TINY
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "reward model '/nonexistent/reward-model' is not a model folder" in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr
 
 
 def test_cli_unknown_prefix_still_names_the_weight(tiny_model_dir, tmp_path):
-    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", "format:heavy",
-                                "--output-dir", str(tmp_path / "r"), *TINY)
+    result = agentrl_in_process(
+        "train", "--model", str(tiny_model_dir), "--reward", "format:heavy", "--output-dir", str(tmp_path / "r"), *TINY
+    )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert ("weight 'heavy' is not a number, and 'format' is neither a reward scheme (judge, prm, rm) nor an importable module"
-            in " ".join(result.stderr.split()))
+    assert (
+        "weight 'heavy' is not a number, and 'format' is neither a reward scheme (judge, prm, rm) nor an importable module"
+        in " ".join(result.stderr.split())
+    )
 
 
 class PathSchemes:
@@ -198,16 +247,26 @@ def test_scheme_arguments_declared_paths_are_made_absolute(tmp_path, monkeypatch
     manager = load_plugins()
     manager.register_plugin(PathSchemes(), name="path_schemes")
     registry = manager.registry
-    made = {name: absolute_argument(name, registry) for name in (
-        "rm:my_rm", "rm:./my_rm", "prm:my_rm", "judge:judge_model", "mine:my_rm", f"rm:{tmp_path}/my_rm")}
-    assert made == {"rm:my_rm": f"rm:{tmp_path}/my_rm", "rm:./my_rm": f"rm:{tmp_path}/my_rm",
-                    "prm:my_rm": f"prm:{tmp_path}/my_rm", "judge:judge_model": f"judge:{tmp_path}/judge_model",
-                    "mine:my_rm": f"mine:{tmp_path}/my_rm", f"rm:{tmp_path}/my_rm": f"rm:{tmp_path}/my_rm"}
+    made = {
+        name: absolute_argument(name, registry)
+        for name in ("rm:my_rm", "rm:./my_rm", "prm:my_rm", "judge:judge_model", "mine:my_rm", f"rm:{tmp_path}/my_rm")
+    }
+    assert made == {
+        "rm:my_rm": f"rm:{tmp_path}/my_rm",
+        "rm:./my_rm": f"rm:{tmp_path}/my_rm",
+        "prm:my_rm": f"prm:{tmp_path}/my_rm",
+        "judge:judge_model": f"judge:{tmp_path}/judge_model",
+        "mine:my_rm": f"mine:{tmp_path}/my_rm",
+        f"rm:{tmp_path}/my_rm": f"rm:{tmp_path}/my_rm",
+    }
     for kept in ("judge:policy", "judge:openai", "api:my_rm", "rm:missing_folder", "format", "accuracy"):
         assert absolute_argument(kept, registry) == kept  # not a declared path, or no such path here
     config = TrainConfig(rewards={"rm:./my_rm": 0.5, "judge:policy": 1.0, "format": 0.2})
-    assert with_absolute_paths(config, registry).rewards == {f"rm:{tmp_path}/my_rm": 0.5, "judge:policy": 1.0,
-                                                               "format": 0.2}
+    assert with_absolute_paths(config, registry).rewards == {
+        f"rm:{tmp_path}/my_rm": 0.5,
+        "judge:policy": 1.0,
+        "format": 0.2,
+    }
     unchanged = TrainConfig(rewards={"judge:policy": 1.0})
     assert with_absolute_paths(unchanged, registry) is unchanged
 
@@ -216,10 +275,25 @@ def test_cli_run_with_a_relative_rm_path_resumes_from_another_directory(rm_dir, 
     start, elsewhere, out = tmp_path / "start", tmp_path / "elsewhere", tmp_path / "run"
     shutil.copytree(rm_dir[0], start / "my_rm")
     elsewhere.mkdir()
-    flags = ["--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=0",
-             "--set", "max_new_tokens=8", "--set", "checkpoint_every=1", "--set", "save_model=false"]
-    first = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", "rm:./my_rm:1",
-                               "--output-dir", str(out), *flags, cwd=start)
+    flags = [
+        "--max-steps",
+        "1",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--set",
+        "eval_tasks=0",
+        "--set",
+        "max_new_tokens=8",
+        "--set",
+        "checkpoint_every=1",
+        "--set",
+        "save_model=false",
+    ]
+    first = agentrl_in_process(
+        "train", "--model", str(tiny_model_dir), "--reward", "rm:./my_rm:1", "--output-dir", str(out), *flags, cwd=start
+    )
     assert first.returncode == 0, first.stdout + first.stderr
     assert yaml.safe_load((out / "config.yaml").read_text())["rewards"] == {f"rm:{start / 'my_rm'}": 1.0}
     shown = agentrl_in_process("train", "--reward", "rm:./my_rm:1", "--print-config", cwd=start)

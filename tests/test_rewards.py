@@ -7,11 +7,11 @@ import re
 from typing import Any
 
 import pytest
-from agentrl_rewards import accuracy_reward, format_reward
 
 import agentrl
 from agentrl import RewardError, Trajectory
 from agentrl.testing import check_reward, make_trajectory
+from agentrl_rewards import accuracy_reward, format_reward
 
 TASK = {"question": "What is 7 + 5? Put the final answer in \\boxed{}.", "answer": "12"}
 
@@ -19,40 +19,59 @@ TASK = {"question": "What is 7 + 5? Put the final answer in \\boxed{}.", "answer
 def reply(text: str, task: dict[str, Any] | None = None) -> Trajectory:
     """A one-turn trajectory answering ``task`` (default: 7 + 5) with ``text``."""
     task = TASK if task is None else task
-    return make_trajectory([{"role": "user", "content": task["question"]},
-                            {"role": "assistant", "content": text}], task)
+    return make_trajectory(
+        [{"role": "user", "content": task["question"]}, {"role": "assistant", "content": text}], task
+    )
 
 
 def sample_trajectories() -> list[Trajectory]:
     """Replies of every kind, including a task with no answer and a two-turn episode."""
-    two_turns = make_trajectory([{"role": "user", "content": "q"}, {"role": "assistant", "content": "11"},
-                                 {"role": "user", "content": "Try again."},
-                                 {"role": "assistant", "content": "\\boxed{12}"}], TASK)
-    return [reply("\\boxed{12}"), reply("12"), reply("\\boxed{13}"), reply("no idea"),
-            reply("\\boxed{x}", {"question": "Say x."}), two_turns]
+    two_turns = make_trajectory(
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "11"},
+            {"role": "user", "content": "Try again."},
+            {"role": "assistant", "content": "\\boxed{12}"},
+        ],
+        TASK,
+    )
+    return [
+        reply("\\boxed{12}"),
+        reply("12"),
+        reply("\\boxed{13}"),
+        reply("no idea"),
+        reply("\\boxed{x}", {"question": "Say x."}),
+        two_turns,
+    ]
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("\\boxed{12}", 1.0),
-    ("\\boxed{-3}", 1.0),
-    ("So \\boxed{0.5}.", 1.0),
-    ("\\boxed{13}", 1.0),  # format only: a wrong number is still well formatted
-    ("\\boxed{x}", 0.0),
-    ("\\boxed{12} then \\boxed{abc}", 0.0),  # the last box is the answer
-    ("\\boxed{}", 0.0),
-    ("12", 0.0),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("\\boxed{12}", 1.0),
+        ("\\boxed{-3}", 1.0),
+        ("So \\boxed{0.5}.", 1.0),
+        ("\\boxed{13}", 1.0),  # format only: a wrong number is still well formatted
+        ("\\boxed{x}", 0.0),
+        ("\\boxed{12} then \\boxed{abc}", 0.0),  # the last box is the answer
+        ("\\boxed{}", 0.0),
+        ("12", 0.0),
+    ],
+)
 def test_format(text: str, expected: float) -> None:
     assert format_reward([reply(text)]) == [expected]
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("\\boxed{12}", 1.0),
-    ("\\boxed{12.0}", 1.0),
-    ("\\boxed{13}", 0.0),
-    ("12", 0.0),  # strict: the math env's lenient parse would accept this
-    ("\\boxed{13}, I mean 12", 0.0),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("\\boxed{12}", 1.0),
+        ("\\boxed{12.0}", 1.0),
+        ("\\boxed{13}", 0.0),
+        ("12", 0.0),  # strict: the math env's lenient parse would accept this
+        ("\\boxed{13}, I mean 12", 0.0),
+    ],
+)
 def test_accuracy(text: str, expected: float) -> None:
     assert accuracy_reward([reply(text)]) == [expected]
 
@@ -103,8 +122,15 @@ def with_tool_calls(per_turn: list[tuple[int, int]]) -> Trajectory:
 
 def test_tool_use_rewards_a_call_that_ran_once_per_episode() -> None:
     fn = agentrl.load_plugins().registry.get("reward", "tool_use").factory
-    cases = {(): 0.0, ((0, 0),): 0.0, ((1, 1),): 0.5, ((2, 2), (1, 1), (0, 0)): 0.5,
-             ((1, 0),): 1.0, ((1, 1), (1, 0), (0, 0)): 1.0, ((4, 0), (4, 0), (0, 0)): 1.0}
+    cases = {
+        (): 0.0,
+        ((0, 0),): 0.0,
+        ((1, 1),): 0.5,
+        ((2, 2), (1, 1), (0, 0)): 0.5,
+        ((1, 0),): 1.0,
+        ((1, 1), (1, 0), (0, 0)): 1.0,
+        ((4, 0), (4, 0), (0, 0)): 1.0,
+    }
     trajectories = [with_tool_calls(list(turns)) for turns in cases]
     assert [len(t.turns) for t in trajectories] == [len(k) for k in cases]
     assert fn(trajectories=trajectories) == list(cases.values())
@@ -130,9 +156,13 @@ def test_check_reward_names_broken_rules() -> None:
     data = sample_trajectories()
     with pytest.raises(RewardError, match=re.escape("reward 'short' must return a list of 6 scores, got 1 items")):
         check_reward(short, data)
-    with pytest.raises(RewardError, match=re.escape("reward 'not_a_number': score 0 is nan; expected a finite float or None")):
+    with pytest.raises(
+        RewardError, match=re.escape("reward 'not_a_number': score 0 is nan; expected a finite float or None")
+    ):
         check_reward(not_a_number, data)
-    with pytest.raises(RewardError, match=re.escape("reward 'stingy' gave the gold reply '\\\\boxed{12}' 0.5, expected full marks 1.0")):
+    with pytest.raises(
+        RewardError, match=re.escape("reward 'stingy' gave the gold reply '\\\\boxed{12}' 0.5, expected full marks 1.0")
+    ):
         check_reward(stingy, data)
     check_reward(stingy, data, full_marks=None)
     with pytest.raises(RewardError, match=re.escape("reward 'broken' raised on 6 trajectories: KeyError('answer')")):

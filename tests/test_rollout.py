@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from agentrl import Env, SamplingParams, TemplateError
-from agentrl.sampling.chat import ChatTokenizer
 from agentrl.config.train import TrainConfig
 from agentrl.model.loading import DEFAULT_MODEL, load_model
 from agentrl.plugins import load_plugins
-
+from agentrl.sampling.chat import ChatTokenizer
 from agentrl.testing import build_tiny_model
 from agentrl.tools.tool import Tool, ToolCall, ToolEnv, render_tools_system_prompt
 
@@ -51,8 +50,9 @@ class ScriptedEnv(Env):
 def _rollout(model, tokenizer, **overrides):
     manager = load_plugins()
     config = TrainConfig(**{"max_new_tokens": 12, **overrides})
-    engine = manager.registry.get("engine", "hf").factory(model=model, tokenizer=tokenizer,
-                                                           config=TrainConfig(engine_args={"dtype": "float32"}))
+    engine = manager.registry.get("engine", "hf").factory(
+        model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"})
+    )
     return manager.registry.get("rollout", "multi_turn").factory(engine=engine, tokenizer=tokenizer, config=config)
 
 
@@ -64,14 +64,14 @@ def _check_token_exact(trajectory, tokenizer):
     # The trajectory ends with the model's last sampled token; the template's closing separator
     # (and the stop token of a turn cut by the length cap) come after it.
     assert rendered.startswith(decoded)
-    assert rendered[len(decoded):] in ("\n", "<|im_end|>\n")
+    assert rendered[len(decoded) :] in ("\n", "<|im_end|>\n")
     # Rebuild the ids independently: first prompt, then per turn sampled ids + delta ids.
     first_user = next(i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant")
     expected = chat.prompt_ids(trajectory.messages[:first_user], tools=trajectory.tools)
     assert trajectory.token_ids[: len(expected)] == expected
     for turn in trajectory.turns:
         assert all(trajectory.loss_mask[t] == 1 for t in range(turn.start, turn.end))
-        assert all(lp <= 0.0 for lp in trajectory.sampler_logprobs[turn.start:turn.end])
+        assert all(lp <= 0.0 for lp in trajectory.sampler_logprobs[turn.start : turn.end])
     off_mask = [lp for lp, m in zip(trajectory.sampler_logprobs, trajectory.loss_mask) if m == 0]
     assert all(lp == 0.0 for lp in off_mask)
     assert sum(trajectory.loss_mask) == sum(t.end - t.start for t in trajectory.turns)
@@ -131,8 +131,9 @@ def test_templates_that_render_tools_get_the_schemas_instead_of_the_fallback(tok
     model = build_tiny_model(len(tokenizer))
     for tok, native in ((tools_tokenizer, True), (tokenizer, False)):
         rollout = _rollout(model, tok, max_new_tokens=6)
-        [trajectory] = rollout.run([CallEveryTurnEnv()], [{"question": "Say hi."}], [0],
-                                   SamplingParams(max_new_tokens=6, seed=0))
+        [trajectory] = rollout.run(
+            [CallEveryTurnEnv()], [{"question": "Say hi."}], [0], SamplingParams(max_new_tokens=6, seed=0)
+        )
         assert len(trajectory.turns) == 3 and trajectory.truncated
         assert [m["content"] for m in trajectory.messages if m["role"] == "tool"] == ["hi", "hi"]
         assert trajectory.info["unseen_messages"] == [{"role": "tool", "content": "hi", "name": "echo"}]
@@ -162,8 +163,12 @@ def test_real_model_multi_turn_keeps_stop_tokens(tokenizer):
     model = load_model(DEFAULT_MODEL)
     rollout = _rollout(model, tokenizer, max_new_tokens=48)
     envs = [ScriptedEnv() for _ in range(4)]
-    trajectories = rollout.run(envs, [{"turns": 3}, {"turns": 2}, {"turns": 3}, {"turns": 1}], [0, 0, 1, 1],
-                               SamplingParams(max_new_tokens=48, temperature=0.7, seed=3))
+    trajectories = rollout.run(
+        envs,
+        [{"turns": 3}, {"turns": 2}, {"turns": 3}, {"turns": 1}],
+        [0, 0, 1, 1],
+        SamplingParams(max_new_tokens=48, temperature=0.7, seed=3),
+    )
     stopped = 0
     for trajectory in trajectories:
         _check_token_exact(trajectory, tokenizer)
@@ -180,8 +185,10 @@ def test_real_model_multi_turn_keeps_stop_tokens(tokenizer):
 def test_non_prefix_template_fails_loudly(tokenizer):
     broken = type(tokenizer).from_pretrained(tokenizer.name_or_path)
     # A template that renders only the last two messages: rendering a longer conversation rewrites it.
-    broken.chat_template = ("{% for m in messages[-2:] %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-                            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    broken.chat_template = (
+        "{% for m in messages[-2:] %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     rollout = _rollout(build_tiny_model(len(tokenizer)), broken)
     with pytest.raises(TemplateError, match="not prefix-preserving"):
         rollout.run([ScriptedEnv()], [{"turns": 3}], [0], SamplingParams(max_new_tokens=4, seed=0))

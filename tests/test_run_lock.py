@@ -73,8 +73,11 @@ def test_a_lock_left_by_another_host_is_refused_with_the_fix(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / LOCK_FILE).write_text(json.dumps({"pid": 4242, "host": "node-7", "started": "2026-01-01T00:00:00"}))
-    with pytest.raises(RunDirBusyError, match=r"locked by pid 4242 on host node-7 .*if that run no longer runs, "
-                                              r"delete .*run\.lock"):
+    with pytest.raises(
+        RunDirBusyError,
+        match=r"locked by pid 4242 on host node-7 .*if that run no longer runs, "
+        r"delete .*run\.lock",
+    ):
         RunLock(run).acquire()
     assert read_holder(run / LOCK_FILE).host == "node-7"  # left as it was
 
@@ -94,30 +97,51 @@ def test_a_read_only_run_dir_is_one_line_naming_the_path(tmp_path):
 def test_a_lock_file_that_cannot_be_opened_is_one_line_naming_the_path(tmp_path):
     run = tmp_path / "run"
     (run / LOCK_FILE).mkdir(parents=True)  # a folder where the lock file goes (root writes anywhere)
-    with pytest.raises(ConfigError, match=re.escape(f"cannot write the run dir's lock file '{run / LOCK_FILE}' "
-                                                    "(Is a directory)")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"cannot write the run dir's lock file '{run / LOCK_FILE}' (Is a directory)")
+    ):
         RunLock(run).acquire()
 
 
 def test_a_second_resume_or_train_of_a_running_run_is_refused_naming_the_holder(tiny_model_dir, tmp_path):
     run = tmp_path / "run"
-    Trainer(TrainConfig(model=str(tiny_model_dir), max_steps=1, prompts_per_step=2, num_generations=2,
-                        max_new_tokens=8, eval_tasks=0, checkpoint_every=1, warmup_steps=0, output_dir=str(run)),
-            load_plugins()).train()
-    first = subprocess.Popen([*AGENTRL, "train", "--resume", str(run), "--max-steps", "500"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    Trainer(
+        TrainConfig(
+            model=str(tiny_model_dir),
+            max_steps=1,
+            prompts_per_step=2,
+            num_generations=2,
+            max_new_tokens=8,
+            eval_tasks=0,
+            checkpoint_every=1,
+            warmup_steps=0,
+            output_dir=str(run),
+        ),
+        load_plugins(),
+    ).train()
+    first = subprocess.Popen(
+        [*AGENTRL, "train", "--resume", str(run), "--max-steps", "500"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while (holder := read_holder(run / LOCK_FILE)) is None or holder.pid != first.pid:
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-3000:]
             time.sleep(0.05)
         named = f"is in use: pid {first.pid} on host {socket.gethostname()}"
-        second = subprocess.run([*AGENTRL, "train", "--resume", str(run), "--max-steps", "500"],
-                                capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            [*AGENTRL, "train", "--resume", str(run), "--max-steps", "500"], capture_output=True, text=True, timeout=300
+        )
         assert second.returncode == 2 and named in second.stderr, second.stderr[-3000:]
         assert f"kill -TERM {first.pid}" in second.stderr
-        fresh = subprocess.run([*AGENTRL, "train", "--model", str(tiny_model_dir), "--output-dir", str(run)],
-                               capture_output=True, text=True, timeout=300)
+        fresh = subprocess.run(
+            [*AGENTRL, "train", "--model", str(tiny_model_dir), "--output-dir", str(run)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert fresh.returncode == 2 and named in fresh.stderr, fresh.stderr[-3000:]
         assert first.poll() is None  # the first one trains on
         # SIGTERM once it has trained a step of its own: its handler is in place by then (a signal

@@ -17,10 +17,21 @@ from agentrl_sampler_correction import SamplerCorrectionConfig, log_weights
 
 
 def _trainer(model_dir, tmp_path, correction: dict, **overrides) -> Trainer:
-    base = dict(model=str(model_dir), max_steps=1, prompts_per_step=2, num_generations=4, max_new_tokens=6,
-                eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0, save_model=False,
-                precision="fp32", engine_args={"dtype": "float32"}, rewards={"parity": 1.0},
-                plugins={"sampler_correction": correction})
+    base = dict(
+        model=str(model_dir),
+        max_steps=1,
+        prompts_per_step=2,
+        num_generations=4,
+        max_new_tokens=6,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        log_completions_every=0,
+        save_model=False,
+        precision="fp32",
+        engine_args={"dtype": "float32"},
+        rewards={"parity": 1.0},
+        plugins={"sampler_correction": correction},
+    )
     base.update(overrides)
     manager = load_plugins()
     manager.registry.add("reward", "parity", parity_reward, plugin="test")
@@ -99,11 +110,13 @@ def test_mis_drops_out_of_range_tokens_and_the_denominator_counts_only_kept_ones
     assert batch.loss_mask.sum(dim=1).tolist() == [n if k else 0.0 for n, k in zip(tokens, kept_rows)]
     weights = tokens if level == "token" else [1.0] * len(tokens)  # masked share of tokens, or of sequences
     assert metrics["mismatch/frac_masked"] == pytest.approx(
-        sum(w for w, k in zip(weights, kept_rows) if not k) / sum(weights))
+        sum(w for w, k in zip(weights, kept_rows) if not k) / sum(weights)
+    )
     advantages = _group_advantages(batch.rewards.tolist(), batch.groups.tolist())
     # One optimizer step on-policy: r = 1, so the dapo loss is -sum(A over kept tokens) / kept tokens.
     expected = -sum(a * n for a, n, k in zip(advantages, tokens, kept_rows) if k) / sum(
-        n for n, k in zip(tokens, kept_rows) if k)
+        n for n, k in zip(tokens, kept_rows) if k
+    )
     assert metrics["loss/policy"] == pytest.approx(expected, abs=1e-6)
 
 
@@ -121,8 +134,11 @@ def test_tis_multiplies_the_loss_by_the_truncated_weight(tiny_model_dir, tmp_pat
         weights = [min(math.exp(-o * n), 2.0) for o, n in zip(offsets, tokens)]
     expected = -sum(a * n * w for a, n, w in zip(advantages, tokens, weights)) / sum(tokens)
     assert metrics["loss/policy"] == pytest.approx(expected, abs=1e-6)
-    units = [(math.exp(-o), n) for o, n in zip(offsets, tokens) if n] if level == "token" else \
-        [(math.exp(-o * n), 1) for o, n in zip(offsets, tokens) if n]
+    units = (
+        [(math.exp(-o), n) for o, n in zip(offsets, tokens) if n]
+        if level == "token"
+        else [(math.exp(-o * n), 1) for o, n in zip(offsets, tokens) if n]
+    )
     truncated = sum(n for w, n in units if w > 2.0) / sum(n for _, n in units)
     assert metrics["mismatch/frac_truncated"] == pytest.approx(truncated)
 
@@ -135,13 +151,22 @@ def test_off_changes_nothing_and_computes_no_old_logprobs(tiny_model_dir, tmp_pa
     assert "old_logprobs" not in batch.extras and not any(k.startswith("mismatch/") for k in metrics)
 
 
-@pytest.mark.parametrize(("section", "message"), [
-    ({"mode": "clip"}, "plugins.sampler_correction.mode='clip' is invalid: expected one of auto, off, measure, tis, mis"),
-    ({"level": "seq"}, "plugins.sampler_correction.level='seq' is invalid: expected one of token, sequence, geometric"),
-    ({"cap": 1.0}, "plugins.sampler_correction.cap=1.0 is invalid: expected a finite number > 1"),
-    ({"lower": 2}, "plugins.sampler_correction.lower=2 is invalid: expected None or a number in (0, 1)"),
-    ({"kap": 3}, "unknown key(s) 'kap' in plugins.sampler_correction; SamplerCorrectionConfig accepts:"),
-])
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        (
+            {"mode": "clip"},
+            "plugins.sampler_correction.mode='clip' is invalid: expected one of auto, off, measure, tis, mis",
+        ),
+        (
+            {"level": "seq"},
+            "plugins.sampler_correction.level='seq' is invalid: expected one of token, sequence, geometric",
+        ),
+        ({"cap": 1.0}, "plugins.sampler_correction.cap=1.0 is invalid: expected a finite number > 1"),
+        ({"lower": 2}, "plugins.sampler_correction.lower=2 is invalid: expected None or a number in (0, 1)"),
+        ({"kap": 3}, "unknown key(s) 'kap' in plugins.sampler_correction; SamplerCorrectionConfig accepts:"),
+    ],
+)
 def test_bad_settings_are_named(section, message):
     with pytest.raises(ConfigError) as error:
         resolve_settings(TrainConfig(plugins={"sampler_correction": section}), load_plugins().registry)
@@ -149,8 +174,11 @@ def test_bad_settings_are_named(section, message):
 
 
 def test_unknown_section_lists_the_known_ones():
-    with pytest.raises(ConfigError, match="unknown plugin settings section plugins.sampler_corection; sections: "
-                                          "judge, multi_turn, openai_agent, process_reward_model, reward_model, sampler_correction"):
+    with pytest.raises(
+        ConfigError,
+        match="unknown plugin settings section plugins.sampler_corection; sections: "
+        "judge, multi_turn, openai_agent, process_reward_model, reward_model, sampler_correction",
+    ):
         resolve_settings(TrainConfig(plugins={"sampler_corection": {}}), load_plugins().registry)
     resolved = resolve_settings(TrainConfig(), load_plugins().registry)
     assert resolved["sampler_correction"] == SamplerCorrectionConfig()

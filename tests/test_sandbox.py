@@ -33,8 +33,11 @@ from agentrl.tools.tool import ToolError
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACES = frozenset({"uid", "fs", "net", "pid"})
-MODES = {"all-layers": frozenset(), "no-namespaces-no-uid": NAMESPACES,
-         "audit-hook-only": NAMESPACES | {"landlock", "seccomp"}}
+MODES = {
+    "all-layers": frozenset(),
+    "no-namespaces-no-uid": NAMESPACES,
+    "audit-hook-only": NAMESPACES | {"landlock", "seccomp"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +98,10 @@ def test_exceptions_come_back_as_stderr() -> None:
 
 
 def test_infinite_loop_times_out_and_its_process_group_dies() -> None:
-    code = ("import os, subprocess\nprint(os.getcwd(), flush=True)\n"
-            "p = subprocess.Popen(['sleep', '60'])\nwhile True:\n    pass")
+    code = (
+        "import os, subprocess\nprint(os.getcwd(), flush=True)\n"
+        "p = subprocess.Popen(['sleep', '60'])\nwhile True:\n    pass"
+    )
     start = time.monotonic()
     result = run_python(code, timeout_s=1.0)
     assert time.monotonic() - start < 15  # killed at 1 s (the loop never ends; margin for a loaded machine)
@@ -106,9 +111,11 @@ def test_infinite_loop_times_out_and_its_process_group_dies() -> None:
 
 
 def test_processes_that_leave_the_group_die_too() -> None:
-    code = ("import os, subprocess\nprint(os.getcwd())\ntry:\n"
-            "    subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
-            "except OSError as exc:\n    print('refused', exc)")
+    code = (
+        "import os, subprocess\nprint(os.getcwd())\ntry:\n"
+        "    subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+        "except OSError as exc:\n    print('refused', exc)"
+    )
     result = run_python(code, timeout_s=2.0)
     assert result.exit_code == 0 and not result.timed_out, result
     assert _survivors(result.stdout.split()[0]) == []
@@ -117,9 +124,11 @@ def test_processes_that_leave_the_group_die_too() -> None:
 def test_fork_bomb_is_bounded(isolation: tuple[str, ...]) -> None:
     if os.geteuid() == 0 and "uid" not in isolation:
         pytest.skip("running as root without a uid drop: RLIMIT_NPROC does not apply")
-    code = ("import os, time\nn = 0\ntry:\n    for n in range(1000):\n        if os.fork() == 0:\n"
-            "            time.sleep(30)\n            os._exit(0)\nexcept OSError as exc:\n"
-            "    print('limited', n, type(exc).__name__)")
+    code = (
+        "import os, time\nn = 0\ntry:\n    for n in range(1000):\n        if os.fork() == 0:\n"
+        "            time.sleep(30)\n            os._exit(0)\nexcept OSError as exc:\n"
+        "    print('limited', n, type(exc).__name__)"
+    )
     result = run_python(code, timeout_s=5.0, max_processes=8)
     assert result.stdout.split()[0] == "limited", result
     assert int(result.stdout.split()[1]) <= 8
@@ -141,12 +150,15 @@ def test_huge_output_is_capped() -> None:
     assert result.exit_code == 0
 
 
-def test_environment_is_minimal_and_secrets_do_not_leak(monkeypatch: pytest.MonkeyPatch,
-                                                        isolation: tuple[str, ...]) -> None:
+def test_environment_is_minimal_and_secrets_do_not_leak(
+    monkeypatch: pytest.MonkeyPatch, isolation: tuple[str, ...]
+) -> None:
     monkeypatch.setenv("AGENTRL_TEST_SECRET", "hunter2")
-    code = ("import os\nprint(sorted(os.environ))\nprint('hunter2' in repr(os.environ))\n"
-            "try:\n    print(open(f'/proc/{os.getppid()}/environ', 'rb').read().count(b'hunter2'))\n"
-            "except OSError as exc:\n    print(type(exc).__name__)")
+    code = (
+        "import os\nprint(sorted(os.environ))\nprint('hunter2' in repr(os.environ))\n"
+        "try:\n    print(open(f'/proc/{os.getppid()}/environ', 'rb').read().count(b'hunter2'))\n"
+        "except OSError as exc:\n    print(type(exc).__name__)"
+    )
     names, leaked, parent_environ = run_python(code).stdout.splitlines()
     allowed = {"PATH", "HOME", "TMPDIR", "PYTHONDONTWRITEBYTECODE", "LC_CTYPE"}
     assert set(ast.literal_eval(names)) <= allowed
@@ -156,23 +168,28 @@ def test_environment_is_minimal_and_secrets_do_not_leak(monkeypatch: pytest.Monk
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, float, bytes]]:
-    return {str(p): (p.stat().st_mode, p.stat().st_mtime, p.read_bytes() if p.is_file() else b"")
-            for p in [root, *root.rglob("*")]}
+    return {
+        str(p): (p.stat().st_mode, p.stat().st_mtime, p.read_bytes() if p.is_file() else b"")
+        for p in [root, *root.rglob("*")]
+    }
 
 
 def test_writes_outside_the_scratch_dir_change_nothing(isolation: tuple[str, ...]) -> None:
     if not {"uid", "landlock"} & set(isolation):
-        pytest.skip("neither Landlock nor a uid drop here: the code has the trainer's own "
-                    "permissions (the audit-hook fallback is tested below)")
+        pytest.skip(
+            "neither Landlock nor a uid drop here: the code has the trainer's own "
+            "permissions (the audit-hook fallback is tested below)"
+        )
     outside = Path(tempfile.mkdtemp(prefix="agentrl-test-outside-"))
     (outside / "data.txt").write_text("original")
     probe = f"agentrl-sandbox-probe-{os.getpid()}"
-    targets = [outside / "data.txt", outside / "new.txt", REPO / probe, REPO / "agentrl" / probe,
-               Path("/tmp") / probe]
-    code = (f"import os, shutil\nfor path in {[str(t) for t in targets]!r}:\n"
-            "    try:\n        open(path, 'w').write('pwned')\n        print('wrote', path)\n"
-            "    except OSError as exc:\n        print(type(exc).__name__, path)\n"
-            f"shutil.rmtree({str(outside)!r}, ignore_errors=True)")
+    targets = [outside / "data.txt", outside / "new.txt", REPO / probe, REPO / "agentrl" / probe, Path("/tmp") / probe]
+    code = (
+        f"import os, shutil\nfor path in {[str(t) for t in targets]!r}:\n"
+        "    try:\n        open(path, 'w').write('pwned')\n        print('wrote', path)\n"
+        "    except OSError as exc:\n        print(type(exc).__name__, path)\n"
+        f"shutil.rmtree({str(outside)!r}, ignore_errors=True)"
+    )
     before = _snapshot(outside)
     try:
         result = run_python(code)
@@ -198,14 +215,16 @@ def test_files_outside_the_scratch_dir_cannot_be_read(mode: str) -> None:
     (folder / "secret.txt").chmod(0o644)
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", secret])
     targets = ["/etc/passwd", str(folder / "secret.txt"), str(REPO / "pyproject.toml")]
-    code = ("import os\ndef read(path):\n    try:\n        with open(path, 'rb') as f:\n"
-            "            return f.read()\n    except OSError as exc:\n"
-            "        return type(exc).__name__.encode()\n"
-            "try:\n    pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
-            "except OSError:\n    pids = []\n"
-            f"seen = b''.join(read(f'/proc/{{p}}/cmdline') for p in pids + ['{holder.pid}'])\n"
-            f"print('cmdline', {secret.encode()!r} in seen)\n"
-            f"for path in {targets!r}:\n    print(path, read(path)[:40])")
+    code = (
+        "import os\ndef read(path):\n    try:\n        with open(path, 'rb') as f:\n"
+        "            return f.read()\n    except OSError as exc:\n"
+        "        return type(exc).__name__.encode()\n"
+        "try:\n    pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "except OSError:\n    pids = []\n"
+        f"seen = b''.join(read(f'/proc/{{p}}/cmdline') for p in pids + ['{holder.pid}'])\n"
+        f"print('cmdline', {secret.encode()!r} in seen)\n"
+        f"for path in {targets!r}:\n    print(path, read(path)[:40])"
+    )
     try:
         result = run_python(code)
     finally:
@@ -218,8 +237,7 @@ def test_files_outside_the_scratch_dir_cannot_be_read(mode: str) -> None:
     lines = result.stdout.splitlines()
     assert lines[0] == "cmdline False"
     assert [line.split(" ", 1)[0] for line in lines[1:]] == targets, result
-    assert all(line.endswith(("b'PermissionError'", "b'FileNotFoundError'"))
-               for line in lines[1:]), result
+    assert all(line.endswith(("b'PermissionError'", "b'FileNotFoundError'")) for line in lines[1:]), result
 
 
 def test_no_network(mode: str) -> None:
@@ -228,17 +246,22 @@ def test_no_network(mode: str) -> None:
             server.bind(("127.0.0.1", 0))
             server.settimeout(0.5)
         tcp.listen()
-        code = ("import socket\ndef attempt(name, f):\n    try:\n        f()\n"
-                "        print(name, 'open')\n    except OSError as exc:\n"
-                "        print(name, 'blocked', type(exc).__name__)\n"
-                f"attempt('tcp', lambda: socket.create_connection({tcp.getsockname()!r}, timeout=2))\n"
-                "attempt('udp', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
-                f".sendto(b'query', {udp.getsockname()!r}))\n"
-                "attempt('dns', lambda: socket.getaddrinfo('example.com', 443))")
+        code = (
+            "import socket\ndef attempt(name, f):\n    try:\n        f()\n"
+            "        print(name, 'open')\n    except OSError as exc:\n"
+            "        print(name, 'blocked', type(exc).__name__)\n"
+            f"attempt('tcp', lambda: socket.create_connection({tcp.getsockname()!r}, timeout=2))\n"
+            "attempt('udp', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+            f".sendto(b'query', {udp.getsockname()!r}))\n"
+            "attempt('dns', lambda: socket.getaddrinfo('example.com', 443))"
+        )
         result = run_python(code)
         _check_mode(mode, result)
         assert [line.split()[:2] for line in result.stdout.splitlines()] == [
-            ["tcp", "blocked"], ["udp", "blocked"], ["dns", "blocked"]], result
+            ["tcp", "blocked"],
+            ["udp", "blocked"],
+            ["dns", "blocked"],
+        ], result
         with pytest.raises(TimeoutError):
             tcp.accept()
         with pytest.raises(TimeoutError):
@@ -248,28 +271,36 @@ def test_no_network(mode: str) -> None:
 ESCAPES = {
     "background-process": "import subprocess\n    subprocess.Popen(['sleep', '100'])",
     "fork-then-parent-exits": "if os.fork() == 0:\n        time.sleep(100)",
-    "daemon-double-fork-setsid": ("if os.fork() == 0:\n        try:\n            os.setsid()\n"
-                                  "        except OSError:\n            pass\n"
-                                  "        if os.fork() == 0:\n            time.sleep(100)\n"
-                                  "        os._exit(0)"),
+    "daemon-double-fork-setsid": (
+        "if os.fork() == 0:\n        try:\n            os.setsid()\n"
+        "        except OSError:\n            pass\n"
+        "        if os.fork() == 0:\n            time.sleep(100)\n"
+        "        os._exit(0)"
+    ),
     "new-session": "import subprocess\n    subprocess.Popen(['sleep', '100'], start_new_session=True)",
 }
 
 
 @pytest.mark.parametrize("escape", list(ESCAPES))
 def test_no_process_outlives_the_call(mode: str, escape: str) -> None:
-    code = (f"import os, time\nprint(os.getcwd(), flush=True)\ntry:\n    {ESCAPES[escape]}\n"
-            "except OSError as exc:\n    print('refused', exc)")
+    code = (
+        f"import os, time\nprint(os.getcwd(), flush=True)\ntry:\n    {ESCAPES[escape]}\n"
+        "except OSError as exc:\n    print('refused', exc)"
+    )
     result = run_python(code, timeout_s=3.0)
     _check_mode(mode, result)
     assert not result.timed_out, result
     assert _survivors(result.stdout.split()[0]) == [], result
 
 
-UNPRIVILEGED = {"with-user-namespaces": ["--map-user=1000", "--map-group=1000"],
-                "without-user-namespaces": []}  # unmapped: no nested user namespace allowed
-_RUN_AND_DUMP = ("import dataclasses, json, sys\nfrom agentrl.tools.sandbox import run_python\n"
-                 "print(json.dumps(dataclasses.asdict(run_python(sys.argv[1], timeout_s=5))))")
+UNPRIVILEGED = {
+    "with-user-namespaces": ["--map-user=1000", "--map-group=1000"],
+    "without-user-namespaces": [],
+}  # unmapped: no nested user namespace allowed
+_RUN_AND_DUMP = (
+    "import dataclasses, json, sys\nfrom agentrl.tools.sandbox import run_python\n"
+    "print(json.dumps(dataclasses.asdict(run_python(sys.argv[1], timeout_s=5))))"
+)
 
 
 @pytest.mark.parametrize("userns", list(UNPRIVILEGED))
@@ -285,16 +316,23 @@ def test_an_unprivileged_trainer_is_protected_too(userns: str) -> None:
         tcp.bind(("127.0.0.1", 0))
         tcp.listen()
         tcp.settimeout(0.5)
-        code = ("import os, socket, subprocess\nprint(os.getcwd())\ndef attempt(name, f):\n"
-                "    try:\n        print(name, 'open', f())\n    except OSError as exc:\n"
-                "        print(name, 'blocked', type(exc).__name__)\n"
-                "attempt('passwd', lambda: open('/etc/passwd').read()[:4])\n"
-                f"attempt('cmdline', lambda: {secret!r} in open('/proc/{holder.pid}/cmdline').read())\n"
-                f"attempt('tcp', lambda: socket.create_connection({tcp.getsockname()!r}, timeout=2))\n"
-                "attempt('setsid', lambda: subprocess.Popen(['sleep', '100'], start_new_session=True))")
+        code = (
+            "import os, socket, subprocess\nprint(os.getcwd())\ndef attempt(name, f):\n"
+            "    try:\n        print(name, 'open', f())\n    except OSError as exc:\n"
+            "        print(name, 'blocked', type(exc).__name__)\n"
+            "attempt('passwd', lambda: open('/etc/passwd').read()[:4])\n"
+            f"attempt('cmdline', lambda: {secret!r} in open('/proc/{holder.pid}/cmdline').read())\n"
+            f"attempt('tcp', lambda: socket.create_connection({tcp.getsockname()!r}, timeout=2))\n"
+            "attempt('setsid', lambda: subprocess.Popen(['sleep', '100'], start_new_session=True))"
+        )
         try:
-            run = subprocess.run([*command, sys.executable, "-c", _RUN_AND_DUMP, code], cwd=REPO,
-                                 capture_output=True, text=True, timeout=120)
+            run = subprocess.run(
+                [*command, sys.executable, "-c", _RUN_AND_DUMP, code],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         finally:
             holder.kill()
             holder.wait()
@@ -302,7 +340,8 @@ def test_an_unprivileged_trainer_is_protected_too(userns: str) -> None:
         assert "uid" not in result["isolation"], result  # ran as an ordinary user
         scratch, *lines = result["stdout"].splitlines()
         assert [line.split()[:2] for line in lines] == [
-            [name, "blocked"] for name in ("passwd", "cmdline", "tcp", "setsid")], result
+            [name, "blocked"] for name in ("passwd", "cmdline", "tcp", "setsid")
+        ], result
         assert _survivors(scratch) == []
         with pytest.raises(TimeoutError):
             tcp.accept()
@@ -321,33 +360,42 @@ def test_protections_name_the_layers_that_block_each_threat() -> None:
 def test_calls_in_parallel_threads() -> None:
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda i: run_python(f"print({i} ** 2)"), range(8)))
-    assert [r.stdout for r in results] == [f"{i ** 2}\n" for i in range(8)]
+    assert [r.stdout for r in results] == [f"{i**2}\n" for i in range(8)]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"timeout_s": 0}, "run_python: timeout_s must be a number of seconds from 0.01 to 3600, got 0"),
-    ({"timeout_s": -1.5}, "timeout_s must be a number of seconds from 0.01 to 3600, got -1.5"),
-    ({"timeout_s": float("inf")}, "timeout_s must be a number of seconds from 0.01 to 3600, got inf"),
-    ({"timeout_s": float("nan")}, "timeout_s must be a number of seconds from 0.01 to 3600, got nan"),
-    ({"timeout_s": "10"}, "timeout_s must be a number of seconds from 0.01 to 3600, got '10'"),
-    ({"timeout_s": True}, "timeout_s must be a number of seconds from 0.01 to 3600, got True"),
-    ({"memory_mb": 1}, "run_python: memory_mb must be an integer number of MB from 64 to 1048576, got 1"),
-    ({"memory_mb": float("inf")}, "memory_mb must be an integer number of MB from 64 to 1048576, got inf"),
-    ({"memory_mb": 10 ** 30}, f"memory_mb must be an integer number of MB from 64 to 1048576, got {10 ** 30}"),
-    ({"max_processes": 0}, "max_processes must be an integer number of processes from 1 to 4096, got 0"),
-    ({"disk_mb": -1}, "disk_mb must be an integer number of MB from 1 to 1048576, got -1"),
-    ({"max_output_chars": "100"}, "max_output_chars must be an integer number of characters from 1 to "
-                                  "100000000, got '100'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"timeout_s": 0}, "run_python: timeout_s must be a number of seconds from 0.01 to 3600, got 0"),
+        ({"timeout_s": -1.5}, "timeout_s must be a number of seconds from 0.01 to 3600, got -1.5"),
+        ({"timeout_s": float("inf")}, "timeout_s must be a number of seconds from 0.01 to 3600, got inf"),
+        ({"timeout_s": float("nan")}, "timeout_s must be a number of seconds from 0.01 to 3600, got nan"),
+        ({"timeout_s": "10"}, "timeout_s must be a number of seconds from 0.01 to 3600, got '10'"),
+        ({"timeout_s": True}, "timeout_s must be a number of seconds from 0.01 to 3600, got True"),
+        ({"memory_mb": 1}, "run_python: memory_mb must be an integer number of MB from 64 to 1048576, got 1"),
+        ({"memory_mb": float("inf")}, "memory_mb must be an integer number of MB from 64 to 1048576, got inf"),
+        ({"memory_mb": 10**30}, f"memory_mb must be an integer number of MB from 64 to 1048576, got {10**30}"),
+        ({"max_processes": 0}, "max_processes must be an integer number of processes from 1 to 4096, got 0"),
+        ({"disk_mb": -1}, "disk_mb must be an integer number of MB from 1 to 1048576, got -1"),
+        (
+            {"max_output_chars": "100"},
+            "max_output_chars must be an integer number of characters from 1 to 100000000, got '100'",
+        ),
+    ],
+)
 def test_bad_limits_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(EnvError, match=re.escape(message)):
         run_python("pass", **kwargs)
 
 
 def test_code_that_is_not_text_is_a_tool_error() -> None:
-    with pytest.raises(ToolError, match=re.escape(
+    with pytest.raises(
+        ToolError,
+        match=re.escape(
             "run_python: the code is not valid text: character 7 is a lone surrogate ('\\ud800'), "
-            "which UTF-8 cannot encode")):
+            "which UTF-8 cannot encode"
+        ),
+    ):
         run_python("print('\ud800')")
     with pytest.raises(ToolError, match=re.escape("run_python: code must be a str, got bytes")):
         run_python(b"print(1)")  # type: ignore[arg-type]

@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 
 import agentrl
-from agentrl.tools import _sandbox_run
-from agentrl.tools import _sandbox_setup
-from agentrl.tools import sandbox
+from agentrl.tools import _sandbox_run, _sandbox_setup, sandbox
 
 SCRATCH, READABLE = "/tmp/agentrl-sandbox-x", ("/usr",)
 WRITABLE = (SCRATCH, "/dev/null")
@@ -28,11 +26,19 @@ ALL = frozenset({"files", "net", "procs"})
 def test_child_modules_load_with_the_standard_library_alone(module: str) -> None:
     """They run under ``python -I -S -B``: no site-packages, no agentrl on the path."""
     path = Path(agentrl.__file__).parent / module
-    load = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('child', sys.argv[1]); "
-            "spec.loader.exec_module(importlib.util.module_from_spec(spec)); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('agentrl', 'typing', 'pydantic')))")
-    result = subprocess.run([sys.executable, "-I", "-S", "-B", "-c", load, str(path)], capture_output=True,
-                            text=True, cwd="/", timeout=60, check=False)
+    load = (
+        "import importlib.util, sys; spec = importlib.util.spec_from_file_location('child', sys.argv[1]); "
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec)); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('agentrl', 'typing', 'pydantic')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", "-c", load, str(path)],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=60,
+        check=False,
+    )
     assert (result.returncode, result.stdout.strip(), result.stderr) == (0, "[]", "")
 
 
@@ -68,17 +74,22 @@ def test_audit_rules_for_network_and_processes() -> None:
     assert refused("os.fork") and refused("os.forkpty")
     assert refused("subprocess.Popen", "/bin/sh", ["sh"], None, None)
     assert not refused("subprocess.Popen", "/bin/sh", ["sh"], None, None, groups=frozenset({"net"}))
-    assert not any(refused(event, "/etc/passwd", 2, os.O_WRONLY, groups=frozenset())
-                   for event in ("open", "os.fork", "socket.__new__", "os.system", "import"))
+    assert not any(
+        refused(event, "/etc/passwd", 2, os.O_WRONLY, groups=frozenset())
+        for event in ("open", "os.fork", "socket.__new__", "os.system", "import")
+    )
 
 
-@pytest.mark.parametrize("layers, groups", [
-    ([], ["files", "net", "procs"]),
-    (["landlock", "net", "pid"], []),
-    (["seccomp"], ["files"]),
-    (["uid", "net"], ["files"]),
-    (["landlock", "uid"], ["net"]),
-])
+@pytest.mark.parametrize(
+    "layers, groups",
+    [
+        ([], ["files", "net", "procs"]),
+        (["landlock", "net", "pid"], []),
+        (["seccomp"], ["files"]),
+        (["uid", "net"], ["files"]),
+        (["landlock", "uid"], ["net"]),
+    ],
+)
 def test_the_audit_hook_guards_only_what_no_stronger_layer_covers(layers: list[str], groups: list[str]) -> None:
     assert _sandbox_setup.audit_groups(layers) == groups
 

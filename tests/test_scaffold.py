@@ -10,10 +10,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cli_in_process import agentrl_in_process
 from typer.testing import CliRunner
 
 from agentrl.cli.app import app
-from cli_in_process import agentrl_in_process
 
 AGENTRL = [sys.executable, "-m", "agentrl.cli.app"]
 
@@ -30,18 +30,27 @@ def clean_env() -> dict[str, str]:
 
 def generated_tests_pass(*args: str, cwd: Path) -> str:
     """Run pytest as the generated README says (no install); return its output."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=cwd,
-                          env=clean_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
-@pytest.mark.parametrize(("command", "module", "tests"), [
-    (["env", "countdown"], "agentrl_env_countdown", 3),
-    (["env", "spelling", "--multi-turn"], "agentrl_env_spelling", 3),
-    (["env", "shop", "--tools"], "agentrl_env_shop", 6),
-    (["reward", "politeness"], "agentrl_reward_politeness", 3),
-])
+@pytest.mark.parametrize(
+    ("command", "module", "tests"),
+    [
+        (["env", "countdown"], "agentrl_env_countdown", 3),
+        (["env", "spelling", "--multi-turn"], "agentrl_env_spelling", 3),
+        (["env", "shop", "--tools"], "agentrl_env_shop", 6),
+        (["reward", "politeness"], "agentrl_reward_politeness", 3),
+    ],
+)
 def test_new_package_is_complete_and_its_test_passes_as_generated(command, module, tests, tmp_path):
     kind, name = command[:2]
     folder = tmp_path / f"pkg-{name}"
@@ -63,18 +72,32 @@ def test_printed_pytest_command_works_from_the_parent_directory(tmp_path):
     assert "3 passed" in generated_tests_pass("agentrl-reward-brevity/tests", cwd=tmp_path)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["env", "9lives"], "error: env name '9lives' is not valid: use a Python identifier (ASCII letters, digits "
-                        "and underscores, starting with a letter), e.g. 'countdown'"),
-    (["reward", "my-reward"], "error: reward name 'my-reward' is not valid"),
-    (["env", "math"], "error: env name 'math' is taken: plugin 'math_env' already registers it; pick another name "
-                      "(agentrl plugins lists the registered ones)"),
-    (["reward", "accuracy"], "error: reward name 'accuracy' is taken: plugin 'rewards' already registers it"),
-    (["env", "fresh", "--dir", "existing"], "error: directory 'existing' already exists; agentrl new never "
-                                            "overwrites: pass another --dir or remove it"),
-    (["env", "fresh", "--tools", "--multi-turn"], "error: --multi-turn and --tools are exclusive: a tool env is "
-                                                  "multi-turn already (one turn per round of tool calls); pick one"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["env", "9lives"],
+            "error: env name '9lives' is not valid: use a Python identifier (ASCII letters, digits "
+            "and underscores, starting with a letter), e.g. 'countdown'",
+        ),
+        (["reward", "my-reward"], "error: reward name 'my-reward' is not valid"),
+        (
+            ["env", "math"],
+            "error: env name 'math' is taken: plugin 'math_env' already registers it; pick another name "
+            "(agentrl plugins lists the registered ones)",
+        ),
+        (["reward", "accuracy"], "error: reward name 'accuracy' is taken: plugin 'rewards' already registers it"),
+        (
+            ["env", "fresh", "--dir", "existing"],
+            "error: directory 'existing' already exists; agentrl new never overwrites: pass another --dir or remove it",
+        ),
+        (
+            ["env", "fresh", "--tools", "--multi-turn"],
+            "error: --multi-turn and --tools are exclusive: a tool env is "
+            "multi-turn already (one turn per round of tool calls); pick one",
+        ),
+    ],
+)
 def test_bad_requests_are_one_line_errors_with_exit_status_2(args, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "existing").mkdir()
@@ -92,10 +115,28 @@ def test_tool_env_package_is_a_tool_env_whose_reward_needs_its_tool_and_trains(t
     readme = (folder / "README.md").read_text()
     assert "`ShopEnv` in `agentrl_env_shop/__init__.py`, an `agentrl.ToolEnv`" in readme and "$" not in readme
     spec = f"{folder / 'agentrl_env_shop' / '__init__.py'}:ShopEnv"  # no install: the file itself
-    result = agentrl_in_process("train", "--env", spec, "--model", str(tiny_model_dir), "--max-steps", "2",
-                                "--prompts-per-step", "2", "--num-generations", "2", "--set", "eval_tasks=0",
-                                "--set", "max_new_tokens=8", "--set", "save_model=false",
-                                "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
+    result = agentrl_in_process(
+        "train",
+        "--env",
+        spec,
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--num-generations",
+        "2",
+        "--set",
+        "eval_tasks=0",
+        "--set",
+        "max_new_tokens=8",
+        "--set",
+        "save_model=false",
+        "--output-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rewards: env return x1 + tool_use x0.2 (the env's defaults)" in result.stdout
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -109,15 +150,36 @@ def test_installed_env_package_is_listed_trains_and_is_gone_after_uninstall(tmp_
     name = f"scaffold_{uuid.uuid4().hex[:8]}"
     dist, folder = f"agentrl-env-{name}", tmp_path / "package"
     assert agentrl("new", "env", name, "--dir", str(folder)).returncode == 0
-    train = ["train", "--env", name, "--model", str(tiny_model_dir), "--max-steps", "2", "--prompts-per-step", "2",
-             "--num-generations", "2", "--set", "eval_tasks=0", "--set", "max_new_tokens=8",
-             "--set", "save_model=false"]
+    train = [
+        "train",
+        "--env",
+        name,
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--num-generations",
+        "2",
+        "--set",
+        "eval_tasks=0",
+        "--set",
+        "max_new_tokens=8",
+        "--set",
+        "save_model=false",
+    ]
     installed = plugin_venv.pip("install", "--no-deps", "--no-build-isolation", "-e", str(folder))
     try:
         assert installed.returncode == 0, installed.stdout + installed.stderr
         rows = {row["name"]: row for row in json.loads(plugin_venv.agentrl("plugins", "--json").stdout)}
-        assert rows[f"{name}_env"] == {"name": f"{name}_env", "module": f"agentrl_env_{name}", "distribution": dist,
-                                       "version": "0.1.0", "registers": {"env": [name]}}
+        assert rows[f"{name}_env"] == {
+            "name": f"{name}_env",
+            "module": f"agentrl_env_{name}",
+            "distribution": dist,
+            "version": "0.1.0",
+            "registers": {"env": [name]},
+        }
         result = plugin_venv.agentrl(*train, "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"run saved to {tmp_path / 'run'}" in result.stdout

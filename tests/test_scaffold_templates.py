@@ -46,8 +46,9 @@ def test_templates_are_found_through_importlib_resources_and_each_is_used(tmp_pa
     names = template_files()
     assert "pyproject.toml.tmpl" in names and "tool_env/env.py.tmpl" in names and len(names) == 11
     used: list[str] = []
-    monkeypatch.setattr("agentrl.cli.scaffold.template_text", lambda relative: used.append(relative) or
-                        template_text(relative))
+    monkeypatch.setattr(
+        "agentrl.cli.scaffold.template_text", lambda relative: used.append(relative) or template_text(relative)
+    )
     files = write_every_variant(tmp_path)
     assert sorted(set(used)) == names  # no template left unused, none missing
     assert len(files) == 16
@@ -61,26 +62,48 @@ def test_a_built_wheel_ships_the_templates_and_writes_what_the_checkout_writes(t
         shutil.copytree(ROOT / name, source / name, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                            "-q", "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True,
-                           timeout=300)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = (tmp_path / "dist").glob("agentrl-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        shipped = sorted(n.removeprefix("agentrl/templates/") for n in archive.namelist()
-                         if n.startswith("agentrl/templates/"))
+        shipped = sorted(
+            n.removeprefix("agentrl/templates/") for n in archive.namelist() if n.startswith("agentrl/templates/")
+        )
         archive.extractall(tmp_path / "installed")
     assert shipped == template_files()
     installed = tmp_path / "installed"
-    script = ("import sys, agentrl.cli.scaffold as s; from pathlib import Path; "
-              f"assert Path(s.__file__).is_relative_to({str(installed)!r}), s.__file__; "
-              f"sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-              "from test_scaffold_templates import write_every_variant; "
-              f"write_every_variant(Path({str(tmp_path / 'wheel')!r}))")
+    script = (
+        "import sys, agentrl.cli.scaffold as s; from pathlib import Path; "
+        f"assert Path(s.__file__).is_relative_to({str(installed)!r}), s.__file__; "
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        "from test_scaffold_templates import write_every_variant; "
+        f"write_every_variant(Path({str(tmp_path / 'wheel')!r}))"
+    )
     env = {**os.environ, "PYTHONPATH": str(installed)}
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    from_wheel = {str(p.relative_to(tmp_path / "wheel")): p.read_text()
-                  for p in sorted((tmp_path / "wheel").rglob("*")) if p.is_file()}
+    from_wheel = {
+        str(p.relative_to(tmp_path / "wheel")): p.read_text()
+        for p in sorted((tmp_path / "wheel").rglob("*"))
+        if p.is_file()
+    }
     assert from_wheel == write_every_variant(tmp_path / "checkout")

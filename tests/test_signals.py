@@ -24,10 +24,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.rundir.checkpoints import complete_checkpoints
 from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.plugins import load_plugins
+from agentrl.rundir.checkpoints import complete_checkpoints
 from agentrl.rundir.directory import refuse_existing_run, resume_config, start_over_config
 from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
 from agentrl.training.trainer import Trainer
@@ -36,7 +36,7 @@ from agentrl.training.trainer import Trainer
 # the places AGENTRL_TEST_SIGNAL_IN lists: "rollout@3" (step 3's rollout), "update@3" (step 3's
 # records, inside its update unit), "checkpoint@3" (writing the checkpoint after step 3); a place
 # listed twice sends two signals there.
-SIGNAL_PLUGIN = '''
+SIGNAL_PLUGIN = """
 import os, signal
 from agentrl import hookimpl
 
@@ -66,13 +66,27 @@ def agentrl_save_state(state):
 @hookimpl
 def agentrl_load_state(state):
     calls.update(state["counter"])
-'''
+"""
 
 
 def _config(model_dir: Path, out: Path, **overrides) -> TrainConfig:
-    base = dict(model=str(model_dir), max_steps=4, prompts_per_step=2, num_generations=3, max_new_tokens=8,
-                eval_tasks=4, eval_every=2, output_dir=str(out), log_completions_every=1, checkpoint_every=1,
-                keep_checkpoints=2, lr_scheduler="cosine", warmup_steps=1, learning_rate=1e-3, plugins=lockstep_plugins())
+    base = dict(
+        model=str(model_dir),
+        max_steps=4,
+        prompts_per_step=2,
+        num_generations=3,
+        max_new_tokens=8,
+        eval_tasks=4,
+        eval_every=2,
+        output_dir=str(out),
+        log_completions_every=1,
+        checkpoint_every=1,
+        keep_checkpoints=2,
+        lr_scheduler="cosine",
+        warmup_steps=1,
+        learning_rate=1e-3,
+        plugins=lockstep_plugins(),
+    )
     return TrainConfig(**{**base, **overrides})
 
 
@@ -105,8 +119,9 @@ def straight(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return root / "run"
 
 
-def _interrupt_then_resume(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signame: str,
-                           places: str, **overrides) -> TrainingInterrupted:
+def _interrupt_then_resume(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signame: str, places: str, **overrides
+) -> TrainingInterrupted:
     """Train with the signal plugin sending ``signame`` at ``places``, then resume to the end."""
     run = tmp_path / "run"
     monkeypatch.setenv("AGENTRL_TEST_SIGNAL", signame)
@@ -123,8 +138,9 @@ def _interrupt_then_resume(tiny_model_dir: Path, tmp_path: Path, monkeypatch: py
 
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
 @pytest.mark.parametrize(("place", "saved"), [("rollout", 2), ("update", 3), ("checkpoint", 3)])
-def test_signal_then_resume_equals_straight_bit_for_bit(tiny_model_dir, tmp_path, monkeypatch, straight, signame,
-                                                         place, saved):
+def test_signal_then_resume_equals_straight_bit_for_bit(
+    tiny_model_dir, tmp_path, monkeypatch, straight, signame, place, saved
+):
     """A rollout is dropped (the step rewound); an update and a checkpoint write are finished."""
     stopped = _interrupt_then_resume(tiny_model_dir, tmp_path, monkeypatch, signame, f"{place}@3")
     run = tmp_path / "run"
@@ -137,12 +153,10 @@ def test_signal_then_resume_equals_straight_bit_for_bit(tiny_model_dir, tmp_path
     assert (run / "completions.jsonl").read_text() == (straight / "completions.jsonl").read_text()
 
 
-def test_second_signal_during_a_checkpoint_write_keeps_the_older_one(tiny_model_dir, tmp_path, monkeypatch,
-                                                                     straight):
+def test_second_signal_during_a_checkpoint_write_keeps_the_older_one(tiny_model_dir, tmp_path, monkeypatch, straight):
     """The first SIGTERM is deferred to the step's end; the second breaks step 3's checkpoint,
     whose temporary folder goes: step 2's stays, is named, and resumes to the straight run."""
-    stopped = _interrupt_then_resume(tiny_model_dir, tmp_path, monkeypatch, "SIGTERM",
-                                     "checkpoint@3,checkpoint@3")
+    stopped = _interrupt_then_resume(tiny_model_dir, tmp_path, monkeypatch, "SIGTERM", "checkpoint@3,checkpoint@3")
     run = tmp_path / "run"
     assert stopped.checkpoint == str(run / "checkpoints" / "step-000002")
     assert "second signal (SIGTERM first)" in str(stopped) and "step-000002" in str(stopped)
@@ -150,12 +164,12 @@ def test_second_signal_during_a_checkpoint_write_keeps_the_older_one(tiny_model_
     _assert_same_weights(straight / "model", run / "model")
 
 
-def test_second_signal_during_the_interrupted_save_keeps_the_older_one(tiny_model_dir, tmp_path, monkeypatch,
-                                                                       straight):
+def test_second_signal_during_the_interrupted_save_keeps_the_older_one(tiny_model_dir, tmp_path, monkeypatch, straight):
     """SIGHUP in step 4's rollout: the run saves step 3 (checkpoints every 2 steps: none yet); a
     second SIGHUP while that is written leaves step 2's checkpoint, from which resume is exact."""
-    stopped = _interrupt_then_resume(tiny_model_dir, tmp_path, monkeypatch, "SIGHUP", "rollout@4,checkpoint@3",
-                                     checkpoint_every=2)
+    stopped = _interrupt_then_resume(
+        tiny_model_dir, tmp_path, monkeypatch, "SIGHUP", "rollout@4,checkpoint@3", checkpoint_every=2
+    )
     run = tmp_path / "run"
     assert stopped.checkpoint == str(run / "checkpoints" / "step-000002")
     assert "before step 3's checkpoint was complete" in str(stopped)
@@ -164,8 +178,17 @@ def test_second_signal_during_the_interrupted_save_keeps_the_older_one(tiny_mode
 
 
 AGENTRL = [sys.executable, "-m", "agentrl"]
-TINY = ["--num-generations", "2", "--prompts-per-step", "2", "--set", "max_new_tokens=8", "--set", "eval_tasks=0",
-        *LOCKSTEP_ARGS]
+TINY = [
+    "--num-generations",
+    "2",
+    "--prompts-per-step",
+    "2",
+    "--set",
+    "max_new_tokens=8",
+    "--set",
+    "eval_tasks=0",
+    *LOCKSTEP_ARGS,
+]
 
 
 def _wait_for_steps(proc: subprocess.Popen, run: Path, steps: int, timeout: float = 300) -> None:
@@ -180,9 +203,24 @@ def _wait_for_steps(proc: subprocess.Popen, run: Path, steps: int, timeout: floa
 @pytest.mark.parametrize(("signame", "code"), [("SIGTERM", 143), ("SIGHUP", 129)])
 def test_cli_saves_says_how_to_resume_and_exits_with_the_signals_code(tiny_model_dir, tmp_path, signame, code):
     run = tmp_path / "run"
-    proc = subprocess.Popen([*AGENTRL, "train", "--model", str(tiny_model_dir), "--max-steps", "50", *TINY,
-                             "--set", "checkpoint_every=0", "--output-dir", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            *AGENTRL,
+            "train",
+            "--model",
+            str(tiny_model_dir),
+            "--max-steps",
+            "50",
+            *TINY,
+            "--set",
+            "checkpoint_every=0",
+            "--output-dir",
+            str(run),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_steps(proc, run, 1)
     proc.send_signal(getattr(signal, signame))
     _, err = proc.communicate(timeout=300)
@@ -204,9 +242,25 @@ def test_closing_the_terminal_saves_and_exits_129(tiny_model_dir, tmp_path):
     the run still saves its last step, drops its lock and exits 129."""
     run = tmp_path / "run"
     master, slave = os.openpty()
-    proc = subprocess.Popen([*AGENTRL, "train", "--model", str(tiny_model_dir), "--max-steps", "50", *TINY,
-                             "--set", "checkpoint_every=0", "--output-dir", str(run)],
-                            stdin=slave, stdout=slave, stderr=slave, preexec_fn=_in_a_terminal_of_its_own)
+    proc = subprocess.Popen(
+        [
+            *AGENTRL,
+            "train",
+            "--model",
+            str(tiny_model_dir),
+            "--max-steps",
+            "50",
+            *TINY,
+            "--set",
+            "checkpoint_every=0",
+            "--output-dir",
+            str(run),
+        ],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        preexec_fn=_in_a_terminal_of_its_own,
+    )
     os.close(slave)
     drain = threading.Thread(target=lambda: _read_until_closed(master), daemon=True)  # a terminal shows it all
     drain.start()
@@ -233,16 +287,24 @@ def test_run_stopped_before_its_first_checkpoint_starts_over_with_resume(tiny_mo
     as the first time."""
     run = tmp_path / "run"
     args = ["--model", str(tiny_model_dir), *TINY, "--set", "checkpoint_every=0", "--set", "log_completions_every=1"]
-    proc = subprocess.Popen([*AGENTRL, "train", *args, "--max-steps", "3", "--output-dir", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*AGENTRL, "train", *args, "--max-steps", "3", "--output-dir", str(run)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_steps(proc, run, 2)
     proc.kill()
     proc.communicate()
     first = _lines(run)
     assert len(first) >= 2 and not complete_checkpoints(run) and (run / "run.lock").exists()
 
-    again = subprocess.run([*AGENTRL, "train", *args, "--max-steps", "3", "--output-dir", str(run)],
-                           capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [*AGENTRL, "train", *args, "--max-steps", "3", "--output-dir", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 2 and f"continue it with `agentrl train --resume {run}`" in again.stderr
     assert f"took over the stale lock {run / 'run.lock'} of pid {proc.pid}" in again.stdout  # the killed one's
 
@@ -258,8 +320,9 @@ def test_run_stopped_before_its_first_checkpoint_starts_over_with_resume(tiny_mo
 
 def test_a_finished_run_without_checkpoints_sends_both_ways_to_another_dir(tiny_model_dir, tmp_path):
     run = tmp_path / "run"
-    Trainer(_config(tiny_model_dir, run, max_steps=1, eval_tasks=0, checkpoint_every=0, warmup_steps=0),
-            load_plugins()).train()
+    Trainer(
+        _config(tiny_model_dir, run, max_steps=1, eval_tasks=0, checkpoint_every=0, warmup_steps=0), load_plugins()
+    ).train()
     with pytest.raises(ConfigError, match="finished without a checkpoint .* another --output-dir"):
         start_over_config(run)
     with pytest.raises(ConfigError, match="finished run .* no checkpoint to continue from .* another --output-dir"):
@@ -284,9 +347,13 @@ def test_sigterm_to_the_top_of_a_two_process_run_stops_every_process(tiny_model_
     one = tmp_path / "one"
     one_process(*args, "--max-steps", "3", "--output-dir", str(one))
     two = tmp_path / "two"
-    top = subprocess.Popen([*AGENTRL, *args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "AGENTRL_LAUNCHED": ""})
+    top = subprocess.Popen(
+        [*AGENTRL, *args, "--max-steps", "3", "--output-dir", str(two), "--num-processes", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "AGENTRL_LAUNCHED": ""},
+    )
     family: list[psutil.Process] = []
     try:
         _wait_for_steps(top, two, 1, timeout=600)  # step 1 is written; steps 2 and 3 take seconds each
@@ -304,7 +371,12 @@ def test_sigterm_to_the_top_of_a_two_process_run_stops_every_process(tiny_model_
     step = len(metric_rows(two))
     assert f"interrupted after step {step} (SIGTERM)" in err, err[-3000:]
     assert complete_checkpoints(two)[-1].name == f"step-{step:06d}"
-    resumed = subprocess.run([*AGENTRL, "train", "--resume", str(two), "--num-processes", "2"],
-                             capture_output=True, text=True, timeout=600, env={**os.environ, "AGENTRL_LAUNCHED": ""})
+    resumed = subprocess.run(
+        [*AGENTRL, "train", "--resume", str(two), "--num-processes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "AGENTRL_LAUNCHED": ""},
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(one, two)

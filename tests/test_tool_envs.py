@@ -17,12 +17,11 @@ from agentrl.plugins import PluginManager
 from agentrl_guess import GuessEnv, parse_guess
 from agentrl_tool_envs import AnswerToolEnv, CalculatorEnv, PythonEnv, answer_matches, extract_answer
 
-ENVS = {"agentrl/Calculator-v0": CalculatorEnv, "agentrl/Python-v0": PythonEnv,
-        "agentrl/Guess-v0": GuessEnv}
+ENVS = {"agentrl/Calculator-v0": CalculatorEnv, "agentrl/Python-v0": PythonEnv, "agentrl/Guess-v0": GuessEnv}
 
 
 def tool_call(name: str, **arguments: object) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 @pytest.mark.parametrize("cls", ENVS.values(), ids=lambda c: c.__name__)
@@ -39,8 +38,12 @@ def test_guess_passes_the_agentrl_env_contract_except_question_disjointness() ->
     # Every guess task asks the same question (only the secret differs), so the splits are
     # disjoint by id, not by question; test_task_splits_are_seeded_and_disjoint checks the ids.
     env = GuessEnv()
-    for check in (testing.check_reset_messages, testing.check_reset_uses_task,
-                  testing.check_step_types, testing.check_gold_answer):
+    for check in (
+        testing.check_reset_messages,
+        testing.check_reset_uses_task,
+        testing.check_step_types,
+        testing.check_gold_answer,
+    ):
         check(env)
 
 
@@ -120,11 +123,13 @@ def test_demonstrations_are_true(cls: type[AnswerToolEnv]) -> None:
 def test_calculator_tool_errors_are_reported_not_raised() -> None:
     env = CalculatorEnv()
     env.reset(seed=0)
-    obs, _, terminated, _, info = env.step(tool_call("calculator", expression="__import__('os')")
-                                           + tool_call("calculator", expression="1/0"))
+    obs, _, terminated, _, info = env.step(
+        tool_call("calculator", expression="__import__('os')") + tool_call("calculator", expression="1/0")
+    )
     assert [m["content"] for m in obs] == [
-        "Error: ValueError: Call is not allowed; use only numbers, + - * / // % **, parentheses "
-        "and unary minus", "Error: ZeroDivisionError: division by zero"]
+        "Error: ValueError: Call is not allowed; use only numbers, + - * / // % **, parentheses and unary minus",
+        "Error: ZeroDivisionError: division by zero",
+    ]
     assert info == {"tool_calls": 2, "tool_errors": 2} and not terminated
 
 
@@ -133,7 +138,8 @@ def test_python_episode_runs_code_in_the_sandbox() -> None:
     task = {"question": "What is the sum of the digits of 2**50?", "answer": "76"}
     env.reset(seed=0, options={"task": task})
     obs, reward, terminated, _, info = env.step(
-        "Let me compute it.\n" + tool_call("run_python", code="print(sum(map(int, str(2**50))))"))
+        "Let me compute it.\n" + tool_call("run_python", code="print(sum(map(int, str(2**50))))")
+    )
     assert obs == [{"role": "tool", "content": "76", "name": "run_python"}]
     assert info == {"tool_calls": 1, "tool_errors": 0}
     obs, reward, terminated, truncated, _ = env.step("So the answer is \\boxed{76}.")
@@ -143,8 +149,9 @@ def test_python_episode_runs_code_in_the_sandbox() -> None:
 def test_python_tool_failures_are_tool_errors() -> None:
     env = PythonEnv(timeout_s=1.0)
     env.reset(seed=0)
-    obs, _, _, _, info = env.step(tool_call("run_python", code="print('partial')\n1/0")
-                                  + tool_call("run_python", code="while True: pass"))
+    obs, _, _, _, info = env.step(
+        tool_call("run_python", code="print('partial')\n1/0") + tool_call("run_python", code="while True: pass")
+    )
     first, second = (m["content"] for m in obs)
     assert first.startswith("Error: the script failed (exit code 1)\npartial\nstderr:\nTraceback")
     assert first.endswith("ZeroDivisionError: division by zero")
@@ -156,16 +163,28 @@ def test_python_code_that_is_not_text_is_a_tool_error_for_the_model() -> None:
     env = PythonEnv()
     env.reset(seed=0)
     obs, _, terminated, _, info = env.step(tool_call("run_python", code="print('\ud800')"))
-    assert obs == [{"role": "tool", "name": "run_python", "content":
-                    "Error: run_python: the code is not valid text: character 7 is a lone "
-                    "surrogate ('\\ud800'), which UTF-8 cannot encode"}]
+    assert obs == [
+        {
+            "role": "tool",
+            "name": "run_python",
+            "content": "Error: run_python: the code is not valid text: character 7 is a lone "
+            "surrogate ('\\ud800'), which UTF-8 cannot encode",
+        }
+    ]
     assert info == {"tool_calls": 1, "tool_errors": 1} and not terminated
 
 
-@pytest.mark.parametrize("text, value", [
-    ("\\boxed{1,078}", "1078"), ("It is 12, no, 13.", "13"), ("\\boxed{x = -5}", "-5"),
-    ("\\boxed{7} because 3 + 4", "7"), ("\\boxed{2.50}", "2.50"), ("no idea", None),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("\\boxed{1,078}", "1078"),
+        ("It is 12, no, 13.", "13"),
+        ("\\boxed{x = -5}", "-5"),
+        ("\\boxed{7} because 3 + 4", "7"),
+        ("\\boxed{2.50}", "2.50"),
+        ("no idea", None),
+    ],
+)
 def test_answers_are_read_leniently(text: str, value: str | None) -> None:
     assert extract_answer(text) == value
 
@@ -232,7 +251,11 @@ def test_guess_metrics_measure_use_of_the_feedback() -> None:
     assert info["metrics"]["consistent_frac"] == pytest.approx(1 / 2)
     _, reward, terminated, _, info = env.step("11")
     assert (reward, terminated) == (pytest.approx(0.6), True)
-    assert info["metrics"] == {"valid_frac": pytest.approx(4 / 5), "solved": 1.0, "consistent_frac": pytest.approx(2 / 3)}
+    assert info["metrics"] == {
+        "valid_frac": pytest.approx(4 / 5),
+        "solved": 1.0,
+        "consistent_frac": pytest.approx(2 / 3),
+    }
     for secret in range(1, 17):  # bisection only ever guesses inside the open range
         env.reset(options={"task": {**task, "secret": secret}})
         low, high, info = 1, 16, {}
@@ -248,11 +271,15 @@ def test_env_metrics_are_averaged_over_the_episodes_reporting_them() -> None:
     from agentrl.testing import make_trajectory
 
     def episode(metrics: object) -> Trajectory:
-        return make_trajectory([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
-                               {}, info={"metrics": metrics} if metrics is not None else {})
+        return make_trajectory(
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            {},
+            info={"metrics": metrics} if metrics is not None else {},
+        )
 
-    out = env_metrics([episode({"solved": 1.0, "consistent_frac": 0.5}), episode({"solved": 0.0}),
-                       episode(None)], prefix="env/")
+    out = env_metrics(
+        [episode({"solved": 1.0, "consistent_frac": 0.5}), episode({"solved": 0.0}), episode(None)], prefix="env/"
+    )
     assert out == {"env/consistent_frac": 0.5, "env/solved": 0.5}
     with pytest.raises(EnvError, match=re.escape("info[\"metrics\"]['solved'] must be a number, got 'yes'")):
         env_metrics([episode({"solved": "yes"})], prefix="env/")
@@ -292,14 +319,15 @@ def test_guess_consistency_bonus_is_paid_on_the_turn_that_earns_it() -> None:
     assert terminated and reward == pytest.approx(0.6)  # the win is paid as before; no bonus on it
     assert info["success"] is True
     # A lost game that earned bonuses has a positive return but is not a success in evaluation.
-    from agentrl.training.evaluate import episode_success
     from agentrl.testing import make_trajectory
+    from agentrl.training.evaluate import episode_success
 
     env.reset(options={"task": {"secret": 16, "n": 16, "question": "Guess."}})
     infos = [env.step(guess)[4] for guess in ("8", "12", "14", "15", "1")]
     assert [i["success"] for i in infos] == [False] * 5
-    lost = make_trajectory([{"role": "user", "content": "q"}, {"role": "assistant", "content": "1"}], {},
-                           info=infos[-1])
+    lost = make_trajectory(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "1"}], {}, info=infos[-1]
+    )
     assert not episode_success(lost)
     assert GuessEnv().consistency_bonus == 0.0
     with pytest.raises(EnvError, match=re.escape("consistency_bonus must be a number in [0, 1], got -0.1")):

@@ -19,10 +19,10 @@ from agentrl import (
     tool,
     type_arguments,
 )
-from agentrl.sampling.chat import ChatTokenizer
 from agentrl.config.train import TrainConfig
-from agentrl.sampling.engine import Engine, Generation
 from agentrl.plugins import load_plugins
+from agentrl.sampling.chat import ChatTokenizer
+from agentrl.sampling.engine import Engine, Generation
 from agentrl.testing import build_tiny_model
 from agentrl.tools.tool import ToolCall, format_tool_call, parse_xml_json, render_tools_system_prompt
 
@@ -39,34 +39,67 @@ CASES = [
     # Llama 3.1-3.3: bare JSON, after <|python_tag|>, several with ";", Llama 3.2's "type" key
     ("llama3_json", '{"name": "add", "parameters": {"a": 1, "b": 2}}', [("add", {"a": 1, "b": 2}, False)]),
     ("llama3_json", '<|python_tag|>{"name": "add", "parameters": {"a": 1}}', [("add", {"a": 1}, False)]),
-    ("llama3_json", '<|python_tag|>{"name": "add", "parameters": {"a": 1}}; {"name": "neg", "parameters": {"x": 4}}',
-     [("add", {"a": 1}, False), ("neg", {"x": 4}, False)]),
-    ("llama3_json", 'I will add them.\n\n{"type": "function", "name": "add", "parameters": {"a": 1}}',
-     [("add", {"a": 1}, False)]),
+    (
+        "llama3_json",
+        '<|python_tag|>{"name": "add", "parameters": {"a": 1}}; {"name": "neg", "parameters": {"x": 4}}',
+        [("add", {"a": 1}, False), ("neg", {"x": 4}, False)],
+    ),
+    (
+        "llama3_json",
+        'I will add them.\n\n{"type": "function", "name": "add", "parameters": {"a": 1}}',
+        [("add", {"a": 1}, False)],
+    ),
     ("llama3_json", '{"name": "add", "arguments": {"a": 1}}', [("add", {"a": 1}, False)]),
     ("llama3_json", "The sum is {a + b} = 3.", []),
     # Mistral: v11+ tokenizers (one [TOOL_CALLS] per call, optional [CALL_ID]) and earlier (a JSON array)
     ("mistral", '[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}', [("add", {"a": 1, "b": 2}, False)]),
-    ("mistral", '[TOOL_CALLS]add[ARGS]{"a": 1}[TOOL_CALLS]neg[CALL_ID]a1B2c3D4e[ARGS]{"x": 4}',
-     [("add", {"a": 1}, False), ("neg", {"x": 4}, False)]),
-    ("mistral", 'Let me add.[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "neg", "arguments": {"x": 4}}]',
-     [("add", {"a": 1}, False), ("neg", {"x": 4}, False)]),
+    (
+        "mistral",
+        '[TOOL_CALLS]add[ARGS]{"a": 1}[TOOL_CALLS]neg[CALL_ID]a1B2c3D4e[ARGS]{"x": 4}',
+        [("add", {"a": 1}, False), ("neg", {"x": 4}, False)],
+    ),
+    (
+        "mistral",
+        'Let me add.[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "neg", "arguments": {"x": 4}}]',
+        [("add", {"a": 1}, False), ("neg", {"x": 4}, False)],
+    ),
     ("mistral", "The sum is 3.", []),
     # Qwen3-Coder: XML, values are text (typed later by the schema)
-    ("qwen3_coder", "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2\n</parameter>\n"
-                    "</function>\n</tool_call>", [("add", {"a": "1", "b": "2"}, False)]),
-    ("qwen3_coder", "Adding.\n<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>\n"
-                    "<tool_call>\n<function=neg>\n<parameter=x>\n4\n</parameter>\n</function>\n</tool_call>",
-     [("add", {"a": "1"}, False), ("neg", {"x": "4"}, False)]),
-    ("qwen3_coder", "<tool_call>\n<function=echo>\n<parameter=text>\nline one\nline two\n</parameter>\n</function>",
-     [("echo", {"text": "line one\nline two"}, False)]),
+    (
+        "qwen3_coder",
+        "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2\n</parameter>\n"
+        "</function>\n</tool_call>",
+        [("add", {"a": "1", "b": "2"}, False)],
+    ),
+    (
+        "qwen3_coder",
+        "Adding.\n<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=neg>\n<parameter=x>\n4\n</parameter>\n</function>\n</tool_call>",
+        [("add", {"a": "1"}, False), ("neg", {"x": "4"}, False)],
+    ),
+    (
+        "qwen3_coder",
+        "<tool_call>\n<function=echo>\n<parameter=text>\nline one\nline two\n</parameter>\n</function>",
+        [("echo", {"text": "line one\nline two"}, False)],
+    ),
     ("qwen3_coder", "The sum is 3.", []),
     # gpt-oss harmony: the recipient in the channel part or in the role part of the header
-    ("harmony", "<|channel|>analysis<|message|>Need to add.<|end|><|start|>assistant<|channel|>commentary "
-                'to=functions.add <|constrain|>json<|message|>{"a": 1, "b": 2}<|call|>', [("add", {"a": 1, "b": 2}, False)]),
-    ("harmony", '<|start|>assistant to=functions.neg<|channel|>commentary json<|message|>{"x": 4}<|call|>',
-     [("neg", {"x": 4}, False)]),
-    ("harmony", "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>3<|return|>", []),
+    (
+        "harmony",
+        "<|channel|>analysis<|message|>Need to add.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.add <|constrain|>json<|message|>{"a": 1, "b": 2}<|call|>',
+        [("add", {"a": 1, "b": 2}, False)],
+    ),
+    (
+        "harmony",
+        '<|start|>assistant to=functions.neg<|channel|>commentary json<|message|>{"x": 4}<|call|>',
+        [("neg", {"x": 4}, False)],
+    ),
+    (
+        "harmony",
+        "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>3<|return|>",
+        [],
+    ),
 ]
 
 
@@ -84,10 +117,16 @@ MALFORMED = [
     ("mistral", "[TOOL_CALLS][ARGS]{}", "expected a tool name after [TOOL_CALLS]"),
     ("mistral", "[TOOL_CALLS]add", "expected [TOOL_CALLS]NAME[ARGS]{...}"),
     ("qwen3_coder", "<tool_call>\n<function=add\n<parameter=a>1</parameter>", "expected <function=NAME>"),
-    ("qwen3_coder", "<tool_call><function=add><parameter=a 1</parameter></function></tool_call>",
-     "expected <parameter=NAME>"),
-    ("harmony", "<|channel|>commentary to=functions.add <|constrain|>json<|message|>{a: 1}<|call|>",
-     "tool call is not valid JSON"),
+    (
+        "qwen3_coder",
+        "<tool_call><function=add><parameter=a 1</parameter></function></tool_call>",
+        "expected <parameter=NAME>",
+    ),
+    (
+        "harmony",
+        "<|channel|>commentary to=functions.add <|constrain|>json<|message|>{a: 1}<|call|>",
+        "tool call is not valid JSON",
+    ),
     ("harmony", "<|channel|>commentary to=functions.add <|constrain|>json", "call header has no <|message|>"),
 ]
 
@@ -102,27 +141,64 @@ def test_a_malformed_call_carries_a_one_line_error(name: str, text: str, error: 
 def test_format_calls_writes_what_the_parser_reads(name: str) -> None:
     written = FORMATS[name].format_calls([("add", {"a": 1, "b": 2}), ("echo", {"text": "two\nlines"})])
     parsed = FORMATS[name](written)
-    typed = [type_arguments(c.arguments or {}, {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
-                                                               "text": {"type": "string"}}})
-             if c.text_values else c.arguments for c in parsed]
+    typed = [
+        type_arguments(
+            c.arguments or {},
+            {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "text": {"type": "string"}}},
+        )
+        if c.text_values
+        else c.arguments
+        for c in parsed
+    ]
     assert [c.name for c in parsed] == ["add", "echo"] and all(c.error is None for c in parsed)
     assert typed == [{"a": 1, "b": 2}, {"text": "two\nlines"}]
     assert parse_xml_json(written) == [] or name == "qwen3_coder"  # only Qwen3-Coder shares <tool_call>
 
 
 def test_type_arguments_follows_the_schema() -> None:
-    parameters = {"properties": {
-        "n": {"type": "integer"}, "x": {"type": "number"}, "flag": {"type": "boolean"}, "ids": {"type": "array"},
-        "opts": {"type": "object"}, "code": {"type": "string"}, "maybe": {"type": ["integer", "null"]},
-        "mode": {"enum": ["1", 2]}, "any": {}}}
-    text = {"n": "42", "x": "2.5", "flag": "True", "ids": "[1, 2]", "opts": '{"k": "v"}', "code": "42",
-            "maybe": "null", "mode": "1", "any": "7", "extra": "3"}
+    parameters = {
+        "properties": {
+            "n": {"type": "integer"},
+            "x": {"type": "number"},
+            "flag": {"type": "boolean"},
+            "ids": {"type": "array"},
+            "opts": {"type": "object"},
+            "code": {"type": "string"},
+            "maybe": {"type": ["integer", "null"]},
+            "mode": {"enum": ["1", 2]},
+            "any": {},
+        }
+    }
+    text = {
+        "n": "42",
+        "x": "2.5",
+        "flag": "True",
+        "ids": "[1, 2]",
+        "opts": '{"k": "v"}',
+        "code": "42",
+        "maybe": "null",
+        "mode": "1",
+        "any": "7",
+        "extra": "3",
+    }
     assert type_arguments(text, parameters) == {
-        "n": 42, "x": 2.5, "flag": True, "ids": [1, 2], "opts": {"k": "v"}, "code": "42", "maybe": None,
-        "mode": "1", "any": "7", "extra": "3"}
+        "n": 42,
+        "x": 2.5,
+        "flag": True,
+        "ids": [1, 2],
+        "opts": {"k": "v"},
+        "code": "42",
+        "maybe": None,
+        "mode": "1",
+        "any": "7",
+        "extra": "3",
+    }
     # What does not decode to an allowed type stays text, for the tool's validation to name.
     assert type_arguments({"n": "4 apples", "ids": "[1, 2", "x": '"3"'}, parameters) == {
-        "n": "4 apples", "ids": "[1, 2", "x": '"3"'}
+        "n": "4 apples",
+        "ids": "[1, 2",
+        "x": '"3"',
+    }
     assert type_arguments({"n": 5}, parameters) == {"n": 5}  # already typed values pass through
 
 
@@ -153,10 +229,14 @@ class AddEnv(ToolEnv):
 
     tools = (add, shout)
     instructions = "Add the numbers."
-    demonstrations = ([{"role": "user", "content": "1 + 1?"},
-                       {"role": "assistant", "content": "Adding. " + format_tool_call("add", a=1, b=1)},
-                       {"role": "tool", "name": "add", "content": "2"},
-                       {"role": "assistant", "content": "2"}],)
+    demonstrations = (
+        [
+            {"role": "user", "content": "1 + 1?"},
+            {"role": "assistant", "content": "Adding. " + format_tool_call("add", a=1, b=1)},
+            {"role": "tool", "name": "add", "content": "2"},
+            {"role": "assistant", "content": "2"},
+        ],
+    )
 
     def train_tasks(self) -> list[dict]:
         return [{"question": "What is 2 + 3?", "answer": "5"}]
@@ -172,7 +252,9 @@ def test_a_tool_env_runs_each_format_and_reports_bad_calls_to_the_model(name: st
     fmt = FORMATS[name]
     env = AddEnv(tool_parser=fmt)
     env.reset(seed=0)
-    obs, reward, terminated, _, info = env.step(fmt.format_calls([("add", {"a": 2, "b": 3}), ("shout", {"text": "42"})]))
+    obs, reward, terminated, _, info = env.step(
+        fmt.format_calls([("add", {"a": 2, "b": 3}), ("shout", {"text": "42"})])
+    )
     assert obs == [{"role": "tool", "name": "add", "content": "5"}, {"role": "tool", "name": "shout", "content": "42"}]
     assert (reward, terminated, info) == (0.0, False, {"tool_calls": 2, "tool_errors": 0})
     obs, *_ = env.step(fmt.format_calls([("mul", {"a": 2})]))
@@ -180,8 +262,12 @@ def test_a_tool_env_runs_each_format_and_reports_bad_calls_to_the_model(name: st
     obs, *_ = env.step(fmt.format_calls([("add", {"a": "two"})]))
     assert obs[0]["content"] == "Error: add: argument 'a' must be integer, got 'two'"
     env.reset(seed=0)
-    malformed = {"llama3_json": '{"name": "add", "parameters": {"a": 2,}}', "mistral": '[TOOL_CALLS]add[ARGS]{"a": 2,}',
-                 "qwen3_coder": "<function=add\n", "harmony": "<|channel|>commentary to=functions.add<|message|>{a}"}
+    malformed = {
+        "llama3_json": '{"name": "add", "parameters": {"a": 2,}}',
+        "mistral": '[TOOL_CALLS]add[ARGS]{"a": 2,}',
+        "qwen3_coder": "<function=add\n",
+        "harmony": "<|channel|>commentary to=functions.add<|message|>{a}",
+    }
     obs, _, terminated, _, info = env.step(malformed[name])
     assert obs[0]["content"].startswith("Error: ") and "\n" not in obs[0]["content"]
     assert not terminated and info == {"tool_calls": 1, "tool_errors": 1}
@@ -207,8 +293,12 @@ def test_the_default_parser_keeps_the_default_prompt() -> None:
     plain, _ = AddEnv(tool_parser=lambda text: []).reset(seed=0)  # a plain parser function: no formatter
     assert default == plain and default[2] == AddEnv.demonstrations[0][1]
     assert default[0]["content"] == "Add the numbers.\n\n" + render_tools_system_prompt(AddEnv.tools)
-    assert render_tools_system_prompt(AddEnv.tools).count("<tool_call>\n{\"name\": \"add\", \"arguments\": "
-                                                           "{\"a\": \"...\"}}\n</tool_call>\n") == 1
+    assert (
+        render_tools_system_prompt(AddEnv.tools).count(
+            '<tool_call>\n{"name": "add", "arguments": {"a": "..."}}\n</tool_call>\n'
+        )
+        == 1
+    )
 
 
 def test_registered_by_the_tool_envs_plugin_and_chosen_by_name() -> None:
@@ -220,8 +310,10 @@ def test_registered_by_the_tool_envs_plugin_and_chosen_by_name() -> None:
         assert manager.registry.get("tool_parser", name).factory is fmt and fmt.name == name
         env = make_env(manager, TrainConfig(env="calculator", env_args={"tool_parser": name}))
         assert env.tool_parser is fmt and env.call_format is fmt
-    message = ("unknown tool_parser 'llama3'; did you mean 'llama3_json'? Installed: harmony, llama3_json, mistral, "
-               "qwen3_coder, xml_json.")
+    message = (
+        "unknown tool_parser 'llama3'; did you mean 'llama3_json'? Installed: harmony, llama3_json, mistral, "
+        "qwen3_coder, xml_json."
+    )
     with pytest.raises(PluginError, match=re.escape(message)):
         make_env(manager, TrainConfig(env="calculator", env_args={"tool_parser": "llama3"}))
 
@@ -238,7 +330,7 @@ def _assert_token_exact(trajectory, tokenizer) -> str:
     trajectory.validate()
     decoded = chat.decode(trajectory.token_ids)
     rendered = chat.render(trajectory.messages, add_generation_prompt=False, tools=trajectory.tools)
-    assert rendered.startswith(decoded) and rendered[len(decoded):] in ("\n", "<|im_end|>\n")
+    assert rendered.startswith(decoded) and rendered[len(decoded) :] in ("\n", "<|im_end|>\n")
     return decoded
 
 
@@ -249,7 +341,10 @@ def test_a_calculator_episode_on_the_tiny_model_with_each_format(name: str, toke
     manager = load_plugins()
     env = make_env(manager, TrainConfig(env="calculator", env_args={"tool_parser": name, "max_turns": 2}))
     engine = manager.registry.get("engine", "hf").factory(
-        model=build_tiny_model(len(tokenizer)), tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"}))
+        model=build_tiny_model(len(tokenizer)),
+        tokenizer=tokenizer,
+        config=TrainConfig(engine_args={"dtype": "float32"}),
+    )
     task = env.eval_tasks()[0]
     [trajectory] = _rollout(engine, tokenizer, 8).run([env], [task], [0], SamplingParams(max_new_tokens=8, seed=0))
     decoded = _assert_token_exact(trajectory, tokenizer)
@@ -266,7 +361,9 @@ class WritesCalls(Engine):
         self.tokenizer, self.texts, self.turn = tokenizer, texts, 0
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
-        ids = self.tokenizer(self.texts[self.turn], add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        ids = self.tokenizer(self.texts[self.turn], add_special_tokens=False)["input_ids"] + [
+            self.tokenizer.eos_token_id
+        ]
         self.turn += 1
         return [Generation(token_ids=ids, finish_reason="stop", logprobs=[0.0] * len(ids)) for _ in prompts]
 
@@ -277,7 +374,8 @@ def test_an_episode_with_native_calls_stays_token_exact(name: str, tokenizer) ->
     bad = fmt.format_calls([("add", {"a": 2, "b": 3})]).replace("2", "{2", 1)  # JSON broken; XML: text "{2"
     texts = [bad, fmt.format_calls([("add", {"a": 2, "b": 3})]), "It is 5"]
     [trajectory] = _rollout(WritesCalls(tokenizer, texts), tokenizer, 64).run(
-        [AddEnv(tool_parser=fmt)], [AddEnv().train_tasks()[0]], [0], SamplingParams(max_new_tokens=64, seed=0))
+        [AddEnv(tool_parser=fmt)], [AddEnv().train_tasks()[0]], [0], SamplingParams(max_new_tokens=64, seed=0)
+    )
     _assert_token_exact(trajectory, tokenizer)
     error = trajectory.messages[-4]["content"]
     assert error.startswith("Error: ") and "\n" not in error, error
@@ -290,7 +388,11 @@ def test_only_the_xml_format_leaves_values_as_text() -> None:
     assert ToolCall("add", {"a": 1}, None, "raw").text_values is False
     written = {name: fmt.format_calls([("add", {"a": 1})]) for name, fmt in FORMATS.items()}
     assert {name: FORMATS[name](text)[0].text_values for name, text in written.items()} == {
-        "llama3_json": False, "mistral": False, "qwen3_coder": True, "harmony": False}
+        "llama3_json": False,
+        "mistral": False,
+        "qwen3_coder": True,
+        "harmony": False,
+    }
     assert parse_xml_json(format_tool_call("add", a=1))[0].text_values is False
 
 
@@ -316,23 +418,38 @@ def test_a_template_that_renders_tools_and_tool_responses_stays_token_exact(toke
     native = copy.deepcopy(tokenizer)
     native.chat_template = TOOL_RESPONSE_TEMPLATE
     assert ChatTokenizer(native).renders_tools
-    texts = ["I will add.\n" + QWEN3_CODER.format_calls([("add", {"a": 2, "b": 3}), ("shout", {"text": "hi"})]),
-             "It is 5"]
+    texts = [
+        "I will add.\n" + QWEN3_CODER.format_calls([("add", {"a": 2, "b": 3}), ("shout", {"text": "hi"})]),
+        "It is 5",
+    ]
     [trajectory] = _rollout(WritesCalls(tokenizer, texts), native, 128).run(
-        [AddEnv(tool_parser=QWEN3_CODER)], [AddEnv().train_tasks()[0]], [0], SamplingParams(max_new_tokens=128, seed=0))
+        [AddEnv(tool_parser=QWEN3_CODER)], [AddEnv().train_tasks()[0]], [0], SamplingParams(max_new_tokens=128, seed=0)
+    )
     decoded = _assert_token_exact(trajectory, native)
     assert trajectory.tools == [add.schema, shout.schema] and trajectory.messages[0]["content"] == "Add the numbers."
-    assert "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\nHI\n</tool_response>\n<|im_end|>" \
+    assert (
+        "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\nHI\n</tool_response>\n<|im_end|>"
         in decoded
-    assert [(t.tool_calls, t.tool_errors) for t in trajectory.turns] == [(2, 0), (0, 0)] and trajectory.env_return == 1.0
+    )
+    assert [(t.tool_calls, t.tool_errors) for t in trajectory.turns] == [
+        (2, 0),
+        (0, 0),
+    ] and trajectory.env_return == 1.0
 
 
 def test_a_demonstration_already_in_another_syntax_is_kept() -> None:
     # Qwen3-Coder's syntax holds a <tool_call> that is not xml_json's: it is not rewritten either.
     for native in (LLAMA3_JSON.format_calls([("add", {"a": 1})]), QWEN3_CODER.format_calls([("add", {"a": 1})])):
+
         class NativeDemoEnv(AddEnv):
-            demonstrations = ([{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": native},
-                               {"role": "tool", "name": "add", "content": "1"}, {"role": "assistant", "content": "1"}],)
+            demonstrations = (
+                [
+                    {"role": "user", "content": "1 + 1?"},
+                    {"role": "assistant", "content": native},
+                    {"role": "tool", "name": "add", "content": "1"},
+                    {"role": "assistant", "content": "1"},
+                ],
+            )
 
         for parser in (LLAMA3_JSON, MISTRAL, QWEN3_CODER):
             messages, _ = NativeDemoEnv(tool_parser=parser).reset(seed=0)

@@ -21,8 +21,8 @@ from agentrl.tools.tool import (
     ToolEnv,
     ToolError,
     ToolParser,
-    parse_xml_json,
     format_tool_call,
+    parse_xml_json,
     render_tools_system_prompt,
     resolve_tool_parser,
     tool,
@@ -46,18 +46,27 @@ def add(a: int, b: int = 0) -> int:
 
 
 def test_schema_from_signature_and_docstring() -> None:
-    assert add.schema == {"type": "function", "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {"type": "object", "properties": {
-            "a": {"type": "integer", "description": "The first number."},
-            "b": {"type": "integer", "description": "The second number, zero if left out."},
-        }, "required": ["a"]}}}
+    assert add.schema == {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer", "description": "The first number."},
+                    "b": {"type": "integer", "description": "The second number, zero if left out."},
+                },
+                "required": ["a"],
+            },
+        },
+    }
 
 
 def test_schema_of_containers_unions_and_literals() -> None:
-    def f(xs: list[float], mode: Literal["fast", "slow"], tag: str | None = None,
-          extra: dict[str, int] | None = None) -> str:
+    def f(
+        xs: list[float], mode: Literal["fast", "slow"], tag: str | None = None, extra: dict[str, int] | None = None
+    ) -> str:
         """Do f."""
         return ""
 
@@ -86,13 +95,16 @@ def test_bad_tool_definitions_are_refused() -> None:
         Tool(weird)
 
 
-@pytest.mark.parametrize("arguments, message", [
-    ({}, "add: missing argument(s) a"),
-    ({"a": 1, "c": 2}, "unexpected argument(s) c (allowed: a, b)"),
-    ({"a": "1"}, "argument 'a' must be integer, got '1'"),
-    ({"a": True}, "argument 'a' must be integer, got True"),
-    ({"a": 1.5}, "argument 'a' must be integer, got 1.5"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({}, "add: missing argument(s) a"),
+        ({"a": 1, "c": 2}, "unexpected argument(s) c (allowed: a, b)"),
+        ({"a": "1"}, "argument 'a' must be integer, got '1'"),
+        ({"a": True}, "argument 'a' must be integer, got True"),
+        ({"a": 1.5}, "argument 'a' must be integer, got 1.5"),
+    ],
+)
 def test_argument_validation_names_the_problem(arguments: dict, message: str) -> None:
     with pytest.raises(ToolError, match=re.escape(message)):
         add(**arguments)
@@ -110,20 +122,24 @@ def test_valid_arguments_call_the_function() -> None:
 
 
 def test_parse_single_and_multiple_calls() -> None:
-    text = ('Let me compute. <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n'
-            '<tool_call>\n{"name": "add", "arguments": {"a": 5}}\n</tool_call>')
+    text = (
+        'Let me compute. <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n'
+        '<tool_call>\n{"name": "add", "arguments": {"a": 5}}\n</tool_call>'
+    )
     calls = parse_xml_json(text)
-    assert [(c.name, c.arguments, c.error) for c in calls] == [
-        ("add", {"a": 1, "b": 2}, None), ("add", {"a": 5}, None)]
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("add", {"a": 1, "b": 2}, None), ("add", {"a": 5}, None)]
     assert parse_xml_json("The answer is 3.") == []
 
 
-@pytest.mark.parametrize("body, error", [
-    ("{not json}", "tool call is not valid JSON"),
-    ('["add"]', 'a JSON object with a string "name"'),
-    ('{"arguments": {}}', 'a JSON object with a string "name"'),
-    ('{"name": "add", "arguments": [1, 2]}', '"arguments" must be a JSON object'),
-])
+@pytest.mark.parametrize(
+    "body, error",
+    [
+        ("{not json}", "tool call is not valid JSON"),
+        ('["add"]', 'a JSON object with a string "name"'),
+        ('{"arguments": {}}', 'a JSON object with a string "name"'),
+        ('{"name": "add", "arguments": [1, 2]}', '"arguments" must be a JSON object'),
+    ],
+)
 def test_malformed_calls_carry_an_error(body: str, error: str) -> None:
     (call,) = parse_xml_json(f"<tool_call>{body}</tool_call>")
     assert call.arguments is None and error in (call.error or "")
@@ -176,7 +192,7 @@ class AddEnv(ToolEnv):
 
 
 def call(name: str, **arguments: object) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def test_tool_env_runs_calls_then_scores_the_answer() -> None:
@@ -193,8 +209,12 @@ def test_tool_env_runs_calls_then_scores_the_answer() -> None:
 
 
 def test_demonstrations_go_between_system_and_question_and_native_tools_drop_the_fallback() -> None:
-    example = [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": call("add", a=1, b=1)},
-               {"role": "tool", "content": "2"}, {"role": "assistant", "content": "2"}]
+    example = [
+        {"role": "user", "content": "1 + 1?"},
+        {"role": "assistant", "content": call("add", a=1, b=1)},
+        {"role": "tool", "content": "2"},
+        {"role": "assistant", "content": "2"},
+    ]
 
     class ShownEnv(AddEnv):
         demonstrations = (example,)
@@ -221,8 +241,7 @@ def test_bad_calls_come_back_as_error_messages() -> None:
 
     env = AddEnv(tools=[add, Tool(boom), Tool(long)])
     env.reset(seed=0)
-    text = " ".join([call("nope"), call("add", a="two"), "<tool_call>{oops</tool_call>",
-                     call("boom", x=1)])
+    text = " ".join([call("nope"), call("add", a="two"), "<tool_call>{oops</tool_call>", call("boom", x=1)])
     obs, reward, terminated, truncated, info = env.step(text)
     contents = [m["content"] for m in obs]
     assert contents[0] == "Error: unknown tool 'nope'; available: add, boom, long"
@@ -251,8 +270,7 @@ def test_an_agentrl_error_in_a_tool_stops_the_run_instead_of_reaching_the_model(
     env.reset(seed=0)
     obs, *_ = env.step(call("picky", code=""))
     assert obs[0]["content"] == "Error: picky: code must not be empty"  # the model's fault
-    with pytest.raises(EnvError, match=re.escape("timeout_s must be a number of seconds from 0.01 "
-                                                 "to 3600, got inf")):
+    with pytest.raises(EnvError, match=re.escape("timeout_s must be a number of seconds from 0.01 to 3600, got inf")):
         env.step(call("sandboxed", code="print(1)"))  # the config's fault
 
 
@@ -287,9 +305,14 @@ def test_resolve_tool_parser_touches_only_a_name() -> None:
 
 
 def test_a_parser_name_given_to_the_env_itself_is_refused() -> None:
-    with pytest.raises(EnvError, match=re.escape("AddEnv: tool_parser 'xml_json' is a registered parser's name; "
-                                                 "pass the parser function itself, or resolve env_args with "
-                                                 "agentrl.tools.tool.resolve_tool_parser")):
+    with pytest.raises(
+        EnvError,
+        match=re.escape(
+            "AddEnv: tool_parser 'xml_json' is a registered parser's name; "
+            "pass the parser function itself, or resolve env_args with "
+            "agentrl.tools.tool.resolve_tool_parser"
+        ),
+    ):
         AddEnv(tool_parser="xml_json")  # type: ignore[arg-type]
 
 
@@ -333,28 +356,41 @@ def test_custom_parser_callable() -> None:
     assert env.step("go!")[0][0]["content"] == "7"
 
 
-@pytest.mark.parametrize("expression, value", [
-    ("(23 * 7) - 48", 113), ("-3 + +4", 1), ("7 / 2", 3.5), ("7 // 2", 3), ("7 % 4", 3),
-    ("2 ** 10", 1024), ("2 ** -1", 0.5), ("1.5 * 4", 6.0), ("((1 + 2) * (3 + 4))", 21),
-])
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("(23 * 7) - 48", 113),
+        ("-3 + +4", 1),
+        ("7 / 2", 3.5),
+        ("7 // 2", 3),
+        ("7 % 4", 3),
+        ("2 ** 10", 1024),
+        ("2 ** -1", 0.5),
+        ("1.5 * 4", 6.0),
+        ("((1 + 2) * (3 + 4))", 21),
+    ],
+)
 def test_calculator_evaluates_arithmetic(expression: str, value: float) -> None:
     assert evaluate_arithmetic(expression) == value
 
 
-@pytest.mark.parametrize("expression, error", [
-    ("__import__('os').system('echo hi')", "Call is not allowed"),
-    ("os.getcwd", "Attribute is not allowed"),
-    ("x + 1", "Name is not allowed"),
-    ("(lambda: 1)()", "Call is not allowed"),
-    ("[1, 2]", "List is not allowed"),
-    ("'a' * 3", "Constant is not allowed"),
-    ("True + 1", "Constant is not allowed"),
-    ("9 ** 9 ** 9", "is too large"),
-    ("10 ** 100000", "is too large"),
-    ("2.5 ** 10000", "is too large"),
-    ("1 +", "not an arithmetic expression"),
-    ("1" + " + 1" * 200, "at most 300"),
-])
+@pytest.mark.parametrize(
+    "expression, error",
+    [
+        ("__import__('os').system('echo hi')", "Call is not allowed"),
+        ("os.getcwd", "Attribute is not allowed"),
+        ("x + 1", "Name is not allowed"),
+        ("(lambda: 1)()", "Call is not allowed"),
+        ("[1, 2]", "List is not allowed"),
+        ("'a' * 3", "Constant is not allowed"),
+        ("True + 1", "Constant is not allowed"),
+        ("9 ** 9 ** 9", "is too large"),
+        ("10 ** 100000", "is too large"),
+        ("2.5 ** 10000", "is too large"),
+        ("1 +", "not an arithmetic expression"),
+        ("1" + " + 1" * 200, "at most 300"),
+    ],
+)
 def test_calculator_refuses_everything_else(expression: str, error: str) -> None:
     with pytest.raises(ValueError, match=re.escape(error)):
         evaluate_arithmetic(expression)

@@ -8,19 +8,29 @@ import pytest
 import torch
 
 from agentrl.config.train import TrainConfig
-from agentrl.training.evaluate import evaluate
 from agentrl.model.loading import load_model
 from agentrl.plugins import load_plugins
 from agentrl.testing import GradientRecorder, parity_reward
 from agentrl.training.batching import plan_micro_batches
+from agentrl.training.evaluate import evaluate
 from agentrl.training.schedules import wsd_decay_steps
 from agentrl.training.trainer import Trainer
 
 
 def _config(model_dir, tmp_path, **overrides) -> TrainConfig:
-    base = dict(model=str(model_dir), max_steps=1, prompts_per_step=3, num_generations=3, max_new_tokens=10,
-                eval_tasks=0, output_dir=str(tmp_path / "run"), log_completions_every=0, save_model=False,
-                precision="fp32", engine_args={"dtype": "float32"})
+    base = dict(
+        model=str(model_dir),
+        max_steps=1,
+        prompts_per_step=3,
+        num_generations=3,
+        max_new_tokens=10,
+        eval_tasks=0,
+        output_dir=str(tmp_path / "run"),
+        log_completions_every=0,
+        save_model=False,
+        precision="fp32",
+        engine_args={"dtype": "float32"},
+    )
     base.update(overrides)
     return TrainConfig(**base)
 
@@ -33,7 +43,7 @@ def test_gradient_does_not_depend_on_micro_batch_size(tiny_model_dir, tmp_path, 
     # A random tiny model never stops, so make the sampled spans ragged: drop the tails of some rows
     # (row 4 entirely: a fully masked sequence must not change anything either).
     for row, keep in enumerate([10, 3, 7, 1, 0, 10, 5, 2, 9]):
-        batch.loss_mask[row, int(batch.lengths[row]) - 10 + keep:] = 0
+        batch.loss_mask[row, int(batch.lengths[row]) - 10 + keep :] = 0
     assert batch.loss_mask.sum(dim=1).unique().numel() > 5
     grads = []
     longest = int(batch.lengths.max())
@@ -71,8 +81,16 @@ def test_step_zero_ratio_is_one_with_fp32_engine(tiny_model_dir, tmp_path, suppo
 
 
 def test_in_process_eval_equals_fresh_load_of_saved_run(tiny_model_dir, tmp_path):
-    config = _config(tiny_model_dir, tmp_path, max_steps=2, save_model=True, learning_rate=1e-2,
-                     engine_args={"dtype": "bfloat16"}, precision="bf16", rewards={"parity": 1.0})
+    config = _config(
+        tiny_model_dir,
+        tmp_path,
+        max_steps=2,
+        save_model=True,
+        learning_rate=1e-2,
+        engine_args={"dtype": "bfloat16"},
+        precision="bf16",
+        rewards={"parity": 1.0},
+    )
     manager = load_plugins()
     manager.registry.add("reward", "parity", parity_reward, plugin="test")
     trainer = Trainer(config, manager)
@@ -83,8 +101,9 @@ def test_in_process_eval_equals_fresh_load_of_saved_run(tiny_model_dir, tmp_path
     manager = load_plugins()
     model = load_model(str(result.run_dir))
     engine = manager.registry.get("engine", "hf").factory(model=model, tokenizer=trainer.tokenizer, config=fresh_config)
-    rollout = manager.registry.get("rollout", "multi_turn").factory(engine=engine, tokenizer=trainer.tokenizer,
-                                                                     config=fresh_config)
+    rollout = manager.registry.get("rollout", "multi_turn").factory(
+        engine=engine, tokenizer=trainer.tokenizer, config=fresh_config
+    )
     _, fresh = evaluate(rollout, trainer.envs, tasks, max_new_tokens=10)
     assert [t.token_ids for t in live] == [t.token_ids for t in fresh]
     before = load_model(str(tiny_model_dir))
@@ -92,8 +111,9 @@ def test_in_process_eval_equals_fresh_load_of_saved_run(tiny_model_dir, tmp_path
 
 
 def test_warmup_steps_work_with_the_default_constant_schedule(tiny_model_dir, tmp_path):
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, max_steps=6, warmup_steps=4, learning_rate=1e-3),
-                      load_plugins())
+    trainer = Trainer(
+        _config(tiny_model_dir, tmp_path, max_steps=6, warmup_steps=4, learning_rate=1e-3), load_plugins()
+    )
     rates = []
     for _ in range(6):
         rates.append(trainer.run.trained["policy"].scheduler.get_last_lr()[0])
@@ -105,8 +125,18 @@ def test_warmup_steps_work_with_the_default_constant_schedule(tiny_model_dir, tm
 def test_wsd_schedule_warms_up_holds_then_decays_linearly_to_zero(tiny_model_dir, tmp_path):
     """Hand-derived: 2 warm-up steps (0, lr/2), 4 steps at lr, then 4 decay steps (half of the 8 after
     warm-up) of lr/4 each."""
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, max_steps=10, warmup_steps=2, learning_rate=1e-3,
-                              lr_scheduler="wsd", lr_decay_fraction=0.5), load_plugins())
+    trainer = Trainer(
+        _config(
+            tiny_model_dir,
+            tmp_path,
+            max_steps=10,
+            warmup_steps=2,
+            learning_rate=1e-3,
+            lr_scheduler="wsd",
+            lr_decay_fraction=0.5,
+        ),
+        load_plugins(),
+    )
     rates = []
     for _ in range(11):
         rates.append(trainer.run.trained["policy"].scheduler.get_last_lr()[0])
@@ -115,13 +145,16 @@ def test_wsd_schedule_warms_up_holds_then_decays_linearly_to_zero(tiny_model_dir
     assert rates == pytest.approx([0.0, 5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0], abs=1e-12)
 
 
-@pytest.mark.parametrize(("fraction", "steps", "expected"), [
-    (0.375, 40, 15),  # the default run: constant for 25 steps, then 15 decay steps
-    (0.375, 12, 4),  # 4.5 rounds to even
-    (0.375, 2, 1),  # never fewer than one step
-    (0.01, 10, 1),
-    (1.0, 7, 7),  # the whole run decays: a linear schedule
-])
+@pytest.mark.parametrize(
+    ("fraction", "steps", "expected"),
+    [
+        (0.375, 40, 15),  # the default run: constant for 25 steps, then 15 decay steps
+        (0.375, 12, 4),  # 4.5 rounds to even
+        (0.375, 2, 1),  # never fewer than one step
+        (0.01, 10, 1),
+        (1.0, 7, 7),  # the whole run decays: a linear schedule
+    ],
+)
 def test_wsd_decay_steps_are_a_rounded_share_of_the_run(fraction: float, steps: int, expected: int) -> None:
     assert wsd_decay_steps(fraction, steps) == expected
 

@@ -8,22 +8,24 @@ import textwrap
 
 import numpy as np
 import pytest
+from cli_in_process import agentrl_in_process
 
 from agentrl.answers import answers_match, extract_boxed
 from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, RewardError
 from agentrl.plugins import load_plugins
-from agentrl.rewards.specs import TRLReward, load_reward, resolve_rewards
 from agentrl.rewards.scoring import score
+from agentrl.rewards.specs import TRLReward, load_reward, resolve_rewards
 from agentrl.testing import make_trajectory
-from cli_in_process import agentrl_in_process
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 
 
 def single_turn(question: str, reply: str, **task) -> object:
-    return make_trajectory([SYSTEM, {"role": "user", "content": question}, {"role": "assistant", "content": reply}],
-                           {"question": question, **task})
+    return make_trajectory(
+        [SYSTEM, {"role": "user", "content": question}, {"role": "assistant", "content": reply}],
+        {"question": question, **task},
+    )
 
 
 def judge_text(text):  # neither signature: refused with both named
@@ -64,8 +66,11 @@ def test_plain_format_gives_the_final_reply_and_the_last_user_message():
 
 def test_multi_turn_completion_is_everything_after_the_prompt_and_few_shot_stays_in_the_prompt():
     shot = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]
-    later = [{"role": "assistant", "content": "call"}, {"role": "tool", "content": "5"},
-             {"role": "assistant", "content": "5"}]
+    later = [
+        {"role": "assistant", "content": "call"},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "5"},
+    ]
     t = make_trajectory([SYSTEM, {"role": "user", "content": "2+3?"}, *later], {"question": "2+3?"})
     t.messages[1:1] = shot  # a worked example in the prompt: not a turn the model sampled
     seen = {}
@@ -132,22 +137,46 @@ def test_resolve_labels_file_rewards_by_function_name(tmp_path):
     assert list(resolved) == ["brevity", "format"] and resolved["brevity"][1] == 0.5
 
 
-TINY = ("--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--set", "eval_tasks=2",
-        "--set", "max_new_tokens=8")
+TINY = (
+    "--max-steps",
+    "2",
+    "--num-generations",
+    "2",
+    "--prompts-per-step",
+    "2",
+    "--set",
+    "eval_tasks=2",
+    "--set",
+    "max_new_tokens=8",
+)
 
 
 def test_cli_trains_with_a_trl_reward_file_relative_to_the_cwd(tiny_model_dir, tmp_path):
-    (tmp_path / "rewards.py").write_text(textwrap.dedent('''
+    (tmp_path / "rewards.py").write_text(
+        textwrap.dedent("""
         def reward_len(completions, **kwargs):
             return [-abs(20 - len(completion)) for completion in completions]
-    '''))
+    """)
+    )
     out = tmp_path / "run"
-    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", "rewards.py:reward_len:0.1",
-                                "--set", "reward_completion_format=plain", "--output-dir", str(out), *TINY,
-                                cwd=tmp_path)
+    result = agentrl_in_process(
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--reward",
+        "rewards.py:reward_len:0.1",
+        "--set",
+        "reward_completion_format=plain",
+        "--output-dir",
+        str(out),
+        *TINY,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "rewards: env return x1 + reward_len x0.1 (--reward replaces the env's defaults; add " \
-           "--reward format:1 --reward accuracy:1 to keep them)" in result.stdout
+    assert (
+        "rewards: env return x1 + reward_len x0.1 (--reward replaces the env's defaults; add "
+        "--reward format:1 --reward accuracy:1 to keep them)" in result.stdout
+    )
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(line["reward/reward_len_mean"] <= 0 for line in lines[:2])
     saved = (out / "config.yaml").read_text()
@@ -157,11 +186,21 @@ def test_cli_trains_with_a_trl_reward_file_relative_to_the_cwd(tiny_model_dir, t
 def test_cli_wrong_reward_signature_fails_before_loading_anything(tiny_model_dir, tmp_path):
     (tmp_path / "bad.py").write_text("def score(text):\n    return [1.0]\n")
     out = tmp_path / "run"
-    result = agentrl_in_process("train", "--model", str(tiny_model_dir), "--reward", f"{tmp_path / 'bad.py'}:score",
-                                "--output-dir", str(out), *TINY)
+    result = agentrl_in_process(
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--reward",
+        f"{tmp_path / 'bad.py'}:score",
+        "--output-dir",
+        str(out),
+        *TINY,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert re.search(r"error: reward '.*bad.py:score' has signature score\(text\); accepted: fn\(trajectories\)",
-                     result.stderr.replace("\n", "")), result.stderr
+    assert re.search(
+        r"error: reward '.*bad.py:score' has signature score\(text\); accepted: fn\(trajectories\)",
+        result.stderr.replace("\n", ""),
+    ), result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
 
 

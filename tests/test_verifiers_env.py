@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_in_process import agentrl_in_process
 
 from agentrl import ConfigError, EnvError
 from agentrl.testing import check_env
-from cli_in_process import agentrl_in_process
 
 vf = pytest.importorskip("verifiers")
 if not hasattr(vf, "load_environment"):
-    pytest.skip(f"verifiers {vf.__version__} has no classic API (pip install 'agentrl[verifiers]')",
-                allow_module_level=True)
+    pytest.skip(
+        f"verifiers {vf.__version__} has no classic API (pip install 'agentrl[verifiers]')", allow_module_level=True
+    )
 
 import agentrl_verifiers  # noqa: E402
 from agentrl_verifiers import INSTALL_HINT, VerifiersEnv  # noqa: E402
@@ -123,8 +124,9 @@ def make(kind: str = "single", **kwargs: Any) -> VerifiersEnv:
     return VerifiersEnv(MODULE, env_kwargs=env_kwargs, **{"num_eval": 4, **kwargs})
 
 
-@pytest.mark.parametrize("kind, env_kwargs", [
-    ("single", {}), ("single", {"eval_size": 5}), ("retry", {}), ("tools", {})])
+@pytest.mark.parametrize(
+    "kind, env_kwargs", [("single", {}), ("single", {"eval_size": 5}), ("retry", {}), ("tools", {})]
+)
 def test_check_env_passes(env_dir: Path, kind: str, env_kwargs: dict[str, Any]) -> None:
     check_env(lambda: make(kind, env_kwargs=env_kwargs))
 
@@ -133,12 +135,21 @@ def test_single_turn_reward_and_metrics_come_from_the_rubric(env_dir: Path) -> N
     env = make("single")
     task = env.train_tasks()[0]
     messages, _ = env.reset(options={"task": task})
-    assert messages == [{"role": "system", "content": "Reply with the number only."},
-                        {"role": "user", "content": task["question"]}]
+    assert messages == [
+        {"role": "system", "content": "Reply with the number only."},
+        {"role": "user", "content": task["question"]},
+    ]
     assert env.step(f" {task['answer']} ") == (
-        [], 1.0, True, False,
-        {"success": True, "metrics": {"correct": 1.0, "brief": 1.0, "num_turns": 1.0},
-         "stop_condition": "max_turns_reached"})
+        [],
+        1.0,
+        True,
+        False,
+        {
+            "success": True,
+            "metrics": {"correct": 1.0, "brief": 1.0, "num_turns": 1.0},
+            "stop_condition": "max_turns_reached",
+        },
+    )
     env.reset(options={"task": task})
     _, reward, terminated, _, info = env.step("I think it is 99.")
     assert (reward, terminated, info["success"], info["metrics"]["brief"]) == (0.0, True, False, 0.0)
@@ -161,8 +172,9 @@ class ScriptedClient(vf.Client):
     async def to_native_prompt(self, messages: Any) -> tuple[Any, dict]:
         return messages, {}
 
-    async def get_native_response(self, prompt: Any, model: str, sampling_args: Any, tools: Any = None,
-                                  **kwargs: Any) -> str:
+    async def get_native_response(
+        self, prompt: Any, model: str, sampling_args: Any, tools: Any = None, **kwargs: Any
+    ) -> str:
         return self.replies.pop(0)
 
     async def raise_from_native_response(self, response: Any) -> None:
@@ -176,8 +188,9 @@ class ScriptedClient(vf.Client):
         return None
 
 
-@pytest.mark.parametrize("replies", [["no", "nope", "none"], ["no", "ANSWER"], ["ANSWER"]],
-                         ids=["out-of-turns", "second-try", "first-try"])
+@pytest.mark.parametrize(
+    "replies", [["no", "nope", "none"], ["no", "ANSWER"], ["ANSWER"]], ids=["out-of-turns", "second-try", "first-try"]
+)
 def test_multi_turn_episode_is_exactly_verifiers_own_rollout(env_dir: Path, replies: list[str]) -> None:
     env = make("retry")
     task = env.train_tasks()[5]
@@ -195,7 +208,8 @@ def test_multi_turn_episode_is_exactly_verifiers_own_rollout(env_dir: Path, repl
     expected = [{"role": m["role"], "content": m["content"]} for m in [*own["prompt"], *own["completion"]]]
     assert conversation == expected
     assert [m["content"] for m in conversation if m["role"] == "user"][1:] == [
-        f"Wrong (turn {turn}), try again." for turn in range(1, len(replies))]
+        f"Wrong (turn {turn}), try again." for turn in range(1, len(replies))
+    ]
     assert reward == own["reward"] == float(replies[-1] == task["answer"])
     assert info["metrics"] == own["metrics"] and info["metrics"]["num_turns"] == len(replies)
     assert info["stop_condition"] == own["stop_condition"]
@@ -216,19 +230,28 @@ def test_tool_calls_in_the_text_run_through_verifiers_tool_env(env_dir: Path) ->
     assert info["metrics"]["add_calls"] == info["metrics"]["total_tool_calls"] == 1.0
 
 
-@pytest.mark.parametrize("name, example, call", [
-    ("llama3_json", '{"name": "add", "parameters": {"a": ', '{"name": "add", "parameters": {"a": 2, "b": 3}}'),
-    # qwen3_coder values are text: typed by the tool's schema, 2 + 3 is 5 (untyped it would be "23")
-    ("qwen3_coder", "<function=add>", "<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n"
-                                      "<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>"),
-])
+@pytest.mark.parametrize(
+    "name, example, call",
+    [
+        ("llama3_json", '{"name": "add", "parameters": {"a": ', '{"name": "add", "parameters": {"a": 2, "b": 3}}'),
+        # qwen3_coder values are text: typed by the tool's schema, 2 + 3 is 5 (untyped it would be "23")
+        (
+            "qwen3_coder",
+            "<function=add>",
+            "<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n"
+            "<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>",
+        ),
+    ],
+)
 def test_the_tool_parser_env_args_names_reads_the_calls(env_dir: Path, name: str, example: str, call: str) -> None:
-    from agentrl.training.build import make_env
     from agentrl.config.train import TrainConfig
     from agentrl.plugins import load_plugins
+    from agentrl.training.build import make_env
 
-    config = TrainConfig(env="verifiers", env_args={"env_id": MODULE, "env_kwargs": {"kind": "tools"}, "num_eval": 4,
-                                                    "tool_parser": name})
+    config = TrainConfig(
+        env="verifiers",
+        env_args={"env_id": MODULE, "env_kwargs": {"kind": "tools"}, "num_eval": 4, "tool_parser": name},
+    )
     env = make_env(load_plugins(), config)
     assert env.tool_parser is load_plugins().registry.get("tool_parser", name).factory
     task = env.train_tasks()[0]
@@ -291,29 +314,50 @@ def test_reset_and_step_work_inside_a_running_event_loop(env_dir: Path) -> None:
     assert asyncio.run(episode()) == 1.0
 
 
-@pytest.mark.parametrize("build, error, message", [
-    (lambda: VerifiersEnv("agentrl_vf_no_such_env"), ConfigError,
-     "verifiers: env_id 'agentrl_vf_no_such_env' names no importable module 'agentrl_vf_no_such_env'"),
-    (lambda: VerifiersEnv(), ConfigError, "verifiers: env_args.env_id must name an installed verifiers environment"),
-    (lambda: make("single", num_eval=0), ConfigError, "verifiers: num_eval must be an int >= 1, got 0"),
-    (lambda: VerifiersEnv(MODULE, env_kwargs=["single"]), ConfigError,
-     "verifiers: env_kwargs must be a mapping of keyword arguments, got ['single']"),
-    (lambda: make("fail"), EnvError,
-     f"verifiers env {MODULE!r} failed to load: ValueError: no such difficulty"),
-    (lambda: make("single", env_kwargs={"colour": 1}), EnvError,
-     f"verifiers env {MODULE!r} failed to load: TypeError"),
-    (lambda: make("group"), EnvError,
-     f"verifiers env {MODULE!r}: its rubric has group-level reward functions (agree)"),
-])
+@pytest.mark.parametrize(
+    "build, error, message",
+    [
+        (
+            lambda: VerifiersEnv("agentrl_vf_no_such_env"),
+            ConfigError,
+            "verifiers: env_id 'agentrl_vf_no_such_env' names no importable module 'agentrl_vf_no_such_env'",
+        ),
+        (
+            lambda: VerifiersEnv(),
+            ConfigError,
+            "verifiers: env_args.env_id must name an installed verifiers environment",
+        ),
+        (lambda: make("single", num_eval=0), ConfigError, "verifiers: num_eval must be an int >= 1, got 0"),
+        (
+            lambda: VerifiersEnv(MODULE, env_kwargs=["single"]),
+            ConfigError,
+            "verifiers: env_kwargs must be a mapping of keyword arguments, got ['single']",
+        ),
+        (lambda: make("fail"), EnvError, f"verifiers env {MODULE!r} failed to load: ValueError: no such difficulty"),
+        (
+            lambda: make("single", env_kwargs={"colour": 1}),
+            EnvError,
+            f"verifiers env {MODULE!r} failed to load: TypeError",
+        ),
+        (
+            lambda: make("group"),
+            EnvError,
+            f"verifiers env {MODULE!r}: its rubric has group-level reward functions (agree)",
+        ),
+    ],
+)
 def test_bad_settings_are_one_clear_line(env_dir: Path, build: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=re.escape(message)):
         build()
 
 
-@pytest.mark.parametrize("kind, message", [
-    ("broken", f"verifiers env {MODULE!r} raised during its rollout: ZeroDivisionError: the env's own bug"),
-    ("rewrite", f"verifiers env {MODULE!r} rewrote the conversation between turns (message 0 changed)"),
-])
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("broken", f"verifiers env {MODULE!r} raised during its rollout: ZeroDivisionError: the env's own bug"),
+        ("rewrite", f"verifiers env {MODULE!r} rewrote the conversation between turns (message 0 changed)"),
+    ],
+)
 def test_errors_inside_verifiers_surface_as_env_error(env_dir: Path, kind: str, message: str) -> None:
     env = make(kind)
     env.reset(options={"task": env.train_tasks()[0]})
@@ -338,10 +382,32 @@ def test_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_trains_two_steps_through_the_cli(env_dir: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = agentrl_in_process(  # env_dir has put MODULE's folder on sys.path
-        "train", "--env", "verifiers", "--set", f"env_args.env_id={MODULE}",
-        "--set", "env_args.env_kwargs.kind=retry", "--set", "env_args.max_turns=2", "--set", "env_args.num_eval=4",
-        "--model", str(tiny_model_dir), "--max-steps", "2", "--num-generations", "2", "--prompts-per-step", "2",
-        "--output-dir", str(out), "--set", "eval_tasks=4", "--set", "max_new_tokens=8")
+        "train",
+        "--env",
+        "verifiers",
+        "--set",
+        f"env_args.env_id={MODULE}",
+        "--set",
+        "env_args.env_kwargs.kind=retry",
+        "--set",
+        "env_args.max_turns=2",
+        "--set",
+        "env_args.num_eval=4",
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "2",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--output-dir",
+        str(out),
+        "--set",
+        "eval_tasks=4",
+        "--set",
+        "max_new_tokens=8",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines][:2] == [1, 2]

@@ -29,10 +29,20 @@ def _tiny() -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-                         initializer_range=0.1)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        initializer_range=0.1,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -40,7 +50,7 @@ def _recompute(model: torch.nn.Module, prompt: list[int], completion: list[int],
     """Full-vocabulary log_softmax(logits / T) of ``completion`` from one fp32 HF forward."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].double() / temperature
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double() / temperature
     return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
@@ -48,21 +58,26 @@ def _recompute(model: torch.nn.Module, prompt: list[int], completion: list[int],
 def tiny_engine():
     """One vLLM instance over a tiny model (processed logprobs: no top_k/top_p in the run config)."""
     model = _tiny()
-    engine = VLLMEngine(model=model, tokenizer=None, config=TrainConfig(max_total_tokens=256, seed=0, engine_args=SMALL))
+    engine = VLLMEngine(
+        model=model, tokenizer=None, config=TrainConfig(max_total_tokens=256, seed=0, engine_args=SMALL)
+    )
     return model, engine
 
 
 # -- without vLLM -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ({"dtype": "fp8"}, "engine_args.dtype='fp8' is invalid: expected one of auto, float32, bfloat16, float16"),
-    ({"gpu_memory_utilization": 0}, "engine_args.gpu_memory_utilization=0 is invalid: expected a number in (0, 1]"),
-    ({"max_model_len": 0}, "engine_args.max_model_len=0 is invalid"),
-    ({"kv_cache_gb": -1}, "engine_args.kv_cache_gb=-1 is invalid: expected null or a number > 0"),
-    ({"sleep_level": 3}, "engine_args.sleep_level=3 is invalid: expected 0 (off), 1 or 2"),
-    ({"gpu_mem": 0.5}, "unknown key(s) 'gpu_mem' in engine_args; VLLMEngineConfig accepts:"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"dtype": "fp8"}, "engine_args.dtype='fp8' is invalid: expected one of auto, float32, bfloat16, float16"),
+        ({"gpu_memory_utilization": 0}, "engine_args.gpu_memory_utilization=0 is invalid: expected a number in (0, 1]"),
+        ({"max_model_len": 0}, "engine_args.max_model_len=0 is invalid"),
+        ({"kv_cache_gb": -1}, "engine_args.kv_cache_gb=-1 is invalid: expected null or a number > 0"),
+        ({"sleep_level": 3}, "engine_args.sleep_level=3 is invalid: expected 0 (off), 1 or 2"),
+        ({"gpu_mem": 0.5}, "unknown key(s) 'gpu_mem' in engine_args; VLLMEngineConfig accepts:"),
+    ],
+)
 def test_bad_engine_args_are_named(args, message):
     with pytest.raises(ConfigError) as error:
         VLLMEngine(model=_tiny(), tokenizer=None, config=TrainConfig(engine_args=args))
@@ -102,8 +117,12 @@ def test_missing_vllm_names_the_extra():
 def test_logprobs_match_a_float32_forward_on_the_full_vocabulary(tiny_engine, temperature):
     model, engine = tiny_engine
     generations = engine.generate(PROMPTS, SamplingParams(max_new_tokens=12, temperature=temperature, seed=0))
-    gaps = torch.cat([(torch.tensor(g.logprobs, dtype=torch.float64) - _recompute(model, p, g.token_ids, temperature)).abs()
-                      for p, g in zip(PROMPTS, generations)])
+    gaps = torch.cat(
+        [
+            (torch.tensor(g.logprobs, dtype=torch.float64) - _recompute(model, p, g.token_ids, temperature)).abs()
+            for p, g in zip(PROMPTS, generations)
+        ]
+    )
     print(f"\nvllm vs fp32 forward at T={temperature}: mean |dlogp| {gaps.mean():.2e}, max {gaps.max():.2e}")
     assert gaps.max() < 1e-3
 
@@ -164,7 +183,7 @@ def test_weight_sync_reaches_the_tied_head_and_the_prefix_cache_is_reset(tiny_en
     assert after.token_ids != before.token_ids
     torch.testing.assert_close(torch.tensor(after.logprobs, dtype=torch.float64), expected, atol=1e-3, rtol=0)
     reference = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, top_k=None)
-    assert after.token_ids == reference[0, len(prompt):].tolist()[:len(after.token_ids)]
+    assert after.token_ids == reference[0, len(prompt) :].tolist()[: len(after.token_ids)]
 
 
 def _other_weights(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -184,8 +203,8 @@ def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.
     (fp32 forwards). The engine holds ``model``'s weights again afterwards."""
     import threading
 
-    from agentrl.training.async_rollouts import AsyncRollouts, VersionedEngine
     from agentrl.sampling.request_queue import BatchingQueue
+    from agentrl.training.async_rollouts import AsyncRollouts, VersionedEngine
 
     versioned = VersionedEngine(engine, partial=True)
     mid_call = engine.swaps_between_decode_steps  # in-process: vLLM's own queue, asking before each step
@@ -203,8 +222,17 @@ def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.
 
     newer = _other_weights(model, seed=1)  # ``model`` may sample one token with probability ~1
     try:
-        producer = AsyncRollouts(collect, engine.sync_weights, model, async_steps=1, next_step=1, last_step=1,
-                                 floor=0, partial=True, versioned=versioned)
+        producer = AsyncRollouts(
+            collect,
+            engine.sync_weights,
+            model,
+            async_steps=1,
+            next_step=1,
+            last_step=1,
+            floor=0,
+            partial=True,
+            versioned=versioned,
+        )
         while not first_done.wait(0.5):  # the collection's first turn, or what stopped it
             assert producer.error is None and producer.thread.is_alive(), producer.error
         producer.publish(1, newer)  # the learner's step 1, while step 1's collection is between two turns
@@ -224,7 +252,9 @@ def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.
 
 
 @needs_vllm
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: a torch thread count other than OpenMP's default")
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 2, reason="needs two cores: a torch thread count other than OpenMP's default"
+)
 def test_a_new_thread_samples_after_torch_threads_were_set(tiny_engine):
     """After ``torch.set_num_threads`` (a user's script, a launcher), a new thread's OpenMP pool still
     has the default size until torch first runs there; vLLM's CPU attention sized its metadata by
@@ -336,8 +366,9 @@ def test_the_request_queue_changes_weights_between_decode_steps(two_versions):
     from it (its tokens' versions and logprobs as above); one submitted afterwards is all version 1."""
     engine, versions = two_versions
     long_prompt, cap = [1, 30, 31, 32], 30
-    candidates = engine.generate([long_prompt] * 16, SamplingParams(max_new_tokens=cap, temperature=1.0,
-                                                                     prompt_seeds=tuple(range(16))))
+    candidates = engine.generate(
+        [long_prompt] * 16, SamplingParams(max_new_tokens=cap, temperature=1.0, prompt_seeds=tuple(range(16)))
+    )
     seed = next(i for i, g in enumerate(candidates) if g.finish_reason == "length")  # decodes all 30 steps
     engine.before_decode_step = version_change_at(engine, versions[1], call=6)
     with request_queue(engine, wait_s=600, running=lambda: 1) as queue:
@@ -353,8 +384,11 @@ def test_the_request_queue_changes_weights_between_decode_steps(two_versions):
 
 
 def _submit(queue, prompt, max_new_tokens, seed, order=0):
-    return queue.submit(GenerationRequest(prompt, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0),
-                                          seed=seed, order=order))
+    return queue.submit(
+        GenerationRequest(
+            prompt, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0), seed=seed, order=order
+        )
+    )
 
 
 @needs_vllm
@@ -386,11 +420,13 @@ def test_the_request_queue_samples_what_generate_samples_with_the_same_seeds(tin
 def test_a_request_arriving_mid_decode_joins_the_running_batch(tiny_engine):
     _, engine = tiny_engine
     long_prompt, cap = [1, 30, 31, 32], 60
-    candidates = engine.generate([long_prompt] * 16, SamplingParams(max_new_tokens=cap, temperature=1.0,
-                                                                     prompt_seeds=tuple(range(16))))
+    candidates = engine.generate(
+        [long_prompt] * 16, SamplingParams(max_new_tokens=cap, temperature=1.0, prompt_seeds=tuple(range(16)))
+    )
     seed = next(i for i, g in enumerate(candidates) if g.finish_reason == "length")  # decodes all 60 steps
-    late_reference = engine.generate([PROMPTS[2]], SamplingParams(max_new_tokens=10, temperature=1.0,
-                                                                  prompt_seeds=(99,)))[0]
+    late_reference = engine.generate(
+        [PROMPTS[2]], SamplingParams(max_new_tokens=10, temperature=1.0, prompt_seeds=(99,))
+    )[0]
     late = []
     with request_queue(engine, wait_s=600, running=lambda: 2) as queue:
         long_one = _submit(queue, long_prompt, cap, seed)
@@ -428,8 +464,12 @@ def test_an_engine_error_reaches_every_pending_request(tiny_engine, monkeypatch)
         requesters[0] = 1
         after = _submit(queue, PROMPTS[0], 4, seed=3).result(timeout=600)  # the queue goes on after a failure
     assert not engine.llm.llm_engine.has_unfinished_requests()  # the failed requests were aborted in vLLM
-    assert after.token_ids == engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4, temperature=1.0,
-                                                                           prompt_seeds=(3,)))[0].token_ids
+    assert (
+        after.token_ids
+        == engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4, temperature=1.0, prompt_seeds=(3,)))[
+            0
+        ].token_ids
+    )
 
 
 @needs_vllm
@@ -438,8 +478,9 @@ def test_top_k_at_temperature_one_reports_full_vocabulary_logprobs():
     (Deleting this second engine tears down vLLM's process-wide parallel groups: tiny_engine's
     tests must run before this one.)"""
     model = _tiny()
-    engine = VLLMEngine(model=model, tokenizer=None, config=TrainConfig(max_total_tokens=128, top_k=3, seed=0,
-                                                                        engine_args=SMALL))
+    engine = VLLMEngine(
+        model=model, tokenizer=None, config=TrainConfig(max_total_tokens=128, top_k=3, seed=0, engine_args=SMALL)
+    )
     generations = engine.generate(PROMPTS, SamplingParams(max_new_tokens=10, temperature=1.0, top_k=3, seed=0))
     for prompt, g in zip(PROMPTS, generations):
         full = _recompute(model, prompt, g.token_ids, 1.0)
@@ -468,8 +509,14 @@ def test_building_and_sampling_prints_only_what_a_user_can_act_on():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
-    done = subprocess.run([sys.executable, "-c", _BUILD_AND_SAMPLE], capture_output=True, text=True, timeout=600,
-                          env=env, cwd=Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, "-c", _BUILD_AND_SAMPLE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "sampled 4" in output, output
     for noise in (" INFO ", " WARNING ", "Traceback", "FutureWarning", "Loading safetensors"):
@@ -498,11 +545,34 @@ def test_train_with_vllm_end_to_end_on_the_default_model(tmp_path):
 
     from agentrl.cli.app import app
 
-    result = CliRunner().invoke(app, ["train", "--env", "math", "--engine", "vllm", "--max-steps", "2",
-                                      "--prompts-per-step", "2", "--num-generations", "4", "--output-dir",
-                                      str(tmp_path / "run"), "--set", "eval_tasks=8", "--set", "max_new_tokens=24",
-                                      "--set", "plugins.sampler_correction.mode=measure", "--set", "save_model=false",
-                                      "--set", "engine_args.kv_cache_gb=0.5"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--env",
+            "math",
+            "--engine",
+            "vllm",
+            "--max-steps",
+            "2",
+            "--prompts-per-step",
+            "2",
+            "--num-generations",
+            "4",
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--set",
+            "eval_tasks=8",
+            "--set",
+            "max_new_tokens=24",
+            "--set",
+            "plugins.sampler_correction.mode=measure",
+            "--set",
+            "save_model=false",
+            "--set",
+            "engine_args.kv_cache_gb=0.5",
+        ],
+    )
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if "policy/sampler_logprob_gap" in m]
@@ -519,16 +589,44 @@ def test_train_asynchronously_with_vllm_on_the_default_model(tmp_path):
 
     from agentrl.cli.app import app
 
-    result = CliRunner().invoke(app, ["train", "--env", "math", "--engine", "vllm", "--max-steps", "3",
-                                      "--prompts-per-step", "2", "--num-generations", "4", "--output-dir",
-                                      str(tmp_path / "run"), "--set", "eval_tasks=4", "--set", "eval_every=2",
-                                      "--set", "max_new_tokens=24", "--set", "async_steps=1",
-                                      "--set", "save_model=false", "--set", "engine_args.kv_cache_gb=0.5"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--env",
+            "math",
+            "--engine",
+            "vllm",
+            "--max-steps",
+            "3",
+            "--prompts-per-step",
+            "2",
+            "--num-generations",
+            "4",
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--set",
+            "eval_tasks=4",
+            "--set",
+            "eval_every=2",
+            "--set",
+            "max_new_tokens=24",
+            "--set",
+            "async_steps=1",
+            "--set",
+            "save_model=false",
+            "--set",
+            "engine_args.kv_cache_gb=0.5",
+        ],
+    )
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if "async/sampling_version" in m]
     assert [(m["step"], m["async/sampling_version"], m["async/staleness_max"]) for m in steps] == [
-        (1, 0.0, 0.0), (2, 0.0, 1.0), (3, 1.0, 1.0)]
+        (1, 0.0, 0.0),
+        (2, 0.0, 1.0),
+        (3, 1.0, 1.0),
+    ]
     assert all(0 < m["mismatch/abs_log_ratio"] and m["mismatch/frac_truncated"] >= 0 for m in steps)
     assert "eval/accuracy" in steps[1]  # evaluated at step 2 with the thread quiesced
 
@@ -545,20 +643,41 @@ def test_server_engine_samples_over_http_and_takes_pushed_weights(tmp_path):
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)  # the completions endpoint needs one
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-        initializer_range=0.1)).eval()
-    engine = VLLMServerEngine(model=model, tokenizer=tokenizer, config=TrainConfig(
-        max_total_tokens=256, engine_args={"kv_cache_gb": 0.25, "weights_dir": str(tmp_path / "weights")}))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=2,
+            initializer_range=0.1,
+        )
+    ).eval()
+    engine = VLLMServerEngine(
+        model=model,
+        tokenizer=tokenizer,
+        config=TrainConfig(
+            max_total_tokens=256, engine_args={"kv_cache_gb": 0.25, "weights_dir": str(tmp_path / "weights")}
+        ),
+    )
     try:
         sampling = SamplingParams(max_new_tokens=10, temperature=1.0, seed=3)
         for prompt, g in zip(PROMPTS, engine.generate(PROMPTS, sampling)):
             assert len(g.token_ids) == len(g.logprobs) >= 1
-            torch.testing.assert_close(torch.tensor(g.logprobs, dtype=torch.float64),
-                                       _recompute(model, prompt, g.token_ids, 1.0), atol=1e-3, rtol=0)
-        assert [g.token_ids for g in engine.generate(PROMPTS, sampling)] == \
-            [g.token_ids for g in engine.generate(PROMPTS, sampling)]
+            torch.testing.assert_close(
+                torch.tensor(g.logprobs, dtype=torch.float64),
+                _recompute(model, prompt, g.token_ids, 1.0),
+                atol=1e-3,
+                rtol=0,
+            )
+        assert [g.token_ids for g in engine.generate(PROMPTS, sampling)] == [
+            g.token_ids for g in engine.generate(PROMPTS, sampling)
+        ]
         long_prompts = [[1] + [i + 3] * 239 for i in range(20)]  # over one engine step's 4096 tokens
         assert all(g.token_ids for g in engine.generate(long_prompts, SamplingParams(max_new_tokens=2, seed=1)))
         with torch.no_grad():
@@ -566,9 +685,13 @@ def test_server_engine_samples_over_http_and_takes_pushed_weights(tmp_path):
         engine.sync_weights(model)
         for prompt, g in zip(PROMPTS, engine.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0.0))):
             reference = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, top_k=None)
-            assert g.token_ids == reference[0, len(prompt):].tolist()[:len(g.token_ids)]
-            torch.testing.assert_close(torch.tensor(g.logprobs, dtype=torch.float64),
-                                       _recompute(model, prompt, g.token_ids, 1.0), atol=1e-3, rtol=0)
+            assert g.token_ids == reference[0, len(prompt) :].tolist()[: len(g.token_ids)]
+            torch.testing.assert_close(
+                torch.tensor(g.logprobs, dtype=torch.float64),
+                _recompute(model, prompt, g.token_ids, 1.0),
+                atol=1e-3,
+                rtol=0,
+            )
         _assert_partial_rollouts_swap_weights_between_turns(engine, model)  # pushes between two turns
     finally:
         engine.close()

@@ -18,9 +18,9 @@ import torch
 from pydantic import Field
 
 from agentrl.algorithms.base import Algorithm, LossContext
+from agentrl.algorithms.objectives import AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, masked, policy_loss
 from agentrl.config.checks import ConfigCheck
 from agentrl.config.rules import OneOf
-from agentrl.algorithms.objectives import AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, masked, policy_loss
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,13 @@ class ClippedPolicyConfig:
         """Check the shared options; a subclass extends it, calling this first."""
         check.declared()
         high = 1 + self.epsilon_high  # delta's bound depends on epsilon_high
-        check.number("delta", low=high, low_open=True, optional=True,
-                     allowed=f"expected None or a number > 1 + epsilon_high = {high}")
+        check.number(
+            "delta",
+            low=high,
+            low_open=True,
+            optional=True,
+            allowed=f"expected None or a number > 1 + epsilon_high = {high}",
+        )
         if self.ref_sync_every and not self.beta > 0:
             check.fail("ref_sync_every", "a reference reset needs a reference: set beta > 0, or ref_sync_every 0")
 

@@ -56,8 +56,9 @@ class GroupSelector:
     def add(self, trajectories: list[Trajectory], totals: list[float], components: dict[str, np.ndarray]) -> None:
         """One round's episodes: whole groups of ``group_size``, in group order."""
         if len(trajectories) % self.group_size or len(totals) != len(trajectories):
-            raise ValueError(f"{len(trajectories)} episodes and {len(totals)} rewards are not whole groups "
-                             f"of {self.group_size}")
+            raise ValueError(
+                f"{len(trajectories)} episodes and {len(totals)} rewards are not whole groups of {self.group_size}"
+            )
         for start in range(0, len(trajectories), self.group_size):
             rows = slice(start, start + self.group_size)
             group = _Group(trajectories[rows], list(totals[rows]), {k: v[rows] for k, v in components.items()})
@@ -76,7 +77,7 @@ class GroupSelector:
     def batch(self, first_group: int) -> tuple[list[Trajectory], list[float], dict[str, np.ndarray]]:
         """The ``wanted`` groups (kept ones, then spares), renumbered ``first_group``, ``first_group + 1``,
         ...: trajectories, totals and reward components, in group order."""
-        groups = self.kept + self.spares[:self.missing]
+        groups = self.kept + self.spares[: self.missing]
         if len(groups) < self.wanted:
             raise ValueError(f"{len(groups)} groups sampled, {self.wanted} wanted")
         trajectories: list[Trajectory] = []

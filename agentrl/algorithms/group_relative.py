@@ -17,10 +17,10 @@ from pydantic import Field
 
 from agentrl.algorithms.base import LossContext, LossOutput
 from agentrl.algorithms.clipped_policy import ClippedPolicy, ClippedPolicyConfig
-from agentrl.config.rules import OneOf
 from agentrl.algorithms.objectives import KL_ESTIMATORS
-from agentrl.model.distributed import all_sum
+from agentrl.config.rules import OneOf
 from agentrl.errors import ConfigError
+from agentrl.model.distributed import all_sum
 from agentrl.rewards.process import outcome_steps, process_advantages
 from agentrl.trajectory import TrainBatch
 
@@ -55,8 +55,9 @@ def _group_sum(values: torch.Tensor, group_index: torch.Tensor, num_groups: int)
     return sums.index_add_(0, group_index, values)
 
 
-def _group_std(deviation: torch.Tensor, rewards: torch.Tensor, weight: torch.Tensor,
-               group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
+def _group_std(
+    deviation: torch.Tensor, rewards: torch.Tensor, weight: torch.Tensor, group_index: torch.Tensor, num_groups: int
+) -> torch.Tensor:
     """Population std of each episode's group's scored rewards, per row ``(N,)`` (``weight``:
     each row's share of an episode, 0 for an unscored one)."""
     count = _group_sum(weight, group_index, num_groups).clamp(min=1e-12)  # (K,) scored episodes
@@ -64,8 +65,9 @@ def _group_std(deviation: torch.Tensor, rewards: torch.Tensor, weight: torch.Ten
     return variance.sqrt()[group_index]  # (N,)
 
 
-def _batch_std(deviation: torch.Tensor, rewards: torch.Tensor, weight: torch.Tensor,
-               group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
+def _batch_std(
+    deviation: torch.Tensor, rewards: torch.Tensor, weight: torch.Tensor, group_index: torch.Tensor, num_groups: int
+) -> torch.Tensor:
     """Population std of all scored episodes' rewards in the batch, per row ``(N,)``; over every
     process's share of the batch in a multi-process run (two-pass, global sums)."""
     scored = torch.where(weight > 0, rewards, torch.zeros_like(rewards))  # (N,) NaN-free
@@ -77,8 +79,9 @@ def _batch_std(deviation: torch.Tensor, rewards: torch.Tensor, weight: torch.Ten
     return std.expand_as(rewards)  # (N,)
 
 
-def _no_scale(deviation: torch.Tensor, rewards: torch.Tensor, weight: torch.Tensor,
-              group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
+def _no_scale(
+    deviation: torch.Tensor, rewards: torch.Tensor, weight: torch.Tensor, group_index: torch.Tensor, num_groups: int
+) -> torch.Tensor:
     """No scaling (Dr. GRPO): a divisor of 1, per episode ``(N,)``."""
     return torch.ones_like(rewards)  # (N,)
 
@@ -92,7 +95,10 @@ _SCALES: dict[str, Callable[..., torch.Tensor]] = {
 
 
 def group_advantages(
-    rewards: torch.Tensor, groups: torch.Tensor, scale: str = "group", eps: float = 1e-4,
+    rewards: torch.Tensor,
+    groups: torch.Tensor,
+    scale: str = "group",
+    eps: float = 1e-4,
     shares: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Group-relative advantages ``(N,)`` of rewards ``(N,)`` in groups ``(N,)``, and stats.
@@ -121,9 +127,11 @@ def group_advantages(
     mean = _group_sum(weight * scored, group_index, num_groups) / count.clamp(min=1e-12)  # (K,)
     inf = torch.full_like(values, float("inf"))  # (N,)
     highest = torch.full_like(mean, -float("inf")).scatter_reduce(
-        0, group_index, torch.where(valid, values, -inf), "amax")  # (K,)
+        0, group_index, torch.where(valid, values, -inf), "amax"
+    )  # (K,)
     lowest = torch.full_like(mean, float("inf")).scatter_reduce(
-        0, group_index, torch.where(valid, values, inf), "amin")  # (K,)
+        0, group_index, torch.where(valid, values, inf), "amin"
+    )  # (K,)
     constant = ~(highest > lowest)  # (K,) all scored rewards equal, or fewer than two scored
     varies = valid & ~constant[group_index]  # (N,)
     deviation = torch.where(varies, values - mean[group_index], torch.zeros_like(values))  # (N,)
@@ -162,13 +170,18 @@ class GroupRelative(ClippedPolicy):
                 steps, ends = batch.extras["step_rewards"], batch.extras["step_ends"]
             else:  # no reward function returned step rewards: each episode's total is its one step
                 steps, ends = outcome_steps(batch.rewards, mask)
-            per_token, stats = process_advantages(steps, ends, mask, batch.groups, self.config.scale_rewards,
-                                                  self.config.std_epsilon)
+            per_token, stats = process_advantages(
+                steps, ends, mask, batch.groups, self.config.scale_rewards, self.config.std_epsilon
+            )
             metrics.update({f"advantage/{name}": value for name, value in stats.items()})
             return per_token
         advantages, stats = group_advantages(
-            batch.rewards, batch.groups, self.config.scale_rewards, self.config.std_epsilon,
-            batch.extras.get("episode_shares"))  # (N,)
+            batch.rewards,
+            batch.groups,
+            self.config.scale_rewards,
+            self.config.std_epsilon,
+            batch.extras.get("episode_shares"),
+        )  # (N,)
         metrics.update({f"advantage/{name}": value for name, value in stats.items()})
         return advantages.to(device=mask.device, dtype=mask.dtype)[:, None] * mask  # (N, T)
 

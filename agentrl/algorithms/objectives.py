@@ -159,9 +159,7 @@ def importance_log_weights(log_ratio: torch.Tensor, loss_mask: torch.Tensor, lev
 # masked micro-batch contributes an exact 0 with its graph still connected.
 
 
-def aggregate_grpo(
-    per_token_loss: torch.Tensor, loss_mask: torch.Tensor, totals: StepTotals
-) -> torch.Tensor:
+def aggregate_grpo(per_token_loss: torch.Tensor, loss_mask: torch.Tensor, totals: StepTotals) -> torch.Tensor:
     """``grpo`` (DeepSeekMath): each sequence's token mean, averaged over the step's sequences.
     Short sequences weigh more per token (the length bias Dr. GRPO points out)."""
     token_sums = masked(per_token_loss, loss_mask).sum(dim=-1)  # (n,)
@@ -169,24 +167,18 @@ def aggregate_grpo(
     return sequence_means.sum() / max(1.0, float(totals.num_sequences))
 
 
-def aggregate_bnpo(
-    per_token_loss: torch.Tensor, loss_mask: torch.Tensor, totals: StepTotals
-) -> torch.Tensor:
+def aggregate_bnpo(per_token_loss: torch.Tensor, loss_mask: torch.Tensor, totals: StepTotals) -> torch.Tensor:
     """``bnpo``: token sum over the loss-mask tokens of the optimizer step (a global token mean)."""
     return masked(per_token_loss, loss_mask).sum() / max(1.0, float(totals.num_tokens))
 
 
-def aggregate_dapo(
-    per_token_loss: torch.Tensor, loss_mask: torch.Tensor, totals: StepTotals
-) -> torch.Tensor:
+def aggregate_dapo(per_token_loss: torch.Tensor, loss_mask: torch.Tensor, totals: StepTotals) -> torch.Tensor:
     """``dapo`` (token-level, arXiv 2503.14476): token sum over the loss-mask tokens of the
     whole rollout batch, so every token of a rollout weighs the same in every optimizer step."""
     return masked(per_token_loss, loss_mask).sum() / max(1.0, float(totals.num_tokens_rollout))
 
 
-def aggregate_dr_grpo(
-    per_token_loss: torch.Tensor, loss_mask: torch.Tensor, totals: StepTotals
-) -> torch.Tensor:
+def aggregate_dr_grpo(per_token_loss: torch.Tensor, loss_mask: torch.Tensor, totals: StepTotals) -> torch.Tensor:
     """``dr_grpo`` (arXiv 2503.20783): token sum over the constant ``sequences x
     max_completion_length`` (the configured cap, never this batch's padded width)."""
     denominator = float(totals.num_sequences) * float(totals.max_completion_length)
@@ -269,15 +261,25 @@ def policy_loss(
     loss_mask = batch.loss_mask
     log_ratio = masked(logprobs - old_logprobs.detach(), loss_mask)  # (n, T)
     log_weights = hook.agentrl_importance_weights(
-        log_ratio=log_ratio, loss_mask=loss_mask, level=importance_sampling_level, config=train_config,
-        settings=settings, metrics=metrics)
+        log_ratio=log_ratio,
+        loss_mask=loss_mask,
+        level=importance_sampling_level,
+        config=train_config,
+        settings=settings,
+        metrics=metrics,
+    )
     if log_weights is None:
         log_weights = importance_log_weights(log_ratio, loss_mask, importance_sampling_level)
     log_weights = masked(torch.broadcast_to(log_weights, loss_mask.shape), loss_mask)  # (n, T)
     per_token_loss, stats = clipped_surrogate(log_weights, advantages, epsilon_low, epsilon_high, delta)
     factors = hook.agentrl_per_token_loss_factors(
-        batch=batch, logprobs=logprobs, old_logprobs=old_logprobs, config=train_config, settings=settings,
-        metrics=metrics)
+        batch=batch,
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        config=train_config,
+        settings=settings,
+        metrics=metrics,
+    )
     for factor in factors:
         if factor is not None:
             factor = torch.broadcast_to(factor.detach(), loss_mask.shape)  # (n, T)

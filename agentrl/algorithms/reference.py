@@ -47,7 +47,9 @@ def mix_into(reference: torch.nn.Module, policy: torch.nn.Module, mix: float) ->
     ours = dict(reference.named_parameters()) | dict(reference.named_buffers())
     if ours.keys() != theirs.keys():
         missing = sorted(ours.keys() ^ theirs.keys())[:3]
-        raise ValueError(f"the reference and the policy differ in their tensors ({missing}): cannot reset the reference")
+        raise ValueError(
+            f"the reference and the policy differ in their tensors ({missing}): cannot reset the reference"
+        )
     for name, ref in ours.items():
         source = theirs[name].detach().to(ref.device)
         if mix == 0 or not torch.is_floating_point(ref):
@@ -67,8 +69,10 @@ def load_reference(reference: torch.nn.Module, folder: Path, needed: bool) -> No
     path = folder / REFERENCE_FILE
     if not path.is_file():
         if needed:
-            raise CheckpointError(f"checkpoint {str(folder)!r} holds no {REFERENCE_FILE} although the reference was "
-                                  "reset before it (algorithm.ref_sync_every): resume from a checkpoint written with "
-                                  "ref_sync_every, or set ref_sync_every to 0")
+            raise CheckpointError(
+                f"checkpoint {str(folder)!r} holds no {REFERENCE_FILE} although the reference was "
+                "reset before it (algorithm.ref_sync_every): resume from a checkpoint written with "
+                "ref_sync_every, or set ref_sync_every to 0"
+            )
         return
     reference.load_state_dict(load_tensors(path))

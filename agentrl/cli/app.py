@@ -17,16 +17,39 @@ from rich.table import Table
 from agentrl.cli.eval import eval_
 from agentrl.cli.new import app as new_app
 from agentrl.cli.progress import noise_note, standard_error
-from agentrl.cli.support import (LIBRARY_WARNINGS, DisablePluginOption, PluginOption, console, error_console,
-                                 filter_library_warnings, plugin_manager, run_guarded, state)
+from agentrl.cli.support import (
+    LIBRARY_WARNINGS,
+    DisablePluginOption,
+    PluginOption,
+    console,
+    error_console,
+    filter_library_warnings,
+    plugin_manager,
+    run_guarded,
+    state,
+)
 from agentrl.cli.train import parse_rewards as _parse_rewards
 from agentrl.cli.train import train
 
-__all__ = ["LIBRARY_WARNINGS", "app", "filter_library_warnings", "main", "noise_note", "plot", "plugins",
-           "standard_error", "_parse_rewards"]
+__all__ = [
+    "LIBRARY_WARNINGS",
+    "app",
+    "filter_library_warnings",
+    "main",
+    "noise_note",
+    "plot",
+    "plugins",
+    "standard_error",
+    "_parse_rewards",
+]
 
-app = typer.Typer(rich_markup_mode=None, help="Train LLM agents with reinforcement learning.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    rich_markup_mode=None,
+    help="Train LLM agents with reinforcement learning.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 
 
 @app.callback()
@@ -45,8 +68,16 @@ def plugins(
 
     def run() -> None:
         manager = plugin_manager(disable_plugin, plugin)
-        rows = [{"name": p.name, "module": p.module, "distribution": p.distribution, "version": p.version,
-                 "registers": p.registered} for p in manager.plugins.values()]
+        rows = [
+            {
+                "name": p.name,
+                "module": p.module,
+                "distribution": p.distribution,
+                "version": p.version,
+                "registers": p.registered,
+            }
+            for p in manager.plugins.values()
+        ]
         if as_json:
             print(json.dumps(rows, indent=2))
             return

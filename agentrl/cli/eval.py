@@ -5,36 +5,66 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
-from agentrl.cli.support import (DisablePluginOption, PluginOption, console, plugin_manager, quiet_library_progress,
-                                 run_guarded)
+from agentrl.cli.support import (
+    DisablePluginOption,
+    PluginOption,
+    console,
+    plugin_manager,
+    quiet_library_progress,
+    run_guarded,
+)
 
 # What ``agentrl eval RUN_DIR`` takes from the run's config.yaml (below --set and the flags): how it
 # evaluated (env, rewards, lengths, rollout, engine and its dtype, precision, seed, temperature).
-RUN_EVAL_KEYS = ("env", "env_args", "rewards", "env_reward_weight", "reward_completion_format", "rollout",
-                 "max_new_tokens", "max_sampled_tokens", "max_total_tokens", "engine", "engine_args", "precision",
-                 "seed", "eval_temperature", "call_timeout_s", "on_call_error")
+RUN_EVAL_KEYS = (
+    "env",
+    "env_args",
+    "rewards",
+    "env_reward_weight",
+    "reward_completion_format",
+    "rollout",
+    "max_new_tokens",
+    "max_sampled_tokens",
+    "max_total_tokens",
+    "engine",
+    "engine_args",
+    "precision",
+    "seed",
+    "eval_temperature",
+    "call_timeout_s",
+    "on_call_error",
+)
 ENV_KEYS = ("env", "env_args", "rewards")  # not taken from the run when --env names another env
 
 
 def eval_(
-    run_dir: Optional[str] = typer.Argument(None, metavar="RUN_DIR", show_default=False,
-                                            help="Run dir (or HF folder, hub id, alias) to evaluate; as --model."),
-    model: Optional[str] = typer.Option(None, "--model", help="HF folder, run dir, hub id or alias. "
-                                        "[default: smollm2-135m]"),
-    env: Optional[str] = typer.Option(None, "--env", help="Environment name or path/file.py:Class. "
-                                      "[default: the run's env for a run dir, else math]"),
+    run_dir: str | None = typer.Argument(
+        None,
+        metavar="RUN_DIR",
+        show_default=False,
+        help="Run dir (or HF folder, hub id, alias) to evaluate; as --model.",
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="HF folder, run dir, hub id or alias. [default: smollm2-135m]"
+    ),
+    env: str | None = typer.Option(
+        None, "--env", help="Environment name or path/file.py:Class. [default: the run's env for a run dir, else math]"
+    ),
     num_tasks: int = typer.Option(64, "--num-tasks", help="Held-out tasks to evaluate."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens",
-                                                 help="Tokens per turn. [default: the run's, else 64]"),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy. "
-                                                "[default: the run's eval_temperature, else 0]"),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Generation engine. [default: the run's, else hf]"),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override key=value (e.g. env_args.difficulty=..., "
-                                             "engine_args.dtype=float32)."),
+    max_new_tokens: int | None = typer.Option(
+        None, "--max-new-tokens", help="Tokens per turn. [default: the run's, else 64]"
+    ),
+    temperature: float | None = typer.Option(
+        None, "--temperature", help="0 = greedy. [default: the run's eval_temperature, else 0]"
+    ),
+    engine: str | None = typer.Option(None, "--engine", help="Generation engine. [default: the run's, else hf]"),
+    set_: list[str] | None = typer.Option(
+        None, "--set", help="Override key=value (e.g. env_args.difficulty=..., engine_args.dtype=float32)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON."),
     plugin: PluginOption = None,
     disable_plugin: DisablePluginOption = None,
@@ -43,8 +73,16 @@ def eval_(
     is evaluated as the run evaluated it: its env, env_args and rewards (unless --env is given),
     engine and engine_args (dtype included), precision, lengths, seed and eval temperature, from its
     config.yaml; --set and the flags override them."""
-    given = {"RUN_DIR": run_dir, "--model": model, "--env": env, "--num-tasks": num_tasks,
-             "--max-new-tokens": max_new_tokens, "--temperature": temperature, "--engine": engine, "--set": set_}
+    given = {
+        "RUN_DIR": run_dir,
+        "--model": model,
+        "--env": env,
+        "--num-tasks": num_tasks,
+        "--max-new-tokens": max_new_tokens,
+        "--temperature": temperature,
+        "--engine": engine,
+        "--set": set_,
+    }
     run_guarded(lambda: run_eval(given, as_json, plugin, disable_plugin))
 
 
@@ -62,16 +100,39 @@ def run_eval(given: dict[str, Any], as_json: bool, plugin: list[str] | None, dis
     source = "the run's env" if run_config and env is None else "--env" if env else "the default env"
     args = f" {cfg.env_args}" if cfg.env_args else ""
     engine_args = f" {cfg.engine_args}" if cfg.engine_args else ""
-    typer.echo(f"evaluating {target} on {cfg.env}{args} ({source}): {len(tasks)} held-out tasks, "
-               f"temperature {heat:g}, engine {cfg.engine}{engine_args}, precision {cfg.precision}", err=as_json)
+    typer.echo(
+        f"evaluating {target} on {cfg.env}{args} ({source}): {len(tasks)} held-out tasks, "
+        f"temperature {heat:g}, engine {cfg.engine}{engine_args}, precision {cfg.precision}",
+        err=as_json,
+    )
     quiet_library_progress()
     sampler = build_sampler(cfg, manager, envs)
-    metrics, _ = evaluate(sampler.rollout, envs, tasks, max_new_tokens=cfg.max_new_tokens, temperature=heat,
-                          seed=cfg.seed, reward_fns=sampler.reward_fns, batch_size=len(envs), guard=sampler.call_guard,
-                          env_weight=cfg.env_reward_weight)
+    metrics, _ = evaluate(
+        sampler.rollout,
+        envs,
+        tasks,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=heat,
+        seed=cfg.seed,
+        reward_fns=sampler.reward_fns,
+        batch_size=len(envs),
+        guard=sampler.call_guard,
+        env_weight=cfg.env_reward_weight,
+    )
     if as_json:
-        print(json.dumps({"model": target, "env": cfg.env, "env_args": cfg.env_args, "engine": cfg.engine,
-                          "engine_args": cfg.engine_args, "precision": cfg.precision, **metrics}))
+        print(
+            json.dumps(
+                {
+                    "model": target,
+                    "env": cfg.env,
+                    "env_args": cfg.env_args,
+                    "engine": cfg.engine,
+                    "engine_args": cfg.engine_args,
+                    "precision": cfg.precision,
+                    **metrics,
+                }
+            )
+        )
     else:
         for key, value in metrics.items():
             console.print(f"{key}: {value:.4f}", highlight=False)
@@ -95,13 +156,25 @@ def _eval_config(given: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
         raise ConfigError(f"--temperature must be a finite number >= 0 (0: greedy), got {temperature}")
     run_config = _run_config(target)
     base = {k: run_config[k] for k in RUN_EVAL_KEYS if k in run_config and (env is None or k not in ENV_KEYS)}
-    overrides = {"model": target, "env": env, "engine": given["--engine"], "max_new_tokens": given["--max-new-tokens"],
-                 "eval_tasks": num_tasks}
-    refuse_flag_conflicts({"model": ("RUN_DIR/--model", run_dir or model), "env": ("--env", env),
-                           "engine": ("--engine", given["--engine"]),
-                           "max_new_tokens": ("--max-new-tokens", given["--max-new-tokens"])}, set_)
-    cfg = build_config(overrides={k: v for k, v in overrides.items() if v is not None},
-                       sets=[*_as_sets(base), *(set_ or [])])  # the run's values, then --set, then flags
+    overrides = {
+        "model": target,
+        "env": env,
+        "engine": given["--engine"],
+        "max_new_tokens": given["--max-new-tokens"],
+        "eval_tasks": num_tasks,
+    }
+    refuse_flag_conflicts(
+        {
+            "model": ("RUN_DIR/--model", run_dir or model),
+            "env": ("--env", env),
+            "engine": ("--engine", given["--engine"]),
+            "max_new_tokens": ("--max-new-tokens", given["--max-new-tokens"]),
+        },
+        set_,
+    )
+    cfg = build_config(
+        overrides={k: v for k, v in overrides.items() if v is not None}, sets=[*_as_sets(base), *(set_ or [])]
+    )  # the run's values, then --set, then flags
     return target, cfg, run_config
 
 
@@ -125,4 +198,3 @@ def _run_config(model: str) -> dict[str, Any]:
         raise ConfigError(f"run config {str(path)!r} could not be read as UTF-8 text: {exc}") from None
     data = load_yaml(text, f"run config {str(path)!r}")
     return data if isinstance(data, dict) else {}
-

@@ -67,8 +67,11 @@ def builtin_plugins() -> Any:
     the entry points of the ``agentrl`` distribution (any other installed plugin is not loaded)."""
     from agentrl.plugins import ENTRY_POINT_GROUP, load_plugins
 
-    others = [ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-              if ep.dist is None or ep.dist.name != "agentrl"]
+    others = [
+        ep.name
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        if ep.dist is None or ep.dist.name != "agentrl"
+    ]
     return load_plugins(disabled=others)
 
 
@@ -92,8 +95,10 @@ def builtins_line(fn: Any, manager: Any, project: str = "agentrl") -> str:
     plugins = implementers(manager, fn.__name__)
     if fn.__name__.startswith(f"{project}_register_"):
         kind = registered_kind(fn.__name__, project)
-        parts = [f"`{manager.plugins[name].module}` ({', '.join(manager.plugins[name].registered.get(kind, []))})"
-                 for name in plugins]
+        parts = [
+            f"`{manager.plugins[name].module}` ({', '.join(manager.plugins[name].registered.get(kind, []))})"
+            for name in plugins
+        ]
         return f"Built-in: {', '.join(parts) or 'none'}."
     return f"Built-in implementations: {', '.join(f'`{manager.plugins[name].module}`' for name in plugins) or 'none'}."
 
@@ -102,11 +107,15 @@ def builtins_table(manager: Any, project: str = "agentrl") -> list[str]:
     """Markdown rows: every built-in plugin, its module, what it registers and the step hooks it implements."""
     lines = ["| plugin | module | registers | step hooks |", "|---|---|---|---|"]
     for name, info in manager.plugins.items():
-        hooks = sorted(caller.name for caller in manager.pm.get_hookcallers(manager.pm.get_plugin(name))
-                       if not caller.name.startswith(f"{project}_register_"))
+        hooks = sorted(
+            caller.name
+            for caller in manager.pm.get_hookcallers(manager.pm.get_plugin(name))
+            if not caller.name.startswith(f"{project}_register_")
+        )
         registers = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in info.registered.items())
-        lines.append(f"| `{name}` | `{info.module}` | {registers or '-'} | "
-                     f"{', '.join(f'[`{h}`](#{h})' for h in hooks) or '-'} |")
+        lines.append(
+            f"| `{name}` | `{info.module}` | {registers or '-'} | {', '.join(f'[`{h}`](#{h})' for h in hooks) or '-'} |"
+        )
     return lines
 
 
@@ -116,8 +125,10 @@ def render(module: ModuleType = hookspecs, manager: Any = None) -> str:
     manager = builtin_plugins() if manager is None else manager
     project = module.PROJECT
     hooks = hook_functions(module)
-    groups = [("Registration hooks", [h for h in hooks if h.__name__.startswith(f"{project}_register_")]),
-              ("Step hooks", [h for h in hooks if not h.__name__.startswith(f"{project}_register_")])]
+    groups = [
+        ("Registration hooks", [h for h in hooks if h.__name__.startswith(f"{project}_register_")]),
+        ("Step hooks", [h for h in hooks if not h.__name__.startswith(f"{project}_register_")]),
+    ]
     lines = [
         "# Hook reference",
         "",
@@ -142,17 +153,35 @@ def render(module: ModuleType = hookspecs, manager: Any = None) -> str:
             lines.append(f"| [`{fn.__name__}`](#{fn.__name__}) | {kind} | {first} | {summary(fn)} |")
     if hasattr(module, "Register"):
         lines += ["", f"`Register`: {to_markdown(_attribute_doc(module, 'Register'))}"]
-    lines += ["", "## Built-in plugins", "", "The plugins agentrl ships (`agentrl plugins` lists them with any "
-              "others installed), what each registers and which step hooks it implements:", "",
-              *builtins_table(manager, project)]
+    lines += [
+        "",
+        "## Built-in plugins",
+        "",
+        "The plugins agentrl ships (`agentrl plugins` lists them with any "
+        "others installed), what each registers and which step hooks it implements:",
+        "",
+        *builtins_table(manager, project),
+    ]
     for title, group in groups:
         lines += ["", f"## {title}"]
         for fn in group:
-            first = ("**firstresult**: the first non-None result is used and later implementations are "
-                     "not called." if is_firstresult(fn, module)
-                     else "Not firstresult: every implementation is called.")
-            lines += ["", f"### {fn.__name__}", "", f"`{signature(fn)}`", "", first, "",
-                      to_markdown(inspect.getdoc(fn)), "", builtins_line(fn, manager, project)]
+            first = (
+                "**firstresult**: the first non-None result is used and later implementations are not called."
+                if is_firstresult(fn, module)
+                else "Not firstresult: every implementation is called."
+            )
+            lines += [
+                "",
+                f"### {fn.__name__}",
+                "",
+                f"`{signature(fn)}`",
+                "",
+                first,
+                "",
+                to_markdown(inspect.getdoc(fn)),
+                "",
+                builtins_line(fn, manager, project),
+            ]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -176,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.output)
     if args.check:
         if not path.is_file() or path.read_text() != text:
-            print(f"{path} is out of date with agentrl/hookspecs.py: run `python -m agentrl.cli.hookdoc`",
-                  file=sys.stderr)
+            print(
+                f"{path} is out of date with agentrl/hookspecs.py: run `python -m agentrl.cli.hookdoc`", file=sys.stderr
+            )
             return 1
         print(f"{path} is up to date")
         return 0

@@ -7,11 +7,13 @@ from collections.abc import Callable
 
 import typer
 
+from agentrl.cli.scaffold import Scaffold, check_name, new_env, new_reward
 from agentrl.cli.support import run_guarded
 from agentrl.errors import ConfigError, PluginError
-from agentrl.cli.scaffold import Scaffold, check_name, new_env, new_reward
 
-app = typer.Typer(rich_markup_mode=None, help="Scaffold a new plugin package (an env or a reward function).", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None, help="Scaffold a new plugin package (an env or a reward function).", no_args_is_help=True
+)
 
 
 def registered_owner(kind: str, name: str) -> str | None:
@@ -46,8 +48,10 @@ def _scaffold_command(kind: str, name: str, make: Callable[[], Scaffold]) -> Non
         check_name(kind, name)
         owner = registered_owner(kind, name)
         if owner is not None:
-            raise ConfigError(f"{kind} name {name!r} is taken: plugin {owner!r} already registers it; pick "
-                              "another name (agentrl plugins lists the registered ones)")
+            raise ConfigError(
+                f"{kind} name {name!r} is taken: plugin {owner!r} already registers it; pick "
+                "another name (agentrl plugins lists the registered ones)"
+            )
         _report(make())
 
     run_guarded(run)
@@ -58,8 +62,9 @@ def env_command(
     name: str = typer.Argument(..., help="Env name, a Python identifier: what --env NAME selects."),
     directory: str = typer.Option(None, "--dir", help="Package directory to create. [default: ./agentrl-env-NAME]"),
     multi_turn: bool = typer.Option(False, "--multi-turn", help="A multi-turn example (feedback, another try)."),
-    tools: bool = typer.Option(False, "--tools", help="A tool-using example: a ToolEnv with a typed tool the "
-                               "reward needs."),
+    tools: bool = typer.Option(
+        False, "--tools", help="A tool-using example: a ToolEnv with a typed tool the reward needs."
+    ),
 ) -> None:
     """Scaffold an installable env package: pyproject entry point, module, README, passing test."""
     _scaffold_command("env", name, lambda: new_env(name, directory, multi_turn, tools))

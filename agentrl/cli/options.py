@@ -75,8 +75,10 @@ class ConfigOptions:
     def command(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` as a typer command whose options are these, then ``fn``'s own but its first
         parameter, which receives these as {option: value, None where not given} in their order."""
-        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)  # typer passes every option by name
-               for p in list(inspect.signature(fn, eval_str=True).parameters.values())[1:]]
+        own = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)  # typer passes every option by name
+            for p in list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
+        ]
         generated = [self._parameter(option) for option in self.options]
         clash = {p.name for p in generated} & {p.name for p in own}
         if clash:
@@ -86,8 +88,9 @@ class ConfigOptions:
             given = {option.name: kwargs.pop(option.key) for option in self.options}
             return fn(given, **kwargs)
 
-        functools.update_wrapper(command, fn, assigned=("__module__", "__name__", "__qualname__", "__doc__"),
-                                 updated=())
+        functools.update_wrapper(
+            command, fn, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=()
+        )
         command.__signature__ = inspect.Signature([*generated, *own])  # type: ignore[attr-defined]
         return command
 
@@ -97,8 +100,12 @@ class ConfigOptions:
         kind = option.type or _without_none(typing.get_type_hints(TrainConfig)[option.key])
         shown = option.default_text or str(TrainConfig.__dataclass_fields__[option.key].default)
         text = f"{option.help or field_docs(TrainConfig)[option.key]} [default: {shown}]"
-        return inspect.Parameter(option.key, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
-                                 default=typer.Option(None, option.name, help=text))
+        return inspect.Parameter(
+            option.key,
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=Optional[kind],  # noqa: UP045 (typer reads typing.Optional of a runtime type)
+            default=typer.Option(None, option.name, help=text),
+        )
 
 
 def _without_none(kind: Any) -> Any:
@@ -114,8 +121,13 @@ def field_docs(cls: type) -> dict[str, str]:
     body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
     docs = {}
     for field, doc in zip(body, body[1:]):
-        if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) and isinstance(doc, ast.Expr)
-                and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
+        if (
+            isinstance(field, ast.AnnAssign)
+            and isinstance(field.target, ast.Name)
+            and isinstance(doc, ast.Expr)
+            and isinstance(doc.value, ast.Constant)
+            and isinstance(doc.value.value, str)
+        ):
             text = re.sub(r":\w+:`~?([^`]*)`", r"\1", inspect.cleandoc(doc.value.value)).replace("``", "")
             docs[field.target.id] = " ".join(text.split())
     return docs

@@ -16,9 +16,16 @@ class TrainProgress:
 
     def __init__(self, total: int) -> None:
         self.total, self.live = total, console.is_terminal
-        self.bar = Progress(TextColumn("[bold]{task.fields[phase]:<7}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                            console=console, disable=not self.live)
+        self.bar = Progress(
+            TextColumn("[bold]{task.fields[phase]:<7}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=not self.live,
+        )
         self.task = self.bar.add_task("train", total=total, info="", phase="start")
 
     def phase(self, label: str) -> None:
@@ -26,9 +33,11 @@ class TrainProgress:
         self.bar.update(self.task, phase=label)
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
-        info = (f"reward {metrics.get('reward/total_mean', float('nan')):.3f} "
-                f"len {metrics.get('rollout/sampled_tokens_mean', 0):.0f} "
-                f"{metrics.get('perf/step_seconds', 0):.1f}s/step")
+        info = (
+            f"reward {metrics.get('reward/total_mean', float('nan')):.3f} "
+            f"len {metrics.get('rollout/sampled_tokens_mean', 0):.0f} "
+            f"{metrics.get('perf/step_seconds', 0):.1f}s/step"
+        )
         self.bar.update(self.task, completed=step, info=info)
         if not self.live:
             console.print(f"step {step}/{self.total}: {info}", highlight=False)
@@ -39,9 +48,12 @@ class TrainProgress:
             sampled = metrics.get("eval/accuracy_sampled")
             extra = f" (sampled {sampled:.3f})" if sampled is not None else ""
             n = int(metrics["eval/num_tasks"])
-            self.bar.console.print(f"{label}: accuracy {metrics['eval/accuracy']:.3f} "
-                                   f"+/- {standard_error(metrics['eval/accuracy'], n):.3f}{extra} on {n} held-out "
-                                   f"tasks, mean env return {metrics['eval/env_return_mean']:.3f}", highlight=False)
+            self.bar.console.print(
+                f"{label}: accuracy {metrics['eval/accuracy']:.3f} "
+                f"+/- {standard_error(metrics['eval/accuracy'], n):.3f}{extra} on {n} held-out "
+                f"tasks, mean env return {metrics['eval/env_return_mean']:.3f}",
+                highlight=False,
+            )
 
 
 def standard_error(accuracy: float, n: int) -> float:
@@ -56,5 +68,7 @@ def noise_note(before: float, after: float, n: int) -> str:
     se = math.sqrt(standard_error(before, n) ** 2 + standard_error(after, n) ** 2)
     if abs(after - before) > 2 * se:
         return ""
-    return (f" (a change under 2 standard errors, {2 * se:.3f} on {n} tasks, is noise: raise eval_tasks "
-            "or compare several seeds)")
+    return (
+        f" (a change under 2 standard errors, {2 * se:.3f} on {n} tasks, is noise: raise eval_tasks "
+        "or compare several seeds)"
+    )

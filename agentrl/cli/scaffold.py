@@ -51,8 +51,11 @@ class Scaffold:
     @property
     def next_commands(self) -> list[str]:
         """The shell commands that install, test and use the new package."""
-        use = (f"agentrl train --env {self.name}" if self.kind == "env"
-               else f"agentrl train --env math --reward accuracy:1.0 --reward {self.name}:0.2")
+        use = (
+            f"agentrl train --env {self.name}"
+            if self.kind == "env"
+            else f"agentrl train --env math --reward accuracy:1.0 --reward {self.name}:0.2"
+        )
         return [f"pip install -e {self.directory}", f"pytest {self.directory / 'tests'}", use]
 
 
@@ -65,11 +68,15 @@ def check_name(kind: str, name: str) -> None:
     """Raise ConfigError unless ``name`` is an ASCII Python identifier starting with a letter, of at
     most :data:`MAX_NAME_LENGTH` characters."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ConfigError(f"{kind} name {name!r} is not valid: use a Python identifier (ASCII letters, digits "
-                          "and underscores, starting with a letter), e.g. 'countdown'")
+        raise ConfigError(
+            f"{kind} name {name!r} is not valid: use a Python identifier (ASCII letters, digits "
+            "and underscores, starting with a letter), e.g. 'countdown'"
+        )
     if len(name) > MAX_NAME_LENGTH:
-        raise ConfigError(f"{kind} name {name[:20]!r}... is {len(name)} characters long: at most {MAX_NAME_LENGTH} "
-                          "(it names the package's folder and files)")
+        raise ConfigError(
+            f"{kind} name {name[:20]!r}... is {len(name)} characters long: at most {MAX_NAME_LENGTH} "
+            "(it names the package's folder and files)"
+        )
 
 
 def class_name(name: str) -> str:
@@ -77,40 +84,76 @@ def class_name(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
 
 
-def new_env(name: str, directory: str | Path | None = None, multi_turn: bool = False,
-            tools: bool = False) -> Scaffold:
+def new_env(name: str, directory: str | Path | None = None, multi_turn: bool = False, tools: bool = False) -> Scaffold:
     """Write the package ``agentrl-env-NAME`` into ``directory`` (default ``./agentrl-env-NAME``):
     a single-turn env, a multi-turn one (``multi_turn``) or a tool-using ``ToolEnv`` (``tools``)."""
     check_name("env", name)
     if multi_turn and tools:
-        raise ConfigError("--multi-turn and --tools are exclusive: a tool env is multi-turn already "
-                          "(one turn per round of tool calls); pick one")
+        raise ConfigError(
+            "--multi-turn and --tools are exclusive: a tool env is multi-turn already "
+            "(one turn per round of tool calls); pick one"
+        )
     module = f"agentrl_env_{name}"
-    values = {"name": name, "module": module, "dist": f"agentrl-env-{name}", "Class": f"{class_name(name)}Env",
-              "kind": "env", "entry": f"{name}_env"}
+    values = {
+        "name": name,
+        "module": module,
+        "dist": f"agentrl-env-{name}",
+        "Class": f"{class_name(name)}Env",
+        "kind": "env",
+        "entry": f"{name}_env",
+    }
     if tools:
         source, folder = "tool_env/env.py.tmpl", "tool_env"
         summary = "a tool-using environment (a typed tool the reward needs)"
     else:
         source, folder = ("env/multi_turn.py.tmpl" if multi_turn else "env/single_turn.py.tmpl"), "env"
-        summary = ("a multi-turn environment (feedback and another try after a wrong reply)" if multi_turn
-                   else "a single-turn environment")
-    return _write("env", name, directory, module, values, {
-        "pyproject.toml": "pyproject.toml.tmpl", f"{module}/__init__.py": source,
-        "README.md": f"{folder}/README.md.tmpl", f"tests/test_{name}.py": f"{folder}/test.py.tmpl",
-    }, summary)
+        summary = (
+            "a multi-turn environment (feedback and another try after a wrong reply)"
+            if multi_turn
+            else "a single-turn environment"
+        )
+    return _write(
+        "env",
+        name,
+        directory,
+        module,
+        values,
+        {
+            "pyproject.toml": "pyproject.toml.tmpl",
+            f"{module}/__init__.py": source,
+            "README.md": f"{folder}/README.md.tmpl",
+            f"tests/test_{name}.py": f"{folder}/test.py.tmpl",
+        },
+        summary,
+    )
 
 
 def new_reward(name: str, directory: str | Path | None = None) -> Scaffold:
     """Write the package ``agentrl-reward-NAME`` into ``directory`` (default ``./agentrl-reward-NAME``)."""
     check_name("reward", name)
     module = f"agentrl_reward_{name}"
-    values = {"name": name, "module": module, "dist": f"agentrl-reward-{name}", "fn": f"{name}_reward",
-              "kind": "reward", "entry": f"{name}_reward"}
-    return _write("reward", name, directory, module, values, {
-        "pyproject.toml": "pyproject.toml.tmpl", f"{module}/__init__.py": "reward/reward.py.tmpl",
-        "README.md": "reward/README.md.tmpl", f"tests/test_{name}.py": "reward/test.py.tmpl",
-    }, "a reward function")
+    values = {
+        "name": name,
+        "module": module,
+        "dist": f"agentrl-reward-{name}",
+        "fn": f"{name}_reward",
+        "kind": "reward",
+        "entry": f"{name}_reward",
+    }
+    return _write(
+        "reward",
+        name,
+        directory,
+        module,
+        values,
+        {
+            "pyproject.toml": "pyproject.toml.tmpl",
+            f"{module}/__init__.py": "reward/reward.py.tmpl",
+            "README.md": "reward/README.md.tmpl",
+            f"tests/test_{name}.py": "reward/test.py.tmpl",
+        },
+        "a reward function",
+    )
 
 
 def template_text(relative: str) -> str:
@@ -118,13 +161,21 @@ def template_text(relative: str) -> str:
     return (resources.files("agentrl.cli") / "templates" / relative).read_text(encoding="utf-8")
 
 
-def _write(kind: str, name: str, directory: str | Path | None, module: str, values: dict[str, str],
-           templates: dict[str, str], summary: str) -> Scaffold:
+def _write(
+    kind: str,
+    name: str,
+    directory: str | Path | None,
+    module: str,
+    values: dict[str, str],
+    templates: dict[str, str],
+    summary: str,
+) -> Scaffold:
     """Render ``templates`` (path written -> template file) into a new directory; refuse an existing one."""
     target = Path(directory if directory is not None else values["dist"]).expanduser()
     if os.path.lexists(target):
-        raise ConfigError(f"directory {str(target)!r} already exists; agentrl new never overwrites: "
-                          "pass another --dir or remove it")
+        raise ConfigError(
+            f"directory {str(target)!r} already exists; agentrl new never overwrites: pass another --dir or remove it"
+        )
     values = {**values, "summary": summary}
     texts = {relative: Template(template_text(template)).substitute(values) for relative, template in templates.items()}
     written: list[Path] = []

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,13 +17,12 @@ error_console = Console(stderr=True, soft_wrap=True)
 state = {"debug": False}
 """``debug``: ``agentrl --debug`` was given (errors then raise with their traceback)."""
 
-PluginOption = Annotated[Optional[list[str]], typer.Option(
-    "--plugin", help="Extra plugin to load: module.path or path/file.py.")]
-DisablePluginOption = Annotated[Optional[list[str]], typer.Option("--disable-plugin", help="Plugin not to load.")]
+PluginOption = Annotated[
+    list[str] | None, typer.Option("--plugin", help="Extra plugin to load: module.path or path/file.py.")
+]
+DisablePluginOption = Annotated[list[str] | None, typer.Option("--disable-plugin", help="Plugin not to load.")]
 
-LIBRARY_WARNINGS = (
-    (FutureWarning, r"`past_key_values` is deprecated"),
-)
+LIBRARY_WARNINGS = ((FutureWarning, r"`past_key_values` is deprecated"),)
 """(category, message start) of library warnings no agentrl user can act on. transformers >= 5.24
 renamed a causal LM's ``past_key_values`` argument ``cache`` and warns at every decode of the hf
 engine, which passes the old name (accepted until 5.40)."""
@@ -52,8 +51,11 @@ def run_guarded(fn: Callable[[], Any]) -> Any:
             raise
         from agentrl.faults import raised_at
 
-        error_console.print(f"[bold red]error:[/] {escape(repr(exc))} raised at {escape(raised_at(exc))}: plugin "
-                            "code may not end the run", highlight=False)
+        error_console.print(
+            f"[bold red]error:[/] {escape(repr(exc))} raised at {escape(raised_at(exc))}: plugin "
+            "code may not end the run",
+            highlight=False,
+        )
         raise typer.Exit(code=2) from None
 
 

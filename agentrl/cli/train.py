@@ -8,20 +8,29 @@ import dataclasses
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.markup import escape
 
 from agentrl.cli.options import ConfigOption, ConfigOptions
 from agentrl.cli.progress import TrainProgress, noise_note
-from agentrl.cli.support import (DisablePluginOption, PluginOption, console, error_console, plugin_manager,
-                                 quiet_library_progress, run_guarded)
+from agentrl.cli.support import (
+    DisablePluginOption,
+    PluginOption,
+    console,
+    error_console,
+    plugin_manager,
+    quiet_library_progress,
+    run_guarded,
+)
 from agentrl.errors import ConfigError, TrainingInterrupted
 
-REWARD_HELP = ("Reward NAME[:WEIGHT], SCHEME:ARGUMENT[:WEIGHT] (rm:MODEL_DIR, judge:policy), path/file.py:func[:WEIGHT] "
-               "or module:func[:WEIGHT] (agentrl- or TRL-style); "
-               "repeatable; replaces the env's default rewards.")
+REWARD_HELP = (
+    "Reward NAME[:WEIGHT], SCHEME:ARGUMENT[:WEIGHT] (rm:MODEL_DIR, judge:policy), path/file.py:func[:WEIGHT] "
+    "or module:func[:WEIGHT] (agentrl- or TRL-style); "
+    "repeatable; replaces the env's default rewards."
+)
 
 
 def parse_rewards(items: list[str]) -> dict[str, float]:
@@ -42,10 +51,17 @@ def parse_rewards(items: list[str]) -> dict[str, float]:
 
 
 TRAIN_OPTIONS = ConfigOptions(
-    "env", "algo", "model", "engine",
+    "env",
+    "algo",
+    "model",
+    "engine",
     ConfigOption("rewards", "--reward", list[str], REWARD_HELP, "the env's", parse_rewards),
-    "max_steps", "num_generations", "prompts_per_step",
-    ConfigOption("output_dir", help="Run directory.", default_text="runs/ENV-ALGO-TIME"), "seed")
+    "max_steps",
+    "num_generations",
+    "prompts_per_step",
+    ConfigOption("output_dir", help="Run directory.", default_text="runs/ENV-ALGO-TIME"),
+    "seed",
+)
 """The TrainConfig fields ``agentrl train`` takes as options (each option generated from its field)."""
 RESUME_FLAGS = ("--max-steps", "--plugin", "--disable-plugin", "--resume")
 """The flags ``--resume`` takes (the run's own config gives the rest)."""
@@ -54,35 +70,53 @@ RESUME_FLAGS = ("--max-steps", "--plugin", "--disable-plugin", "--resume")
 @TRAIN_OPTIONS.command
 def train(
     options: dict[str, Any],
-    config: Optional[str] = typer.Option(None, "--config", help="YAML config file."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override key=value (dotted keys for sections)."),
+    config: str | None = typer.Option(None, "--config", help="YAML config file."),
+    set_: list[str] | None = typer.Option(None, "--set", help="Override key=value (dotted keys for sections)."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
     plugin: PluginOption = None,
     disable_plugin: DisablePluginOption = None,
-    resume: Optional[str] = typer.Option(
-        None, "--resume", help="Continue RUN_DIR from its newest checkpoint, with its own config "
-        "(only --max-steps may be given, to train longer; --plugin as the run had them)."),
-    num_processes: Optional[int] = typer.Option(
-        None, "--num-processes", help="Train in N processes (accelerate launch; DDP over GPUs, or gloo on the CPU): "
-        "each rolls out prompts_per_step/N whole groups. [default: 1]"),
-    accelerate_config: Optional[str] = typer.Option(
-        None, "--accelerate-config", help="An accelerate config YAML (FSDP, DeepSpeed ZeRO; configs/accelerate/) "
-        "to launch with."),
+    resume: str | None = typer.Option(
+        None,
+        "--resume",
+        help="Continue RUN_DIR from its newest checkpoint, with its own config "
+        "(only --max-steps may be given, to train longer; --plugin as the run had them).",
+    ),
+    num_processes: int | None = typer.Option(
+        None,
+        "--num-processes",
+        help="Train in N processes (accelerate launch; DDP over GPUs, or gloo on the CPU): "
+        "each rolls out prompts_per_step/N whole groups. [default: 1]",
+    ),
+    accelerate_config: str | None = typer.Option(
+        None,
+        "--accelerate-config",
+        help="An accelerate config YAML (FSDP, DeepSpeed ZeRO; configs/accelerate/) to launch with.",
+    ),
 ) -> None:
     """Train a policy; ends with held-out accuracy before vs after and where the run was saved."""
     from agentrl.model.launch import process_rank
 
     given: dict[str, Any] = {  # every flag a launched process gets again, in this order
-        **options, "--config": config, "--set": set_, "--plugin": plugin, "--disable-plugin": disable_plugin,
-        "--resume": resume}
+        **options,
+        "--config": config,
+        "--set": set_,
+        "--plugin": plugin,
+        "--disable-plugin": disable_plugin,
+        "--resume": resume,
+    }
     if process_rank() > 0:  # one process speaks for a multi-process run; errors still show everywhere
         console.quiet = True
     with contextlib.ExitStack() as lock:  # the run dir's lock (agentrl.rundir.lock), held until the command ends
         run_guarded(lambda: run_train(given, print_config, num_processes, accelerate_config, lock))
 
 
-def run_train(given: dict[str, Any], print_config: bool, num_processes: int | None, accelerate_config: str | None,
-              lock: contextlib.ExitStack) -> None:
+def run_train(
+    given: dict[str, Any],
+    print_config: bool,
+    num_processes: int | None,
+    accelerate_config: str | None,
+    lock: contextlib.ExitStack,
+) -> None:
     """The body of ``agentrl train`` (``given``: flag -> value, None where not given)."""
     from agentrl.model.launch import inside_launch
 
@@ -107,14 +141,17 @@ def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextl
     if resume is not None:
         extra = [flag for flag, value in given.items() if value is not None and flag not in RESUME_FLAGS]
         if extra:  # 0 is a value too
-            raise ConfigError(f"--resume continues the run with its own config; drop {', '.join(extra)} "
-                              "(only --max-steps may be given)")
+            raise ConfigError(
+                f"--resume continues the run with its own config; drop {', '.join(extra)} "
+                "(only --max-steps may be given)"
+            )
         writer = not print_config and Path(resume).is_dir() and _lock_run_dir(lock, Path(resume))
         return _resume(resume, given["--max-steps"], writer)
     flags = TRAIN_OPTIONS.values(given)
     refuse_flag_conflicts(flags, given["--set"])
-    cfg = build_config(given["--config"], overrides={key: value for key, (_, value) in flags.items()},
-                       sets=given["--set"])
+    cfg = build_config(
+        given["--config"], overrides={key: value for key, (_, value) in flags.items()}, sets=given["--set"]
+    )
     return (cfg if print_config else _new_run_dir(lock, cfg)), None
 
 
@@ -138,7 +175,8 @@ def _checked_config(cfg: Any, manager: Any) -> dict[str, Any]:
     for name in resolved["rewards"] or {}:
         find_reward(name, manager.registry)
     parsers = [resolved["env_args"].get("tool_parser")] + [
-        section.get("tool_parser") for section in resolved["plugins"].values() if section.get("tool_parser") != "auto"]
+        section.get("tool_parser") for section in resolved["plugins"].values() if section.get("tool_parser") != "auto"
+    ]
     for name in parsers:
         if isinstance(name, str):
             manager.registry.get("tool_parser", name)
@@ -152,8 +190,11 @@ def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
     from agentrl.model.activation_checkpointing import checkpointed_summary
     from agentrl.training.trainer import Trainer
 
-    console.print(f"[bold]agentrl[/] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.max_steps} steps x "
-                  f"{cfg.prompts_per_step} tasks x {cfg.num_generations} episodes", highlight=False)
+    console.print(
+        f"[bold]agentrl[/] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.max_steps} steps x "
+        f"{cfg.prompts_per_step} tasks x {cfg.num_generations} episodes",
+        highlight=False,
+    )
     quiet_library_progress()
     trainer = Trainer(cfg, manager, resume=checkpoint)
     console.print(_rewards_line(cfg, trainer), highlight=False)
@@ -183,22 +224,25 @@ def _report(result: Any) -> None:
     after = result.eval_after.get("eval/accuracy")
     if before is not None and after is not None:
         n = int(result.eval_after["eval/num_tasks"])
-        console.print(f"[bold]held-out accuracy: {before:.3f} -> {after:.3f}[/]{noise_note(before, after, n)}",
-                      highlight=False)
+        console.print(
+            f"[bold]held-out accuracy: {before:.3f} -> {after:.3f}[/]{noise_note(before, after, n)}", highlight=False
+        )
     best = result.best
     if best is not None and best["saved_as_model"]:
         accuracy = best["metrics"].get("eval/accuracy", math.nan)
-        console.print(f"model/ holds the best evaluated policy: step {best['step']}, held-out mean reward "
-                      f"{best['score']:.3f}, accuracy {accuracy:.3f} (the last step's policy: last/)",
-                      highlight=False)
+        console.print(
+            f"model/ holds the best evaluated policy: step {best['step']}, held-out mean reward "
+            f"{best['score']:.3f}, accuracy {accuracy:.3f} (the last step's policy: last/)",
+            highlight=False,
+        )
     console.print(f"run saved to {result.run_dir}", highlight=False)
 
 
 def _new_run_dir(lock: contextlib.ExitStack, cfg: Any) -> Any:
     """``cfg`` with its run dir resolved (``runs/<env>-<algo>-<time>`` when not given: the lock, the
     trainer and every process then agree on it), checked writable and locked (:func:`_lock_run_dir`)."""
-    from agentrl.rundir.paths import check_output_dir
     from agentrl.rundir.directory import run_dir_for
+    from agentrl.rundir.paths import check_output_dir
 
     if cfg.output_dir is None:
         cfg = dataclasses.replace(cfg, output_dir=str(run_dir_for(cfg)))
@@ -236,8 +280,11 @@ def _resume(run_dir: str, max_steps: int | None, writer: bool) -> tuple[Any, Pat
     if writer:
         moved = set_aside_unfinished(Path(run_dir))
         kept = f"; what the stopped attempt wrote is in {moved}" if moved is not None else ""
-        console.print(f"{run_dir} has no complete checkpoint (it stopped before its first one): starting it over "
-                      f"from step 0 with its config{kept}", highlight=False)
+        console.print(
+            f"{run_dir} has no complete checkpoint (it stopped before its first one): starting it over "
+            f"from step 0 with its config{kept}",
+            highlight=False,
+        )
     return cfg, None
 
 

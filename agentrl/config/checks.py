@@ -55,8 +55,11 @@ def _misfit(value: Any, hint: Any, key: str) -> tuple[str, str, Any] | None:
         return None
     if origin is tuple:
         fits = isinstance(value, (tuple, list)) and len(value) == len(args)
-        return None if fits and all(_misfit(v, a, key) is None for v, a in zip(value, args)) else (
-            key, _describe(hint), value)
+        return (
+            None
+            if fits and all(_misfit(v, a, key) is None for v, a in zip(value, args))
+            else (key, _describe(hint), value)
+        )
     if hint is float:
         fits = _is_number(value) and (isinstance(value, int) or math.isfinite(value))
     elif hint is int:
@@ -66,8 +69,14 @@ def _misfit(value: Any, hint: Any, key: str) -> tuple[str, str, Any] | None:
     return None if fits else (key, _describe(hint), value)
 
 
-_NAMES = {float: "a finite number", int: "an integer", bool: "true or false", str: "a string",
-          type(None): "null", Any: "anything"}
+_NAMES = {
+    float: "a finite number",
+    int: "an integer",
+    bool: "true or false",
+    str: "a string",
+    type(None): "null",
+    Any: "anything",
+}
 
 
 def _describe(hint: Any) -> str:
@@ -128,15 +137,27 @@ class ConfigCheck:
         if failure is not None:
             self.fail(*failure)
 
-    def number(self, key: str, low: float | None = None, high: float | None = None, *, low_open: bool = False,
-               high_open: bool = False, optional: bool = False, allowed: str | None = None) -> None:
+    def number(
+        self,
+        key: str,
+        low: float | None = None,
+        high: float | None = None,
+        *,
+        low_open: bool = False,
+        high_open: bool = False,
+        optional: bool = False,
+        allowed: str | None = None,
+    ) -> None:
         """A finite number within the bounds (``*_open``: the bound itself is excluded); None if ``optional``."""
         value = getattr(self.config, key)
         if value is None and optional:
             return
         finite = _is_number(value) and (isinstance(value, int) or math.isfinite(value))
-        if finite and (low is None or value > low or (value == low and not low_open)) and (
-                high is None or value < high or (value == high and not high_open)):
+        if (
+            finite
+            and (low is None or value > low or (value == low and not low_open))
+            and (high is None or value < high or (value == high and not high_open))
+        ):
             return
         if low is not None and high is not None:
             bounds = f" in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
@@ -160,8 +181,13 @@ class ConfigCheck:
         high = self.config.epsilon_high
         self.number("epsilon_low", low=0, high=1, high_open=True)
         self.number("epsilon_high", low=0)
-        self.number("delta", low=1 + high, low_open=True, optional=True,
-                    allowed=f"expected None or a number > 1 + epsilon_high = {1 + high}")
+        self.number(
+            "delta",
+            low=1 + high,
+            low_open=True,
+            optional=True,
+            allowed=f"expected None or a number > 1 + epsilon_high = {1 + high}",
+        )
         self.number("beta", low=0)
 
     def choice(self, key: str, choices: Iterable[Any], *, optional: bool = False, allowed: str | None = None) -> None:

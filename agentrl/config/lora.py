@@ -29,7 +29,11 @@ class LoRAConfig:
     target_modules: list[str] | str = field(default_factory=lambda: list(LLAMA_TARGETS))
     """Names (suffixes) of the linear layers that get an adapter, or ``all-linear`` (every linear
     layer but the output head: the default list on Llama-style models, the choice for others)."""
-    bias: Annotated[str, OneOf("none"), Allowed("expected 'none' (trained biases would change the base model the reference policy is)")] = "none"
+    bias: Annotated[
+        str,
+        OneOf("none"),
+        Allowed("expected 'none' (trained biases would change the base model the reference policy is)"),
+    ] = "none"
     """Only ``none``: biases stay frozen, so the adapter switched off is the base model exactly."""
 
     def __post_init__(self) -> None:
@@ -37,13 +41,19 @@ class LoRAConfig:
         check = ConfigCheck(self, "lora")
         check.declared()
         if self.dropout != 0:
-            check.fail("dropout", "expected 0: the policy runs in eval mode, and dropout only in the trainer's "
-                       "forward would make every importance ratio differ from 1 at step 0 (TRAPS 14)")
+            check.fail(
+                "dropout",
+                "expected 0: the policy runs in eval mode, and dropout only in the trainer's "
+                "forward would make every importance ratio differ from 1 at step 0 (TRAPS 14)",
+            )
         names = self.target_modules
-        if names != "all-linear" and not (isinstance(names, list) and names and all(
-                isinstance(n, str) and n.strip() for n in names)):
-            check.fail("target_modules", "expected 'all-linear' or a non-empty list of layer names "
-                       f"(e.g. {', '.join(LLAMA_TARGETS)})")
+        if names != "all-linear" and not (
+            isinstance(names, list) and names and all(isinstance(n, str) and n.strip() for n in names)
+        ):
+            check.fail(
+                "target_modules",
+                f"expected 'all-linear' or a non-empty list of layer names (e.g. {', '.join(LLAMA_TARGETS)})",
+            )
 
     @property
     def lora_alpha(self) -> float:

@@ -79,15 +79,20 @@ class OneOf:
         return "one of " + ", ".join(str(c) for c in self.choices)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rules(config_class: type[Any]) -> dict[str, tuple[TypeAdapter[Any], Any]]:
     """Field name -> (its pydantic validator, its hint) for the fields whose hint carries a rule; a
     subclass that only changes a field's default (a plain hint) keeps its base class's rule."""
     rules: dict[str, tuple[TypeAdapter[Any], Any]] = {}
     for cls in reversed(config_class.__mro__):
         hints = get_type_hints(cls, include_extras=True)
-        rules.update({key: (TypeAdapter(hints[key]), hints[key]) for key in vars(cls).get("__annotations__", {})
-                      if _annotated(hints[key])})
+        rules.update(
+            {
+                key: (TypeAdapter(hints[key]), hints[key])
+                for key in vars(cls).get("__annotations__", {})
+                if _annotated(hints[key])
+            }
+        )
     return rules
 
 
@@ -95,8 +100,9 @@ def _annotated(hint: Any) -> bool:
     return typing.get_origin(hint) is Annotated or any(_annotated(a) for a in typing.get_args(hint))
 
 
-def check_declared(config: Any, section: str = "", *, strict: bool = True, prefix: str = "",
-                   error: type[AgentRLError] = ConfigError) -> None:
+def check_declared(
+    config: Any, section: str = "", *, strict: bool = True, prefix: str = "", error: type[AgentRLError] = ConfigError
+) -> None:
     """Raise ``error`` ``KEY must be WORDS, got VALUE`` (``SECTION.KEY`` where given; ``; got``
     after ``one of``; ``prefix`` first, as given; a field's :class:`Complaint` in its place)
     for the first field of the dataclass instance ``config`` that breaks its declared rule.
@@ -108,16 +114,23 @@ def check_declared(config: Any, section: str = "", *, strict: bool = True, prefi
             shown = list(value) if isinstance(value, tuple) else value
             name = f"{section}.{key}" if section else key
             complaint = next((m for m in _metadata(hint) if isinstance(m, Complaint)), None)
-            message = (complaint.template.format(key=name, value=shown, allowed=allowed) if complaint else
-                       f"{name} must be {allowed}{';' if allowed.startswith('one of ') else ','} got {shown!r}")
+            message = (
+                complaint.template.format(key=name, value=shown, allowed=allowed)
+                if complaint
+                else f"{name} must be {allowed}{';' if allowed.startswith('one of ') else ','} got {shown!r}"
+            )
             raise error(prefix + message)
 
 
 def _metadata(hint: Any) -> list[Any]:
     """The metadata of ``hint`` and of the members of a union it is, pydantic's ``Field`` unpacked."""
     found = [m for item in getattr(hint, "__metadata__", ()) for m in getattr(item, "metadata", [item])]
-    return found + [m for arg in typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType)
-                    for m in _metadata(arg)]
+    return found + [
+        m
+        for arg in typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType)
+        for m in _metadata(arg)
+    ]
 
 
 def rule_failure(config_class: type[Any], key: str, value: Any, *, strict: bool = False) -> str | None:
@@ -141,8 +154,12 @@ def _failure(exc: ValidationError, value: Any) -> str:
         return ""
     if kind.endswith("_type") or kind == "is_instance_of":
         return "wrong_type"
-    return {"greater_than": "too_low", "greater_than_equal": "too_low", "less_than": "too_high",
-            "less_than_equal": "too_high"}.get(kind, "")
+    return {
+        "greater_than": "too_low",
+        "greater_than_equal": "too_low",
+        "less_than": "too_high",
+        "less_than_equal": "too_high",
+    }.get(kind, "")
 
 
 def allowed_words(hint: Any, failure: str = "") -> str:
@@ -178,14 +195,16 @@ def _bounds(metadata: list[Any]) -> str:
     return ""
 
 
-
 def expected_words(hint: Any, value: Any) -> str:
     """The rule of ``hint`` as :class:`~agentrl.config.checks.ConfigCheck` words (``expected None or a
     number in (0, 1)``, ``expected one of 'a', 'b'``), or its :class:`Allowed` text as it is."""
     optional = type(None) in typing.get_args(hint) and typing.get_origin(hint) in (typing.Union, types.UnionType)
     inner = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
-    metadata = [m for item in (*getattr(hint, "__metadata__", ()), *getattr(inner, "__metadata__", ()))
-                for m in getattr(item, "metadata", [item])]
+    metadata = [
+        m
+        for item in (*getattr(hint, "__metadata__", ()), *getattr(inner, "__metadata__", ()))
+        for m in getattr(item, "metadata", [item])
+    ]
     allowed = next((m.text for m in metadata if isinstance(m, Allowed)), None)
     if allowed is not None:
         return allowed

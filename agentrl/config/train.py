@@ -19,10 +19,10 @@ from pydantic import Field, StringConstraints
 
 # ConfigCheck is re-exported, so ``from agentrl.config.train import ConfigCheck`` keeps working.
 from agentrl.config.checks import ConfigCheck, build_plugin_config, check_types, with_int_floats  # noqa: F401
+from agentrl.config.lora import lora_options
 from agentrl.config.rules import Allowed, Note, OneOf, check_declared
 from agentrl.errors import ConfigError, one_line
 from agentrl.imports import absolute_spec
-from agentrl.config.lora import lora_options
 
 Positive = Annotated[int, Field(ge=1)]
 NonNegative = Annotated[int, Field(ge=0)]
@@ -82,8 +82,7 @@ class TrainConfig:
     also Dr. GRPO's normalising constant."""
     max_total_tokens: Positive = 2048
     """Cap on a whole episode's tokens (prompt, sampled, env); reaching it truncates."""
-    temperature: Annotated[float, Field(gt=0),
-                           Allowed("> 0 for training (greedy samples give identical groups)")] = 1.0
+    temperature: Annotated[float, Field(gt=0), Allowed("> 0 for training (greedy samples give identical groups)")] = 1.0
     """Sampling temperature; trainer logprobs use the same temperature."""
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Nucleus sampling mass (1.0 = off)."""
@@ -136,8 +135,10 @@ class TrainConfig:
     """Drop episodes cut by a length/turn limit from the loss (DAPO overlong filtering)."""
     seed: Annotated[int, Field(ge=0, lt=2**32), Allowed("an integer in [0, 2**32)")] = 0
     """Seed for model init, task order and sampling."""
-    output_dir: Annotated[Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] | None,
-                          Allowed("a folder path or null (runs/<env>-<algo>-<time>)")] = None
+    output_dir: Annotated[
+        Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] | None,
+        Allowed("a folder path or null (runs/<env>-<algo>-<time>)"),
+    ] = None
     """Run directory (None: ``runs/<env>-<algo>-<timestamp>``)."""
     eval_tasks: NonNegative = 64
     """Held-out tasks evaluated before and after training (0: skip evaluation)."""
@@ -199,13 +200,17 @@ class TrainConfig:
         check_declared(self, strict=False)  # the types are checked: adam_betas may be a list
         if self.max_total_tokens <= self.max_new_tokens:
             # The prompt must fit too: checked once the env and tokenizer are built (build.check_prompt_room).
-            raise ConfigError(f"max_total_tokens={self.max_total_tokens} must be > max_new_tokens="
-                              f"{self.max_new_tokens}: an episode holds the prompt and the sampled tokens")
+            raise ConfigError(
+                f"max_total_tokens={self.max_total_tokens} must be > max_new_tokens="
+                f"{self.max_new_tokens}: an episode holds the prompt and the sampled tokens"
+            )
         if self.rewards is not None and "" in self.rewards:
             raise ConfigError("rewards has an empty name: use a registered name, file.py:func or module:func")
         if self.env_reward_weight == 0 and self.rewards is not None and not any(self.rewards.values()):
-            raise ConfigError(f"env_reward_weight=0 with rewards={self.rewards!r} leaves nothing to reward: every "
-                              "episode would score 0 and nothing would train")
+            raise ConfigError(
+                f"env_reward_weight=0 with rewards={self.rewards!r} leaves nothing to reward: every "
+                "episode would score 0 and nothing would train"
+            )
         if self.partial_rollouts and not self.async_steps:
             raise ConfigError("partial_rollouts=true needs async_steps >= 1 (got 0): nothing is in flight")
         if self.lora is not None:
@@ -276,8 +281,9 @@ def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig)]
 
 
-def build_config(file: str | Path | None = None, overrides: dict[str, Any] | None = None,
-                 sets: list[str] | None = None) -> TrainConfig:
+def build_config(
+    file: str | Path | None = None, overrides: dict[str, Any] | None = None, sets: list[str] | None = None
+) -> TrainConfig:
     """File values, then ``sets`` (``key=value``, YAML-parsed, dotted keys into dict sections),
     then ``overrides`` (CLI flags that were given); unknown keys are errors."""
     data: dict[str, Any] = {}
@@ -318,8 +324,9 @@ def refuse_flag_conflicts(flags: dict[str, tuple[str, Any]], sets: list[str] | N
         key, sep, raw = item.partition("=")
         flag, value = flags.get(key.strip(), ("", None))
         if sep and value is not None and load_yaml(raw, f"--set {item!r}") != value:
-            raise ConfigError(f"{key.strip()} is given twice with different values: {flag} {value!r} and --set "
-                              f"{item!r}; give it once")
+            raise ConfigError(
+                f"{key.strip()} is given twice with different values: {flag} {value!r} and --set {item!r}; give it once"
+            )
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -344,17 +351,23 @@ def check_startup(config: TrainConfig, registry: Any) -> None:
     algorithm = algo_cls(build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm"))
     need = getattr(algo_cls, "min_group_size", 1)
     if config.num_generations < need:
-        raise ConfigError(f"num_generations={config.num_generations} is too small for algorithm {config.algo!r}: it "
-                          f"compares the episodes of a task with each other, so it needs num_generations >= {need} "
-                          "(with fewer, every advantage is 0 and nothing trains)")
+        raise ConfigError(
+            f"num_generations={config.num_generations} is too small for algorithm {config.algo!r}: it "
+            f"compares the episodes of a task with each other, so it needs num_generations >= {need} "
+            "(with fewer, every advantage is 0 and nothing trains)"
+        )
     total = config.max_steps * algorithm.num_iterations * algorithm.num_mini_batches
     if config.warmup_steps and config.warmup_steps >= total:
-        raise ConfigError(f"warmup_steps={config.warmup_steps} must be < the run's {total} optimizer steps "
-                          "(max_steps x the algorithm's epochs x mini-batches): the learning rate would never "
-                          "reach learning_rate")
+        raise ConfigError(
+            f"warmup_steps={config.warmup_steps} must be < the run's {total} optimizer steps "
+            "(max_steps x the algorithm's epochs x mini-batches): the learning rate would never "
+            "reach learning_rate"
+        )
     if not algorithm.trains_policy(config.max_steps):
-        raise ConfigError(f"algorithm {config.algo!r} with these options never updates the policy within "
-                          f"max_steps={config.max_steps} (e.g. a critic warm-up as long as the run)")
+        raise ConfigError(
+            f"algorithm {config.algo!r} with these options never updates the policy within "
+            f"max_steps={config.max_steps} (e.g. a critic warm-up as long as the run)"
+        )
 
 
 def resolve_settings(config: TrainConfig, registry: Any) -> dict[str, Any]:
@@ -369,9 +382,12 @@ def resolve_settings(config: TrainConfig, registry: Any) -> dict[str, Any]:
             raise ConfigError(f"unknown plugin settings section plugins.{name}; sections: {allowed}")
         if not isinstance(values, dict):
             raise ConfigError(f"plugins.{name} must be a mapping of options, got {values!r}")
-    return {name: build_plugin_config(registry.get("settings", name).factory, config.plugins.get(name, {}),
-                                      f"plugins.{name}")
-            for name in sorted(known)}
+    return {
+        name: build_plugin_config(
+            registry.get("settings", name).factory, config.plugins.get(name, {}), f"plugins.{name}"
+        )
+        for name in sorted(known)
+    }
 
 
 def resolved_dict(config: TrainConfig, manager: Any) -> dict[str, Any]:
@@ -386,15 +402,18 @@ def resolved_dict(config: TrainConfig, manager: Any) -> dict[str, Any]:
     if config.rewards is None:  # the env's defaults are what runs: show them
         from agentrl.env import load_env_class
 
-        env_factory = (load_env_class(config.env) if ":" in config.env
-                       else manager.registry.get("env", config.env).factory)
+        env_factory = (
+            load_env_class(config.env) if ":" in config.env else manager.registry.get("env", config.env).factory
+        )
         data["rewards"] = dict(getattr(env_factory, "default_rewards", {}))
-    data["plugins"] = {name: dataclasses.asdict(section)
-                       for name, section in resolve_settings(config, manager.registry).items()}
+    data["plugins"] = {
+        name: dataclasses.asdict(section) for name, section in resolve_settings(config, manager.registry).items()
+    }
     if config.lora is not None:
         data["lora"] = dataclasses.asdict(lora_options(config.lora))
     engine_cls = manager.registry.get("engine", config.engine).factory
     if dataclasses.is_dataclass(getattr(engine_cls, "config_class", None)):  # an engine that declares its options
-        data["engine_args"] = dataclasses.asdict(build_plugin_config(engine_cls.config_class, config.engine_args,
-                                                                     "engine_args"))
+        data["engine_args"] = dataclasses.asdict(
+            build_plugin_config(engine_cls.config_class, config.engine_args, "engine_args")
+        )
     return data

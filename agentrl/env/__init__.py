@@ -75,8 +75,8 @@ from agentrl.env.checks import (
 from agentrl.env.labels import sample_label, task_label
 from agentrl.env.loading import GYMNASIUM_IDS, build_env, load_env_class, register_gymnasium_envs
 from agentrl.env.sources import PrivateGlobalRandom, SeedTasks, library_call, seeded_rng
-from agentrl.env.workers import EnvCall, EnvWorkers
 from agentrl.env.tasks import Task
+from agentrl.env.workers import EnvCall, EnvWorkers
 
 __all__ = [
     "GYMNASIUM_IDS",

@@ -11,8 +11,8 @@ from typing import Any, SupportsFloat
 import gymnasium
 
 from agentrl.env.checks import ROLES, Message, check_flag, check_info, check_messages, check_reward, describe
-from agentrl.errors import EnvError
 from agentrl.env.tasks import Task
+from agentrl.errors import EnvError
 
 
 def boxed_reply(task: Task) -> str | None:
@@ -43,10 +43,7 @@ class MessagesSpace(gymnasium.spaces.Space):
         return (
             isinstance(x, list)
             and len(x) <= self.max_messages
-            and all(
-                isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
-                for m in x
-            )
+            and all(isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in x)
         )
 
     def __eq__(self, other: object) -> bool:
@@ -131,17 +128,24 @@ class Env(gymnasium.Env, abc.ABC):
         method = f"{type(self).__name__}.{split}_tasks"
         tasks = self.train_tasks() if split == "train" else self.eval_tasks()
         if isinstance(tasks, (str, bytes, dict)) or not (hasattr(tasks, "__len__") and hasattr(tasks, "__getitem__")):
-            hint = (": an iterator can be read only once and has no length; return a list (or agentrl.LazyTasks "
-                    "to make tasks on demand)" if isinstance(tasks, Iterator) else "")
-            raise EnvError(f"{method} must return an indexable sequence of task dicts (a list or "
-                           f"agentrl.LazyTasks); got {describe(tasks)}{hint}")
+            hint = (
+                ": an iterator can be read only once and has no length; return a list (or agentrl.LazyTasks "
+                "to make tasks on demand)"
+                if isinstance(tasks, Iterator)
+                else ""
+            )
+            raise EnvError(
+                f"{method} must return an indexable sequence of task dicts (a list or "
+                f"agentrl.LazyTasks); got {describe(tasks)}{hint}"
+            )
         if split == "train" and len(tasks) == 0:
             raise EnvError(f"{method} returned an empty sequence; it must hold at least one task dict")
         return tasks
 
     # -- gymnasium API -----------------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         """Start an episode on ``options["task"]``, or on a seeded draw from ``train_tasks``.
 
         ``options["template_renders_tools"]``: the caller renders ``tool_schemas()`` through the

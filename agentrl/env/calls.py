@@ -58,8 +58,10 @@ def call_with_timeout(fn: Callable[..., R], timeout_s: float | None, *args: Any,
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
-        raise CallTimeout(f"no result within call_timeout_s={timeout_s:g} s; the call was abandoned and may still "
-                          "be running in a background thread")
+        raise CallTimeout(
+            f"no result within call_timeout_s={timeout_s:g} s; the call was abandoned and may still "
+            "be running in a background thread"
+        )
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -67,6 +69,7 @@ def call_with_timeout(fn: Callable[..., R], timeout_s: float | None, *args: Any,
 
 def _on_own_loop(fn: Callable[..., Awaitable[R]]) -> Callable[..., R]:
     """``fn`` (an ``async def``) as a blocking function: each call runs on a fresh event loop."""
+
     def blocking(*args: Any, **kwargs: Any) -> R:
         return asyncio.run(fn(*args, **kwargs))
 
@@ -74,12 +77,12 @@ def _on_own_loop(fn: Callable[..., Awaitable[R]]) -> Callable[..., R]:
     return blocking
 
 
-async def await_with_timeout(fn: Callable[..., Awaitable[R]], timeout_s: float | None, *args: Any,
-                             **kwargs: Any) -> R:
+async def await_with_timeout(fn: Callable[..., Awaitable[R]], timeout_s: float | None, *args: Any, **kwargs: Any) -> R:
     """``await fn(*args, **kwargs)``, raising :class:`CallTimeout` if it runs past ``timeout_s``
     seconds (None or <= 0: no limit). Past the limit the coroutine is cancelled (unlike a thread, it
     can be). A SystemExit or KeyboardInterrupt it raises is its failure, a
     :class:`agentrl.faults.PluginExit` (it never stops the event loop)."""
+
     async def settled() -> tuple[Any, BaseException | None]:
         try:
             return await fn(*args, **kwargs), None

@@ -73,11 +73,15 @@ def check_reward(where: str, reward: Any, position: str) -> None:
     """Raise EnvError unless ``reward`` (the ``position`` value ``where`` returned) is a finite
     real number within ±:data:`MAX_ABS_REWARD`."""
     if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
-        raise EnvError(f"{where} must return a finite number as its reward ({position} value); got "
-                       f"{describe(reward)} (an env that cannot score an episode should raise)")
+        raise EnvError(
+            f"{where} must return a finite number as its reward ({position} value); got "
+            f"{describe(reward)} (an env that cannot score an episode should raise)"
+        )
     if abs(reward) > MAX_ABS_REWARD:
-        raise EnvError(f"{where} returned reward {float(reward):g} ({position} value): rewards must be within "
-                       f"±{MAX_ABS_REWARD:g} (training runs in float32; larger values overflow it): rescale it")
+        raise EnvError(
+            f"{where} returned reward {float(reward):g} ({position} value): rewards must be within "
+            f"±{MAX_ABS_REWARD:g} (training runs in float32; larger values overflow it): rescale it"
+        )
 
 
 def check_flag(where: str, flag: Any, name: str, position: str) -> None:

@@ -25,8 +25,7 @@ GYMNASIUM_IDS = {
 
 def _keywords(signature: inspect.Signature) -> str:
     """The keyword arguments ``signature`` accepts, in words (``**kwargs`` said as "any other")."""
-    named = [p.name for p in signature.parameters.values()
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    named = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     words = ", ".join(named) if named else "no named arguments"
     if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
         words += " (and any other, passed on)"
@@ -45,8 +44,9 @@ def build_env(factory: Callable[..., Any], env_args: dict[str, Any], name: str) 
         try:
             signature.bind(**env_args)
         except TypeError as exc:
-            raise ConfigError(f"env_args {env_args!r} do not fit env {name!r}: {exc}; "
-                              f"it takes {_keywords(signature)}") from None
+            raise ConfigError(
+                f"env_args {env_args!r} do not fit env {name!r}: {exc}; it takes {_keywords(signature)}"
+            ) from None
     try:
         return factory(**env_args)
     except AgentRLError:

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.errors import AgentRLError, EnvLibraryError, one_line
 from agentrl.env.tasks import LazyTasks, Task
+from agentrl.errors import AgentRLError, EnvLibraryError, one_line
 
 
 def seeded_rng(seed: int) -> np.random.Generator:

@@ -161,8 +161,7 @@ class EnvWorkers:
         try:
             async with entry[0], self._limit:
                 try:
-                    return await self.guard.call_async(getattr(call.env, call.method), *call.args,
-                                                       **call.kwargs), None
+                    return await self.guard.call_async(getattr(call.env, call.method), *call.args, **call.kwargs), None
                 except Exception as exc:
                     return None, exc
         finally:
@@ -177,4 +176,3 @@ class EnvWorkers:
             self._loop = asyncio.new_event_loop()
             threading.Thread(target=self._loop.run_forever, name="agentrl-env-loop", daemon=True).start()
         return self._loop
-

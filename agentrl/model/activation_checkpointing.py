@@ -52,8 +52,11 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     outer = [m for name, m in marked.items() if not any(name.startswith(f"{other}.") for other in marked)]
     if outer:
         return outer
-    stacks = [m for m in model.modules()
-              if isinstance(m, nn.ModuleList) and len(m) > 1 and len({type(child) for child in m}) == 1]
+    stacks = [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.ModuleList) and len(m) > 1 and len({type(child) for child in m}) == 1
+    ]
     return list(max(stacks, key=len)) if stacks else []
 
 

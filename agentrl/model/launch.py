@@ -43,17 +43,25 @@ def check_process_split(config: TrainConfig, num_processes: int) -> None:
     """A ConfigError unless the step's groups split evenly over the processes (a group never
     straddles two processes)."""
     if config.prompts_per_step % num_processes:
-        raise ConfigError(f"prompts_per_step={config.prompts_per_step} does not split over {num_processes} processes: "
-                          "each process rolls out whole groups; use a multiple of the process count")
+        raise ConfigError(
+            f"prompts_per_step={config.prompts_per_step} does not split over {num_processes} processes: "
+            "each process rolls out whole groups; use a multiple of the process count"
+        )
 
 
-def launch_command(num_processes: int, accelerate_config: str | None, train_args: list[str],
-                   cpu: bool) -> list[str]:
+def launch_command(num_processes: int, accelerate_config: str | None, train_args: list[str], cpu: bool) -> list[str]:
     """The ``accelerate launch`` command that runs ``agentrl train <train_args>`` in ``num_processes``."""
     if num_processes < 1:
         raise ConfigError(f"--num-processes must be >= 1, got {num_processes}")
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes),
-               "--main_process_port", str(_free_port())]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        str(num_processes),
+        "--main_process_port",
+        str(_free_port()),
+    ]
     if accelerate_config is None:  # what accelerate would otherwise warn it defaulted
         command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     if accelerate_config is not None:
@@ -91,12 +99,15 @@ def _check_config_file(path: Path) -> None:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where} could not be read as UTF-8 text (an accelerate config is a YAML file): "
-                          f"{one_line(exc)}") from None
+        raise ConfigError(
+            f"{where} could not be read as UTF-8 text (an accelerate config is a YAML file): {one_line(exc)}"
+        ) from None
     data = load_yaml(text, where)
     if not isinstance(data, dict):
-        raise ConfigError(f"{where} must hold a YAML mapping of accelerate settings (as `accelerate config` "
-                          f"writes), got {type(data).__name__}")
+        raise ConfigError(
+            f"{where} must hold a YAML mapping of accelerate settings (as `accelerate config` "
+            f"writes), got {type(data).__name__}"
+        )
 
 
 SHUTDOWN_TIMEOUT_S = 900

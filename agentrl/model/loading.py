@@ -64,10 +64,15 @@ def resolve_model(name: str) -> str:
 def _no_exported_model(name: str, run_dir: Path) -> str:
     """Why the run dir ``run_dir`` gives no model, and what to use instead."""
     saved = sorted(run_dir.glob("checkpoints/step-*/model/config.json"))
-    instead = (f"use its newest checkpoint's weights, --model {str(saved[-1].parent)!r} (a full HF folder), or "
-               if saved else "")
-    return (f"run dir {name!r} has no exported model (no model/ folder): the run was trained with "
-            f"save_model=false, or has not finished; {instead}train it again with save_model=true (the default)")
+    instead = (
+        f"use its newest checkpoint's weights, --model {str(saved[-1].parent)!r} (a full HF folder), or "
+        if saved
+        else ""
+    )
+    return (
+        f"run dir {name!r} has no exported model (no model/ folder): the run was trained with "
+        f"save_model=false, or has not finished; {instead}train it again with save_model=true (the default)"
+    )
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
@@ -103,8 +108,10 @@ def _alias_folder(alias: str) -> Path:
         return folder
     problem = folder_problem(folder.parent)
     if problem is not None:  # refuse before a download, not after it
-        raise ModelError(f"cannot convert the default model into the cache dir: {problem}. Set AGENTRL_CACHE to "
-                         "a writable folder, or pass --model with a local HF folder")
+        raise ModelError(
+            f"cannot convert the default model into the cache dir: {problem}. Set AGENTRL_CACHE to "
+            "a writable folder, or pass --model with a local HF folder"
+        )
     folder.parent.mkdir(parents=True, exist_ok=True)
     # Two runs (or test workers) started at once convert once: the second waits, then finds the folder.
     with open(folder.parent / f".{alias}.lock", "w") as lock:

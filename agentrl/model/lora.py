@@ -38,9 +38,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from agentrl.config.lora import lora_options
 from agentrl.errors import ConfigError, one_line
 from agentrl.imports import import_extra
-from agentrl.config.lora import LLAMA_TARGETS, LoRAConfig, lora_options
 
 # LLAMA_TARGETS, LoRAConfig and lora_options are importable from here too, as before.
 
@@ -55,15 +55,22 @@ def with_adapter(model: nn.Module, values: dict[str, Any] | None) -> nn.Module:
     if options is None:
         return model
     peft = _import_peft()
-    config = peft.LoraConfig(r=options.r, lora_alpha=options.lora_alpha, lora_dropout=options.dropout,
-                             target_modules=options.target_modules, bias=options.bias)
+    config = peft.LoraConfig(
+        r=options.r,
+        lora_alpha=options.lora_alpha,
+        lora_dropout=options.dropout,
+        target_modules=options.target_modules,
+        bias=options.bias,
+    )
     try:
         wrapped = peft.get_peft_model(model, config)
     except (ValueError, RuntimeError, TypeError) as exc:  # e.g. no layer of the model matches target_modules
         linear = sorted({name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ConfigError(f"lora: peft could not add the adapter to {type(model).__name__} ({one_line(exc)}); "
-                          f"its linear layers are named {', '.join(linear)}: set lora.target_modules "
-                          "to some of them or 'all-linear'") from exc
+        raise ConfigError(
+            f"lora: peft could not add the adapter to {type(model).__name__} ({one_line(exc)}); "
+            f"its linear layers are named {', '.join(linear)}: set lora.target_modules "
+            "to some of them or 'all-linear'"
+        ) from exc
     return wrapped.eval()  # get_peft_model switches to train mode; dropout stays off (TRAPS 14)
 
 
@@ -122,15 +129,18 @@ def load_adapter(model: nn.Module, folder: Path) -> None:
 
     path = folder / ADAPTER_FILE
     if not path.is_file():
-        raise ConfigError(f"checkpoint {str(folder.parent)!r} has no {folder.name}/{ADAPTER_FILE}: it was not "
-                          "written by a LoRA run")
+        raise ConfigError(
+            f"checkpoint {str(folder.parent)!r} has no {folder.name}/{ADAPTER_FILE}: it was not written by a LoRA run"
+        )
     peft = _import_peft()
     weights = load_file(path)
     result = peft.set_peft_model_state_dict(model, weights)
     missing = [k for k in result.missing_keys if "lora_" in k]
     if missing or result.unexpected_keys:
-        raise ConfigError(f"adapter {str(folder)!r} does not fit the model: missing {missing[:5]}, "
-                          f"unexpected {list(result.unexpected_keys)[:5]}")
+        raise ConfigError(
+            f"adapter {str(folder)!r} does not fit the model: missing {missing[:5]}, "
+            f"unexpected {list(result.unexpected_keys)[:5]}"
+        )
 
 
 def _import_peft() -> Any:

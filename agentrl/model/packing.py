@@ -65,6 +65,9 @@ def pack_prefix_tree(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> P
             attend[node] = attend[parent]
         attend[node, node] = True
     device = input_ids.device
-    return PackedRows(input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
-                      position_ids=torch.tensor([depths], dtype=torch.long, device=device),
-                      attend=attend[None, None].to(device), node_index=node_index.to(device))
+    return PackedRows(
+        input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
+        position_ids=torch.tensor([depths], dtype=torch.long, device=device),
+        attend=attend[None, None].to(device),
+        node_index=node_index.to(device),
+    )

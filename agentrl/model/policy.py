@@ -38,8 +38,9 @@ class TokenLogprobs(nn.Module):
         self.temperature = temperature
         self.pack = pack and getattr(model.config, "_attn_implementation", None) in PACKING_ATTENTION
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                loss_mask: torch.Tensor, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, with_entropy: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logprobs (with grad) and entropies (no grad) of the loss-mask tokens; 0 elsewhere."""
         targets = loss_mask[:, 1:] > 0  # (N, T-1): position t-1 predicts token t
         rows, cols = targets.nonzero(as_tuple=True)  # K selected predictions
@@ -110,12 +111,20 @@ def check_packing(policy: TokenLogprobs, asked: bool) -> bool:
         return False
     attention = getattr(policy.model.config, "_attn_implementation", None)
     if not policy.pack:
-        warnings.warn(f"pack_sequences: the model's attention {attention!r} takes no custom mask; the training "
-                      "forward runs padded rows", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"pack_sequences: the model's attention {attention!r} takes no custom mask; the training "
+            "forward runs padded rows",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return False
     error = policy.packing_error()
     if not error <= 1e-3:
         policy.pack = False
-        warnings.warn(f"pack_sequences: the packed forward differs from the padded one by {error:.2g} on this model "
-                      f"(attention {attention!r}); the training forward runs padded rows", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"pack_sequences: the packed forward differs from the padded one by {error:.2g} on this model "
+            f"(attention {attention!r}); the training forward runs padded rows",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return policy.pack

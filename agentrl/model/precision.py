@@ -56,8 +56,9 @@ def decide_cpu(flags: set[str] | None) -> Precision:
     native = sorted(f for f in NATIVE_BF16_FLAGS if f in flags)
     if native:
         return Precision("bf16", f"the CPU computes bf16 natively ({', '.join(native)})")
-    return Precision("fp32", "the CPU has no native bf16 (no amx_bf16/avx512_bf16): "
-                             "bf16 would be emulated, 3.6-30x slower")
+    return Precision(
+        "fp32", "the CPU has no native bf16 (no amx_bf16/avx512_bf16): bf16 would be emulated, 3.6-30x slower"
+    )
 
 
 def resolve_precision(asked: str, device: torch.device | str = "cpu") -> Precision:

@@ -54,8 +54,10 @@ def layout(accelerator: Any) -> str:
     """One line on how the processes hold the policy's weights (printed at start-up)."""
     kind = accelerator.distributed_type.value
     if shards_weights(accelerator):
-        return (f"{accelerator.num_processes} processes ({kind}): weights sharded; each samples from a full "
-                "replica gathered after every update")
+        return (
+            f"{accelerator.num_processes} processes ({kind}): weights sharded; each samples from a full "
+            "replica gathered after every update"
+        )
     return f"{accelerator.num_processes} processes ({kind}): weights replicated"
 
 
@@ -85,8 +87,9 @@ def full_state_dict(accelerator: Any, prepared: torch.nn.Module) -> dict[str, to
     if getattr(accelerator, "is_fsdp2", False):
         from torch.distributed.tensor import DTensor
 
-        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach()
-                for k, v in unwrapped.state_dict().items()}
+        return {
+            k: (v.full_tensor() if isinstance(v, DTensor) else v).detach() for k, v in unwrapped.state_dict().items()
+        }
     from torch.distributed.fsdp import FullStateDictConfig, StateDictType
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -97,12 +100,16 @@ def full_state_dict(accelerator: Any, prepared: torch.nn.Module) -> dict[str, to
 
 def gather_into(accelerator: Any, prepared: torch.nn.Module, replica: torch.nn.Module, prefix: str = "") -> None:
     """Copy the full weights of ``prepared`` (entries under ``prefix``, stripped) into ``replica``."""
-    state = {k[len(prefix):]: v for k, v in full_state_dict(accelerator, prepared).items() if k.startswith(prefix)}
+    state = {k[len(prefix) :]: v for k, v in full_state_dict(accelerator, prepared).items() if k.startswith(prefix)}
     missing, unexpected = replica.load_state_dict(state, strict=False)
-    tied = {name for name, _ in replica.named_parameters(remove_duplicate=False)} - set(dict(replica.named_parameters()))
+    tied = {name for name, _ in replica.named_parameters(remove_duplicate=False)} - set(
+        dict(replica.named_parameters())
+    )
     if unexpected or set(missing) - tied:
-        raise RuntimeError(f"gathered weights do not fit the sampling replica: missing {sorted(missing)[:5]}, "
-                           f"unexpected {sorted(unexpected)[:5]}")
+        raise RuntimeError(
+            f"gathered weights do not fit the sampling replica: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
 
 
 def shape_template(module: torch.nn.Module) -> torch.nn.Module:
@@ -124,7 +131,9 @@ def whole_optimizer_state(prepared: torch.nn.Module, optimizer: Any) -> dict[str
     the process count, so a checkpoint holds one copy, not one per process."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(prepared, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(
+        prepared, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
 
 
 def whole_module_state(prepared: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -135,8 +144,12 @@ def whole_module_state(prepared: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(prepared, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_whole_state(prepared: torch.nn.Module, optimizer: Any, module_state: dict[str, torch.Tensor],
-                     optimizer_state: dict[str, Any] | None) -> None:
+def load_whole_state(
+    prepared: torch.nn.Module,
+    optimizer: Any,
+    module_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any] | None,
+) -> None:
     """Shard whole state dicts (from :func:`whole_module_state` and :func:`whole_optimizer_state`,
     read by every process) back into an FSDP-prepared module and its optimizer (``optimizer_state``
     None: a finished run's slimmed checkpoint, the optimizer starts afresh)."""
@@ -146,8 +159,9 @@ def load_whole_state(prepared: torch.nn.Module, optimizer: Any, module_state: di
     if optimizer_state is None:
         set_model_state_dict(prepared, module_state, options=options)
     else:
-        set_state_dict(prepared, optimizer, model_state_dict=module_state, optim_state_dict=optimizer_state,
-                       options=options)
+        set_state_dict(
+            prepared, optimizer, model_state_dict=module_state, optim_state_dict=optimizer_state, options=options
+        )
 
 
 def is_fsdp(accelerator: Any) -> bool:

@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from agentrl.model.distributed import all_sum
 from agentrl.errors import RewardError
+from agentrl.model.distributed import all_sum
 from agentrl.trajectory import Trajectory
 
 
@@ -93,7 +93,7 @@ def step_ends(trajectory: Trajectory, tokenizer: Any, separator: str = "\n\n") -
     for turn in trajectory.turns:
         if turn.end <= turn.start:
             continue
-        pieces = [tokenizer.decode([tid]) for tid in trajectory.token_ids[turn.start:turn.end]]
+        pieces = [tokenizer.decode([tid]) for tid in trajectory.token_ids[turn.start : turn.end]]
         text, owner = "", []  # owner[c]: the token position of character c
         for offset, piece in enumerate(pieces):
             text += piece
@@ -103,7 +103,7 @@ def step_ends(trajectory: Trajectory, tokenizer: Any, separator: str = "\n\n") -
         while found != -1:
             inside.append(owner[found + len(separator) - 1])
             found = text.find(separator, found + len(separator))
-        tail = trajectory.token_ids[inside[-1] + 1:turn.end] if inside else []
+        tail = trajectory.token_ids[inside[-1] + 1 : turn.end] if inside else []
         if inside and all(tid in special or not tokenizer.decode([tid]).strip() for tid in tail):
             inside.pop()  # nothing but the stop token (or blanks) after the last separator: no step of its own
         ends += [*inside, turn.end - 1]
@@ -117,13 +117,18 @@ def merge_steps(trajectory: Trajectory, parts: Sequence[tuple[str, StepRewards |
     sampled = [t for t, m in enumerate(trajectory.loss_mask) if m]
     steps: dict[int, float] = {}
     for name, value, weight in parts:
-        pairs = list(zip(value.positions, value.values)) if isinstance(value, StepRewards) else (
-            [(sampled[-1], float(value))] if sampled else [])
+        pairs = (
+            list(zip(value.positions, value.values))
+            if isinstance(value, StepRewards)
+            else ([(sampled[-1], float(value))] if sampled else [])
+        )
         for position, reward in pairs:
             if not (position < len(trajectory.loss_mask) and trajectory.loss_mask[position]):
                 shown = "none" if not sampled else f"{sampled[0]}..{sampled[-1]} where the loss mask is 1"
-                raise RewardError(f"reward {name!r} put a step reward at token {position}, which the model did not "
-                                  f"sample: expected a position in {shown}")
+                raise RewardError(
+                    f"reward {name!r} put a step reward at token {position}, which the model did not "
+                    f"sample: expected a position in {shown}"
+                )
             steps[position] = steps.get(position, 0.0) + weight * reward
     return steps
 
@@ -142,9 +147,14 @@ def outcome_steps(rewards: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch
     return values, ends
 
 
-def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor, loss_mask: torch.Tensor,
-                       groups: torch.Tensor, scale: str = "group", eps: float = 1e-4
-                       ) -> tuple[torch.Tensor, dict[str, float]]:
+def process_advantages(
+    step_rewards: torch.Tensor,
+    step_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    groups: torch.Tensor,
+    scale: str = "group",
+    eps: float = 1e-4,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-token process-supervised advantages ``(N, T)`` (module docstring) of step rewards
     ``(N, T)`` at ``step_mask == 1``; ``scale``: ``"group"`` (pooled group std), ``"batch"``
     (pooled std of every step of the batch, over all processes) or ``"none"``. Stats:
@@ -154,7 +164,9 @@ def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor, loss
     num_groups = int(group_index.max().item()) + 1 if groups.numel() else 0
     row_group = group_index[:, None].expand_as(values)[is_step]  # (S,) the group of each step
     flat = values[is_step]  # (S,)
-    count = torch.zeros(num_groups, dtype=torch.float64, device=values.device).index_add_(0, row_group, torch.ones_like(flat))
+    count = torch.zeros(num_groups, dtype=torch.float64, device=values.device).index_add_(
+        0, row_group, torch.ones_like(flat)
+    )
     total = torch.zeros_like(count).index_add_(0, row_group, flat)
     mean = total / count.clamp(min=1.0)  # (K,)
     highest = torch.full_like(mean, -math.inf).scatter_reduce(0, row_group, flat, "amax")
@@ -174,7 +186,9 @@ def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor, loss
     normalised = torch.zeros_like(values)
     normalised[is_step] = deviation / divisor
     advantages = normalised.flip(1).cumsum(1).flip(1) * loss_mask.double()  # (N, T) steps at or after t
-    stats = {"frac_zero_std_groups": float(constant.double().mean().item()) if num_groups else 0.0,
-             "abs_mean": float((deviation / divisor).abs().mean().item()) if flat.numel() else 0.0,
-             "steps_per_episode": float(is_step.sum().item()) / max(values.shape[0], 1)}
+    stats = {
+        "frac_zero_std_groups": float(constant.double().mean().item()) if num_groups else 0.0,
+        "abs_mean": float((deviation / divisor).abs().mean().item()) if flat.numel() else 0.0,
+        "steps_per_episode": float(is_step.sum().item()) / max(values.shape[0], 1),
+    }
     return advantages.to(loss_mask.dtype), stats

@@ -91,9 +91,11 @@ def unknown_prefix_message(name: str, registry: Any) -> str | None:
     if not sep or not head.isidentifier() or _importable(head):
         return None
     schemes = ", ".join(registry.names("reward_scheme")) or "none registered"
-    return (f"reward {name!r}: weight {tail!r} is not a number, and {head!r} is neither a reward scheme "
-            f"({schemes}) nor an importable module (use NAME[:WEIGHT], SCHEME:ARGUMENT[:WEIGHT], "
-            "path/file.py:func[:WEIGHT] or module:func[:WEIGHT])")
+    return (
+        f"reward {name!r}: weight {tail!r} is not a number, and {head!r} is neither a reward scheme "
+        f"({schemes}) nor an importable module (use NAME[:WEIGHT], SCHEME:ARGUMENT[:WEIGHT], "
+        "path/file.py:func[:WEIGHT] or module:func[:WEIGHT])"
+    )
 
 
 def _importable(module: str) -> bool:

@@ -39,9 +39,15 @@ from agentrl.trajectory import Trajectory
 RewardFn = Callable[..., list[float | StepRewards | None]]
 
 
-def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, float]],
-          env_weight: float, nonfinite: dict[str, int] | None = None, *, guard: CallGuard | None = None,
-          errors: dict[str, int] | None = None) -> tuple[list[float], dict[str, np.ndarray]]:
+def score(
+    trajectories: list[Trajectory],
+    reward_fns: dict[str, tuple[RewardFn, float]],
+    env_weight: float,
+    nonfinite: dict[str, int] | None = None,
+    *,
+    guard: CallGuard | None = None,
+    errors: dict[str, int] | None = None,
+) -> tuple[list[float], dict[str, np.ndarray]]:
     """Total reward per trajectory and each component's raw values (NaN = not scored).
 
     total = env_weight * env_return + sum(weight * reward) over the scored components; a
@@ -72,8 +78,9 @@ def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, 
         lost = np.zeros(len(trajectories), dtype=bool)
         steps[name] = {}
         if healthy:
-            values[~broken], lost[~broken], counts[name] = _call(name, fn, healthy, np.flatnonzero(~broken), guard,
-                                                                 steps[name])
+            values[~broken], lost[~broken], counts[name] = _call(
+                name, fn, healthy, np.flatnonzero(~broken), guard, steps[name]
+            )
         else:
             counts[name] = 0
         if errors is not None:
@@ -84,15 +91,19 @@ def score(trajectories: list[Trajectory], reward_fns: dict[str, tuple[RewardFn, 
         values[~np.isfinite(values)] = np.nan
         _check_magnitude(name, values, weights[name], trajectories)
         if counts[name]:
-            warnings.warn(f"reward {name!r} gave {counts[name]} non-finite value(s) (inf or NaN); they count "
-                          "as not scored", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"reward {name!r} gave {counts[name]} non-finite value(s) (inf or NaN); they count as not scored",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     for values in components.values():
         values[failed] = np.nan
     if nonfinite is not None:
         nonfinite.update(counts)
     # A component weighted 0 (e.g. env_reward_weight: 0) does not make an episode scored.
-    stacked = np.stack([components[n] * weights[n] for n in components if weights[n] != 0]
-                       or [np.full(len(trajectories), np.nan)])  # (C, N)
+    stacked = np.stack(
+        [components[n] * weights[n] for n in components if weights[n] != 0] or [np.full(len(trajectories), np.nan)]
+    )  # (C, N)
     scored = ~np.isnan(stacked)
     totals = np.where(scored.any(axis=0), np.nansum(stacked, axis=0), np.nan)
     if any(steps.values()):
@@ -111,12 +122,20 @@ def popped_metrics(reward_fns: dict[str, tuple[RewardFn, float]]) -> dict[str, f
     return out
 
 
-def _attach_steps(trajectories: list[Trajectory], components: dict[str, np.ndarray], weights: dict[str, float],
-                  steps: dict[str, dict[int, StepRewards]], totals: np.ndarray) -> None:
+def _attach_steps(
+    trajectories: list[Trajectory],
+    components: dict[str, np.ndarray],
+    weights: dict[str, float],
+    steps: dict[str, dict[int, StepRewards]],
+    totals: np.ndarray,
+) -> None:
     """Each scored trajectory's weighted step rewards (:func:`agentrl.rewards.process.merge_steps`)."""
     for i, trajectory in enumerate(trajectories):
-        parts = [(name, steps.get(name, {}).get(i, float(values[i])), weights[name])
-                 for name, values in components.items() if weights[name] != 0 and not np.isnan(values[i])]
+        parts = [
+            (name, steps.get(name, {}).get(i, float(values[i])), weights[name])
+            for name, values in components.items()
+            if weights[name] != 0 and not np.isnan(values[i])
+        ]
         trajectory.step_rewards = None if np.isnan(totals[i]) else merge_steps(trajectory, parts)
 
 
@@ -130,13 +149,21 @@ def _check_magnitude(name: str, values: np.ndarray, weight: float, trajectories:
     i = int(beyond[0])
     what = "the env returned" if name == "env" else f"reward function {name!r} returned"
     scaled = "" if weight == 1 else f" (x {'env_reward_weight' if name == 'env' else 'weight'} {weight:g})"
-    raise RewardError(f"{what} {values[i]:g}{scaled} for {sample_label(i, trajectories[i].task)}: weighted "
-                      f"rewards must be within ±{MAX_ABS_REWARD:g} (training runs in float32; larger values "
-                      f"overflow the reward statistics and the loss): rescale it")
+    raise RewardError(
+        f"{what} {values[i]:g}{scaled} for {sample_label(i, trajectories[i].task)}: weighted "
+        f"rewards must be within ±{MAX_ABS_REWARD:g} (training runs in float32; larger values "
+        f"overflow the reward statistics and the loss): rescale it"
+    )
 
 
-def _call(name: str, fn: RewardFn, trajectories: list[Trajectory], indices: np.ndarray,
-          guard: CallGuard, steps: dict[int, StepRewards]) -> tuple[np.ndarray, np.ndarray, int]:
+def _call(
+    name: str,
+    fn: RewardFn,
+    trajectories: list[Trajectory],
+    indices: np.ndarray,
+    guard: CallGuard,
+    steps: dict[int, StepRewards],
+) -> tuple[np.ndarray, np.ndarray, int]:
     """``fn``'s values as floats (None -> NaN), which samples it failed on ``(n,)``, and how many
     values were inf, -inf or NaN. ``indices``: the trajectories' positions in the batch;
     ``steps`` receives the :class:`StepRewards` it returned by position."""
@@ -150,8 +177,15 @@ def _call(name: str, fn: RewardFn, trajectories: list[Trajectory], indices: np.n
     return values, np.zeros(len(trajectories), dtype=bool), nonfinite
 
 
-def _isolate(name: str, fn: RewardFn, trajectories: list[Trajectory], indices: np.ndarray,
-             guard: CallGuard, exc: Exception, steps: dict[int, StepRewards]) -> tuple[np.ndarray, np.ndarray, int]:
+def _isolate(
+    name: str,
+    fn: RewardFn,
+    trajectories: list[Trajectory],
+    indices: np.ndarray,
+    guard: CallGuard,
+    exc: Exception,
+    steps: dict[int, StepRewards],
+) -> tuple[np.ndarray, np.ndarray, int]:
     """After a batch call failed with ``exc``: retry one trajectory at a time (not after a timeout),
     then raise (``fail``) or warn once and mark the failed samples (``skip``)."""
     n = len(trajectories)
@@ -173,20 +207,28 @@ def _isolate(name: str, fn: RewardFn, trajectories: list[Trajectory], indices: n
                 break
             lost[i] = True
             continue
-        one, bad = _parse(name, raw, indices[i:i + 1], steps)
+        one, bad = _parse(name, raw, indices[i : i + 1], steps)
         values[i], nonfinite = one[0], nonfinite + bad
     if first is None:  # every sample scored alone: the failure needs the whole batch
         values[:], lost[:], nonfinite, first = np.nan, True, 0, (None, exc)
     index, error = first
     verb = "timed out" if isinstance(error, CallTimeout) else "raised"
-    where = (f"{sample_label(int(indices[index]), trajectories[index].task)}" if index is not None else
-             f"the batch of {n} samples ({sample_label(int(indices[0]), trajectories[0].task)} first)")
+    where = (
+        f"{sample_label(int(indices[index]), trajectories[index].task)}"
+        if index is not None
+        else f"the batch of {n} samples ({sample_label(int(indices[0]), trajectories[0].task)} first)"
+    )
     what = f"reward function {name!r} {verb} on {where}: {one_line(error)}"
     if not guard.skips:
-        raise RewardError(f"{what} (on_call_error=fail; with 'skip' the sample would be left unscored and "
-                          f"counted in errors/reward/{name})") from error
-    guard.warn_once(f"reward:{name}", f"{what}; the samples it fails on are left unscored (on_call_error=skip) "
-                    f"and counted in errors/reward/{name}; later failures are not warned about")
+        raise RewardError(
+            f"{what} (on_call_error=fail; with 'skip' the sample would be left unscored and "
+            f"counted in errors/reward/{name})"
+        ) from error
+    guard.warn_once(
+        f"reward:{name}",
+        f"{what}; the samples it fails on are left unscored (on_call_error=skip) "
+        f"and counted in errors/reward/{name}; later failures are not warned about",
+    )
     return values, lost, nonfinite
 
 
@@ -197,7 +239,9 @@ def _parse(name: str, values: Any, indices: np.ndarray, steps: dict[int, StepRew
     n = len(indices)
     if not isinstance(values, (list, tuple)) or len(values) != n:
         got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-        raise RewardError(f"reward function {name!r} must return one float, StepRewards or None per trajectory ({n}), got {got}")
+        raise RewardError(
+            f"reward function {name!r} must return one float, StepRewards or None per trajectory ({n}), got {got}"
+        )
     out = np.empty(n, dtype=np.float64)
     nonfinite = 0
     for i, value in enumerate(values):
@@ -209,6 +253,8 @@ def _parse(name: str, values: Any, indices: np.ndarray, steps: dict[int, StepRew
             out[i] = float(value)
             nonfinite += not math.isfinite(out[i])
         else:
-            raise RewardError(f"reward function {name!r} returned {value!r} for sample {int(indices[i])}: "
-                              "expected float, StepRewards or None")
+            raise RewardError(
+                f"reward function {name!r} returned {value!r} for sample {int(indices[i])}: "
+                "expected float, StepRewards or None"
+            )
     return out, nonfinite

@@ -28,9 +28,11 @@ from agentrl.rewards.scoring import RewardFn
 from agentrl.trajectory import Trajectory
 
 COMPLETION_FORMATS = ("conversational", "plain")
-SIGNATURES = ("fn(trajectories) -> list[float | None] (agentrl: whole episodes)",
-              "fn(completions, **kwargs) or fn(prompts, completions, **kwargs) (TRL: task columns as "
-              "keyword arguments; sync or async)")
+SIGNATURES = (
+    "fn(trajectories) -> list[float | None] (agentrl: whole episodes)",
+    "fn(completions, **kwargs) or fn(prompts, completions, **kwargs) (TRL: task columns as "
+    "keyword arguments; sync or async)",
+)
 _PROVIDED = ("prompts", "completions", "completion_ids")
 
 
@@ -44,8 +46,9 @@ def reward_style(fn: Callable[..., Any], name: str) -> str:
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        raise RewardError(f"reward {name!r} is not a function ({type(fn).__name__}); accepted: "
-                          + "; ".join(SIGNATURES)) from None
+        raise RewardError(
+            f"reward {name!r} is not a function ({type(fn).__name__}); accepted: " + "; ".join(SIGNATURES)
+        ) from None
     if "trajectories" in params:
         return "agentrl"
     if "completions" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -63,7 +66,8 @@ def check_trl_parameters(fn: Callable[..., Any], name: str, columns: Sequence[st
         if param.name not in available:
             raise RewardError(
                 f"reward {name!r} needs an argument {param.name!r} that this env's tasks do not have; "
-                f"available: {', '.join(sorted(available))}")
+                f"available: {', '.join(sorted(available))}"
+            )
 
 
 class TRLReward:
@@ -81,8 +85,9 @@ class TRLReward:
         kwargs: dict[str, Any] = {
             "prompts": [self._prompt(t) for t in trajectories],
             "completions": [self._completion(t) for t in trajectories],
-            "completion_ids": [[tok for turn in t.turns for tok in t.token_ids[turn.start:turn.end]]
-                               for t in trajectories],
+            "completion_ids": [
+                [tok for turn in t.turns for tok in t.token_ids[turn.start : turn.end]] for t in trajectories
+            ],
         }
         for column in dict.fromkeys(key for t in trajectories for key in t.task):
             if column not in kwargs:
@@ -95,7 +100,7 @@ class TRLReward:
         return list(result) if not isinstance(result, list) and hasattr(result, "__iter__") else result
 
     def _prompt(self, trajectory: Trajectory) -> Any:
-        opening = trajectory.messages[:_completion_start(trajectory)]
+        opening = trajectory.messages[: _completion_start(trajectory)]
         if self.completion_format == "conversational":
             return opening
         users = [m for m in opening if m.get("role") == "user"]
@@ -105,7 +110,7 @@ class TRLReward:
         if self.completion_format == "conversational":
             # An episode with no reply (the prompt filled the budget) gets one empty assistant
             # message, as TRL gives an empty completion: ``completion[-1]["content"]`` stays valid.
-            return trajectory.messages[_completion_start(trajectory):] or [{"role": "assistant", "content": ""}]
+            return trajectory.messages[_completion_start(trajectory) :] or [{"role": "assistant", "content": ""}]
         return trajectory.completion_text
 
 
@@ -125,6 +130,7 @@ def _completion_start(trajectory: Trajectory) -> int:
 
 def _await(awaitable: Any) -> Any:
     """Run an async reward's coroutine to completion (in a worker thread if a loop is running)."""
+
     async def wrapped() -> Any:
         return await awaitable
 
@@ -151,8 +157,13 @@ def find_reward(name: str, registry: Any) -> tuple[Callable[..., Any], str]:
     return fn, reward_style(fn, name)
 
 
-def load_reward(name: str, registry: Any, columns: Sequence[str], completion_format: str = "conversational",
-                context: RewardContext | None = None) -> RewardFn:
+def load_reward(
+    name: str,
+    registry: Any,
+    columns: Sequence[str],
+    completion_format: str = "conversational",
+    context: RewardContext | None = None,
+) -> RewardFn:
     """The callable for reward ``name`` (registered name, import spec or ``SCHEME:ARGUMENT``, whose
     factory gets ``context``), adapted to the agentrl signature and checked against the env's task
     ``columns``."""
@@ -174,8 +185,9 @@ def reward_label(name: str, taken: Sequence[str] = (), scheme: str | None = None
     return label if label not in taken else name
 
 
-def resolve_rewards(config: Any, registry: Any, env: Any,
-                    context: RewardContext | None = None) -> dict[str, tuple[RewardFn, float]]:
+def resolve_rewards(
+    config: Any, registry: Any, env: Any, context: RewardContext | None = None
+) -> dict[str, tuple[RewardFn, float]]:
     """The run's reward functions with weights by label: ``config.rewards``, else the env's
     ``default_rewards``. A ``SCHEME:ARGUMENT`` reward is built with ``context`` (default: the
     config's settings sections on the CPU; its ``columns`` are filled in from the env)."""

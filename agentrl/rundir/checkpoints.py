@@ -113,18 +113,28 @@ def _write_failure(run_dir: Path, final: Path, error: OSError) -> str:
     """One line: which checkpoint, the cause and path, what is still intact, what to do."""
     cause = (error.strerror or str(error)).lower()
     where = error.filename or final.parent
-    fix = {errno.ENOSPC: "free disk space", errno.EDQUOT: "free disk space (quota)", errno.EROFS: "make it writable",
-           errno.EACCES: "make it writable", errno.EPERM: "make it writable"}.get(error.errno or 0, "fix that")
+    fix = {
+        errno.ENOSPC: "free disk space",
+        errno.EDQUOT: "free disk space (quota)",
+        errno.EROFS: "make it writable",
+        errno.EACCES: "make it writable",
+        errno.EPERM: "make it writable",
+    }.get(error.errno or 0, "fix that")
     previous = complete_checkpoints(run_dir)
     kept = f"checkpoint {previous[-1].name} is intact" if previous else "there is no earlier checkpoint"
-    return (f"could not write checkpoint {final.name}: {cause} ({where}); its temporary folder was removed and "
-            f"{kept}: {fix}, then continue with `agentrl train --resume {run_dir}`")
+    return (
+        f"could not write checkpoint {final.name}: {cause} ({where}); its temporary folder was removed and "
+        f"{kept}: {fix}, then continue with `agentrl train --resume {run_dir}`"
+    )
 
 
 def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
     """Every file under ``folder`` (relative posix path) with its size and sha256."""
-    return {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _sha256(path: Path) -> str:
@@ -158,8 +168,10 @@ def latest_checkpoint(run_dir: Path) -> Path:
         raise ConfigError(f"--resume {str(run_dir)!r}: not a run dir (no config.yaml)")
     found = complete_checkpoints(run_dir)
     if not found:
-        raise ConfigError(f"--resume {str(run_dir)!r}: the run has no complete checkpoint under {CHECKPOINTS}/ "
-                          "(checkpoint_every was 0, or it stopped before its first checkpoint): start it again")
+        raise ConfigError(
+            f"--resume {str(run_dir)!r}: the run has no complete checkpoint under {CHECKPOINTS}/ "
+            "(checkpoint_every was 0, or it stopped before its first checkpoint): start it again"
+        )
     return found[-1]
 
 
@@ -178,13 +190,17 @@ def intact_checkpoint(run_dir: Path, say: Callable[[str], None] = say) -> Path:
         problem = damage(run_dir, folder)
         if problem is None:
             for name, line in problems:
-                say(f"note: checkpoint {name} is damaged: {line}; resuming from {folder.name}, the newest intact one "
-                    f"({name} is moved to {CHECKPOINTS}/damaged-{name})")
+                say(
+                    f"note: checkpoint {name} is damaged: {line}; resuming from {folder.name}, the newest intact one "
+                    f"({name} is moved to {CHECKPOINTS}/damaged-{name})"
+                )
             return folder
         problems.append((folder.name, problem))
     found = "; ".join(f"{name}: {line}" for name, line in problems)
-    raise CheckpointError(f"--resume {str(run_dir)!r}: no intact checkpoint ({found}): nothing can be resumed; "
-                          "train the run again with another --output-dir")
+    raise CheckpointError(
+        f"--resume {str(run_dir)!r}: no intact checkpoint ({found}): nothing can be resumed; "
+        "train the run again with another --output-dir"
+    )
 
 
 def damage(run_dir: Path, folder: Path) -> str | None:
@@ -200,8 +216,10 @@ def damage(run_dir: Path, folder: Path) -> str | None:
     checks = [(name, folder / name, want) for name, want in manifest["files"].items()]
     moved = manifest.get("weights_in")
     if moved:
-        checks += [(f"{moved['folder']}/{name} (the run's export)", run_dir / moved["folder"] / name, want)
-                   for name, want in moved["files"].items()]
+        checks += [
+            (f"{moved['folder']}/{name} (the run's export)", run_dir / moved["folder"] / name, want)
+            for name, want in moved["files"].items()
+        ]
     for name, path, want in checks:
         if not path.is_file():
             return f"{name} is missing"
@@ -227,8 +245,9 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
         files = data["files"]
         weights = data.get("weights_in") or {"folder": WEIGHTS, "files": {}}
         entries = [*files.values(), *weights["files"].values()]
-        ok = data["format"] == FORMAT and all(isinstance(e["size"], int) and isinstance(e["sha256"], str)
-                                              for e in entries)
+        ok = data["format"] == FORMAT and all(
+            isinstance(e["size"], int) and isinstance(e["sha256"], str) for e in entries
+        )
     except (ValueError, KeyError, TypeError, AttributeError):
         ok = False
     if not ok:
@@ -294,11 +313,20 @@ def read_checkpoint(folder: Path) -> Saved:
         extra = from_json(read_json(folder / EXTRA))
         optim = load_tensors(folder / OPTIMIZERS) if OPTIMIZERS in manifest["files"] else {}
         schedules = extra["schedules"]
-        return Saved(trainer, modules, {name: optim.get(name) for name in schedules}, schedules,
-                     extra["processes"], extra["algorithm"], extra["plugins"])
+        return Saved(
+            trainer,
+            modules,
+            {name: optim.get(name) for name in schedules},
+            schedules,
+            extra["processes"],
+            extra["algorithm"],
+            extra["plugins"],
+        )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {str(folder)!r} lacks what a resume needs ({one_line(exc)}): "
-                              "resume from another checkpoint or start the run again") from None
+        raise CheckpointError(
+            f"checkpoint {str(folder)!r} lacks what a resume needs ({one_line(exc)}): "
+            "resume from another checkpoint or start the run again"
+        ) from None
 
 
 def _read_legacy(folder: Path, trainer: dict[str, Any], modules: dict[str, Any]) -> Saved:
@@ -308,9 +336,15 @@ def _read_legacy(folder: Path, trainer: dict[str, Any], modules: dict[str, Any])
     reconstruct = np.zeros(1).__reduce__()[0]  # numpy's array rebuild function (its module moved in numpy 2)
     extra = load_tensors(folder / _LEGACY_EXTRA, allow=[reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))])
     processes = extra.get("processes") or [{"rng": extra["rng"], "engine": extra["engine"]}]
-    return Saved(trainer, modules, {name: state for name, (state, _) in pairs.items()},
-                 {name: schedule for name, (_, schedule) in pairs.items()}, processes, extra["algorithm"],
-                 extra["plugins"])
+    return Saved(
+        trainer,
+        modules,
+        {name: state for name, (state, _) in pairs.items()},
+        {name: schedule for name, (_, schedule) in pairs.items()},
+        processes,
+        extra["algorithm"],
+        extra["plugins"],
+    )
 
 
 def read_json(path: Path) -> Any:
@@ -332,8 +366,10 @@ def weights_folder(run_dir: Path, folder: Path) -> Path:
     else:  # an earlier agentrl named it in the trainer state
         name = read_json(folder / STATE).get("weights_in")
     if name is None or not (run_dir / name).is_dir():
-        raise ConfigError(f"checkpoint {str(folder)!r} holds no weights and the run's {name or WEIGHTS}/ folder they "
-                          f"were left in is missing from {str(run_dir)!r}: start the run again")
+        raise ConfigError(
+            f"checkpoint {str(folder)!r} holds no weights and the run's {name or WEIGHTS}/ folder they "
+            f"were left in is missing from {str(run_dir)!r}: start the run again"
+        )
     return run_dir / name
 
 
@@ -370,9 +406,14 @@ def slim_finished(run_dir: Path, folder: Path, weights_in: str | None) -> None:
     if moved:
         inside = f"{WEIGHTS}/"
         slim["files"] = {name: entry for name, entry in files.items() if not name.startswith(inside)}
-        slim["weights_in"] = {"folder": weights_in, "files": {
-            name.removeprefix(inside): entry for name, entry in files.items()
-            if name.startswith(inside) and name.endswith(".safetensors")}}
+        slim["weights_in"] = {
+            "folder": weights_in,
+            "files": {
+                name.removeprefix(inside): entry
+                for name, entry in files.items()
+                if name.startswith(inside) and name.endswith(".safetensors")
+            },
+        }
     _replace(folder / COMPLETE, lambda tmp: tmp.write_text(json.dumps(slim, indent=1)))
     (folder / OPTIMIZERS).unlink(missing_ok=True)
     if moved:
@@ -393,5 +434,8 @@ def _replace(path: Path, write: Callable[[Path], None]) -> None:
 def _same_weights(a: Path, b: Path) -> bool:
     """Whether folders ``a`` and ``b`` hold the same ``*.safetensors`` files, byte for byte."""
     names = sorted(p.name for p in a.glob("*.safetensors"))
-    return (bool(names) and names == sorted(p.name for p in b.glob("*.safetensors"))
-            and all(filecmp.cmp(a / n, b / n, shallow=False) for n in names))
+    return (
+        bool(names)
+        and names == sorted(p.name for p in b.glob("*.safetensors"))
+        and all(filecmp.cmp(a / n, b / n, shallow=False) for n in names)
+    )

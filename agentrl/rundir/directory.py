@@ -16,12 +16,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agentrl.rundir import checkpoints as ckpt
 from agentrl.config.train import TrainConfig, build_config, load_yaml
 from agentrl.errors import ConfigError
+from agentrl.rundir import checkpoints as ckpt
+from agentrl.rundir.lock import LOCK_FILE
 from agentrl.rundir.metrics import read_rows
 from agentrl.rundir.paths import folder_problem
-from agentrl.rundir.lock import LOCK_FILE
 
 
 def run_dir_for(config: TrainConfig) -> Path:
@@ -36,11 +36,15 @@ def refuse_existing_run(run_dir: Path) -> None:
         raise ConfigError(f"output_dir {str(run_dir)!r} is a file, not a directory: pick another --output-dir")
     held = [name for name in ("metrics.jsonl", ckpt.CHECKPOINTS, "model") if (run_dir / name).exists()]
     if held and _finished_without_checkpoint(run_dir):
-        raise ConfigError(f"output_dir {str(run_dir)!r} already holds a finished run ({', '.join(held)}) with no "
-                          "checkpoint to continue from (checkpoint_every: 0): pick another --output-dir")
+        raise ConfigError(
+            f"output_dir {str(run_dir)!r} already holds a finished run ({', '.join(held)}) with no "
+            "checkpoint to continue from (checkpoint_every: 0): pick another --output-dir"
+        )
     if held:  # --resume continues it, or starts it over when it stopped before its first checkpoint
-        raise ConfigError(f"output_dir {str(run_dir)!r} already holds a run ({', '.join(held)}): continue it with "
-                          f"`agentrl train --resume {run_dir}`, or pick another --output-dir")
+        raise ConfigError(
+            f"output_dir {str(run_dir)!r} already holds a run ({', '.join(held)}): continue it with "
+            f"`agentrl train --resume {run_dir}`, or pick another --output-dir"
+        )
 
 
 def _finished_without_checkpoint(run_dir: Path) -> bool:
@@ -57,8 +61,10 @@ def start_over_config(run_dir: str | Path, max_steps: int | None = None) -> Trai
     if not (run_dir / "config.yaml").is_file() or ckpt.complete_checkpoints(run_dir):
         return None
     if _finished_without_checkpoint(run_dir):
-        raise ConfigError(f"--resume {str(run_dir)!r}: the run finished without a checkpoint (checkpoint_every: 0), "
-                          "so there is nothing to continue: train a new run with another --output-dir")
+        raise ConfigError(
+            f"--resume {str(run_dir)!r}: the run finished without a checkpoint (checkpoint_every: 0), "
+            "so there is nothing to continue: train a new run with another --output-dir"
+        )
     data = load_yaml((run_dir / "config.yaml").read_text(), where=str(run_dir / "config.yaml"))
     if not isinstance(data, dict):
         raise ConfigError(f"--resume {str(run_dir)!r}: config.yaml does not hold a mapping")
@@ -89,8 +95,9 @@ def set_aside_unfinished(run_dir: Path) -> Path | None:
     return folder
 
 
-def resume_config(run_dir: str | Path, max_steps: int | None = None,
-                  say: Callable[[str], None] = ckpt.say) -> tuple[Any, Path]:
+def resume_config(
+    run_dir: str | Path, max_steps: int | None = None, say: Callable[[str], None] = ckpt.say
+) -> tuple[Any, Path]:
     """The config a run dir was started with (``max_steps`` may be raised to train longer) and its
     newest intact checkpoint (``say``: the notes on damaged newer ones); a ConfigError when the
     two disagree, the run dir cannot be written, or nothing can be resumed."""
@@ -112,11 +119,14 @@ def resume_config(run_dir: str | Path, max_steps: int | None = None,
     now = {k: v for k, v in config.to_dict().items() if k not in ("output_dir", "max_steps")}
     changed = sorted(k for k in stored.keys() | now.keys() if stored.get(k) != now.get(k))
     if changed:
-        raise ConfigError(f"--resume {str(run_dir)!r}: config.yaml differs from the checkpoint's config in "
-                          f"{', '.join(changed)}; a resumed run keeps its config (only --max-steps may change)")
+        raise ConfigError(
+            f"--resume {str(run_dir)!r}: config.yaml differs from the checkpoint's config in "
+            f"{', '.join(changed)}; a resumed run keeps its config (only --max-steps may change)"
+        )
     if config.max_steps < saved["step"]:
-        raise ConfigError(f"--resume {str(run_dir)!r}: max_steps {config.max_steps} is below the checkpoint's "
-                          f"step {saved['step']}")
+        raise ConfigError(
+            f"--resume {str(run_dir)!r}: max_steps {config.max_steps} is below the checkpoint's step {saved['step']}"
+        )
     return config, folder
 
 
@@ -131,7 +141,6 @@ def _log_problem(run_dir: Path) -> str | None:
         except OSError as exc:
             return f"{str(path)!r} is not writable ({exc.strerror or exc})"
     return None
-
 
 
 def truncate(path: Path, size: int) -> str | None:
@@ -151,8 +160,10 @@ def truncate(path: Path, size: int) -> str | None:
         with path.open("r+b") as f:
             f.truncate(whole)
         torn = f"; its torn last line ({len(data) - whole} bytes) was dropped"
-    return (f"{path} is {have} bytes, shorter than the {size} the checkpoint recorded: lines written before the "
-            f"checkpoint were lost{torn}; the run appends to what is left")
+    return (
+        f"{path} is {have} bytes, shorter than the {size} the checkpoint recorded: lines written before the "
+        f"checkpoint were lost{torn}; the run appends to what is left"
+    )
 
 
 def file_size(path: Path) -> int:
@@ -160,17 +171,28 @@ def file_size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
-
 def read_history(path: Path) -> list[dict[str, float]]:
     """The per-step metrics rows already in ``metrics.jsonl`` (a resumed run's earlier steps)."""
-    return [{k: v for k, v in row.items() if k != "step"} for row in read_rows(path)
-            if not any(k.startswith("final/") for k in row)]
-
+    return [
+        {k: v for k, v in row.items() if k != "step"}
+        for row in read_rows(path)
+        if not any(k.startswith("final/") for k in row)
+    ]
 
 
 def log_completions(run_dir: Path, step: int, trajectories: list[Any], rewards: list[float]) -> None:
     """Append the step's episodes (messages, reward, answer) to ``completions.jsonl``."""
     with (run_dir / "completions.jsonl").open("a") as f:
         for traj, reward in zip(trajectories, rewards):
-            f.write(json.dumps({"step": step, "group": traj.group, "reward": reward,
-                                "answer": traj.task.get("answer"), "messages": traj.messages}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "group": traj.group,
+                        "reward": reward,
+                        "answer": traj.task.get("answer"),
+                        "messages": traj.messages,
+                    }
+                )
+                + "\n"
+            )

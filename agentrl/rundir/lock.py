@@ -70,8 +70,10 @@ class RunLock:
             fd, locked = self._open_locked()
         except OSError as exc:
             self._remove_created_dir()
-            raise ConfigError(f"cannot write the run dir's lock file {str(self.path)!r} ({exc.strerror or exc}): "
-                              "the run dir must be writable to train in it") from None
+            raise ConfigError(
+                f"cannot write the run dir's lock file {str(self.path)!r} ({exc.strerror or exc}): "
+                "the run dir must be writable to train in it"
+            ) from None
         try:
             self.note = self._take_over(read_holder(self.path), locked)
             me = Holder(os.getpid(), socket.gethostname(), datetime.now().isoformat(timespec="seconds"))
@@ -129,7 +131,8 @@ class RunLock:
         if previous.host != socket.gethostname():
             raise RunDirBusyError(
                 f"run dir {str(self.run_dir)!r} is locked by {previous}, which cannot be checked from host "
-                f"{socket.gethostname()}: if that run no longer runs, delete {str(self.path)!r} and start again")
+                f"{socket.gethostname()}: if that run no longer runs, delete {str(self.path)!r} and start again"
+            )
         alive = _alive(previous.pid)
         if alive and not locked:
             raise self._busy(previous)
@@ -141,8 +144,10 @@ class RunLock:
             who, stop = "another process (it has not written its pid yet)", "it"
         else:
             who, stop = str(holder), f"it (`kill -TERM {holder.pid}` saves and stops it)"
-        return RunDirBusyError(f"run dir {str(self.run_dir)!r} is in use: {who} trains in it ({self.path}); "
-                               f"wait for {stop}, or train into another --output-dir")
+        return RunDirBusyError(
+            f"run dir {str(self.run_dir)!r} is in use: {who} trains in it ({self.path}); "
+            f"wait for {stop}, or train into another --output-dir"
+        )
 
     def _remove_created_dir(self) -> None:
         if self._created:

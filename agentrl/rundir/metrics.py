@@ -44,9 +44,11 @@ class MetricsWriter:
             with contextlib.suppress(OSError):
                 os.truncate(self.path, size)  # no torn line left behind (a resume would drop it anyway)
             cause = (exc.strerror or str(exc)).lower()
-            raise TrainingError(f"could not write step {step} to {self.path}: {cause}; the steps before it are there "
-                                f"and in the newest checkpoint: fix that, then `agentrl train --resume "
-                                f"{self.path.parent}`") from None
+            raise TrainingError(
+                f"could not write step {step} to {self.path}: {cause}; the steps before it are there "
+                f"and in the newest checkpoint: fix that, then `agentrl train --resume "
+                f"{self.path.parent}`"
+            ) from None
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):

@@ -36,10 +36,23 @@ PANELS = (
     Panel("held-out accuracy", ("eval/accuracy", "eval/accuracy_sampled")),
     Panel("sampled tokens", ("rollout/sampled_tokens_mean",)),
     Panel("policy", ("policy/entropy", "kl", "clip/region")),
-    Panel("critic (PPO)", ("loss/value",), right=("critic/explained_variance",), optional=True,
-          undefined="explained variance undefined:\nthe returns never varied"),
-    Panel("turns and tools", ("rollout/turns_mean", "rollout/tool_calls_mean", "rollout/tool_error_rate",
-                              "rollout/tool_success_frac", "eval/tool_success_frac")),
+    Panel(
+        "critic (PPO)",
+        ("loss/value",),
+        right=("critic/explained_variance",),
+        optional=True,
+        undefined="explained variance undefined:\nthe returns never varied",
+    ),
+    Panel(
+        "turns and tools",
+        (
+            "rollout/turns_mean",
+            "rollout/tool_calls_mean",
+            "rollout/tool_error_rate",
+            "rollout/tool_success_frac",
+            "eval/tool_success_frac",
+        ),
+    ),
     Panel("seconds per step", ("perf/step_seconds", "perf/rollout_seconds", "perf/update_seconds")),
 )
 
@@ -48,12 +61,15 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The rows of ``<run_dir>/metrics.jsonl``. A missing run dir or file, an empty file or a broken
     line is a ConfigError naming it; a torn last line (a run killed mid-write) is skipped with a warning."""
     if not run_dir.is_dir():
-        raise ConfigError(f"run dir {str(run_dir)!r} {'is a file' if run_dir.exists() else 'does not exist'}: "
-                          "expected the folder a training run wrote")
+        raise ConfigError(
+            f"run dir {str(run_dir)!r} {'is a file' if run_dir.exists() else 'does not exist'}: "
+            "expected the folder a training run wrote"
+        )
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        raise ConfigError(f"{str(path)!r} not found: is {str(run_dir)!r} a run dir? (a run writes it after its "
-                          "first step)")
+        raise ConfigError(
+            f"{str(path)!r} not found: is {str(run_dir)!r} a run dir? (a run writes it after its first step)"
+        )
     lines = [(n, line) for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]
     rows = []
     for n, line in lines:
@@ -81,8 +97,11 @@ def _read_evals(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         warnings.warn(f"{path} is unreadable ({exc}); plotting without it", stacklevel=2)
         return {}
-    return {k: v for k, v in data.items() if k in ("before", "after") and isinstance(v, dict)} if isinstance(
-        data, dict) else {}
+    return (
+        {k: v for k, v in data.items() if k in ("before", "after") and isinstance(v, dict)}
+        if isinstance(data, dict)
+        else {}
+    )
 
 
 def _is_number(value: Any) -> bool:
@@ -116,8 +135,11 @@ def run_figure(run_dir: str | Path) -> Figure:
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
     evals = _read_evals(run_dir / "eval.json")  # before training at step 0, after it at the last step
-    rows = [*([{**evals["before"], "step": 0}] if "before" in evals else []), *rows,
-            *([{**evals["after"], "step": rows[-1]["step"]}] if "after" in evals else [])]
+    rows = [
+        *([{**evals["before"], "step": 0}] if "before" in evals else []),
+        *rows,
+        *([{**evals["after"], "step": rows[-1]["step"]}] if "after" in evals else []),
+    ]
     logged = {k for r in rows for k, v in r.items() if _is_number(v)}
     null = {k for r in rows for k in r} - logged
     panels = [p for p in PANELS if not p.optional or logged & {*p.keys, *p.right}]
@@ -126,7 +148,7 @@ def run_figure(run_dir: str | Path) -> Figure:
         panels.append(Panel("env figures", env_keys))
     columns = max(3, math.ceil(len(panels) / 2))
     fig, axes = plt.subplots(2, columns, figsize=(5 * columns, 8))
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for ax, panel in zip(axes.flat, panels):
         lines = _draw(ax, rows, panel.keys, first_color=0)
@@ -143,8 +165,16 @@ def run_figure(run_dir: str | Path) -> Figure:
         if panel.undefined and null & {*panel.keys, *panel.right}:
             note = panel.undefined
         if note:
-            ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", color="dimgray",
-                    bbox={"facecolor": "white", "edgecolor": "lightgray"})
+            ax.text(
+                0.5,
+                0.5,
+                note,
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                color="dimgray",
+                bbox={"facecolor": "white", "edgecolor": "lightgray"},
+            )
     fig.suptitle(run_dir.name)
     fig.tight_layout()
     return fig
@@ -156,8 +186,9 @@ def _draw(ax: Any, rows: list[dict[str, Any]], keys: tuple[str, ...], first_colo
     for key in keys:
         points = [(r["step"], r[key]) for r in rows if _is_number(r.get(key))]
         if points:
-            lines += ax.plot(*zip(*points), marker="." if len(points) < 60 else None, label=key,
-                             color=f"C{first_color + len(lines)}")
+            lines += ax.plot(
+                *zip(*points), marker="." if len(points) < 60 else None, label=key, color=f"C{first_color + len(lines)}"
+            )
     return lines
 
 

@@ -47,12 +47,15 @@ def load_tensors(path: Path, allow: list[Any] | None = None) -> Any:
     except pickle.UnpicklingError as exc:
         named = re.search(r"GLOBAL (\S+)|got <class '([^']+)'>", str(exc))
         what = f" ({next(g for g in named.groups() if g)})" if named else ""
-        raise CheckpointError(f"{path} holds pickled objects beyond tensors and plain values{what}, which could run "
-                              "code when loaded: agentrl loads checkpoints with weights_only=True and refused it; "
-                              "resume from a checkpoint you trust, or start the run again") from None
+        raise CheckpointError(
+            f"{path} holds pickled objects beyond tensors and plain values{what}, which could run "
+            "code when loaded: agentrl loads checkpoints with weights_only=True and refused it; "
+            "resume from a checkpoint you trust, or start the run again"
+        ) from None
     except (OSError, RuntimeError, EOFError, ValueError) as exc:
-        raise CheckpointError(f"{path} is unreadable ({one_line(exc)}): resume from another checkpoint, or start "
-                              "the run again") from None
+        raise CheckpointError(
+            f"{path} is unreadable ({one_line(exc)}): resume from another checkpoint, or start the run again"
+        ) from None
 
 
 def to_json(value: Any, where: str) -> Any:
@@ -61,20 +64,27 @@ def to_json(value: Any, where: str) -> Any:
     CheckpointError naming where in ``where`` it is."""
     if isinstance(value, torch.Tensor):
         flat = value.detach().cpu().contiguous().reshape(-1)
-        return {_TENSOR: {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
-                          "data": base64.b64encode(flat.view(torch.uint8).numpy().tobytes()).decode("ascii")}}
+        return {
+            _TENSOR: {
+                "dtype": str(value.dtype).removeprefix("torch."),
+                "shape": list(value.shape),
+                "data": base64.b64encode(flat.view(torch.uint8).numpy().tobytes()).decode("ascii"),
+            }
+        }
     if isinstance(value, dict):
         for key in value:
             if not isinstance(key, str) or key == _TENSOR:
-                raise CheckpointError(f"{where}: key {key!r} cannot be stored in a checkpoint (string keys "
-                                      f"other than {_TENSOR!r} only)")
+                raise CheckpointError(
+                    f"{where}: key {key!r} cannot be stored in a checkpoint (string keys other than {_TENSOR!r} only)"
+                )
         return {key: to_json(item, f"{where}.{key}") for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_json(item, f"{where}[{i}]") for i, item in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise CheckpointError(f"{where}: a {type(value).__name__} cannot be stored in a checkpoint "
-                          "(JSON values and tensors only)")
+    raise CheckpointError(
+        f"{where}: a {type(value).__name__} cannot be stored in a checkpoint (JSON values and tensors only)"
+    )
 
 
 def from_json(value: Any) -> Any:

@@ -36,8 +36,9 @@ class ChatTokenizer:
             )
         self.tokenizer = tokenizer
 
-    def render(self, messages: list[Message], add_generation_prompt: bool,
-               tools: list[dict[str, Any]] | None = None) -> str:
+    def render(
+        self, messages: list[Message], add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None
+    ) -> str:
         """The template's text for ``messages`` (with ``tools=`` schemas when given)."""
         text = self.tokenizer.apply_chat_template(
             messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
@@ -47,9 +48,16 @@ class ChatTokenizer:
     @cached_property
     def renders_tools(self) -> bool:
         """Whether the template renders ``tools=`` (SmolLM2's ignores it; Qwen2.5's does not)."""
-        probe = [{"type": "function", "function": {
-            "name": "agentrl_probe_tool", "description": "probe",
-            "parameters": {"type": "object", "properties": {}, "required": []}}}]
+        probe = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "agentrl_probe_tool",
+                    "description": "probe",
+                    "parameters": {"type": "object", "properties": {}, "required": []},
+                },
+            }
+        ]
         messages = [{"role": "user", "content": "hi"}]
         return self.render(messages, True, tools=probe) != self.render(messages, True)
 
@@ -70,9 +78,15 @@ class ChatTokenizer:
         ids = sampled_ids[:-1] if stopped and sampled_ids else sampled_ids
         return self.decode(ids)
 
-    def delta_ids(self, history: list[Message], sampled_ids: list[int],
-                  assistant: Message, new_messages: list[Message],
-                  tools: list[dict[str, Any]] | None = None, stopped: bool = False) -> list[int]:
+    def delta_ids(
+        self,
+        history: list[Message],
+        sampled_ids: list[int],
+        assistant: Message,
+        new_messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        stopped: bool = False,
+    ) -> list[int]:
         """Ids the env adds after the model's turn: from just after the sampled tokens up to the
         next assistant header.
 
@@ -96,13 +110,13 @@ class ChatTokenizer:
             raise TemplateError(
                 "chat template is not prefix-preserving: rendering the conversation after the "
                 f"model's turn does not start with the tokens the model saw and sampled (first "
-                f"difference at character {where}: {after[where:where + 40]!r} vs "
-                f"{expected_prefix[where:where + 40]!r}). Use a template that only appends, or a "
+                f"difference at character {where}: {after[where : where + 40]!r} vs "
+                f"{expected_prefix[where : where + 40]!r}). Use a template that only appends, or a "
                 "single-turn env."
             )
-        delta = after[len(expected_prefix):]
+        delta = after[len(expected_prefix) :]
         if stop_text and delta.startswith(stop_text):
-            delta = delta[len(stop_text):]  # the sampled stop token already closes the turn
+            delta = delta[len(stop_text) :]  # the sampled stop token already closes the turn
         return self.encode(delta)
 
 

@@ -51,7 +51,9 @@ class SamplingParams:
         derived from the batch ``seed`` and the prompt's index; None when unseeded."""
         if self.prompt_seeds is not None:
             if len(self.prompt_seeds) != num_prompts:
-                raise EngineError(f"{len(self.prompt_seeds)} prompt_seeds for {num_prompts} prompts: give one per prompt")
+                raise EngineError(
+                    f"{len(self.prompt_seeds)} prompt_seeds for {num_prompts} prompts: give one per prompt"
+                )
             return [int(s) % 2**63 for s in self.prompt_seeds]
         if self.seed is None:
             return None
@@ -148,6 +150,8 @@ def stop_token_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
     ids = set(token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None)))
     ids |= set(token_ids(getattr(tokenizer, "eos_token_id", None)))
     if not ids:
-        raise EngineError("no stop token: neither the model's generation_config nor the tokenizer "
-                          "sets eos_token_id; set model.generation_config.eos_token_id")
+        raise EngineError(
+            "no stop token: neither the model's generation_config nor the tokenizer "
+            "sets eos_token_id; set model.generation_config.eos_token_id"
+        )
     return ids

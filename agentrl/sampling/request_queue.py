@@ -26,8 +26,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentrl.sampling.engine import Engine, Generation, SamplingParams
 from agentrl.errors import EngineError
+from agentrl.sampling.engine import Engine, Generation, SamplingParams
 
 
 @dataclass
@@ -150,8 +150,12 @@ class BatchingQueue(RequestQueue):
         """One ``engine.generate`` for ``requests`` (same temperature/top_p/top_k); every caller of
         the batch sees an engine failure."""
         seeds = [r.seed for r in requests]
-        sampling = replace(requests[0].sampling, max_new_tokens=max(r.sampling.max_new_tokens for r in requests),
-                           seed=None, prompt_seeds=None if None in seeds else tuple(seeds))
+        sampling = replace(
+            requests[0].sampling,
+            max_new_tokens=max(r.sampling.max_new_tokens for r in requests),
+            seed=None,
+            prompt_seeds=None if None in seeds else tuple(seeds),
+        )
         self.batches.append(len(requests))
         try:
             generations = self.engine.generate([r.prompt for r in requests], sampling)
@@ -186,5 +190,11 @@ def cut(generation: Generation, max_new_tokens: int) -> Generation:
         return generation
     kept = None if generation.kept_logmass is None else list(generation.kept_logmass[:max_new_tokens])
     versions = None if generation.token_versions is None else list(generation.token_versions[:max_new_tokens])
-    return Generation(list(generation.token_ids[:max_new_tokens]), "length",
-                      list(generation.logprobs[:max_new_tokens]), kept, generation.policy_version, versions)
+    return Generation(
+        list(generation.token_ids[:max_new_tokens]),
+        "length",
+        list(generation.logprobs[:max_new_tokens]),
+        kept,
+        generation.policy_version,
+        versions,
+    )

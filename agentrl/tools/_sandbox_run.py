@@ -23,8 +23,21 @@ if TYPE_CHECKING:
 
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _SPAWN = frozenset({"os.exec", "os.posix_spawn", "os.system", "subprocess.Popen"})
-_CHANGES = frozenset({"os.chdir", "os.chmod", "os.chown", "os.link", "os.mkdir", "os.remove",
-                      "os.rename", "os.rmdir", "os.symlink", "os.truncate", "os.utime"})
+_CHANGES = frozenset(
+    {
+        "os.chdir",
+        "os.chmod",
+        "os.chown",
+        "os.link",
+        "os.mkdir",
+        "os.remove",
+        "os.rename",
+        "os.rmdir",
+        "os.symlink",
+        "os.truncate",
+        "os.utime",
+    }
+)
 
 
 def inside(path: str | bytes, roots: Sequence[str]) -> bool:
@@ -33,8 +46,9 @@ def inside(path: str | bytes, roots: Sequence[str]) -> bool:
     return any(real == r or real.startswith(r + "/") for r in roots)
 
 
-def refused(event: str, args: tuple[Any, ...], groups: frozenset[str],
-            readable: tuple[str, ...], writable: tuple[str, ...]) -> bool:
+def refused(
+    event: str, args: tuple[Any, ...], groups: frozenset[str], readable: tuple[str, ...], writable: tuple[str, ...]
+) -> bool:
     """True if the audit ``event`` with ``args`` falls in one of the refused ``groups``."""
     path = args[0] if args and isinstance(args[0], (str, bytes)) else None
     if "files" in groups:
@@ -47,8 +61,7 @@ def refused(event: str, args: tuple[Any, ...], groups: frozenset[str],
             return path is None or not all(inside(p, writable[:1]) for p in paths)
         if event == "import" and args[0] in ("ctypes", "_ctypes", "_posixsubprocess"):
             return True
-    if "net" in groups and (event == "socket.__new__" and args[1] != 1
-                            or event.startswith("socket.get")):
+    if "net" in groups and (event == "socket.__new__" and args[1] != 1 or event.startswith("socket.get")):
         return True
     if "procs" in groups and event in ("os.fork", "os.forkpty"):
         return True

@@ -39,11 +39,14 @@ def syscall(libc: ctypes.CDLL, *args: Any) -> int:
     return libc.syscall(*[_L(a) if isinstance(a, int) else a for a in args])
 
 
-def mount(libc: ctypes.CDLL, src: str | None, dst: str, fstype: str | None, flags: int,
-          data: str | None = None) -> None:
+def mount(
+    libc: ctypes.CDLL, src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None
+) -> None:
     """mount(2); OSError naming ``dst`` if it fails."""
+
     def enc(s: str | None) -> bytes | None:
         return s.encode() if s else None
+
     if libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
         raise OSError(ctypes.get_errno(), "mount " + dst)
 
@@ -59,7 +62,7 @@ def landlock(libc: ctypes.CDLL, cfg: dict[str, Any], done: list[str]) -> bool:
     if abi < 1:
         return False
     fs = (1 << (13, 14, 15, 15, 16)[min(abi, 5) - 1]) - 1  # every filesystem right of this ABI
-    attr = struct.pack("QQQ", fs, 3, 3)[:(8, 8, 8, 16, 16, 24)[min(abi, 6) - 1]]
+    attr = struct.pack("QQQ", fs, 3, 3)[: (8, 8, 8, 16, 16, 24)[min(abi, 6) - 1]]
     ruleset = syscall(libc, 444, attr, len(attr), 0)
     if ruleset < 0:
         return False
@@ -82,8 +85,7 @@ def landlock(libc: ctypes.CDLL, cfg: dict[str, Any], done: list[str]) -> bool:
 
 def seccomp_program(machine: str) -> list[bytes] | None:
     """The BPF filter: setsid, setpgid, io_uring and non-AF_UNIX sockets fail (None: unknown arch)."""
-    arch = {"x86_64": (0xC000003E, 41, 112, 109, 425),
-            "aarch64": (0xC00000B7, 198, 157, 154, 425)}.get(machine)
+    arch = {"x86_64": (0xC000003E, 41, 112, 109, 425), "aarch64": (0xC00000B7, 198, 157, 154, 425)}.get(machine)
     if arch is None:
         return None
 
@@ -94,8 +96,14 @@ def seccomp_program(machine: str) -> list[bytes] | None:
         return op(6, 0x50000 | errno)
 
     allow = op(6, 0x7FFF0000)
-    prog = [op(0x20, 4), op(0x15, arch[0], 1), refuse(1),  # another ABI (i386): refuse everything
-            op(0x20, 0), op(0x35, 0x40000000, 0, 1), refuse(1)]  # x32 syscalls: refuse
+    prog = [
+        op(0x20, 4),
+        op(0x15, arch[0], 1),
+        refuse(1),  # another ABI (i386): refuse everything
+        op(0x20, 0),
+        op(0x35, 0x40000000, 0, 1),
+        refuse(1),
+    ]  # x32 syscalls: refuse
     for nr in arch[2:]:
         prog += [op(0x15, nr, 0, 1), refuse(1)]
     prog += [op(0x15, arch[1], 1), allow, op(0x20, 16), op(0x15, 1, 0, 1), allow, refuse(13)]
@@ -148,8 +156,9 @@ def private_mounts(libc: ctypes.CDLL, cfg: dict[str, Any], done: list[str]) -> b
                 mount(libc, None, p, None, 0x1000 | 0x20 | 1)  # MS_BIND | MS_REMOUNT | MS_RDONLY
                 os.close(fd)
             os.makedirs(scratch, exist_ok=True)
-            mount(libc, "tmpfs", scratch, "tmpfs", 2 | 4,
-                  "mode=700,uid=%d,gid=%d,size=%dm" % (uid, uid, cfg["disk_mb"]))
+            mount(
+                libc, "tmpfs", scratch, "tmpfs", 2 | 4, "mode=700,uid=%d,gid=%d,size=%dm" % (uid, uid, cfg["disk_mb"])
+            )
             done.append("fs")
     except OSError as exc:
         if changed:
@@ -226,8 +235,15 @@ def restrict(libc: ctypes.CDLL, cfg: dict[str, Any], done: list[str], mine: int)
 
 def audit_groups(done: list[str]) -> list[str]:
     """What the code's audit hook must refuse: each group no stronger applied layer covers."""
-    return [name for name, stronger in (("files", {"landlock"}), ("net", {"net", "seccomp"}),
-                                        ("procs", {"pid", "seccomp", "uid"})) if not stronger & set(done)]
+    return [
+        name
+        for name, stronger in (
+            ("files", {"landlock"}),
+            ("net", {"net", "seccomp"}),
+            ("procs", {"pid", "seccomp", "uid"}),
+        )
+        if not stronger & set(done)
+    ]
 
 
 def main(cfg: dict[str, Any]) -> None:
@@ -248,8 +264,18 @@ def main(cfg: dict[str, Any]) -> None:
     report(cfg, done)
     os.set_inheritable(cfg["status_fd"], False)  # closed by the exec: end of the status
     try:
-        os.execv(cfg["python"], [cfg["python"], "-I", "-S", "-B", "-c", cfg["run"],
-                                 json.dumps([guard, readable, [cfg["scratch"]] + cfg["devices"]])])
+        os.execv(
+            cfg["python"],
+            [
+                cfg["python"],
+                "-I",
+                "-S",
+                "-B",
+                "-c",
+                cfg["run"],
+                json.dumps([guard, readable, [cfg["scratch"]] + cfg["devices"]]),
+            ],
+        )
     except OSError as exc:
         report(cfg, done, error="could not start Python for the code: %s" % exc)
         os._exit(70)

@@ -79,8 +79,7 @@ def format_tool_call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-def resolve_tool_parser(env_args: Mapping[str, Any], lookup: Callable[[str], ToolParser]
-                        ) -> dict[str, Any]:
+def resolve_tool_parser(env_args: Mapping[str, Any], lookup: Callable[[str], ToolParser]) -> dict[str, Any]:
     """``env_args`` with a ``tool_parser`` given by name replaced by ``lookup(name)``, the parser
     registered under it; anything else is left for the env to accept or refuse.
 

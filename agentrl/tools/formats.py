@@ -91,7 +91,7 @@ def parse_llama3_json(text: str) -> list[ToolCall]:
         if text.startswith(";", pos):
             pos = _skip_space(text, pos + 1)
     if not calls:  # <|python_tag|> and then no JSON object (a built-in tool's Python call)
-        rest = text[tag + len(PYTHON_TAG):].strip()
+        rest = text[tag + len(PYTHON_TAG) :].strip()
         calls.append(ToolCall("", None, f"expected a JSON object after {PYTHON_TAG}, got {rest[:200]!r}", rest))
     return calls
 
@@ -125,7 +125,7 @@ def _mistral_named(segment: str) -> ToolCall:
         head, arguments = body.split(ARGS, 1)
         name = head.split(CALL_ID, 1)[0].strip()
     elif "{" in body:
-        name, arguments = body[:body.index("{")].strip(), body[body.index("{"):]
+        name, arguments = body[: body.index("{")].strip(), body[body.index("{") :]
     else:
         return ToolCall("", None, f"expected {TOOL_CALLS}NAME{ARGS}{{...}}, got {body[:200]!r}", segment)
     if not re.fullmatch(r"[\w.-]+", name):
@@ -206,7 +206,9 @@ def format_qwen3_coder(calls: Sequence[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(
         f"<tool_call>\n<function={name}>\n"
         + "".join(f"<parameter={key}>\n{_xml_value(value)}\n</parameter>\n" for key, value in arguments.items())
-        + "</function>\n</tool_call>" for name, arguments in calls)
+        + "</function>\n</tool_call>"
+        for name, arguments in calls
+    )
 
 
 # -- gpt-oss harmony -----------------------------------------------------------------------------
@@ -245,7 +247,8 @@ def format_harmony(calls: Sequence[tuple[str, dict[str, Any]]]) -> str:
     """Each call as a commentary message to ``functions.NAME``, ending with ``<|call|>``."""
     return "<|start|>assistant".join(
         f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{json.dumps(arguments)}<|call|>"
-        for name, arguments in calls)
+        for name, arguments in calls
+    )
 
 
 LLAMA3_JSON = ToolCallFormat("llama3_json", parse_llama3_json, format_llama3_json)
@@ -256,8 +259,15 @@ HARMONY = ToolCallFormat("harmony", parse_harmony, format_harmony)
 
 # -- typing text values by a schema --------------------------------------------------------------
 
-_KINDS = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
-          type(None): "null"}
+_KINDS = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
 
 
 def _allowed_kinds(schema: Any) -> set[str] | None:
@@ -301,5 +311,7 @@ def type_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> dic
     string parameter keeps its text. A value that does not decode to an allowed type stays text,
     so the tool's validation names it; a parameter the schema lacks stays text too."""
     properties = parameters.get("properties", {}) if isinstance(parameters, dict) else {}
-    return {key: _typed_value(value, properties.get(key)) if isinstance(value, str) else value
-            for key, value in arguments.items()}
+    return {
+        key: _typed_value(value, properties.get(key)) if isinstance(value, str) else value
+        for key, value in arguments.items()
+    }

@@ -84,7 +84,7 @@ _DISABLED: frozenset[str] = frozenset()
 _LIMITS: dict[str, tuple[type, float, float, str]] = {
     "timeout_s": (numbers.Real, 0.01, 3600, "a number of seconds"),
     "memory_mb": (numbers.Integral, 64, 1 << 20, "an integer number of MB"),
-    "max_output_chars": (numbers.Integral, 1, 10 ** 8, "an integer number of characters"),
+    "max_output_chars": (numbers.Integral, 1, 10**8, "an integer number of characters"),
     "max_processes": (numbers.Integral, 1, 4096, "an integer number of processes"),
     "disk_mb": (numbers.Integral, 1, 1 << 20, "an integer number of MB"),
 }
@@ -136,13 +136,18 @@ def check_limits(**limits: object) -> None:
     for name, value in limits.items():
         kind, low, high, unit = _LIMITS[name]
         if not (isinstance(value, kind) and not isinstance(value, bool) and low <= value <= high):
-            raise EnvError(f"run_python: {name} must be {unit} from {low} to {high}, "
-                           f"got {value!r}")
+            raise EnvError(f"run_python: {name} must be {unit} from {low} to {high}, got {value!r}")
 
 
-def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
-               max_output_chars: int = 4000, max_processes: int = 16, disk_mb: int = 64
-               ) -> SandboxResult:
+def run_python(
+    code: str,
+    *,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    max_output_chars: int = 4000,
+    max_processes: int = 16,
+    disk_mb: int = 64,
+) -> SandboxResult:
     """Run ``code`` as a Python script in a sandboxed subprocess (see the module docstring).
 
     ``code`` comes from the model: one that cannot be run (not a str, or a lone surrogate such as
@@ -151,8 +156,13 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
     author or config: a bad one raises EnvError (``check_limits``), which stops the run.
     """
     _check_code(code)
-    check_limits(timeout_s=timeout_s, memory_mb=memory_mb, max_output_chars=max_output_chars,
-                 max_processes=max_processes, disk_mb=disk_mb)
+    check_limits(
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        max_output_chars=max_output_chars,
+        max_processes=max_processes,
+        disk_mb=disk_mb,
+    )
     timeout_s = float(timeout_s)
     blocked = _python_binds() if os.geteuid() == 0 and "uid" not in _DISABLED else None
     uid = _pick_uid() if blocked is not None else None
@@ -163,14 +173,29 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
         Path(code_path).write_text(code, encoding="utf-8")
         if uid is not None:
             os.chown(scratch, uid, uid)
-        config = _child_config(uid, blocked, scratch, code_path, status_w, timeout_s=timeout_s,
-                               memory_mb=memory_mb, max_processes=max_processes, disk_mb=disk_mb)
-        env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch,
-               "PYTHONDONTWRITEBYTECODE": "1"}
+        config = _child_config(
+            uid,
+            blocked,
+            scratch,
+            code_path,
+            status_w,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            max_processes=max_processes,
+            disk_mb=disk_mb,
+        )
+        env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "PYTHONDONTWRITEBYTECODE": "1"}
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-B", str(_SETUP), json.dumps(config)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=scratch, env=env, pass_fds=(status_w,), start_new_session=True, close_fds=True)
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=scratch,
+            env=env,
+            pass_fds=(status_w,),
+            start_new_session=True,
+            close_fds=True,
+        )
         os.close(status_w)
         status_w = -1
         try:
@@ -185,8 +210,7 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
         shutil.rmtree(scratch, ignore_errors=True)
     stdout, stderr = _cap(out, max_output_chars), _cap(err, max_output_chars)
     error = _explain(proc.returncode, timed_out, stderr, status, timeout_s, memory_mb)
-    return SandboxResult(stdout, stderr, proc.returncode, timed_out, error,
-                         tuple(status.get("isolation", ())))
+    return SandboxResult(stdout, stderr, proc.returncode, timed_out, error, tuple(status.get("isolation", ())))
 
 
 def _check_code(code: object) -> None:
@@ -196,25 +220,43 @@ def _check_code(code: object) -> None:
     try:
         code.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ToolError(f"run_python: the code is not valid text: character {exc.start} is a "
-                        f"lone surrogate ({code[exc.start]!r}), which UTF-8 cannot encode"
-                        ) from None
+        raise ToolError(
+            f"run_python: the code is not valid text: character {exc.start} is a "
+            f"lone surrogate ({code[exc.start]!r}), which UTF-8 cannot encode"
+        ) from None
 
 
-def _child_config(uid: int | None, blocked: tuple[tuple[str, tuple[str, ...]], ...] | None,
-                  scratch: str, code_path: str, status_fd: int, *, timeout_s: float,
-                  memory_mb: int, max_processes: int, disk_mb: int) -> dict[str, Any]:
+def _child_config(
+    uid: int | None,
+    blocked: tuple[tuple[str, tuple[str, ...]], ...] | None,
+    scratch: str,
+    code_path: str,
+    status_fd: int,
+    *,
+    timeout_s: float,
+    memory_mb: int,
+    max_processes: int,
+    disk_mb: int,
+) -> dict[str, Any]:
     """The JSON object ``_sandbox_setup.main`` reads: what to apply, for whom, where."""
     return {
-        "uid": uid, "scratch": scratch, "code_path": code_path, "status_fd": status_fd,
-        "memory_bytes": int(memory_mb) << 20, "disk_mb": int(disk_mb),
-        "cpu_s": int(timeout_s) + 2, "max_processes": int(max_processes),
+        "uid": uid,
+        "scratch": scratch,
+        "code_path": code_path,
+        "status_fd": status_fd,
+        "memory_bytes": int(memory_mb) << 20,
+        "disk_mb": int(disk_mb),
+        "cpu_s": int(timeout_s) + 2,
+        "max_processes": int(max_processes),
         "disabled": sorted(_DISABLED),
         "hide": [d for d in _WORLD_WRITABLE if os.path.isdir(d)] + [b for b, _ in blocked or ()],
-        "world_writable": list(_WORLD_WRITABLE), "hide_needed": bool(blocked),
+        "world_writable": list(_WORLD_WRITABLE),
+        "hide_needed": bool(blocked),
         "binds": [p for _, paths in blocked or () for p in paths] + list(_install_under_tmp()),
-        "readable": list(_readable()), "devices": list(_DEVICES),
-        "python": os.path.realpath(sys.executable), "run": _run_source(),
+        "readable": list(_readable()),
+        "devices": list(_DEVICES),
+        "python": os.path.realpath(sys.executable),
+        "run": _run_source(),
     }
 
 
@@ -222,7 +264,7 @@ def protections(isolation: Sequence[str] | None = None) -> dict[str, tuple[str, 
     """Each of ``THREATS`` -> the layers that block it (empty: NOT blocked), given the layers
     ``isolation`` (default: those one empty script gets on this machine, run once and cached)."""
     layers = _probe() if isolation is None else tuple(isolation)
-    return {threat: tuple(l for l in blockers if l in layers) for threat, blockers in THREATS.items()}
+    return {threat: tuple(layer for layer in blockers if layer in layers) for threat, blockers in THREATS.items()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -244,8 +286,13 @@ def _install_under_tmp() -> tuple[str, ...]:
 @functools.lru_cache(maxsize=1)
 def _readable() -> tuple[str, ...]:
     """What the code may read besides its scratch directory: system and Python directories."""
-    python = (sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix,
-              os.path.dirname(os.path.realpath(sys.executable)))
+    python = (
+        sys.base_prefix,
+        sys.base_exec_prefix,
+        sys.prefix,
+        sys.exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+    )
     paths = {os.path.realpath(p) for p in (*_SYSTEM, *python) if os.path.exists(p)}
     return tuple(sorted(paths - {"/"}))
 
@@ -285,8 +332,7 @@ def _python_binds() -> tuple[tuple[str, tuple[str, ...]], ...] | None:
     return tuple((ancestor, tuple(paths)) for ancestor, paths in blocked.items())
 
 
-def _collect(proc: subprocess.Popen, timeout_s: float, cap: int
-             ) -> tuple[tuple[tuple[bytes, int], ...], bool]:
+def _collect(proc: subprocess.Popen, timeout_s: float, cap: int) -> tuple[tuple[tuple[bytes, int], ...], bool]:
     """Read stdout and stderr until EOF or the deadline: ((first ``cap`` bytes, total) of each,
     timed out)."""
     fds = [pipe.fileno() for pipe in (proc.stdout, proc.stderr) if pipe is not None]
@@ -319,8 +365,7 @@ def _collect(proc: subprocess.Popen, timeout_s: float, cap: int
     return _kept(kept, totals, fds), False
 
 
-def _kept(kept: dict[int, bytearray], totals: dict[int, int], fds: list[int]
-          ) -> tuple[tuple[bytes, int], ...]:
+def _kept(kept: dict[int, bytearray], totals: dict[int, int], fds: list[int]) -> tuple[tuple[bytes, int], ...]:
     """(kept bytes, total bytes) of stdout and stderr."""
     return tuple((bytes(kept[fd]), totals[fd]) for fd in fds)
 
@@ -330,8 +375,7 @@ def _cap(captured: tuple[bytes, int], max_chars: int) -> str:
     data, total = captured
     text = data.decode("utf-8", errors="replace")
     if len(text) > max_chars or total > len(data):
-        return text[:max_chars] + (f"\n[output truncated: {total} bytes in all, "
-                                   f"first {max_chars} characters shown]")
+        return text[:max_chars] + (f"\n[output truncated: {total} bytes in all, first {max_chars} characters shown]")
     return text
 
 
@@ -343,8 +387,14 @@ def _kill_everything(proc: subprocess.Popen, uid: int | None) -> None:
         pass
     if uid is not None and uid != 65534:
         killer = f"import os; os.setgroups([]); os.setgid({uid}); os.setuid({uid}); os.kill(-1, 9)"
-        subprocess.run([sys.executable, "-I", "-S", "-c", killer], env={},
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
+        subprocess.run(
+            [sys.executable, "-I", "-S", "-c", killer],
+            env={},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
     proc.wait()
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
@@ -366,16 +416,16 @@ def _read_status(fd: int) -> dict:
     return status
 
 
-def _explain(code: int | None, timed_out: bool, stderr: str, status: dict, timeout_s: float,
-             memory_mb: int) -> str | None:
+def _explain(
+    code: int | None, timed_out: bool, stderr: str, status: dict, timeout_s: float, memory_mb: int
+) -> str | None:
     """One line saying why the sandbox stopped the code, or None if it ran its course."""
     if status.get("error"):
         return f"sandbox setup failed: {status['error']}"
     if timed_out:
         return f"timed out after {timeout_s:g} s; the process group was killed"
     if not status:
-        return (f"sandbox setup failed: the sandbox stopped before running the code "
-                f"(exit code {code}); see stderr")
+        return f"sandbox setup failed: the sandbox stopped before running the code (exit code {code}); see stderr"
     if stderr.rstrip().rsplit("\n", 1)[-1].startswith("MemoryError"):
         return f"memory limit exceeded ({memory_mb} MB per process)"
     if code is not None and code < 0:

@@ -35,16 +35,35 @@ from agentrl.errors import AgentRLError, EnvError
 from agentrl.tools.calls import ToolCall, ToolParser, format_tool_call, parse_xml_json, resolve_tool_parser
 from agentrl.tools.formats import ToolCallFormat, type_arguments
 
-__all__ = ["Tool", "ToolCall", "ToolCallFormat", "ToolEnv", "ToolError", "ToolParser", "format_tool_call",
-           "parse_xml_json", "render_tools_system_prompt", "resolve_tool_parser", "tool", "type_arguments"]
+__all__ = [
+    "Tool",
+    "ToolCall",
+    "ToolCallFormat",
+    "ToolEnv",
+    "ToolError",
+    "ToolParser",
+    "format_tool_call",
+    "parse_xml_json",
+    "render_tools_system_prompt",
+    "resolve_tool_parser",
+    "tool",
+    "type_arguments",
+]
 
 
 class ToolError(EnvError):
     """A tool was defined wrongly, or called with arguments it cannot use (the model's fault)."""
 
 
-_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
-                               list: "array", dict: "object", type(None): "null"}
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
 
 
 def _type_schema(hint: Any, where: str) -> dict[str, Any]:
@@ -63,8 +82,10 @@ def _type_schema(hint: Any, where: str) -> dict[str, Any]:
         return {"type": "array", "items": _type_schema(args[0], where)}
     if origin is dict and len(args) == 2 and args[0] is str:
         return {"type": "object", "additionalProperties": _type_schema(args[1], where)}
-    raise ToolError(f"{where}: type {hint!r} has no JSON schema; use str, int, float, bool, "
-                    f"None, list[X], dict[str, X], Literal[...] or a union of those")
+    raise ToolError(
+        f"{where}: type {hint!r} has no JSON schema; use str, int, float, bool, "
+        f"None, list[X], dict[str, X], Literal[...] or a union of those"
+    )
 
 
 def _describe(schema: dict[str, Any]) -> str:
@@ -98,8 +119,19 @@ def _fits(validator: TypeAdapter[Any], value: Any) -> bool:
     return True
 
 
-_SECTIONS = {"args", "arguments", "parameters", "returns", "return", "raises", "yields",
-             "examples", "example", "note", "notes"}
+_SECTIONS = {
+    "args",
+    "arguments",
+    "parameters",
+    "returns",
+    "return",
+    "raises",
+    "yields",
+    "examples",
+    "example",
+    "note",
+    "notes",
+}
 
 
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
@@ -127,8 +159,7 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 class Tool:
     """A typed Python function the model can call; ``schema`` describes it to the model."""
 
-    def __init__(self, fn: Callable[..., Any], name: str | None = None,
-                 description: str | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> None:
         if not callable(fn):
             raise ToolError(f"Tool needs a callable, got {type(fn).__name__}")
         self.fn = fn
@@ -145,8 +176,7 @@ class Tool:
         for param in inspect.signature(fn).parameters.values():
             where = f"tool {self.name!r}, parameter {param.name!r}"
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
-                raise ToolError(f"{where}: tools take named parameters only, "
-                                f"not {param.kind.description}")
+                raise ToolError(f"{where}: tools take named parameters only, not {param.kind.description}")
             if param.name not in hints:
                 raise ToolError(f"{where} has no type hint; tools need one on every parameter")
             self.hints[param.name] = hints[param.name]
@@ -157,23 +187,26 @@ class Tool:
             if param.default is param.empty:
                 required.append(param.name)
         self.required = required
-        self.schema: dict[str, Any] = {"type": "function", "function": {
-            "name": self.name, "description": self.description,
-            "parameters": {"type": "object", "properties": properties, "required": required}}}
+        self.schema: dict[str, Any] = {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": {"type": "object", "properties": properties, "required": required},
+            },
+        }
 
     def validate(self, arguments: dict[str, Any]) -> None:
         """Raise ToolError naming what is missing, unexpected or of the wrong type."""
         if not isinstance(arguments, dict):
-            raise ToolError(f"{self.name}: arguments must be a JSON object, "
-                            f"got {type(arguments).__name__}")
+            raise ToolError(f"{self.name}: arguments must be a JSON object, got {type(arguments).__name__}")
         missing = [p for p in self.required if p not in arguments]
         extra = sorted(set(arguments) - set(self.hints))
         problems = []
         if missing:
             problems.append(f"missing argument(s) {', '.join(missing)}")
         if extra:
-            problems.append(f"unexpected argument(s) {', '.join(extra)} "
-                            f"(allowed: {', '.join(self.hints) or 'none'})")
+            problems.append(f"unexpected argument(s) {', '.join(extra)} (allowed: {', '.join(self.hints) or 'none'})")
         for key, value in arguments.items():
             if key in self.hints and not _fits(self._validators[key], value):
                 expected = _describe(_type_schema(self.hints[key], self.name))
@@ -195,8 +228,9 @@ def tool(fn: Callable[..., Any]) -> Tool:
     return Tool(fn)
 
 
-def render_tools_system_prompt(tools: Sequence[Tool | dict[str, Any]],
-                               call_format: ToolCallFormat | None = None) -> str:
+def render_tools_system_prompt(
+    tools: Sequence[Tool | dict[str, Any]], call_format: ToolCallFormat | None = None
+) -> str:
     """The fallback tool description for chat templates that ignore ``tools=``.
 
     Compact on purpose: one line per tool, ``name(arg: type, ...): description``, then each
@@ -217,13 +251,18 @@ def render_tools_system_prompt(tools: Sequence[Tool | dict[str, Any]],
         signature = ", ".join(f"{name}: {_describe(p)}" for name, p in properties.items())
         lines.append(f"- {function['name']}({signature}): {function.get('description', '')}".rstrip(": "))
         required = set(function.get("parameters", {}).get("required", []))
-        lines += [f"    {name}{'' if name in required else ' (optional)'}: {p.get('description', '')}".rstrip(": ")
-                  for name, p in properties.items()]
+        lines += [
+            f"    {name}{'' if name in required else ' (optional)'}: {p.get('description', '')}".rstrip(": ")
+            for name, p in properties.items()
+        ]
     first = schemas[0].get("function", schemas[0])
     first_arg = next(iter(first.get("parameters", {}).get("properties", {})), None)
     example = {"name": first["name"], "arguments": {first_arg: "..."} if first_arg else {}}
-    written = (f"<tool_call>\n{json.dumps(example)}\n</tool_call>" if call_format is None
-               else call_format.format_calls([(example["name"], example["arguments"])]))
+    written = (
+        f"<tool_call>\n{json.dumps(example)}\n</tool_call>"
+        if call_format is None
+        else call_format.format_calls([(example["name"], example["arguments"])])
+    )
     return (
         "You have these tools:\n" + "\n".join(lines) + "\n"
         "To call a tool, write exactly:\n"
@@ -264,9 +303,13 @@ class ToolEnv(Env):
     max_tool_output_chars = 2000
     max_calls_per_turn = 4
 
-    def __init__(self, tools: Sequence[Tool] | None = None,
-                 tool_parser: ToolParser = parse_xml_json,
-                 max_turns: int | None = None, max_tool_output_chars: int | None = None) -> None:
+    def __init__(
+        self,
+        tools: Sequence[Tool] | None = None,
+        tool_parser: ToolParser = parse_xml_json,
+        max_turns: int | None = None,
+        max_tool_output_chars: int | None = None,
+    ) -> None:
         super().__init__()
         if tools is not None:
             self.tools = list(tools)
@@ -274,9 +317,11 @@ class ToolEnv(Env):
             if not isinstance(t, Tool):
                 raise EnvError(f"{type(self).__name__}: tools must be Tool objects, got {t!r}")
         if isinstance(tool_parser, str):
-            raise EnvError(f"{type(self).__name__}: tool_parser {tool_parser!r} is a registered parser's name; "
-                           "pass the parser function itself, or resolve env_args with "
-                           "agentrl.tools.tool.resolve_tool_parser before building the env")
+            raise EnvError(
+                f"{type(self).__name__}: tool_parser {tool_parser!r} is a registered parser's name; "
+                "pass the parser function itself, or resolve env_args with "
+                "agentrl.tools.tool.resolve_tool_parser before building the env"
+            )
         self.tool_parser: ToolParser = tool_parser
         self.call_format = tool_parser if isinstance(tool_parser, ToolCallFormat) else None
         """The parser's format when it is a ``ToolCallFormat``: the tool description and the
@@ -308,8 +353,10 @@ class ToolEnv(Env):
         try:
             calls = self.tool_parser(text)
         except Exception as exc:
-            raise EnvError(f"{type(self).__name__}: tool parser {self.tool_parser!r} raised "
-                           f"{exc!r}; a parser must return ToolCalls with error set instead") from exc
+            raise EnvError(
+                f"{type(self).__name__}: tool parser {self.tool_parser!r} raised "
+                f"{exc!r}; a parser must return ToolCalls with error set instead"
+            ) from exc
         if not calls:
             return [], float(self.score_answer(text)), True, {"tool_calls": 0, "tool_errors": 0}
         messages, errors = [], 0

@@ -47,8 +47,8 @@ import torch
 
 from agentrl.model import distributed
 from agentrl.sampling.engine import Engine, Generation, SamplingParams
-from agentrl.trajectory import TrainBatch
 from agentrl.training.weight_copies import adopt, on_meta, snapshot
+from agentrl.trajectory import TrainBatch
 
 
 @dataclass
@@ -68,22 +68,45 @@ class Collected:
         """JSON values and tensors (:func:`agentrl.rundir.state_files.to_json`) that :meth:`from_state` restores."""
         b = self.batch
         tensors = {name: getattr(b, name).cpu() for name in _BATCH_TENSORS}
-        return {"step": self.step, "version": self.version, "batch": tensors, "extras": dict(b.extras),
-                "episodes": [{"group": e.group, "task": {"answer": e.task.get("answer")}, "messages": e.messages}
-                             for e in self.episodes],
-                "metrics": self.metrics, "rewards": self.rewards}
+        return {
+            "step": self.step,
+            "version": self.version,
+            "batch": tensors,
+            "extras": dict(b.extras),
+            "episodes": [
+                {"group": e.group, "task": {"answer": e.task.get("answer")}, "messages": e.messages}
+                for e in self.episodes
+            ],
+            "metrics": self.metrics,
+            "rewards": self.rewards,
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Collected:
         """The batch :meth:`to_state` stored."""
         batch = TrainBatch(**state["batch"], extras=dict(state["extras"]))
         episodes = [_Logged(**e) for e in state["episodes"]]
-        return cls(int(state["step"]), int(state["version"]), batch, episodes,
-                   {k: float(v) for k, v in state["metrics"].items()}, [float(r) for r in state["rewards"]])
+        return cls(
+            int(state["step"]),
+            int(state["version"]),
+            batch,
+            episodes,
+            {k: float(v) for k, v in state["metrics"].items()},
+            [float(r) for r in state["rewards"]],
+        )
 
 
-_BATCH_TENSORS = ("input_ids", "attention_mask", "loss_mask", "sampler_logprobs", "rewards", "groups",
-                  "token_rewards", "truncated", "lengths")
+_BATCH_TENSORS = (
+    "input_ids",
+    "attention_mask",
+    "loss_mask",
+    "sampler_logprobs",
+    "rewards",
+    "groups",
+    "token_rewards",
+    "truncated",
+    "lengths",
+)
 
 
 @dataclass
@@ -134,6 +157,7 @@ def start(run: Any, rollouts: Any, step: int, resumed: dict[str, Any] | None) ->
     """The background collection of a run (``run``: :class:`agentrl.training.build.Run`, ``rollouts``: its
     :class:`agentrl.training.rollout_phase.RolloutPhase`) that has completed ``step`` steps (``resumed``: the
     checkpoint's trainer state, when resumed)."""
+
     def collect(at: int, version: int) -> Collected:
         rollouts.sampling_version = version
         batch, kept, metrics = rollouts.collect(at)
@@ -141,11 +165,19 @@ def start(run: Any, rollouts: Any, step: int, resumed: dict[str, Any] | None) ->
 
     rollouts.group = distributed.new_group()  # the thread's collectives must not meet the learner's
     ready, next_step, dropped = restore((resumed or {}).get("async"), run.config.async_steps, step)
-    producer = AsyncRollouts(collect, run.engine.sync_weights, run.sampling_model(), run.config.async_steps,
-                             next_step, run.config.max_steps, floor=step, ready=ready,
-                             partial=run.config.partial_rollouts,
-                             versioned=run.engine if isinstance(run.engine, VersionedEngine) else None,
-                             frees_copy=not run.engine.keeps_synced_model)
+    producer = AsyncRollouts(
+        collect,
+        run.engine.sync_weights,
+        run.sampling_model(),
+        run.config.async_steps,
+        next_step,
+        run.config.max_steps,
+        floor=step,
+        ready=ready,
+        partial=run.config.partial_rollouts,
+        versioned=run.engine if isinstance(run.engine, VersionedEngine) else None,
+        frees_copy=not run.engine.keeps_synced_model,
+    )
     producer.dropped_episodes = dropped
     return producer
 
@@ -225,9 +257,20 @@ class AsyncRollouts:
     keep the module, ``Engine.keeps_synced_model``), so the copy's tensors are freed once loaded.
     """
 
-    def __init__(self, collect: Any, load: Any, model: torch.nn.Module, async_steps: int, next_step: int,
-                 last_step: int, floor: int, ready: list[Collected] | None = None, partial: bool = False,
-                 versioned: VersionedEngine | None = None, frees_copy: bool = False) -> None:
+    def __init__(
+        self,
+        collect: Any,
+        load: Any,
+        model: torch.nn.Module,
+        async_steps: int,
+        next_step: int,
+        last_step: int,
+        floor: int,
+        ready: list[Collected] | None = None,
+        partial: bool = False,
+        versioned: VersionedEngine | None = None,
+        frees_copy: bool = False,
+    ) -> None:
         self.collect, self.load, self.async_steps, self.partial = collect, load, async_steps, partial
         self.last_step, self.floor = last_step, floor
         self.next_step = next_step  # the next step this thread collects
@@ -329,9 +372,12 @@ class AsyncRollouts:
     def take_step(self, step: int, device: Any) -> tuple[TrainBatch, list[Any], dict[str, float], list[float]]:
         """``step``'s batch (on ``device``), episodes, metrics (with ``async/*``) and rewards."""
         collected = self.take(step)
-        metrics = {**collected.metrics, **staleness_metrics(collected.batch, step - 1),
-                   "async/sampling_version": float(collected.version),
-                   "async/dropped_episodes": float(self.dropped_episodes)}
+        metrics = {
+            **collected.metrics,
+            **staleness_metrics(collected.batch, step - 1),
+            "async/sampling_version": float(collected.version),
+            "async/dropped_episodes": float(self.dropped_episodes),
+        }
         return collected.batch.to(device), collected.episodes, metrics, collected.rewards
 
     def hand_over(self, step: int, model: torch.nn.Module, quiesce: bool, evaluate: bool) -> None:

@@ -23,15 +23,18 @@ def split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
     while len(groups) < count:
         i = max(range(len(groups)), key=lambda j: len(groups[j]))
         if len(groups[i]) < 2:
-            raise RuntimeError(f"cannot run {count} micro-batches on {sum(map(len, groups))} rows: under FSDP / ZeRO-3 "
-                               "every process needs as many rows as the process with the most micro-batches")
+            raise RuntimeError(
+                f"cannot run {count} micro-batches on {sum(map(len, groups))} rows: under FSDP / ZeRO-3 "
+                "every process needs as many rows as the process with the most micro-batches"
+            )
         half = (len(groups[i]) + 1) // 2
-        groups[i:i + 1] = [groups[i][:half], groups[i][half:]]
+        groups[i : i + 1] = [groups[i][:half], groups[i][half:]]
     return groups
 
 
-def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int,
-                       groups: list[int] | None = None) -> list[list[int]]:
+def plan_micro_batches(
+    lengths: list[int], max_rows: int, max_tokens: int, groups: list[int] | None = None
+) -> list[list[int]]:
     """Split row indices into micro-batches, longest first, each with at most ``max_rows`` rows and
     ``rows x longest <= max_tokens`` padded tokens (a row longer than ``max_tokens`` alone).
 

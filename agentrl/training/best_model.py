@@ -2,9 +2,9 @@
 
 Every held-out evaluation (before training, every ``eval_every`` steps, after the last step) is
 offered to :class:`BestModel`; its score is ``eval/reward_mean`` by default (the run's own reward on
-the held-out tasks: for math, correctness and the ``\\boxed{}`` format together), and a score at least as high as the best so far (ties go to the later
-policy) saves that policy to ``<run_dir>/best/`` with ``best.json`` (step, score, the evaluation's
-metrics). At the end the trainer exports the best policy as ``model/`` and, when it is not the
+the held-out tasks: for math, correctness and the ``\\boxed{}`` format together), and a score at least as high as
+the best so far (ties go to the later policy) saves that policy to ``<run_dir>/best/`` with ``best.json`` (step, score,
+the evaluation's metrics). At the end the trainer exports the best policy as ``model/`` and, when it is not the
 last one, the last policy as ``last/``.
 
 The score is read from the same held-out split the run reports, so "best" is chosen on the
@@ -42,8 +42,9 @@ class BestModel:
         tmp = self.folder.with_name(f".tmp-{BEST_DIR}")
         shutil.rmtree(tmp, ignore_errors=True)
         save(tmp)
-        (tmp / BEST_FILE).write_text(json.dumps({"step": step, "score": score, "metric": self.metric,
-                                                 "metrics": metrics}, indent=1))
+        (tmp / BEST_FILE).write_text(
+            json.dumps({"step": step, "score": score, "metric": self.metric, "metrics": metrics}, indent=1)
+        )
         shutil.rmtree(self.folder, ignore_errors=True)
         tmp.rename(self.folder)  # a kill leaves the old best or the new one, never half of one
         self.step, self.score, self.metrics = step, float(score), dict(metrics)

@@ -16,28 +16,26 @@ from typing import Any
 import torch
 from accelerate.utils import set_seed
 
-from agentrl.model import distributed
-from agentrl.model import lora
-from agentrl.model import sharding
-from agentrl.model.activation_checkpointing import checkpoint_blocks
 from agentrl.algorithms.base import Algorithm, SetupContext, TrainableModule
-from agentrl.training.async_rollouts import VersionedEngine
-from agentrl.training.batching import plan_micro_batches, split_to_count
-from agentrl.sampling.chat import ChatTokenizer
 from agentrl.config.train import TrainConfig, build_plugin_config, resolve_settings
 from agentrl.env import CallGuard, Env, build_env, call_with_timeout, load_env_class
 from agentrl.errors import ConfigError
+from agentrl.model import distributed, lora, sharding
+from agentrl.model.activation_checkpointing import checkpoint_blocks
 from agentrl.model.launch import check_process_split
-from agentrl.training.memory import limit_kernel_caches
 from agentrl.model.loading import load_model, load_tokenizer
-from agentrl.plugins import PluginManager
 from agentrl.model.policy import TokenLogprobs, check_packing
 from agentrl.model.precision import Precision, resolve_precision
+from agentrl.plugins import PluginManager
 from agentrl.rewards.schemes import RewardContext
 from agentrl.rewards.specs import resolve_rewards
-from agentrl.training.schedules import build_scheduler
+from agentrl.sampling.chat import ChatTokenizer
 from agentrl.testing import check_env_startup
 from agentrl.tools.calls import resolve_tool_parser
+from agentrl.training.async_rollouts import VersionedEngine
+from agentrl.training.batching import plan_micro_batches, split_to_count
+from agentrl.training.memory import limit_kernel_caches
+from agentrl.training.schedules import build_scheduler
 from agentrl.trajectory import TrainBatch
 
 
@@ -103,8 +101,9 @@ class Run:
         """Row groups, longest rows first, within ``micro_batch_size`` and ``micro_batch_tokens``; with
         sharded weights as many groups on every process (each forward gathers the shards: a collective)."""
         groups = batch.groups.tolist() if self.policy_pack else None  # packed: a micro-batch per group
-        plan = plan_micro_batches(batch.lengths.tolist(), self.config.micro_batch_size,
-                                  self.config.micro_batch_tokens, groups)
+        plan = plan_micro_batches(
+            batch.lengths.tolist(), self.config.micro_batch_size, self.config.micro_batch_tokens, groups
+        )
         if self.replica is None:
             return plan
         return split_to_count(plan, max(distributed.gather_objects(len(plan))))
@@ -143,28 +142,54 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     # With LoRA the reference is the policy itself, its adapter off (lora.adapter_disabled): no copy.
     ref_model = None if not algorithm.needs_reference else (model if lora.is_adapted(model) else _frozen_copy(model))
     if ref_model is model and algorithm.reference_reset[0]:
-        raise ConfigError(f"algorithm.ref_sync_every={algorithm.reference_reset[0]} with lora: the reference is the "
-                          "policy with its adapter off, which a reset cannot move; set ref_sync_every 0 or drop lora")
+        raise ConfigError(
+            f"algorithm.ref_sync_every={algorithm.reference_reset[0]} with lora: the reference is the "
+            "policy with its adapter off, which a reset cannot move; set ref_sync_every 0 or drop lora"
+        )
     replica = sharding.sampling_replica(accelerator, model)  # FSDP / ZeRO-3 only
     check_sharded_run(config, replica is not None, sharding.is_fsdp(accelerator))
-    run = Run(config, manager, accelerator, precision, algorithm, settings, needs_old, envs, call_guard, reward_fns,
-              tokenizer, model, ref_model, replica)
+    run = Run(
+        config,
+        manager,
+        accelerator,
+        precision,
+        algorithm,
+        settings,
+        needs_old,
+        envs,
+        call_guard,
+        reward_fns,
+        tokenizer,
+        model,
+        ref_model,
+        replica,
+    )
     # The base model (with LoRA, its plain view: the adapter is zero at setup) for e.g. a critic's copy,
     # before accelerate prepares the policy (FSDP shards the model in place; a copy of it would be sharded).
-    algorithm.setup(SetupContext(model=lora.sampling_model(model), tokenizer=tokenizer, accelerator=accelerator,
-                                 config=config, autocast=run.autocast, micro_batch_rows=run.micro_batch_rows))
+    algorithm.setup(
+        SetupContext(
+            model=lora.sampling_model(model),
+            tokenizer=tokenizer,
+            accelerator=accelerator,
+            config=config,
+            autocast=run.autocast,
+            micro_batch_rows=run.micro_batch_rows,
+        )
+    )
     _train_policy(run)
     if ref_model is not None:  # not prepared (no grads, no optimizer): place it by hand
         ref_model.to(accelerator.device)
-    run.engine, run.rollout = engine_and_rollout(manager, config, replica if replica is not None
-                                                 else lora.sampling_model(model), tokenizer)
+    run.engine, run.rollout = engine_and_rollout(
+        manager, config, replica if replica is not None else lora.sampling_model(model), tokenizer
+    )
     context.engine = run.engine  # a judge reward samples from the policy's own engine
     _train_owned(run, algorithm.trainable_modules())
     return run
 
 
-def engine_and_rollout(manager: PluginManager, config: TrainConfig, model: torch.nn.Module,
-                       tokenizer: Any) -> tuple[Any, Any]:
+def engine_and_rollout(
+    manager: PluginManager, config: TrainConfig, model: torch.nn.Module, tokenizer: Any
+) -> tuple[Any, Any]:
     """The config's engine sampling from ``model``, and its rollout driving that engine."""
     engine = manager.registry.get("engine", config.engine).factory(model=model, tokenizer=tokenizer, config=config)
     if config.async_steps:  # each call stamped with the version that sampled it (partial_rollouts: the newest)
@@ -190,13 +215,27 @@ def build_sampler(config: TrainConfig, manager: PluginManager, envs: list[Env]) 
     """The config's model, engine, rollout and rewards around ``envs`` (from :func:`make_env`)."""
     tokenizer, model = load_tokenizer(config.model), load_model(config.model)
     engine, rollout = engine_and_rollout(manager, config, model, tokenizer)
-    context = RewardContext(config=config, settings=resolve_settings(config, manager.registry),
-                            precision=resolve_precision(config.precision), tokenizer=tokenizer, engine=engine)
-    return Sampler(envs, tokenizer, model, engine, rollout, resolve_rewards(config, manager.registry, envs[0], context),
-                   CallGuard.from_config(config))
+    context = RewardContext(
+        config=config,
+        settings=resolve_settings(config, manager.registry),
+        precision=resolve_precision(config.precision),
+        tokenizer=tokenizer,
+        engine=engine,
+    )
+    return Sampler(
+        envs,
+        tokenizer,
+        model,
+        engine,
+        rollout,
+        resolve_rewards(config, manager.registry, envs[0], context),
+        CallGuard.from_config(config),
+    )
 
 
-def _algorithm(config: TrainConfig, manager: PluginManager, num_processes: int) -> tuple[Algorithm, dict[str, Any], bool]:
+def _algorithm(
+    config: TrainConfig, manager: PluginManager, num_processes: int
+) -> tuple[Algorithm, dict[str, Any], bool]:
     """The algorithm, the settings sections, and whether the update needs the sampling policy's logprobs."""
     algo_cls = manager.registry.get("algorithm", config.algo).factory
     algorithm: Algorithm = algo_cls(build_plugin_config(algo_cls.config_class, config.algorithm, "algorithm"))
@@ -204,10 +243,12 @@ def _algorithm(config: TrainConfig, manager: PluginManager, num_processes: int) 
     asked = manager.hook.agentrl_needs_old_logprobs(config=config, settings=settings)
     needs_old = algorithm.needs_old_logprobs or any(bool(a) for a in asked)
     if algorithm.num_mini_batches > config.batch_size // num_processes:
-        raise ConfigError(f"algorithm {config.algo!r} asks for {algorithm.num_mini_batches} mini-batches "
-                          f"but a rollout batch has only {config.batch_size // num_processes} episodes "
-                          f"(prompts_per_step x num_generations, over {num_processes} process(es)): "
-                          "lower the mini-batch count")
+        raise ConfigError(
+            f"algorithm {config.algo!r} asks for {algorithm.num_mini_batches} mini-batches "
+            f"but a rollout batch has only {config.batch_size // num_processes} episodes "
+            f"(prompts_per_step x num_generations, over {num_processes} process(es)): "
+            "lower the mini-batch count"
+        )
     return algorithm, settings, needs_old
 
 
@@ -215,17 +256,24 @@ def _train_policy(run: Run) -> None:
     """The policy's logprob forward, its AdamW and LR schedule, prepared by accelerate."""
     config = run.config
     if config.gradient_checkpointing and not checkpoint_blocks(run.model):
-        raise ConfigError(f"gradient_checkpointing=true: {type(run.model).__name__} has no decoder blocks to "
-                          "checkpoint (no transformers GradientCheckpointingLayer, no nn.ModuleList of blocks); "
-                          "set gradient_checkpointing false")
+        raise ConfigError(
+            f"gradient_checkpointing=true: {type(run.model).__name__} has no decoder blocks to "
+            "checkpoint (no transformers GradientCheckpointingLayer, no nn.ModuleList of blocks); "
+            "set gradient_checkpointing false"
+        )
     policy = TokenLogprobs(run.model, temperature=config.temperature, pack=config.pack_sequences)
     run.policy_pack = check_packing(policy, config.pack_sequences)
-    optimizer = torch.optim.AdamW([p for p in run.model.parameters() if p.requires_grad], lr=config.learning_rate,
-                                  betas=config.adam_betas, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in run.model.parameters() if p.requires_grad],
+        lr=config.learning_rate,
+        betas=config.adam_betas,
+        weight_decay=config.weight_decay,
+    )
     run.policy, optimizer = run.accelerator.prepare(policy, optimizer)
     # The schedule is not prepared: accelerate's wrapper would step it once per process per step.
-    scheduler = build_scheduler(optimizer, config.lr_scheduler, config.warmup_steps, run.optimizer_steps_per_run(),
-                                config.lr_decay_fraction)
+    scheduler = build_scheduler(
+        optimizer, config.lr_scheduler, config.warmup_steps, run.optimizer_steps_per_run(), config.lr_decay_fraction
+    )
     run.trained["policy"] = Trained(run.policy, run.model, optimizer, scheduler, config.max_grad_norm)
 
 
@@ -233,8 +281,10 @@ def _train_owned(run: Run, modules: dict[str, TrainableModule]) -> None:
     """An AdamW optimizer and LR schedule per algorithm-owned module, all prepared by accelerate."""
     for name, spec in modules.items():
         if name in ("model", "policy") or not name.isidentifier():
-            raise ConfigError(f"algorithm {run.config.algo!r} owns a module named {name!r}: use an identifier "
-                              "other than 'model' and 'policy' (it names a folder in the run dir)")
+            raise ConfigError(
+                f"algorithm {run.config.algo!r} owns a module named {name!r}: use an identifier "
+                "other than 'model' and 'policy' (it names a folder in the run dir)"
+            )
         if run.replica is not None:  # sharded: its shape, to save the gathered weights into at the end
             run.owned_templates[name] = sharding.shape_template(spec.module)
         if run.config.gradient_checkpointing:  # a module without blocks (a small head) runs as it is
@@ -260,19 +310,27 @@ def check_prompt_room(env: Env, tokenizer: Any, max_total_tokens: int, num_tasks
     tasks = env.train_tasks()
     for task in [tasks[i] for i in range(min(num_tasks, len(tasks)))]:
         native = bool(env.tool_schemas()) and chat.renders_tools
-        messages, _ = call_with_timeout(env.reset, None, seed=0,  # an ``async def`` reset is awaited
-                                        options={"task": task, "template_renders_tools": native})
+        messages, _ = call_with_timeout(
+            env.reset,
+            None,
+            seed=0,  # an ``async def`` reset is awaited
+            options={"task": task, "template_renders_tools": native},
+        )
         length = len(chat.prompt_ids(messages, tools=list(env.tool_schemas()) if native else None))
         if length >= max_total_tokens:
-            raise ConfigError(f"max_total_tokens={max_total_tokens} leaves no room to sample: the prompt of training "
-                              f"task {task.get('id', '?')!r} alone is {length} tokens; raise max_total_tokens")
+            raise ConfigError(
+                f"max_total_tokens={max_total_tokens} leaves no room to sample: the prompt of training "
+                f"task {task.get('id', '?')!r} alone is {length} tokens; raise max_total_tokens"
+            )
 
 
 def check_sharded_run(config: TrainConfig, sharded: bool, fsdp: bool) -> None:
     """What a run with sharded weights (FSDP, ZeRO-3) cannot do yet: a ConfigError naming it."""
     if sharded and not fsdp and config.checkpoint_every:
-        raise ConfigError(f"checkpoint_every={config.checkpoint_every}: checkpoints of DeepSpeed ZeRO-3 runs are not "
-                          "supported yet; set checkpoint_every=0 (the final model is still saved) or use fsdp / zero2")
+        raise ConfigError(
+            f"checkpoint_every={config.checkpoint_every}: checkpoints of DeepSpeed ZeRO-3 runs are not "
+            "supported yet; set checkpoint_every=0 (the final model is still saved) or use fsdp / zero2"
+        )
     if sharded and config.lora is not None:
         raise ConfigError("lora with sharded weights (FSDP, ZeRO-3) is not supported yet: use ddp or zero2")
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.sampling.engine import SamplingParams
-from agentrl.rundir.metrics import env_metrics
 from agentrl.env import CallGuard, Env
 from agentrl.rewards.scoring import RewardFn, score
+from agentrl.rundir.metrics import env_metrics
+from agentrl.sampling.engine import SamplingParams
 from agentrl.trajectory import Trajectory
 
 
@@ -28,19 +28,28 @@ def episode_success(trajectory: Trajectory, success_threshold: float = Env.succe
     return trajectory.env_return >= success_threshold
 
 
-def evaluate(rollout: Any, envs: list[Env], tasks: list[dict[str, Any]], *, max_new_tokens: int,
-             temperature: float = 0.0, seed: int = 0, reward_fns: dict[str, tuple[RewardFn, float]] | None = None,
-             batch_size: int = 64, guard: CallGuard | None = None,
-             env_weight: float = 1.0) -> tuple[dict[str, float], list[Trajectory]]:
+def evaluate(
+    rollout: Any,
+    envs: list[Env],
+    tasks: list[dict[str, Any]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    reward_fns: dict[str, tuple[RewardFn, float]] | None = None,
+    batch_size: int = 64,
+    guard: CallGuard | None = None,
+    env_weight: float = 1.0,
+) -> tuple[dict[str, float], list[Trajectory]]:
     """Accuracy, mean env return, reward-function means and ``eval/reward_mean`` (the mean total
     reward, env return x ``env_weight`` + weighted reward functions: the training objective on
     held-out tasks) on ``tasks`` (one episode each); ``guard`` (the run's ``call_timeout_s`` /
     ``on_call_error``) runs the reward functions."""
     trajectories: list[Trajectory] = []
     for start in range(0, len(tasks), batch_size):
-        chunk = tasks[start:start + batch_size]
+        chunk = tasks[start : start + batch_size]
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + start)
-        trajectories += rollout.run(envs[:len(chunk)], chunk, list(range(len(chunk))), sampling)
+        trajectories += rollout.run(envs[: len(chunk)], chunk, list(range(len(chunk))), sampling)
     metrics = {
         "eval/accuracy": float(np.mean([episode_success(t, envs[0].success_threshold) for t in trajectories])),
         "eval/env_return_mean": float(np.mean([t.env_return for t in trajectories])),

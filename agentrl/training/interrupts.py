@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agentrl.rundir import checkpoints as ckpt
-from agentrl.model import distributed
 from agentrl.errors import TrainingInterrupted
+from agentrl.model import distributed
 from agentrl.model.launch import STOP_SIGNALS, detach_hung_up_terminal
+from agentrl.rundir import checkpoints as ckpt
 
 
 class InterruptGuard:
@@ -68,15 +68,22 @@ class InterruptGuard:
             self.signum = signum
         if self.collective:
             if not self.requested:
-                warnings.warn(f"{name}: every process stops at the end of this step's rollout or update, then "
-                              "saves a checkpoint", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"{name}: every process stops at the end of this step's rollout or update, then saves a checkpoint",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             self.requested = True
             return
         self.requested = True  # seen at the step's end even if the raise below lands where it is swallowed
         if self._deferring and not self.pending:
             self.pending = True
-            warnings.warn(f"{name}: stopping after this step's update, then saving a checkpoint (a second "
-                          f"{name} stops now without saving this step)", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{name}: stopping after this step's update, then saving a checkpoint (a second "
+                f"{name} stops now without saving this step)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return
         self.broke_unit = self._deferring
         raise KeyboardInterrupt
@@ -89,8 +96,8 @@ def any_process(flag: bool) -> bool:
 
 
 def interruption(guard: InterruptGuard, step: int, run_dir: Path, save: Callable[[int], Path]) -> TrainingInterrupted:
-    """What a stopped run raises: ``save`` checkpoints the last complete ``step`` (unless a second signal broke into an update or its
-    checkpoint: then the newest complete checkpoint is what stays)."""
+    """What a stopped run raises: ``save`` checkpoints the last complete ``step`` (unless a second
+    signal broke into an update or its checkpoint: then the newest complete checkpoint is what stays)."""
     signum = guard.signum or signal.SIGINT
     name = signal.Signals(signum).name
     resume = f"`agentrl train --resume {run_dir}`"
@@ -101,15 +108,19 @@ def interruption(guard: InterruptGuard, step: int, run_dir: Path, save: Callable
     else:
         try:
             folder = save(step)
-            return TrainingInterrupted(f"interrupted after step {step} ({name}); checkpoint {folder}; continue "
-                                       f"with {resume}", str(folder), signum)
+            return TrainingInterrupted(
+                f"interrupted after step {step} ({name}); checkpoint {folder}; continue with {resume}",
+                str(folder),
+                signum,
+            )
         except KeyboardInterrupt:  # a second signal: the checkpoint's temporary folder is gone
             how = f"stopped at once by a second signal ({name} first), before step {step}'s checkpoint was complete"
     latest = _latest_or_none(run_dir)
     if latest is None:
         return TrainingInterrupted(f"{how}; no checkpoint: {resume} starts the run over from step 0", None, signum)
-    return TrainingInterrupted(f"{how}; the newest complete checkpoint is {latest}: continue with {resume}",
-                               latest, signum)
+    return TrainingInterrupted(
+        f"{how}; the newest complete checkpoint is {latest}: continue with {resume}", latest, signum
+    )
 
 
 def _latest_or_none(run_dir: Path) -> str | None:

@@ -16,14 +16,13 @@ from typing import Any
 
 import torch
 
-from agentrl.model import distributed
-from agentrl.model import lora
 from agentrl.algorithms import reference
 from agentrl.algorithms.base import LossContext
+from agentrl.algorithms.objectives import step_totals
+from agentrl.model import distributed, lora
+from agentrl.model.policy import TokenLogprobs
 from agentrl.training.batching import mini_batch_rows
 from agentrl.training.build import Run
-from agentrl.algorithms.objectives import step_totals
-from agentrl.model.policy import TokenLogprobs
 from agentrl.training.step_stats import StepStats
 from agentrl.trajectory import TrainBatch
 
@@ -69,12 +68,16 @@ class Learner:
         if not bool(scored > 0):  # nothing scored: no signal, only Adam momentum
             self.skipped_in_a_row += 1
             metrics["train/skipped_unscored_batch"] = 1.0
-            warnings.warn(f"step {step}: no episode of the batch has a finite reward; the update was skipped",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"step {step}: no episode of the batch has a finite reward; the update was skipped",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return
         self.add_frozen_logprobs(batch)
-        for factor in run.hook.agentrl_adjust_loss_mask(batch=batch, config=run.config, settings=run.settings,
-                                                        metrics=metrics):
+        for factor in run.hook.agentrl_adjust_loss_mask(
+            batch=batch, config=run.config, settings=run.settings, metrics=metrics
+        ):
             batch.loss_mask = batch.loss_mask * factor.to(batch.loss_mask.device)
         batch.extras["advantages"] = algo.compute_advantages(batch, metrics)
         train_policy = algo.trains_policy(step)
@@ -111,16 +114,19 @@ class Learner:
                 reference = TokenLogprobs(run.ref_model, temperature=run.config.temperature, pack=run.policy_pack)
                 batch.extras["ref_logprobs"] = self.frozen_logprobs(reference, batch)
 
-    def optimizer_step(self, batch: TrainBatch, step: int, train_policy: bool, stats: StepStats,
-                       metrics: dict[str, float]) -> bool:
+    def optimizer_step(
+        self, batch: TrainBatch, step: int, train_policy: bool, stats: StepStats, metrics: dict[str, float]
+    ) -> bool:
         """One optimizer step of every trained module on ``batch`` (a mini-batch): denominators
         counted over its micro-batches first, then accumulate, clip, step; skipped if not finite
         (returns whether it stepped)."""
         run = self.run
         step_loss = self.accumulate(self.micro_batches(batch), batch, step, train_policy, stats, metrics)
         trained = {name: t for name, t in run.trained.items() if train_policy or name != "policy"}
-        norms = {name: float(run.accelerator.clip_grad_norm_(t.parameters_of.parameters(), t.max_grad_norm or float("inf")))
-                 for name, t in trained.items()}
+        norms = {
+            name: float(run.accelerator.clip_grad_norm_(t.parameters_of.parameters(), t.max_grad_norm or float("inf")))
+            for name, t in trained.items()
+        }
         step_loss = float(distributed.all_sum(torch.tensor(step_loss, dtype=torch.float64)))  # every process agrees
         finite = math.isfinite(step_loss) and all(math.isfinite(n) for n in norms.values())  # norms: global already
         for name, t in trained.items():
@@ -132,8 +138,12 @@ class Learner:
                 t.scheduler.step()
         if not finite:
             self.nonfinite_skips += 1
-            warnings.warn(f"step {step}: loss {step_loss} or gradient norms {norms} are not finite; "
-                          "the optimizer step was skipped", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"step {step}: loss {step_loss} or gradient norms {norms} are not finite; "
+                "the optimizer step was skipped",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         for t in trained.values():
             t.optimizer.zero_grad(set_to_none=True)
         if not train_policy:
@@ -141,15 +151,25 @@ class Learner:
         stats.end_step()
         return finite
 
-    def accumulate(self, micro: list[TrainBatch], batch: TrainBatch, step: int, train_policy: bool,
-                   stats: StepStats, metrics: dict[str, float]) -> float:
+    def accumulate(
+        self,
+        micro: list[TrainBatch],
+        batch: TrainBatch,
+        step: int,
+        train_policy: bool,
+        stats: StepStats,
+        metrics: dict[str, float],
+    ) -> float:
         """Backpropagate every micro-batch's loss (gradients all-reduced once, after the last);
         returns the summed loss of this process."""
         run = self.run
         accelerator = run.accelerator
-        totals = step_totals([mb.loss_mask for mb in micro],
-                             num_tokens_rollout=float(accelerator.reduce(batch.loss_mask.sum(), "sum")),
-                             max_completion_length=self.max_sampled, reduce=lambda t: accelerator.reduce(t, "sum"))
+        totals = step_totals(
+            [mb.loss_mask for mb in micro],
+            num_tokens_rollout=float(accelerator.reduce(batch.loss_mask.sum(), "sum")),
+            max_completion_length=self.max_sampled,
+            reduce=lambda t: accelerator.reduce(t, "sum"),
+        )
         models = [t.module for t in run.trained.values()]
         step_loss = 0.0
         for i, mb in enumerate(micro):
@@ -159,11 +179,22 @@ class Learner:
                         stack.enter_context(accelerator.no_sync(model))
                 with run.autocast(), torch.set_grad_enabled(train_policy):
                     logprobs, entropy = run.policy(mb.input_ids, mb.attention_mask, mb.loss_mask)
-                out = run.algorithm.loss(LossContext(
-                    batch=mb, logprobs=logprobs, old_logprobs=mb.extras.get("old_logprobs", logprobs.detach()),
-                    ref_logprobs=mb.extras.get("ref_logprobs"), totals=totals, hook=run.hook, config=run.config,
-                    metrics=metrics, step=step, train_policy=train_policy, autocast=run.autocast,
-                    settings=run.settings))
+                out = run.algorithm.loss(
+                    LossContext(
+                        batch=mb,
+                        logprobs=logprobs,
+                        old_logprobs=mb.extras.get("old_logprobs", logprobs.detach()),
+                        ref_logprobs=mb.extras.get("ref_logprobs"),
+                        totals=totals,
+                        hook=run.hook,
+                        config=run.config,
+                        metrics=metrics,
+                        step=step,
+                        train_policy=train_policy,
+                        autocast=run.autocast,
+                        settings=run.settings,
+                    )
+                )
                 if out.loss.requires_grad:
                     # Denominators are global, so undo DDP's gradient averaging (x num_processes).
                     accelerator.backward(out.loss * accelerator.num_processes)

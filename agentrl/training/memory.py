@@ -106,9 +106,21 @@ class MallocStats:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def malloc_stats() -> MallocStats | None:
@@ -118,5 +130,9 @@ def malloc_stats() -> MallocStats | None:
         return None
     libc.mallinfo2.restype = _MallInfo2
     info = libc.mallinfo2()
-    return MallocStats(heap_gb=info.arena / 1e9, mmapped_gb=info.hblkhd / 1e9, in_use_gb=info.uordblks / 1e9,
-                       free_gb=info.fordblks / 1e9)
+    return MallocStats(
+        heap_gb=info.arena / 1e9,
+        mmapped_gb=info.hblkhd / 1e9,
+        in_use_gb=info.uordblks / 1e9,
+        free_gb=info.fordblks / 1e9,
+    )

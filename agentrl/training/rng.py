@@ -13,8 +13,11 @@ def rng_states() -> dict[str, Any]:
     """Every global random generator's state (Python, numpy, torch CPU and CUDA), as values
     :func:`agentrl.rundir.state_files.to_json` stores exactly."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    states: dict[str, Any] = {"python": random.getstate(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
-                              "torch": torch.get_rng_state()}
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states

@@ -16,17 +16,15 @@ from typing import Any
 
 import torch
 
-from agentrl.rundir import checkpoints as ckpt
-from agentrl.model import distributed
-from agentrl.model import lora
 from agentrl.algorithms import reference
-from agentrl.model import sharding
-from agentrl.training.build import Run, Trained
 from agentrl.errors import CheckpointError, ConfigError, one_line
-from agentrl.training.rng import rng_states, set_rng_states
+from agentrl.model import distributed, lora, sharding
+from agentrl.rundir import checkpoints as ckpt
 from agentrl.rundir.directory import file_size
-from agentrl.training.schedules import reapply_schedule
 from agentrl.rundir.state_files import save_json, save_tensors
+from agentrl.training.build import Run, Trained
+from agentrl.training.rng import rng_states, set_rng_states
+from agentrl.training.schedules import reapply_schedule
 
 
 class WholeWeights:
@@ -54,7 +52,9 @@ class WholeWeights:
             load_weights(self.run.model, ckpt.weights_folder(run_dir, folder))
         self._load_optimizer(self.run.trained["policy"], optimizer_state)
 
-    def load_module(self, trained: Trained, state: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None) -> None:
+    def load_module(
+        self, trained: Trained, state: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None
+    ) -> None:
         self.run.accelerator.unwrap_model(trained.module).load_state_dict(state)
         self._load_optimizer(trained, optimizer_state)
 
@@ -89,7 +89,9 @@ class ShardedWeights:
         whole = {f"model.{key}": value for key, value in replica.state_dict().items()}
         sharding.load_whole_state(policy.module, policy.optimizer, whole, optimizer_state)
 
-    def load_module(self, trained: Trained, state: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None) -> None:
+    def load_module(
+        self, trained: Trained, state: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None
+    ) -> None:
         sharding.load_whole_state(trained.module, trained.optimizer, state, optimizer_state)
 
 
@@ -105,8 +107,9 @@ class RunCheckpoints:
         ``progress``: the loop's own state (task cursor, skip counters, the first evaluation).
         Every process calls it (each one's RNG and engine state is kept); the main one writes."""
         run, weights = self.run, self.weights
-        processes = distributed.gather_objects({"rng": rng_states(), "engine": run.engine.state_dict(),
-                                                "async": progress.get("async")})  # each process's own batches
+        processes = distributed.gather_objects(
+            {"rng": rng_states(), "engine": run.engine.state_dict(), "async": progress.get("async")}
+        )  # each process's own batches
         policy_model = weights.policy_model() if weights.sharded else None  # a collective under FSDP
         optim_states = {name: weights.optimizer_state(t) for name, t in run.trained.items()}
         module_states = {name: weights.module_state(t) for name, t in run.trained.items() if name != "policy"}
@@ -126,16 +129,31 @@ class RunCheckpoints:
             save_tensors(optim_states, folder / ckpt.OPTIMIZERS)
             plugins: dict[str, Any] = {}
             run.hook.agentrl_save_state(state=plugins)
-            save_json({"schedules": {name: t.scheduler.state_dict() for name, t in run.trained.items()},
-                       "processes": processes, "algorithm": run.algorithm.state_dict(), "plugins": plugins},
-                      folder / ckpt.EXTRA)
-            (folder / ckpt.STATE).write_text(json.dumps({
-                "step": step, "task_cursor": progress["task_cursor"],
-                "metrics_bytes": file_size(self.run_dir / "metrics.jsonl"),
-                "completions_bytes": file_size(self.run_dir / "completions.jsonl"),
-                "nonfinite_skips": progress["nonfinite_skips"], "skipped_in_a_row": progress["skipped_in_a_row"],
-                "eval_before": progress["eval_before"], "sharded": weights.sharded,
-                "config": run.config.to_dict()}, indent=1))
+            save_json(
+                {
+                    "schedules": {name: t.scheduler.state_dict() for name, t in run.trained.items()},
+                    "processes": processes,
+                    "algorithm": run.algorithm.state_dict(),
+                    "plugins": plugins,
+                },
+                folder / ckpt.EXTRA,
+            )
+            (folder / ckpt.STATE).write_text(
+                json.dumps(
+                    {
+                        "step": step,
+                        "task_cursor": progress["task_cursor"],
+                        "metrics_bytes": file_size(self.run_dir / "metrics.jsonl"),
+                        "completions_bytes": file_size(self.run_dir / "completions.jsonl"),
+                        "nonfinite_skips": progress["nonfinite_skips"],
+                        "skipped_in_a_row": progress["skipped_in_a_row"],
+                        "eval_before": progress["eval_before"],
+                        "sharded": weights.sharded,
+                        "config": run.config.to_dict(),
+                    },
+                    indent=1,
+                )
+            )
 
         folder = ckpt.write_atomically(self.run_dir, step, write, run.config.keep_checkpoints)
         distributed.barrier()
@@ -148,23 +166,32 @@ class RunCheckpoints:
         saved = ckpt.read_checkpoint(folder)  # a CheckpointError naming a file that cannot be read safely
         state, optim = saved.trainer, saved.optimizers
         if bool(state.get("sharded", False)) != weights.sharded:
-            written, needed = ("an FSDP run", "--accelerate-config fsdp") if state.get("sharded") else (
-                "a run without sharded weights", "the accelerate config it was written with (not fsdp)")
+            written, needed = (
+                ("an FSDP run", "--accelerate-config fsdp")
+                if state.get("sharded")
+                else ("a run without sharded weights", "the accelerate config it was written with (not fsdp)")
+            )
             raise ConfigError(f"checkpoint {str(folder)!r} was written by {written}; resume it with {needed}")
         processes = saved.processes
         if len(processes) != run.num_processes:
-            raise ConfigError(f"checkpoint {str(folder)!r} was written by {len(processes)} process(es); resume it with "
-                              f"the same count, not {run.num_processes} (each process's sampling state is in it)")
+            raise ConfigError(
+                f"checkpoint {str(folder)!r} was written by {len(processes)} process(es); resume it with "
+                f"the same count, not {run.num_processes} (each process's sampling state is in it)"
+            )
         if run.is_main and any(moments is None for moments in optim.values()):  # slimmed (a finished run's)
-            print(f"note: {folder.name} is a finished run's checkpoint without optimizer state: the AdamW moments "
-                  "restart from zero (keep_finished_checkpoints: true keeps them)", flush=True)
+            print(
+                f"note: {folder.name} is a finished run's checkpoint without optimizer state: the AdamW moments "
+                "restart from zero (keep_finished_checkpoints: true keeps them)",
+                flush=True,
+            )
         weights.load_policy(self.run_dir, folder, optim["policy"])
         for name, trained in run.trained.items():
             if name != "policy":
                 weights.load_module(trained, saved.modules[name], optim[name])
         if run.ref_model is not None:
-            reference.load_reference(run.ref_model, folder, reference.has_been_reset(
-                int(state["step"]), run.algorithm.reference_reset[0]))
+            reference.load_reference(
+                run.ref_model, folder, reference.has_been_reset(int(state["step"]), run.algorithm.reference_reset[0])
+            )
         for name, trained in run.trained.items():
             trained.scheduler.load_state_dict(saved.schedules[name])
             reapply_schedule(trained.scheduler)  # --resume --max-steps N: the rate of the schedule as now configured
@@ -195,8 +222,11 @@ class RunCheckpoints:
         """The algorithm's modules whole, by name, when the run shards weights (every process calls
         this: the gather is a collective); empty otherwise (they are whole already)."""
         run = self.run
-        return {name: sharding.unsharded(run.owned_templates[name], sharding.full_state_dict(run.accelerator, t.module))
-                for name, t in run.trained.items() if name in run.owned_templates}
+        return {
+            name: sharding.unsharded(run.owned_templates[name], sharding.full_state_dict(run.accelerator, t.module))
+            for name, t in run.trained.items()
+            if name in run.owned_templates
+        }
 
     def export(self, name: str = "model", gathered: dict[str, torch.nn.Module] | None = None) -> None:
         """The final model in ``run_dir/name`` (``from_pretrained``-loadable, with its tokenizer; with
@@ -210,8 +240,10 @@ class RunCheckpoints:
         for module_name, trained in run.trained.items():
             if module_name != "policy":
                 whole = (gathered or {}).get(module_name)
-                save_module(whole if whole is not None else run.accelerator.unwrap_model(trained.module),
-                            self.run_dir / module_name)
+                save_module(
+                    whole if whole is not None else run.accelerator.unwrap_model(trained.module),
+                    self.run_dir / module_name,
+                )
 
 
 def load_weights(model: torch.nn.Module, folder: Path) -> None:
@@ -221,22 +253,26 @@ def load_weights(model: torch.nn.Module, folder: Path) -> None:
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise CheckpointError(f"{str(folder)!r} holds no *.safetensors weights file: resume from another checkpoint, "
-                              "or start the run again")
+        raise CheckpointError(
+            f"{str(folder)!r} holds no *.safetensors weights file: resume from another checkpoint, "
+            "or start the run again"
+        )
     weights: dict[str, torch.Tensor] = {}
     for file in files:
         try:
             weights.update(load_file(file))
         except Exception as exc:  # safetensors raises its own error type for a cut or garbled file
-            raise CheckpointError(f"{file} is unreadable ({one_line(exc)}): resume from another checkpoint, or "
-                                  "start the run again") from None
+            raise CheckpointError(
+                f"{file} is unreadable ({one_line(exc)}): resume from another checkpoint, or start the run again"
+            ) from None
     missing, unexpected = model.load_state_dict(weights, strict=False)
     loaded = {p.data_ptr() for name, p in model.named_parameters(remove_duplicate=False) if name in weights}
     params = dict(model.named_parameters(remove_duplicate=False))
     untied = [k for k in missing if k not in params or params[k].data_ptr() not in loaded]
     if untied or unexpected:
-        raise ConfigError(f"checkpoint {str(folder)!r} does not fit the model: missing {untied[:5]}, "
-                          f"unexpected {unexpected[:5]}")
+        raise ConfigError(
+            f"checkpoint {str(folder)!r} does not fit the model: missing {untied[:5]}, unexpected {unexpected[:5]}"
+        )
 
 
 def save_module(module: torch.nn.Module, folder: Path) -> None:

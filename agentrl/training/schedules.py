@@ -28,8 +28,13 @@ def wsd_decay_steps(fraction: float, steps_after_warmup: int) -> int:
     return min(max(1, round(fraction * steps_after_warmup)), max(1, steps_after_warmup))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, name: str, warmup_steps: int, total_steps: int,
-                    decay_fraction: float = TrainConfig.lr_decay_fraction) -> Any:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    name: str,
+    warmup_steps: int,
+    total_steps: int,
+    decay_fraction: float = TrainConfig.lr_decay_fraction,
+) -> Any:
     """A transformers LR schedule; ``constant`` with warm-up is ``constant_with_warmup`` (the plain
     ``constant`` schedule ignores ``num_warmup_steps``); ``wsd`` is transformers' warm-up, stable,
     decay schedule, decaying linearly to 0 over :func:`wsd_decay_steps` of the steps."""
@@ -37,7 +42,11 @@ def build_scheduler(optimizer: torch.optim.Optimizer, name: str, warmup_steps: i
         name = "constant_with_warmup"
     if name == "wsd":
         decay_steps = wsd_decay_steps(decay_fraction, total_steps - warmup_steps)
-        return get_scheduler("warmup_stable_decay", optimizer, num_warmup_steps=warmup_steps,
-                             num_training_steps=total_steps,
-                             scheduler_specific_kwargs={"num_decay_steps": decay_steps, "decay_type": "linear"})
+        return get_scheduler(
+            "warmup_stable_decay",
+            optimizer,
+            num_warmup_steps=warmup_steps,
+            num_training_steps=total_steps,
+            scheduler_specific_kwargs={"num_decay_steps": decay_steps, "decay_type": "linear"},
+        )
     return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)

@@ -12,10 +12,10 @@ One step (see the hook order in agentrl.hookspecs):
      (accelerate); a step whose loss or gradients are not finite is skipped and counted;
   6. the engine receives the new weights.
 
-The pieces: :func:`agentrl.training.build.build_run` makes the parts, :class:`agentrl.training.rollout_phase.RolloutPhase`
-does 1-3, :class:`agentrl.training.learner.Learner` 4-6, :class:`agentrl.training.saving.RunCheckpoints` keeps
-the state on disk, :mod:`agentrl.training.interrupts` turns signals into a clean stop, :mod:`agentrl.rundir.directory`
-decides where a run writes. This module runs them in order.
+The pieces: :func:`agentrl.training.build.build_run` makes the parts,
+:class:`agentrl.training.rollout_phase.RolloutPhase` does 1-3, :class:`agentrl.training.learner.Learner` 4-6,
+:class:`agentrl.training.saving.RunCheckpoints` keeps the state on disk, :mod:`agentrl.training.interrupts` turns
+signals into a clean stop, :mod:`agentrl.rundir.directory` decides where a run writes. This module runs them in order.
 """
 
 from __future__ import annotations
@@ -30,24 +30,24 @@ from typing import Any
 
 import yaml
 
-from agentrl.training import async_rollouts
-from agentrl.model import distributed
-from agentrl.rundir import checkpoints as ckpt
-from agentrl.training.best_model import BestModel
-from agentrl.training.build import Run, build_run
 from agentrl.config.train import TrainConfig
 from agentrl.errors import TrainingError
 from agentrl.faults import plugin_exit
+from agentrl.model import distributed
+from agentrl.plugins import PluginManager
+from agentrl.rewards.schemes import with_absolute_paths
+from agentrl.rundir import checkpoints as ckpt
+from agentrl.rundir.directory import log_completions, read_history, refuse_existing_run, run_dir_for, truncate
+from agentrl.rundir.metrics import MetricsWriter
+from agentrl.rundir.paths import check_output_dir
+from agentrl.training import async_rollouts
+from agentrl.training.best_model import BestModel
+from agentrl.training.build import Run, build_run
 from agentrl.training.interrupts import InterruptGuard, any_process, interruption
 from agentrl.training.learner import Learner
 from agentrl.training.memory import peak_rss_gb, rss_gb
-from agentrl.rundir.metrics import MetricsWriter
-from agentrl.rundir.paths import check_output_dir
-from agentrl.plugins import PluginManager
-from agentrl.rewards.schemes import with_absolute_paths
 from agentrl.training.rollout_phase import RolloutPhase
 from agentrl.training.saving import RunCheckpoints
-from agentrl.rundir.directory import log_completions, read_history, refuse_existing_run, run_dir_for, truncate
 from agentrl.trajectory import TrainBatch
 
 
@@ -68,8 +68,9 @@ class Trainer:
     """Builds a run from a TrainConfig and a loaded PluginManager (``resume``: the checkpoint to
     continue from), then trains it: :meth:`train`."""
 
-    def __init__(self, config: TrainConfig, manager: PluginManager, console: Any = None,
-                 resume: Path | None = None) -> None:
+    def __init__(
+        self, config: TrainConfig, manager: PluginManager, console: Any = None, resume: Path | None = None
+    ) -> None:
         self.console = console
         self.run_dir = run_dir_for(config)
         if resume is None:
@@ -85,8 +86,11 @@ class Trainer:
         self.completed_step = 0
         self.eval_before: dict[str, float] = {}
         self.best_record: dict[str, Any] | None = None  # what eval.json says about the best policy
-        self.best = BestModel(self.run_dir, metric="eval/reward_mean") if (
-            config.keep_best and config.eval_tasks and config.save_model) else None
+        self.best = (
+            BestModel(self.run_dir, metric="eval/reward_mean")
+            if (config.keep_best and config.eval_tasks and config.save_model)
+            else None
+        )
         self.resumed: dict[str, Any] | None = self.load_checkpoint(resume) if resume is not None else None
 
     # The parts most callers reach for, by their usual names.
@@ -127,15 +131,22 @@ class Trainer:
             _phase(progress, "update")
             self.update(batch, metrics, step)
             t2 = time.perf_counter()
-            metrics.update({"perf/rollout_seconds": t1 - t0, "perf/update_seconds": t2 - t1,
-                            "perf/step_seconds": t2 - t0,
-                            "perf/episodes_per_second": len(trajectories) / (t2 - t0),
-                            "perf/rss_gb": rss_gb(), "perf/peak_rss_gb": peak_rss_gb()})
+            metrics.update(
+                {
+                    "perf/rollout_seconds": t1 - t0,
+                    "perf/update_seconds": t2 - t1,
+                    "perf/step_seconds": t2 - t0,
+                    "perf/episodes_per_second": len(trajectories) / (t2 - t0),
+                    "perf/rss_gb": rss_gb(),
+                    "perf/peak_rss_gb": peak_rss_gb(),
+                }
+            )
             too_many = self.learner.skipped_in_a_row >= cfg.max_nonfinite_steps
             save = bool(cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or too_many))
             if self.producer is not None:  # the new version goes to the rollout thread
-                self.producer.hand_over(step, self.run.sampling_model(), quiesce=save or self.eval_due(step),
-                                        evaluate=self.eval_due(step))
+                self.producer.hand_over(
+                    step, self.run.sampling_model(), quiesce=save or self.eval_due(step), evaluate=self.eval_due(step)
+                )
             self.evaluate_and_record(step, trajectories, metrics, writer, progress, rewards)
             if save:
                 self.save_checkpoint(step)
@@ -149,12 +160,15 @@ class Trainer:
                 f"steps {step - in_a_row + 1}-{step}: {in_a_row} steps in a row had a non-finite loss or "
                 f"gradient, or no scored episode (max_nonfinite_steps={cfg.max_nonfinite_steps}); stopping. The "
                 f"weights are those after step {step - in_a_row}; {self.run_dir}/metrics.jsonl shows the steps "
-                "(train/grad_norm, loss/total, reward/*). Lower learning_rate or check the rewards")
+                "(train/grad_norm, loss/total, reward/*). Lower learning_rate or check the rewards"
+            )
         if any_process(guard.requested):  # deferred to here, or raised inside a callback that swallowed it
             raise KeyboardInterrupt
         return metrics
 
-    def batch_for(self, step: int, guard: InterruptGuard) -> tuple[TrainBatch, list[Any], dict[str, float], list[float]]:
+    def batch_for(
+        self, step: int, guard: InterruptGuard
+    ) -> tuple[TrainBatch, list[Any], dict[str, float], list[float]]:
         """The step's batch, episodes, metrics and rewards: collected now (an interrupt rewinds to
         the step's start) or, with ``async_steps``, taken from the rollout thread."""
         if self.producer is not None:
@@ -172,11 +186,19 @@ class Trainer:
     def eval_due(self, step: int) -> bool:
         """Whether the periodic evaluation runs after ``step`` (on this process)."""
         cfg = self.config
-        return bool(cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks
-                    and self.is_main)
+        return bool(
+            cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks and self.is_main
+        )
 
-    def evaluate_and_record(self, step: int, trajectories: list[Any], metrics: dict[str, float],
-                            writer: MetricsWriter, progress: Any, rewards: list[float] | None = None) -> None:
+    def evaluate_and_record(
+        self,
+        step: int,
+        trajectories: list[Any],
+        metrics: dict[str, float],
+        writer: MetricsWriter,
+        progress: Any,
+        rewards: list[float] | None = None,
+    ) -> None:
         """The periodic evaluation (and best policy), completions, the step-end hook and the metrics row."""
         cfg = self.config
         if self.eval_due(step):
@@ -186,8 +208,9 @@ class Trainer:
             self.offer_best(step, evaluation)
         if self.is_main:
             if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
-                log_completions(self.run_dir, step, trajectories,
-                                self.rollouts.step_rewards if rewards is None else rewards)
+                log_completions(
+                    self.run_dir, step, trajectories, self.rollouts.step_rewards if rewards is None else rewards
+                )
             self.run.hook.agentrl_on_step_end(step=step, metrics=metrics)
         writer.write(step, metrics)
         self.completed_step = step
@@ -242,8 +265,9 @@ class Trainer:
         self.run.hook.agentrl_on_train_start(config=cfg, run_dir=str(run_dir))
         return MetricsWriter(run_dir, purge_step=resumed["step"] + 1 if resumed else None)
 
-    def run_steps(self, writer: Any, guard: InterruptGuard, progress: Any) -> tuple[list[dict[str, float]],
-                                                                                     dict[str, float]]:
+    def run_steps(
+        self, writer: Any, guard: InterruptGuard, progress: Any
+    ) -> tuple[list[dict[str, float]], dict[str, float]]:
         """The evaluation before, the steps left, the last checkpoint and the evaluation after."""
         cfg, main = self.config, self.is_main
         if self.resumed is None:
@@ -281,8 +305,12 @@ class Trainer:
         if eval_after:
             writer.write(cfg.max_steps, {f"final/{k}": v for k, v in eval_after.items()})
         writer.close()
-        kept_best = self.best is not None and self.best.step is not None and eval_after and not (
-            eval_after.get(self.best.metric, -math.inf) >= self.best.score)
+        kept_best = (
+            self.best is not None
+            and self.best.step is not None
+            and eval_after
+            and not (eval_after.get(self.best.metric, -math.inf) >= self.best.score)
+        )
         record: dict[str, Any] = {"before": self.eval_before, "after": eval_after}
         if self.best is not None and self.best.step is not None:
             record["best"] = self.best_record = {**self.best.summary(), "saved_as_model": bool(kept_best)}
@@ -308,15 +336,25 @@ class Trainer:
         if self.producer is not None:
             self.producer.quiesce(step)
             ahead = {"async": self.producer.state()}
-        return self.checkpoints.save(step, {
-            "task_cursor": self.rollouts.cursor.position, "nonfinite_skips": self.learner.nonfinite_skips,
-            "skipped_in_a_row": self.learner.skipped_in_a_row, "eval_before": self.eval_before, **ahead})
+        return self.checkpoints.save(
+            step,
+            {
+                "task_cursor": self.rollouts.cursor.position,
+                "nonfinite_skips": self.learner.nonfinite_skips,
+                "skipped_in_a_row": self.learner.skipped_in_a_row,
+                "eval_before": self.eval_before,
+                **ahead,
+            },
+        )
 
     def load_checkpoint(self, folder: Path) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save_checkpoint`; returns its trainer state."""
         state = self.checkpoints.load(folder)
         self.rollouts.cursor.position = state["task_cursor"]
-        self.learner.nonfinite_skips, self.learner.skipped_in_a_row = state["nonfinite_skips"], state["skipped_in_a_row"]
+        self.learner.nonfinite_skips, self.learner.skipped_in_a_row = (
+            state["nonfinite_skips"],
+            state["skipped_in_a_row"],
+        )
         if not self.config.async_steps and (dropped := async_rollouts.restore(state.get("async"), 0, state["step"])[2]):
             print(f"note: {dropped} episodes the asynchronous run collected ahead are not trained on (async_steps=0)")
         return state

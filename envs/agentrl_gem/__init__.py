@@ -63,8 +63,15 @@ EVAL_SEED = 2**31
 """Held-out seeds start here."""
 DEFAULT_MAX_TURNS = 20
 """Turn limit for envs that set none."""
-EXAMPLES = ("game:GuessTheNumber-v0-easy", "game:Mastermind-v0-easy", "game:TowerofHanoi-v0-easy",
-            "game:Sudoku-v0-easy", "game:Game2048-v0-easy", "game:Minesweeper-v0-easy", "rg:leg_counting")
+EXAMPLES = (
+    "game:GuessTheNumber-v0-easy",
+    "game:Mastermind-v0-easy",
+    "game:TowerofHanoi-v0-easy",
+    "game:Sudoku-v0-easy",
+    "game:Game2048-v0-easy",
+    "game:Minesweeper-v0-easy",
+    "rg:leg_counting",
+)
 """Ids checked to run offline (named in errors)."""
 INSTALL_HINT = "--env gem needs the gem-llm package: pip install 'agentrl[gem]'"
 
@@ -79,7 +86,6 @@ def import_gem() -> Any:
         for handler in [h for h in root.handlers if h not in handlers]:
             root.removeHandler(handler)
         root.setLevel(level)
-
 
 
 @dataclass(frozen=True)
@@ -112,8 +118,13 @@ class GemEnv(Env):
     """GEM draws from the process-wide RNGs, swapped per instance (PrivateGlobalRandom): calls
     are made one at a time."""
 
-    def __init__(self, env_id: str = "game:GuessTheNumber-v0-easy", max_turns: int | None = None,
-                 env_kwargs: dict[str, Any] | None = None, num_eval: int = 64) -> None:
+    def __init__(
+        self,
+        env_id: str = "game:GuessTheNumber-v0-easy",
+        max_turns: int | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        num_eval: int = 64,
+    ) -> None:
         super().__init__()
         gem = import_gem()
         from gem.envs.registration import ENV_REGISTRY
@@ -130,8 +141,9 @@ class GemEnv(Env):
         try:
             game, _ = self._new_game(0)
         except Exception as exc:
-            raise EnvError(f"gem env {env_id!r} could not be built: {one_line(exc)} (offline ids include "
-                           f"{', '.join(EXAMPLES)})") from exc
+            raise EnvError(
+                f"gem env {env_id!r} could not be built: {one_line(exc)} (offline ids include {', '.join(EXAMPLES)})"
+            ) from exc
         self.max_turns = self._turn_limit(game)
         self._train = SeedTasks(env_id, "train", 0, TRAIN_SIZE)
         self._eval = SeedTasks(env_id, "eval", EVAL_SEED, num_eval)
@@ -189,8 +201,11 @@ class GemEnv(Env):
                 observation, reward, terminated, truncated, step_info = self.game.step(text)
             reward, done = float(reward), bool(terminated or truncated)
             message = None if done else self._message_text(observation, step_info)
-        info = {"success": done and reward >= 1.0, "truncated_by_game": bool(truncated),
-                "metrics": {"won": float(done and reward >= 1.0)}}
+        info = {
+            "success": done and reward >= 1.0,
+            "truncated_by_game": bool(truncated),
+            "metrics": {"won": float(done and reward >= 1.0)},
+        }
         if done:
             self.game = None
             return [], reward, True, info

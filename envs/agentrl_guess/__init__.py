@@ -44,8 +44,11 @@ class GuessArgs:
     """The ``guess`` env's ``env_args`` (see :class:`GuessEnv`), each checked against its declared
     rule when made: a bad one is a one-line EnvError ``GuessEnv: KEY must be ..., got VALUE``."""
 
-    n: Annotated[int, Field(ge=2, le=10**9),
-                 Allowed("an integer in [2, 10**9]", wrong_type="an integer >= 2", too_low="an integer >= 2")]
+    n: Annotated[
+        int,
+        Field(ge=2, le=10**9),
+        Allowed("an integer in [2, 10**9]", wrong_type="an integer >= 2", too_low="an integer >= 2"),
+    ]
     max_turns: Annotated[int, Field(ge=1), Allowed("an integer >= 1")]
     num_eval: Annotated[int, Field(ge=1), Allowed("an integer >= 1")]
     task_seed: Annotated[int, Field(ge=0), Allowed("an integer >= 0")]
@@ -72,10 +75,8 @@ class GuessTasks(LazyTasks):
         else:
             task_id = f"guess-train-{self.task_seed}-{index}"
             secret = int(seeded_rng((self.task_seed << 32) + index).integers(1, self.n + 1))
-        question = (f"I'm thinking of a number between 1 and {self.n}. "
-                    "Guess it; answer with just the number.")
-        return {"id": task_id, "secret": secret, "n": self.n, "question": question,
-                "answer": str(secret)}
+        question = f"I'm thinking of a number between 1 and {self.n}. Guess it; answer with just the number."
+        return {"id": task_id, "secret": secret, "n": self.n, "question": question, "answer": str(secret)}
 
 
 _INTEGER = re.compile(r"-?\d+")
@@ -106,12 +107,26 @@ class GuessEnv(Env):
 
     max_turns = 5
 
-    def __init__(self, n: int = 16, max_turns: int = 5, turn_cost: float = 0.1,
-                 task_seed: int = 0, num_eval: int = 64, demonstration: bool = True,
-                 consistency_bonus: float = 0.0) -> None:
+    def __init__(
+        self,
+        n: int = 16,
+        max_turns: int = 5,
+        turn_cost: float = 0.1,
+        task_seed: int = 0,
+        num_eval: int = 64,
+        demonstration: bool = True,
+        consistency_bonus: float = 0.0,
+    ) -> None:
         super().__init__()
-        GuessArgs(n=n, max_turns=max_turns, num_eval=num_eval, task_seed=task_seed, turn_cost=turn_cost,
-                  demonstration=demonstration, consistency_bonus=consistency_bonus)
+        GuessArgs(
+            n=n,
+            max_turns=max_turns,
+            num_eval=num_eval,
+            task_seed=task_seed,
+            turn_cost=turn_cost,
+            demonstration=demonstration,
+            consistency_bonus=consistency_bonus,
+        )
         self.n, self.max_turns, self.turn_cost = n, max_turns, float(turn_cost)
         self.consistency_bonus = float(consistency_bonus)
         self.demonstration = bool(demonstration)
@@ -156,8 +171,12 @@ class GuessEnv(Env):
         feedback = "higher" if secret > guess else "lower"
         self._open = (max(low, guess + 1), high) if feedback == "higher" else (low, min(high, guess - 1))
         bonus = self.consistency_bonus if consistent else 0.0
-        return ([{"role": "user", "content": f"{feedback.capitalize()}."}], bonus, False,
-                self._info(guess, feedback, False))
+        return (
+            [{"role": "user", "content": f"{feedback.capitalize()}."}],
+            bonus,
+            False,
+            self._info(guess, feedback, False),
+        )
 
     def _info(self, guess: int | None, feedback: str, solved: bool) -> dict[str, Any]:
         metrics = {"valid_frac": self._valid / self.turn, "solved": float(solved)}

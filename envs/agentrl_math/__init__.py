@@ -22,10 +22,10 @@ A wrong answer never earns more than a correct one, and once every reply is boxe
 + 2 x correct: pure correctness. The format terms weigh as much as the env's own reward so that the
 few boxed samples (3%) outweigh the pull toward short unboxed answers before the policy settles on
 those: at 0.5 each the format was learned on every seed in bf16 but on about half in fp32 (README
-"Which CPU"), where the sampler follows every update and its entropy falls within ten steps. The ungated part is what makes the habit learnable: with only the
-gated bonus (``--reward accuracy:1``) boxed samples were too rare to pay and the model stopped
-boxing altogether (README "Learning", measured). ``demonstration`` shows one solved problem first
-instead: every greedy answer is then boxed from the start, but the policy's entropy collapsed within
+"Which CPU"), where the sampler follows every update and its entropy falls within ten steps. The ungated part
+is what makes the habit learnable: with only the gated bonus (``--reward accuracy:1``) boxed samples were too rare to
+pay and the model stopped boxing altogether (README "Learning", measured). ``demonstration`` shows one solved problem
+first instead: every greedy answer is then boxed from the start, but the policy's entropy collapsed within
 ten steps and held-out accuracy stopped improving (same section). Every episode reports
 ``info["metrics"]["boxed"]`` (``env/boxed``, ``eval/env/boxed``: the share of replies with a ``\\boxed{}``).
 
@@ -65,6 +65,7 @@ DEMONSTRATION: list[Message] = [
 """The worked example shown before the question (``demonstration=True``): a problem outside every
 generated level, so it is never a training or held-out task."""
 
+
 # -- task sources --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Level:
@@ -85,8 +86,7 @@ class Level:
         a_i, b_i = divmod(rest, len(self.b))
         a, b, op = self.a[a_i], self.b[b_i], self.ops[op_i]
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
-        return {"question": f"What is {a} {op} {b}? {INSTRUCTION}", "answer": str(value),
-                "a": a, "op": op, "b": b}
+        return {"question": f"What is {a} {op} {b}? {INSTRUCTION}", "answer": str(value), "a": a, "op": op, "b": b}
 
 
 LEVELS: dict[str, Level] = {
@@ -137,8 +137,9 @@ def load_jsonl(path: str | Path) -> list[Task]:
         tasks.append({**row, "answer": str(answer).strip()})
     distinct = len({t["question"] for t in tasks})
     if distinct < 2:
-        raise EnvError(f"{path}: needs at least 2 distinct questions (one to train on, one to "
-                       f"hold out), found {distinct}")
+        raise EnvError(
+            f"{path}: needs at least 2 distinct questions (one to train on, one to hold out), found {distinct}"
+        )
     return tasks
 
 
@@ -148,8 +149,7 @@ def split_tasks(tasks: list[Task], fraction: float = DATA_EVAL_FRACTION) -> tupl
     n_eval = max(1, int(len(questions) * fraction))
     order = np.random.default_rng(SPLIT_SEED).permutation(len(questions))
     held_out = {questions[i] for i in order[:n_eval]}
-    return ([t for t in tasks if t["question"] not in held_out],
-            [t for t in tasks if t["question"] in held_out])
+    return ([t for t in tasks if t["question"] not in held_out], [t for t in tasks if t["question"] in held_out])
 
 
 # -- the environment -----------------------------------------------------------------------------
@@ -193,11 +193,24 @@ class MathEnv(Env):
     max_turns = 1
     default_rewards = {"format": 1.0, "accuracy": 1.0}
 
-    def __init__(self, difficulty: str = "single_digit", data_file: str | None = None, seed: int = 0,
-                 num_eval: int = 128, system_prompt: str | None = None, demonstration: bool = False) -> None:
+    def __init__(
+        self,
+        difficulty: str = "single_digit",
+        data_file: str | None = None,
+        seed: int = 0,
+        num_eval: int = 128,
+        system_prompt: str | None = None,
+        demonstration: bool = False,
+    ) -> None:
         super().__init__()
-        MathArgs(difficulty=difficulty, seed=seed, num_eval=num_eval, system_prompt=system_prompt,
-                 demonstration=demonstration, data_file=data_file)
+        MathArgs(
+            difficulty=difficulty,
+            seed=seed,
+            num_eval=num_eval,
+            system_prompt=system_prompt,
+            demonstration=demonstration,
+            data_file=data_file,
+        )
         self.difficulty, self.data_file, self.seed = difficulty, data_file, seed
         self.num_eval, self.system_prompt, self.demonstration = num_eval, system_prompt, demonstration
         self._train: Sequence[Task]
@@ -210,7 +223,7 @@ class MathEnv(Env):
             level = LEVELS[difficulty]
             ids = np.random.default_rng(SPLIT_SEED).permutation(level.size)
             n_held = min(level.size // 3, MAX_HELD_OUT)
-            self._eval = [level.problem(int(i)) for i in ids[:min(num_eval, n_held)]]
+            self._eval = [level.problem(int(i)) for i in ids[: min(num_eval, n_held)]]
             self._train = GeneratedTasks(level, ids[n_held:], seed, NUM_TRAIN_TASKS)
 
     def train_tasks(self) -> Sequence[Task]:
@@ -225,8 +238,7 @@ class MathEnv(Env):
         """The question as a user message (asking for ``\\boxed{}``), after the system prompt if any."""
         question, answer = task.get("question"), task.get("answer")
         if not isinstance(question, str) or answer is None:
-            raise EnvError(f"math env: a task needs a string 'question' and an 'answer', got keys "
-                           f"{sorted(task)}")
+            raise EnvError(f"math env: a task needs a string 'question' and an 'answer', got keys {sorted(task)}")
         content = question if "\\boxed" in question else f"{question} {INSTRUCTION}"
         messages = [*(dict(m) for m in DEMONSTRATION if self.demonstration), {"role": "user", "content": content}]
         if self.system_prompt is not None:

@@ -86,9 +86,11 @@ def check_task_name(name: Any) -> str:
         return name
     close = difflib.get_close_matches(str(name), names, n=3)
     hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
-    raise ConfigError(f"reasoning_gym: unknown task {name!r}; {hint}{len(names)} tasks, e.g. "
-                      f"{', '.join(names[:6])} (all: python -c 'import reasoning_gym; "
-                      "print(sorted(reasoning_gym.factory.DATASETS))')")
+    raise ConfigError(
+        f"reasoning_gym: unknown task {name!r}; {hint}{len(names)} tasks, e.g. "
+        f"{', '.join(names[:6])} (all: python -c 'import reasoning_gym; "
+        "print(sorted(reasoning_gym.factory.DATASETS))')"
+    )
 
 
 def _spec_key(spec: dict[str, Any]) -> str:
@@ -103,8 +105,10 @@ def check_config(name: str, config: dict[str, Any]) -> None:
     except (TypeError, ValueError, AssertionError) as exc:
         config_cls = rg.factory.DATASETS[name][1]
         settings = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
-        raise ConfigError(f"reasoning_gym task {name!r}: config {config!r} is invalid ({exc}); its settings: "
-                          f"{', '.join(settings) or '(none)'}") from None
+        raise ConfigError(
+            f"reasoning_gym task {name!r}: config {config!r} is invalid ({exc}); its settings: "
+            f"{', '.join(settings) or '(none)'}"
+        ) from None
 
 
 @functools.lru_cache(maxsize=32)
@@ -115,8 +119,10 @@ def _dataset(key: str, seed: int, size: int) -> Any:
     if "tasks" in spec:
         from reasoning_gym.composite import DatasetSpec
 
-        parts = [DatasetSpec(name=name, weight=weight, config=dict(config))
-                 for name, (weight, config) in spec["tasks"].items()]
+        parts = [
+            DatasetSpec(name=name, weight=weight, config=dict(config))
+            for name, (weight, config) in spec["tasks"].items()
+        ]
         return rg.create_dataset("composite", seed=seed, size=size, datasets=parts)
     return rg.create_dataset(spec["task"], seed=seed, size=size, **spec["config"])
 
@@ -175,10 +181,13 @@ class TrainTasks(LazyTasks):
                 return task
         if failure is not None:
             draws = f"{RETRIES} draw{'s' if RETRIES != 1 else ''}"
-            raise EnvLibraryError(f"{failure} ({draws} for training item {index}: each failed or was held out)"
-                                  ) from failure
-        raise EnvError(f"reasoning_gym: training item {index} repeated a held-out question {RETRIES} times; "
-                       "the task has too few distinct questions: lower num_eval or widen its config")
+            raise EnvLibraryError(
+                f"{failure} ({draws} for training item {index}: each failed or was held out)"
+            ) from failure
+        raise EnvError(
+            f"reasoning_gym: training item {index} repeated a held-out question {RETRIES} times; "
+            "the task has too few distinct questions: lower num_eval or widen its config"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,9 +234,16 @@ class ReasoningGymEnv(Env):
 
     max_turns = 1
 
-    def __init__(self, task: str | None = "basic_arithmetic", config: dict[str, Any] | None = None,
-                 tasks: dict[str, Any] | None = None, seed: int = 0, num_eval: int = 128,
-                 system_prompt: str = "default", answer_fallback: str = "none") -> None:
+    def __init__(
+        self,
+        task: str | None = "basic_arithmetic",
+        config: dict[str, Any] | None = None,
+        tasks: dict[str, Any] | None = None,
+        seed: int = 0,
+        num_eval: int = 128,
+        system_prompt: str = "default",
+        answer_fallback: str = "none",
+    ) -> None:
         super().__init__()
         import_reasoning_gym()
         from reasoning_gym.utils import SYSTEM_PROMPTS, extract_answer
@@ -235,8 +251,10 @@ class ReasoningGymEnv(Env):
         self._extract_answer = extract_answer
         ReasoningGymArgs(seed=seed, num_eval=num_eval, answer_fallback=answer_fallback, config=config)
         if not isinstance(system_prompt, str) or not system_prompt.strip():
-            raise ConfigError(f"reasoning_gym: system_prompt must be a key of SYSTEM_PROMPTS "
-                              f"({', '.join(SYSTEM_PROMPTS)}) or a non-empty text, got {system_prompt!r}")
+            raise ConfigError(
+                f"reasoning_gym: system_prompt must be a key of SYSTEM_PROMPTS "
+                f"({', '.join(SYSTEM_PROMPTS)}) or a non-empty text, got {system_prompt!r}"
+            )
         self.system_prompt = SYSTEM_PROMPTS.get(system_prompt, system_prompt)
         self.answer_fallback = answer_fallback
         spec = self._spec(task, config, tasks)
@@ -248,26 +266,32 @@ class ReasoningGymEnv(Env):
 
     @staticmethod
     def _spec(task: str | None, config: dict[str, Any] | None, tasks: dict[str, Any] | None) -> dict[str, Any]:
-        """The validated dataset spec (``config`` is None or a mapping: see :class:`ReasoningGymArgs`): ``{"task", "config"}`` or ``{"tasks": {name: (weight, config)}}``."""
+        """The validated dataset spec (``config`` is None or a mapping: see :class:`ReasoningGymArgs`):
+        ``{"task", "config"}`` or ``{"tasks": {name: (weight, config)}}``."""
         for settings in [config or {}] + [v.get("config") or {} for v in (tasks or {}).values() if isinstance(v, dict)]:
             if isinstance(settings, dict) and {"seed", "size"} & set(settings):
-                raise ConfigError("reasoning_gym: set env_args.seed / env_args.num_eval, not seed or size "
-                                  f"inside a task config (got {settings!r})")
+                raise ConfigError(
+                    "reasoning_gym: set env_args.seed / env_args.num_eval, not seed or size "
+                    f"inside a task config (got {settings!r})"
+                )
         if tasks is None:
             if task is None:
                 raise ConfigError("reasoning_gym: set env_args.task=NAME or env_args.tasks={NAME: weight, ...}")
             check_config(check_task_name(task), dict(config or {}))
             return {"task": task, "config": dict(config or {})}
         if config:
-            raise ConfigError("reasoning_gym: with env_args.tasks give each task's config inside it "
-                              "({NAME: {weight: 1, config: {...}}}), not env_args.config")
+            raise ConfigError(
+                "reasoning_gym: with env_args.tasks give each task's config inside it "
+                "({NAME: {weight: 1, config: {...}}}), not env_args.config"
+            )
         if not isinstance(tasks, dict) or not tasks:
             raise ConfigError(f"reasoning_gym: tasks must be a non-empty mapping NAME -> weight, got {tasks!r}")
         mix = {}
         for name, value in tasks.items():
             check_task_name(name)
-            weight, sub_config = (value.get("weight", 1.0), value.get("config", {})) if isinstance(value, dict) \
-                else (value, {})
+            weight, sub_config = (
+                (value.get("weight", 1.0), value.get("config", {})) if isinstance(value, dict) else (value, {})
+            )
             check_declared(TaskWeight(weight=weight), prefix=f"reasoning_gym: tasks.{name} ")
             if not isinstance(sub_config, dict):
                 raise ConfigError(f"reasoning_gym: tasks.{name}.config must be a mapping, got {sub_config!r}")
@@ -301,8 +325,11 @@ class ReasoningGymEnv(Env):
             score = float(self.dataset.score_answer(answer, self.task))
         except Exception as exc:  # a scorer crash on odd model output is data, not a crash
             score, info["score_error"] = 0.0, repr(exc)
-        info.update(score=score, success=score >= 1.0,
-                    metrics={"answer_tagged": float(tagged is not None), "solved": float(score >= 1.0)})
+        info.update(
+            score=score,
+            success=score >= 1.0,
+            metrics={"answer_tagged": float(tagged is not None), "solved": float(score >= 1.0)},
+        )
         return [], score, True, info
 
     def gold_reply(self, task: Task) -> str | None:

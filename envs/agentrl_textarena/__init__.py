@@ -61,8 +61,18 @@ EVAL_SEED = 2**31
 """Held-out seeds start here."""
 DEFAULT_MAX_TURNS = 20
 """Turn limit for games that set none."""
-SINGLE_PLAYER_EXAMPLES = ("GuessTheNumber-v0", "Mastermind-v0", "TowerOfHanoi-v0", "FrozenLake-v0", "Minesweeper-v0",
-                          "Sudoku-v0-very-easy", "Blackjack-v0", "Countdown-v0", "LightsOut-v0", "2048-v0-ultra-easy")
+SINGLE_PLAYER_EXAMPLES = (
+    "GuessTheNumber-v0",
+    "Mastermind-v0",
+    "TowerOfHanoi-v0",
+    "FrozenLake-v0",
+    "Minesweeper-v0",
+    "Sudoku-v0-very-easy",
+    "Blackjack-v0",
+    "Countdown-v0",
+    "LightsOut-v0",
+    "2048-v0-ultra-easy",
+)
 """Single-player games checked to run offline (named in errors)."""
 INVALID_MOVE = "Invalid Move: "
 """How TextArena's single-player state starts the reason of a game lost to invalid moves."""
@@ -72,7 +82,6 @@ INSTALL_HINT = "--env textarena needs the textarena package: pip install 'agentr
 def import_textarena() -> Any:
     """The ``textarena`` module, or EnvError naming the extra that installs it."""
     return import_extra("textarena", INSTALL_HINT)
-
 
 
 def _base(game: Any) -> Any:
@@ -90,7 +99,7 @@ def final_result(reward: Any, reason: str) -> tuple[float, str]:
     moves reports the reason's text as its reward and ``"Invalid Move: <progress>"`` as its reason:
     swapped back here. Any other reward that is not a number raises."""
     if isinstance(reward, str) and reason.startswith(INVALID_MOVE):
-        return float(reason[len(INVALID_MOVE):]), INVALID_MOVE + reward
+        return float(reason[len(INVALID_MOVE) :]), INVALID_MOVE + reward
     return float(reward), reason
 
 
@@ -123,8 +132,13 @@ class TextArenaEnv(Env):
     """TextArena draws from the process-wide RNGs, swapped per instance (PrivateGlobalRandom):
     calls are made one at a time."""
 
-    def __init__(self, game: str = "GuessTheNumber-v0", max_turns: int | None = None,
-                 game_args: dict[str, Any] | None = None, num_eval: int = 64) -> None:
+    def __init__(
+        self,
+        game: str = "GuessTheNumber-v0",
+        max_turns: int | None = None,
+        game_args: dict[str, Any] | None = None,
+        num_eval: int = 64,
+    ) -> None:
         super().__init__()
         ta = import_textarena()
         from textarena.envs.registration import ENV_REGISTRY
@@ -132,8 +146,10 @@ class TextArenaEnv(Env):
         if not isinstance(game, str) or game not in ENV_REGISTRY:
             close = difflib.get_close_matches(str(game), list(ENV_REGISTRY), n=3)
             hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
-            raise ConfigError(f"textarena: unknown game {game!r}; {hint}single-player games include "
-                              f"{', '.join(SINGLE_PLAYER_EXAMPLES)}")
+            raise ConfigError(
+                f"textarena: unknown game {game!r}; {hint}single-player games include "
+                f"{', '.join(SINGLE_PLAYER_EXAMPLES)}"
+            )
         TextArenaArgs(game_args=game_args, num_eval=num_eval, max_turns=max_turns)
         self.game_id, self.game_args = game, dict(game_args or {})
         self._make = ta.make
@@ -165,16 +181,23 @@ class TextArenaEnv(Env):
         except Exception as exc:
             players = any(word in str(exc).lower() for word in ("player", "players"))
             if players:
-                raise EnvError(f"textarena game {self.game_id!r} cannot be played by one player ({one_line(exc)}); "
-                               f"only single-player games are supported, e.g. "
-                               f"{', '.join(SINGLE_PLAYER_EXAMPLES)}") from exc
-            hint = (" (it needs NLTK's 'words' corpus: python -m nltk.downloader words)"
-                    if isinstance(exc, LookupError) else "")
+                raise EnvError(
+                    f"textarena game {self.game_id!r} cannot be played by one player ({one_line(exc)}); "
+                    f"only single-player games are supported, e.g. "
+                    f"{', '.join(SINGLE_PLAYER_EXAMPLES)}"
+                ) from exc
+            hint = (
+                " (it needs NLTK's 'words' corpus: python -m nltk.downloader words)"
+                if isinstance(exc, LookupError)
+                else ""
+            )
             raise EnvError(f"textarena game {self.game_id!r} could not be built: {one_line(exc)}{hint}") from exc
         state = getattr(_base(game), "state", None)
         if not isinstance(state, self._single_player_state):
-            raise EnvError(f"textarena game {self.game_id!r} is not single-player (its state is {type(state).__name__}); only single-player "
-                           f"games are supported, e.g. {', '.join(SINGLE_PLAYER_EXAMPLES)}")
+            raise EnvError(
+                f"textarena game {self.game_id!r} is not single-player (its state is {type(state).__name__}); "
+                f"only single-player games are supported, e.g. {', '.join(SINGLE_PLAYER_EXAMPLES)}"
+            )
         return getattr(state, "max_turns", None)
 
     def train_tasks(self) -> Sequence[Task]:
@@ -207,24 +230,37 @@ class TextArenaEnv(Env):
                 else:
                     _, observation = self.game.get_observation()
             if not done:
-                return ([{"role": "user", "content": self._new_part(observation)}], 0.0, False,
-                        {"success": False, "metrics": {"won": 0.0}})
+                return (
+                    [{"role": "user", "content": self._new_part(observation)}],
+                    0.0,
+                    False,
+                    {"success": False, "metrics": {"won": 0.0}},
+                )
             player = (game_info or {}).get(0, {})
             reward, reason = final_result((rewards or {}).get(0, 0.0), str(player.get("reason", "")))
         self.game = None
-        return [], reward, True, {"success": reward >= 1.0, "game_reward": reward, "reason": reason,
-                                  "invalid_move": bool(player.get("invalid_move", False)),
-                                  "metrics": {"won": float(reward >= 1.0)}}
+        return (
+            [],
+            reward,
+            True,
+            {
+                "success": reward >= 1.0,
+                "game_reward": reward,
+                "reason": reason,
+                "invalid_move": bool(player.get("invalid_move", False)),
+                "metrics": {"won": float(reward >= 1.0)},
+            },
+        )
 
     def _new_part(self, observation: str) -> str:
         """What ``observation`` adds to the last one, less the echo of the model's own move."""
         previous, self._last_observation = self._last_observation, observation
-        new = observation[len(previous):] if observation.startswith(previous) else observation
+        new = observation[len(previous) :] if observation.startswith(previous) else observation
         state = _base(self.game).state
         moves = [message for sender, message in state.logs if sender == 0]
         if moves:
             echo = f"\n[{state.role_mapping.get(0, 'Player 0')}] {moves[-1]}"
-            new = new[len(echo):] if new.startswith(echo) else new
+            new = new[len(echo) :] if new.startswith(echo) else new
         return new.strip() or "[GAME] (nothing new)"
 
 

@@ -58,8 +58,14 @@ class ProceduralTasks(LazyTasks):
     redrawn with the next sub-seed.
     """
 
-    def __init__(self, make: Callable[[np.random.Generator], Task], name: str, seed: int,
-                 length: int, exclude: Sequence[Task] = ()) -> None:
+    def __init__(
+        self,
+        make: Callable[[np.random.Generator], Task],
+        name: str,
+        seed: int,
+        length: int,
+        exclude: Sequence[Task] = (),
+    ) -> None:
         super().__init__(length)
         self.draw, self.name, self.seed = make, name, seed
         self._exclude_source = exclude
@@ -114,8 +120,9 @@ class PythonArgs:
         check_declared(self, prefix="PythonEnv: ", error=EnvError)
 
 
-def task_splits(make: Callable[[np.random.Generator], Task], name: str, task_seed: int,
-                num_eval: int) -> tuple[ProceduralTasks, ProceduralTasks]:
+def task_splits(
+    make: Callable[[np.random.Generator], Task], name: str, task_seed: int, num_eval: int
+) -> tuple[ProceduralTasks, ProceduralTasks]:
     """(train, eval) procedural splits: eval from ``EVAL_SEED``, train redrawn away from it."""
     SplitArgs(task_seed=task_seed, num_eval=num_eval)
     eval_tasks = ProceduralTasks(make, name, EVAL_SEED, num_eval)
@@ -147,8 +154,12 @@ def answer_matches(text: str, gold: str) -> bool:
 
 
 _OPS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
 _ALLOWED = "numbers, + - * / // % **, parentheses and unary minus"
@@ -178,8 +189,11 @@ def _evaluate(node: ast.AST) -> int | float:
         return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
         left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow) and abs(left) > 1 and (
-                abs(right) > 10_000 or right * math.log10(abs(left)) > MAX_RESULT_DIGITS):
+        if (
+            isinstance(node.op, ast.Pow)
+            and abs(left) > 1
+            and (abs(right) > 10_000 or right * math.log10(abs(left)) > MAX_RESULT_DIGITS)
+        ):
             raise ValueError(f"{left} ** {right} is too large (at most {MAX_RESULT_DIGITS} digits)")
         try:
             result = _OPS[type(node.op)](left, right)
@@ -218,10 +232,12 @@ def make_arithmetic_task(rng: np.random.Generator) -> Task:
 
 def worked_example(question: str, tool_name: str, arguments: dict[str, Any], result: str) -> list[Message]:
     """A demonstration: the question, one tool call, its result, the boxed answer."""
-    return [{"role": "user", "content": f"{question} Give the final answer as \\boxed{{N}}."},
-            {"role": "assistant", "content": format_tool_call(tool_name, **arguments)},
-            {"role": "tool", "name": tool_name, "content": result},
-            {"role": "assistant", "content": f"\\boxed{{{result}}}"}]
+    return [
+        {"role": "user", "content": f"{question} Give the final answer as \\boxed{{N}}."},
+        {"role": "assistant", "content": format_tool_call(tool_name, **arguments)},
+        {"role": "tool", "name": tool_name, "content": result},
+        {"role": "assistant", "content": f"\\boxed{{{result}}}"},
+    ]
 
 
 class AnswerToolEnv(ToolEnv):
@@ -236,8 +252,9 @@ class AnswerToolEnv(ToolEnv):
     _eval: Sequence[Task]
 
     def __init__(self, **kwargs: Any) -> None:
-        check_declared(ParserArg(tool_parser=kwargs.get("tool_parser")), prefix=f"{type(self).__name__}: ",
-                       error=EnvError)
+        check_declared(
+            ParserArg(tool_parser=kwargs.get("tool_parser")), prefix=f"{type(self).__name__}: ", error=EnvError
+        )
         super().__init__(**kwargs)
 
     def train_tasks(self) -> Sequence[Task]:
@@ -257,8 +274,10 @@ class CalculatorEnv(AnswerToolEnv):
     """Multi-step arithmetic with a ``calculator`` tool; reward 1.0 for the right final number."""
 
     tools = (Tool(calculator),)
-    instructions = ("Solve the arithmetic problem. Use the calculator tool instead of computing "
-                    "in your head, then give the final answer as \\boxed{N}.")
+    instructions = (
+        "Solve the arithmetic problem. Use the calculator tool instead of computing "
+        "in your head, then give the final answer as \\boxed{N}."
+    )
     demonstrations = (
         worked_example("What is 12 * 34 + 5?", "calculator", {"expression": "12 * 34 + 5"}, "413"),
         worked_example("What is 7 - 250 * 3?", "calculator", {"expression": "7 - 250 * 3"}, "-743"),
@@ -278,7 +297,7 @@ def _primes_below(n: int) -> int:
     sieve[:2] = b"\x00\x00"
     for i in range(2, math.isqrt(n - 1) + 1):
         if sieve[i]:
-            sieve[i * i::i] = bytearray(len(range(i * i, n, i)))
+            sieve[i * i :: i] = bytearray(len(range(i * i, n, i)))
     return sum(sieve)
 
 
@@ -316,17 +335,28 @@ def make_code_task(rng: np.random.Generator) -> Task:
 class PythonEnv(AnswerToolEnv):
     """Questions answered by running code with a ``run_python`` tool (in ``agentrl.tools.sandbox``)."""
 
-    instructions = ("Answer the question. Write a short Python script that prints the answer, run "
-                    "it with the run_python tool, then give the final answer as \\boxed{N}.")
+    instructions = (
+        "Answer the question. Write a short Python script that prints the answer, run "
+        "it with the run_python tool, then give the final answer as \\boxed{N}."
+    )
     demonstrations = (
-        worked_example("What is the sum of the digits of 2**15?", "run_python",
-                       {"code": "print(sum(int(d) for d in str(2**15)))"}, "26"),
-        worked_example("How many multiples of 7 are there from 1 to 100?", "run_python",
-                       {"code": "print(len([n for n in range(1, 101) if n % 7 == 0]))"}, "14"),
+        worked_example(
+            "What is the sum of the digits of 2**15?",
+            "run_python",
+            {"code": "print(sum(int(d) for d in str(2**15)))"},
+            "26",
+        ),
+        worked_example(
+            "How many multiples of 7 are there from 1 to 100?",
+            "run_python",
+            {"code": "print(len([n for n in range(1, 101) if n % 7 == 0]))"},
+            "14",
+        ),
     )
 
-    def __init__(self, task_seed: int = 0, num_eval: int = 200, timeout_s: float = 5.0,
-                 memory_mb: int = 512, **kwargs: Any) -> None:
+    def __init__(
+        self, task_seed: int = 0, num_eval: int = 200, timeout_s: float = 5.0, memory_mb: int = 512, **kwargs: Any
+    ) -> None:
         PythonArgs(timeout_s=timeout_s, memory_mb=memory_mb)
         self.sandbox_limits = {"timeout_s": timeout_s, "memory_mb": memory_mb}
         super().__init__(tools=[Tool(self.run_python)], **kwargs)
@@ -338,8 +368,7 @@ class PythonEnv(AnswerToolEnv):
         Args:
             code: The script. Only the standard library is available; print() the result.
         """
-        result = sandbox_run_python(code, max_output_chars=self.max_tool_output_chars,
-                                    **self.sandbox_limits)
+        result = sandbox_run_python(code, max_output_chars=self.max_tool_output_chars, **self.sandbox_limits)
         parts = [result.stdout.rstrip("\n")] if result.stdout else []
         if result.stderr:
             parts.append(f"stderr:\n{result.stderr.rstrip()}")
@@ -348,7 +377,6 @@ class PythonEnv(AnswerToolEnv):
             reason = result.error or f"exit code {result.exit_code}"
             raise ToolError(f"the script failed ({reason})" + (f"\n{output}" if output else ""))
         return output or "(no output; print() the result)"
-
 
 
 @hookimpl
@@ -369,6 +397,18 @@ def agentrl_register_tool_parsers(register: Callable[..., None]) -> None:
     register("harmony", HARMONY)
 
 
-__all__ = ["AnswerToolEnv", "CalculatorEnv", "PythonArgs", "PythonEnv", "ProceduralTasks", "SplitArgs",
-           "answer_matches", "calculator", "evaluate_arithmetic", "extract_answer", "make_arithmetic_task", "make_code_task",
-           "task_splits"]
+__all__ = [
+    "AnswerToolEnv",
+    "CalculatorEnv",
+    "PythonArgs",
+    "PythonEnv",
+    "ProceduralTasks",
+    "SplitArgs",
+    "answer_matches",
+    "calculator",
+    "evaluate_arithmetic",
+    "extract_answer",
+    "make_arithmetic_task",
+    "make_code_task",
+    "task_splits",
+]

@@ -30,9 +30,9 @@ reward functions. ``ToolEnv``: the tools are described in the system message (un
 template renders ``tools=``) and the model's calls are read with ``env_args.tool_parser`` (a registered
 parser: ``xml_json``, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, by default;
 ``llama3_json``, ``mistral``, ``qwen3_coder``, ``harmony`` or another plugin's; the description's
-example call is written in its syntax) into verifiers tool calls; verifiers runs the tools. ``max_turns`` is the env's own
-(10 where it sets none) and is set on the verifiers env, so verifiers itself ends and scores an
-episode at the limit. Errors verifiers records on a rollout (``vf.Error``: a tool that failed with a
+example call is written in its syntax) into verifiers tool calls; verifiers runs the tools.
+``max_turns`` is the env's own (10 where it sets none) and is set on the verifiers env, so verifiers itself ends and
+scores an episode at the limit. Errors verifiers records on a rollout (``vf.Error``: a tool that failed with a
 stop error...) are data, as in verifiers: the episode ends, scored, with ``info["error"]``; an
 exception escaping verifiers raises EnvError naming verifiers and the env id. Refused with a clear
 error: the completion format, images/audio in messages, group-level reward functions (agentrl
@@ -75,9 +75,26 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from agentrl import (ROLES, Allowed, Complaint, ConfigError, Env, EnvError, LazyTasks, Message, Task, ToolCallFormat,
-                     check_declared, describe, hookimpl, import_extra, one_line, parse_xml_json,
-                     render_tools_system_prompt, type_arguments)
+from agentrl import (
+    ROLES,
+    Allowed,
+    Complaint,
+    ConfigError,
+    Env,
+    EnvError,
+    LazyTasks,
+    Message,
+    Task,
+    ToolCallFormat,
+    check_declared,
+    describe,
+    hookimpl,
+    import_extra,
+    one_line,
+    parse_xml_json,
+    render_tools_system_prompt,
+    type_arguments,
+)
 
 Parser = Callable[[str], list[Any]]
 """A tool-call parser (``agentrl.tools.tool.ToolParser``): an assistant message's text -> its calls."""
@@ -100,8 +117,10 @@ def import_verifiers() -> Any:
         import verifiers.types  # noqa: F401
     except (AttributeError, ImportError) as exc:
         if not version.startswith(("0.2.", "0.3.")):
-            raise EnvError(f"verifiers {version} has no classic API (load_environment, Environment, Client; "
-                           "0.4 removed it): pip install 'agentrl[verifiers]' (verifiers>=0.2,<0.4)") from exc
+            raise EnvError(
+                f"verifiers {version} has no classic API (load_environment, Environment, Client; "
+                "0.4 removed it): pip install 'agentrl[verifiers]' (verifiers>=0.2,<0.4)"
+            ) from exc
         cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc  # 0.2 wraps a missing dependency
         raise EnvError(f"verifiers {version}: its classic API failed to import: {one_line(cause, limit=300)}") from exc
     return verifiers
@@ -121,8 +140,9 @@ def _private_loop() -> asyncio.AbstractEventLoop:
     global _loop
     if _loop is None or _loop.is_closed():
         _loop = asyncio.new_event_loop()
-        _loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
-            max_workers=EXECUTOR_THREADS, thread_name_prefix="agentrl_verifiers"))
+        _loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(max_workers=EXECUTOR_THREADS, thread_name_prefix="agentrl_verifiers")
+        )
         atexit.register(_close_loop, _loop)
     return _loop
 
@@ -146,6 +166,7 @@ def _run(coroutine: Coroutine[Any, Any, Any]) -> Any:
 
 def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
     """At exit: cancel the rollouts still parked (their cleanup handlers run), then close the loop."""
+
     async def cancel_all() -> None:
         pending = asyncio.all_tasks() - {asyncio.current_task()}
         for task in pending:
@@ -181,12 +202,14 @@ class _Rollout:
     def advance(self, text: str | None) -> tuple[str, Any]:
         """Answer the pending request with ``text`` (None: start the rollout) and run until the next
         request, ``("request", (messages, parse_tools))``, or the end, ``("done", RolloutOutput)``."""
+
         async def until_next_event() -> None:
             self.request = asyncio.get_running_loop().create_future()
             if self.task is None:
                 sampling_args = copy.deepcopy(getattr(self.vf_env, "sampling_args", None) or {})
-                self.task = asyncio.ensure_future(self.vf_env.run_rollout(self.row, self.client, MODEL_NAME,
-                                                                          sampling_args))
+                self.task = asyncio.ensure_future(
+                    self.vf_env.run_rollout(self.row, self.client, MODEL_NAME, sampling_args)
+                )
             elif self.reply is not None:
                 self.reply.set_result(text)
             await asyncio.wait({self.task, self.request}, return_when=asyncio.FIRST_COMPLETED)
@@ -230,8 +253,9 @@ def _client_class(vf: Any) -> type:
         async def to_native_prompt(self, messages: Any) -> tuple[Any, dict]:
             return messages, {}
 
-        async def get_native_response(self, prompt: Any, model: str, sampling_args: Any,
-                                      tools: list[Any] | None = None, **kwargs: Any) -> Any:
+        async def get_native_response(
+            self, prompt: Any, model: str, sampling_args: Any, tools: list[Any] | None = None, **kwargs: Any
+        ) -> Any:
             reply = asyncio.get_running_loop().create_future()
             self.client.ask(prompt, bool(tools), reply)
             schemas = {getattr(t, "name", None): getattr(t, "parameters", None) or {} for t in tools or []}
@@ -242,12 +266,23 @@ def _client_class(vf: Any) -> type:
 
         async def from_native_response(self, response: Any) -> Any:
             text, parsing = response
-            calls = [types.ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=call.name, arguments=arguments)
-                     for call, arguments in (_read_calls(text, *parsing) if parsing else [])]
-            message = types.ResponseMessage(content=text, tool_calls=calls or None, is_truncated=False,
-                                            finish_reason="tool_calls" if calls else "stop")
-            return types.Response(id=f"agentrl-{uuid.uuid4().hex}", created=int(time.time()), model=MODEL_NAME,
-                                  usage=None, message=message)
+            calls = [
+                types.ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=call.name, arguments=arguments)
+                for call, arguments in (_read_calls(text, *parsing) if parsing else [])
+            ]
+            message = types.ResponseMessage(
+                content=text,
+                tool_calls=calls or None,
+                is_truncated=False,
+                finish_reason="tool_calls" if calls else "stop",
+            )
+            return types.Response(
+                id=f"agentrl-{uuid.uuid4().hex}",
+                created=int(time.time()),
+                model=MODEL_NAME,
+                usage=None,
+                message=message,
+            )
 
         async def close(self) -> None:
             return None
@@ -286,9 +321,11 @@ def _load(vf: Any, env_id: str, env_kwargs: dict[str, Any], max_turns: int | Non
     except (ImportError, ValueError):
         found = False
     if not found:
-        raise ConfigError(f"verifiers: env_id {env_id!r} names no importable module {module!r}; install the "
-                          "environment's package (or put its module on sys.path) so that "
-                          f"verifiers.load_environment({env_id!r}) can import it")
+        raise ConfigError(
+            f"verifiers: env_id {env_id!r} names no importable module {module!r}; install the "
+            "environment's package (or put its module on sys.path) so that "
+            f"verifiers.load_environment({env_id!r}) can import it"
+        )
     main = threading.current_thread() is threading.main_thread()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
@@ -300,8 +337,9 @@ def _load(vf: Any, env_id: str, env_kwargs: dict[str, Any], max_turns: int | Non
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     if not isinstance(vf_env, vf.Environment):
-        raise EnvError(f"verifiers env {env_id!r}: load_environment() returned {describe(vf_env)}, "
-                       "not a verifiers.Environment")
+        raise EnvError(
+            f"verifiers env {env_id!r}: load_environment() returned {describe(vf_env)}, not a verifiers.Environment"
+        )
     if max_turns is not None and hasattr(vf_env, "max_turns"):
         vf_env.max_turns = max_turns
     elif isinstance(getattr(vf_env, "max_turns", None), int) and vf_env.max_turns <= 0:
@@ -330,12 +368,15 @@ def _text(message: Any, env_id: str) -> Message:
         parts = [p.model_dump() if hasattr(p, "model_dump") else dict(p) for p in content]
         if any(p.get("type") != "text" for p in parts):
             kinds = sorted({str(p.get("type")) for p in parts} - {"text"})
-            raise EnvError(f"verifiers env {env_id!r}: a {role} message holds {', '.join(kinds)} content; "
-                           "only text is supported")
+            raise EnvError(
+                f"verifiers env {env_id!r}: a {role} message holds {', '.join(kinds)} content; only text is supported"
+            )
         content = "".join(str(p.get("text", "")) for p in parts)
     if role not in ROLES:
-        raise EnvError(f"verifiers env {env_id!r}: a message has role {role!r}; allowed: {', '.join(ROLES)} "
-                       "(only the chat format is supported, not completion prompts)")
+        raise EnvError(
+            f"verifiers env {env_id!r}: a message has role {role!r}; allowed: {', '.join(ROLES)} "
+            "(only the chat format is supported, not completion prompts)"
+        )
     return {"role": role, "content": "" if content is None else str(content)}
 
 
@@ -351,9 +392,14 @@ class VerifiersArgs:
     """The ``verifiers`` env's ``env_args`` (see :class:`VerifiersEnv`), each checked against its
     declared rule when made: a bad one is a one-line ConfigError ``verifiers: KEY must be ..., got VALUE``."""
 
-    env_id: Annotated[str, Field(min_length=1), Complaint(
-        "env_args.{key} must name an installed verifiers environment (a module with load_environment()), "
-        "got {value!r}")]
+    env_id: Annotated[
+        str,
+        Field(min_length=1),
+        Complaint(
+            "env_args.{key} must name an installed verifiers environment (a module with load_environment()), "
+            "got {value!r}"
+        ),
+    ]
     env_kwargs: Annotated[dict[Any, Any] | None, Allowed("a mapping of keyword arguments")]
     num_eval: Annotated[int, Field(ge=1), Allowed("an int >= 1")]
     max_turns: Annotated[Annotated[int, Field(ge=1)] | None, Allowed("an int >= 1")]
@@ -382,12 +428,19 @@ class VerifiersEnv(Env):
     """Every episode runs on the one private event loop, one call at a time (its lock): calls are
     made one after another, in episode order, as verifiers' environments may draw from shared state."""
 
-    def __init__(self, env_id: str | None = None, env_kwargs: dict[str, Any] | None = None, num_eval: int = 64,
-                 max_turns: int | None = None, tool_parser: Parser = parse_xml_json) -> None:
+    def __init__(
+        self,
+        env_id: str | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        num_eval: int = 64,
+        max_turns: int | None = None,
+        tool_parser: Parser = parse_xml_json,
+    ) -> None:
         super().__init__()
         vf = import_verifiers()
-        VerifiersArgs(env_id=env_id, env_kwargs=env_kwargs, num_eval=num_eval, max_turns=max_turns,
-                      tool_parser=tool_parser)
+        VerifiersArgs(
+            env_id=env_id, env_kwargs=env_kwargs, num_eval=num_eval, max_turns=max_turns, tool_parser=tool_parser
+        )
         self.tool_parser = tool_parser
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.vf_env = _load(vf, env_id, self.env_kwargs, max_turns)
@@ -404,23 +457,30 @@ class VerifiersEnv(Env):
         """Refuse what agentrl cannot drive: the completion format, group-level reward functions."""
         message_type = getattr(self.vf_env, "message_type", "chat")
         if message_type != "chat":
-            raise EnvError(f"verifiers env {self.env_id!r} uses message_type={message_type!r}; only the chat "
-                           "format is supported")
+            raise EnvError(
+                f"verifiers env {self.env_id!r} uses message_type={message_type!r}; only the chat format is supported"
+            )
         if getattr(self.vf_env, "requires_group_rollouts", False):
             names = _group_reward_names(self.vf_env.rubric)
-            raise EnvError(f"verifiers env {self.env_id!r}: its rubric has group-level reward functions "
-                           f"({', '.join(names)}); agentrl scores each episode on its own, so only individual "
-                           "reward functions are supported")
+            raise EnvError(
+                f"verifiers env {self.env_id!r}: its rubric has group-level reward functions "
+                f"({', '.join(names)}); agentrl scores each episode on its own, so only individual "
+                "reward functions are supported"
+            )
 
     def _splits(self, num_eval: int) -> tuple[_Rows, _Rows]:
         """(train, held-out): the whole dataset and the eval_dataset's first rows, or a seeded held-out draw."""
         try:
             train, held_out = self.vf_env.build_dataset(), self.vf_env.build_eval_dataset()
         except Exception as exc:
-            raise EnvError(f"verifiers env {self.env_id!r} failed to build its dataset: {one_line(exc, limit=300)}") from exc
+            raise EnvError(
+                f"verifiers env {self.env_id!r} failed to build its dataset: {one_line(exc, limit=300)}"
+            ) from exc
         if train is None or len(train) == 0:
-            raise EnvError(f"verifiers env {self.env_id!r} has no training dataset (only an eval_dataset, or an "
-                           "empty one); agentrl trains on its dataset rows")
+            raise EnvError(
+                f"verifiers env {self.env_id!r} has no training dataset (only an eval_dataset, or an "
+                "empty one); agentrl trains on its dataset rows"
+            )
         if held_out is not None:
             return _Rows(train, range(len(train))), _Rows(held_out, range(min(num_eval, len(held_out))))
         order = np.random.default_rng(SPLIT_SEED).permutation(len(train))
@@ -441,30 +501,36 @@ class VerifiersEnv(Env):
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The verifiers env's tools (``tool_defs``) as OpenAI function schemas."""
-        return [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                  "parameters": t.parameters}}
-                for t in getattr(self.vf_env, "tool_defs", None) or []]
+        return [
+            {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in getattr(self.vf_env, "tool_defs", None) or []
+        ]
 
     def start(self, task: Task) -> list[Message]:
         """Start verifiers' rollout on ``task`` (a dataset row); the messages of its first request."""
         self._abandon()
         if not isinstance(task.get("prompt"), list):
-            raise EnvError(f"verifiers env {self.env_id!r}: a task must be a dataset row whose 'prompt' is a list "
-                           f"of chat messages (only the chat format is supported); got {describe(task)}")
+            raise EnvError(
+                f"verifiers env {self.env_id!r}: a task must be a dataset row whose 'prompt' is a list "
+                f"of chat messages (only the chat format is supported); got {describe(task)}"
+            )
         self._rollout = _Rollout(self.vf_env, self._client_class, copy.deepcopy(task), self.tool_parser)
         self._finalizer = weakref.finalize(self, _cancel_soon, self._rollout)
         kind, value = self._advance(self._rollout, None)
         if kind == "done":
             error = (value or {}).get("error")
             self._abandon()
-            raise EnvError(f"verifiers env {self.env_id!r} ended the rollout before asking the model for a reply"
-                           + (f" ({error!r})" if error else ""))
+            raise EnvError(
+                f"verifiers env {self.env_id!r} ended the rollout before asking the model for a reply"
+                + (f" ({error!r})" if error else "")
+            )
         self._request = [_text(m, self.env_id) for m in value[0]]
         messages = [dict(m) for m in self._request]
         schemas = self.tool_schemas()
         if schemas and not self.template_renders_tools:
             description = render_tools_system_prompt(
-                schemas, self.tool_parser if isinstance(self.tool_parser, ToolCallFormat) else None)
+                schemas, self.tool_parser if isinstance(self.tool_parser, ToolCallFormat) else None
+            )
             if messages and messages[0]["role"] == "system":
                 messages[0]["content"] = f"{messages[0]['content']}\n\n{description}"
             else:
@@ -474,21 +540,24 @@ class VerifiersEnv(Env):
     def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
         """Answer verifiers' request with ``text``: the messages it appends next, or its rubric's reward."""
         if self._rollout is None:
-            raise EnvError(f"verifiers env {self.env_id!r}: respond() called before reset() or after the "
-                           "episode ended")
+            raise EnvError(f"verifiers env {self.env_id!r}: respond() called before reset() or after the episode ended")
         kind, value = self._advance(self._rollout, text)
         sent = self._request + [{"role": "assistant", "content": text}]
         if kind == "request":
             request = [_text(m, self.env_id) for m in value[0]]
-            changed = next((i for i, (a, b) in enumerate(zip(sent, request)) if a != b),
-                           None if len(request) >= len(sent) else len(request))
+            changed = next(
+                (i for i, (a, b) in enumerate(zip(sent, request)) if a != b),
+                None if len(request) >= len(sent) else len(request),
+            )
             if changed is not None:
                 self._abandon()
-                raise EnvError(f"verifiers env {self.env_id!r} rewrote the conversation between turns (message "
-                               f"{changed} changed); agentrl appends each turn's messages to the tokens it "
-                               "sampled, so only prompts that grow by appending are supported")
+                raise EnvError(
+                    f"verifiers env {self.env_id!r} rewrote the conversation between turns (message "
+                    f"{changed} changed); agentrl appends each turn's messages to the tokens it "
+                    "sampled, so only prompts that grow by appending are supported"
+                )
             self._request = request
-            return request[len(sent):], 0.0, False, {}
+            return request[len(sent) :], 0.0, False, {}
         self._abandon()  # the rollout is over: nothing left to cancel
         return self._finish(value)
 
@@ -498,13 +567,19 @@ class VerifiersEnv(Env):
         last = max((i for i, m in enumerate(completion) if m["role"] == "assistant"), default=len(completion) - 1)
         reward = output.get("reward")
         reward = float(reward) if isinstance(reward, (int, float)) and math.isfinite(reward) else 0.0
-        metrics = {str(name): float(value) for name, value in (output.get("metrics") or {}).items()
-                   if isinstance(value, (int, float)) and math.isfinite(value)}
-        info: dict[str, Any] = {"success": reward >= float(getattr(self.vf_env, "pass_threshold", 0.5)),
-                                "metrics": metrics, "stop_condition": output.get("stop_condition")}
+        metrics = {
+            str(name): float(value)
+            for name, value in (output.get("metrics") or {}).items()
+            if isinstance(value, (int, float)) and math.isfinite(value)
+        }
+        info: dict[str, Any] = {
+            "success": reward >= float(getattr(self.vf_env, "pass_threshold", 0.5)),
+            "metrics": metrics,
+            "stop_condition": output.get("stop_condition"),
+        }
         if output.get("error") is not None:
             info["error"] = str(output["error"])
-        return completion[last + 1:], reward, True, info
+        return completion[last + 1 :], reward, True, info
 
     def _advance(self, rollout: _Rollout, text: str | None) -> tuple[str, Any]:
         """``rollout.advance(text)``, with exceptions escaping verifiers raised as EnvError."""
@@ -514,7 +589,9 @@ class VerifiersEnv(Env):
             self._abandon()
             if isinstance(exc, EnvError):
                 raise
-            raise EnvError(f"verifiers env {self.env_id!r} raised during its rollout: {one_line(exc, limit=300)}") from exc
+            raise EnvError(
+                f"verifiers env {self.env_id!r} raised during its rollout: {one_line(exc, limit=300)}"
+            ) from exc
 
     def _abandon(self) -> None:
         """Cancel the current rollout, if one is parked (an episode reset or closed before its end)."""

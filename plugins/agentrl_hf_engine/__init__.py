@@ -31,9 +31,9 @@ behaviour policy): on SmolLM2 a mean |difference| of ~0.04 to the trainer's.
 
 The decode loop is written out rather than calling ``model.generate``: it owns its
 ``torch.Generator`` (a seed never touches the global RNG; a seeded batch gives every prompt its
-own generator and draws by inverse CDF, so a prompt samples the same tokens in any batch), never inherits sampling defaults from
-the model's ``generation_config`` (transformers fills an unset ``top_k`` with 50), computes each
-step's logprobs on the fly instead of keeping every step's (B, V) scores, prefills each distinct
+own generator and draws by inverse CDF, so a prompt samples the same tokens in any batch), never
+inherits sampling defaults from the model's ``generation_config`` (transformers fills an unset ``top_k`` with 50),
+computes each step's logprobs on the fly instead of keeping every step's (B, V) scores, prefills each distinct
 prompt once (a GRPO group shares its prompt) and drops finished rows from the batch.
 Left padding, the attention mask and ``position_ids = cumsum(mask) - 1`` are built here from the
 unpadded id lists, never from token ids (SmolLM2's pad id is its eos id, TRAPS 10 and 11).
@@ -74,8 +74,11 @@ ROUNDED = "bfloat16_weights"
 """fp32 compute on the trainer's weights rounded to bf16 (see :class:`HFEngineConfig`)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, ROUNDED: torch.float32}
 """Each ``engine_args.dtype`` and the dtype its sampling copy stores."""
-SAMPLES_WITH = {"float32": "fp32, the trainer's own weights", "bfloat16": "bf16, a copy of the weights",
-                ROUNDED: "fp32, a copy of the weights rounded to bf16"}
+SAMPLES_WITH = {
+    "float32": "fp32, the trainer's own weights",
+    "bfloat16": "bf16, a copy of the weights",
+    ROUNDED: "fp32, a copy of the weights rounded to bf16",
+}
 """What each ``engine_args.dtype`` samples with, in words (the banner's ``sampler:`` line)."""
 _NO_IDS = torch.empty(0, 0, dtype=torch.long)  # the warpers' unused input_ids
 
@@ -188,8 +191,10 @@ class HFEngine(Engine):
                 for name, tensor in target.items():
                     if id(tensor) in copied:  # tied: one tensor under two names
                         if copied[id(tensor)] is not source[name]:
-                            raise EngineError(f"sync_weights: {name!r} is tied in the engine's copy but not in "
-                                              "the trainer's model; build the engine from the model as trained")
+                            raise EngineError(
+                                f"sync_weights: {name!r} is tied in the engine's copy but not in "
+                                "the trainer's model; build the engine from the model as trained"
+                            )
                         continue
                     tensor.copy_(source[name].to(torch.bfloat16) if rounded else source[name])
                     copied[id(tensor)] = source[name]
@@ -211,8 +216,9 @@ class HFEngine(Engine):
             if len(prompt) == 0:
                 raise EngineError(f"prompt {i} is empty: every prompt needs at least one token id")
             if min(prompt) < 0 or max(prompt) >= vocab:
-                raise EngineError(f"prompt {i} has token ids outside [0, {vocab}): "
-                                  f"min {min(prompt)}, max {max(prompt)}")
+                raise EngineError(
+                    f"prompt {i} has token ids outside [0, {vocab}): min {min(prompt)}, max {max(prompt)}"
+                )
         seeds = sampling.seeds_for(len(prompts))
         generators: list[torch.Generator] | None = None
         if seeds is not None:  # one stream per prompt: its draws do not depend on its batch-mates
@@ -224,7 +230,7 @@ class HFEngine(Engine):
         try:
             with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
                 for start in range(0, len(order), self.options.batch_size):
-                    chunk = order[start:start + self.options.batch_size]
+                    chunk = order[start : start + self.options.batch_size]
                     streams = [generators[i] for i in chunk] if generators is not None else None
                     generations = self._decode([prompts[i] for i in chunk], sampling, streams)
                     for i, generation in zip(chunk, generations):
@@ -234,8 +240,9 @@ class HFEngine(Engine):
                 module.training = training
         return [r for r in results if r is not None]  # every slot is filled
 
-    def _decode(self, prompts: list[list[int]], sampling: SamplingParams,
-                streams: list[torch.Generator] | None) -> list[Generation]:
+    def _decode(
+        self, prompts: list[list[int]], sampling: SamplingParams, streams: list[torch.Generator] | None
+    ) -> list[Generation]:
         """One KV-cached decode of ``prompts`` (B of them, U distinct); ``streams`` holds one
         generator per prompt (None: the engine's own generator draws for the whole batch).
 
@@ -285,12 +292,19 @@ class HFEngine(Engine):
                     version = now
                     logits, cache = self._prefill(history, mask)
                     continue
-            out = self.model(input_ids=sampled[:, None], attention_mask=mask, position_ids=position[:, None],
-                             use_cache=True, **{self._cache_arg: cache})
+            out = self.model(
+                input_ids=sampled[:, None],
+                attention_mask=mask,
+                position_ids=position[:, None],
+                use_cache=True,
+                **{self._cache_arg: cache},
+            )
             logits = out.logits[:, -1]  # (A, V)
         stamped = versions if tracked else [None] * len(prompts)
-        return [Generation(token_ids=t, logprobs=lp, kept_logmass=k, finish_reason=r, token_versions=v)
-                for t, lp, k, r, v in zip(tokens, logprobs, kept, reasons, stamped)]
+        return [
+            Generation(token_ids=t, logprobs=lp, kept_logmass=k, finish_reason=r, token_versions=v)
+            for t, lp, k, r, v in zip(tokens, logprobs, kept, reasons, stamped)
+        ]
 
     def _start(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
         """Each distinct prompt prefilled once (a GRPO group shares its prompt), then expanded to one
@@ -319,12 +333,24 @@ class HFEngine(Engine):
         # torch's CPU linear expands the LM head weight per row (bf16: 2 s instead of 5 ms).
         last = ids.shape[1] - 1
         extra = {"logits_to_keep": torch.tensor([last], device=self.device)} if self._keep_logits else {}
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         use_cache=True, **{self._cache_arg: cache}, **extra)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_arg: cache},
+            **extra,
+        )
         return out.logits[:, -1], cache
 
-    def _draw(self, logits: torch.Tensor, sampling: SamplingParams, streams: list[torch.Generator] | None,
-              active: list[int], truncates: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _draw(
+        self,
+        logits: torch.Tensor,
+        sampling: SamplingParams,
+        streams: list[torch.Generator] | None,
+        active: list[int],
+        truncates: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One token per live row from ``logits`` (A, V): the tokens, their full-vocabulary
         logprobs ``log_softmax(logits / T)`` and their logprobs under the distribution drawn from
         (top-k / top-p renormalised), each (A,)."""
@@ -335,8 +361,9 @@ class HFEngine(Engine):
         elif streams is None:
             sampled = torch.multinomial(log_probs.exp(), 1, generator=self.generator).squeeze(-1)  # (A,)
         else:
-            uniforms = torch.stack([torch.rand((), generator=streams[seq], device=self.device,
-                                               dtype=torch.float64) for seq in active])  # (A,)
+            uniforms = torch.stack(
+                [torch.rand((), generator=streams[seq], device=self.device, dtype=torch.float64) for seq in active]
+            )  # (A,)
             sampled = inverse_cdf_sample(log_probs, uniforms)  # (A,)
         picked = log_probs.gather(-1, sampled[:, None]).squeeze(-1)  # (A,) drawn with
         full = picked  # (A,) full-vocabulary log_softmax(logits / T) at the sampled token

@@ -111,8 +111,11 @@ class PPOConfig(ClippedPolicyConfig):
         super().validate(check)
         check.flag("whiten_advantages")
         if self.kl_in == "reward" and self.kl_estimator not in (None, "k1"):
-            check.fail("kl_estimator", "KL in the reward is k1 with no gradient; set kl_in=loss to use "
-                       f"{self.kl_estimator} in the loss (KL in both places double-counts it)")
+            check.fail(
+                "kl_estimator",
+                "KL in the reward is k1 with no gradient; set kl_in=loss to use "
+                f"{self.kl_estimator} in the loss (KL in both places double-counts it)",
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,8 +131,9 @@ def token_positions(loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return order, valid
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float,
-        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and returns ``(N, T)`` over the loss-mask tokens only (module docstring).
 
     ``rewards``, ``values`` and ``loss_mask`` are ``(N, T)``; rewards off the mask are ignored and
@@ -189,8 +193,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float("nan") if of_returns == 0 else float(1 - of_errors / of_returns)
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token critic loss ``0.5 * max((V - R)^2, (V_clip - R)^2)`` ``(n, T)`` and where the
     clipped term is the larger one (float 0/1, no grad); plain ``0.5 * (V - R)^2`` when
     ``clip`` is None."""
@@ -246,8 +251,7 @@ class ValueModel(nn.Module):
         critic = cls(decoder, int(policy.config.hidden_size))
         return critic.to(next(policy.parameters()).device).eval()  # dropout off (TRAPS 14)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                loss_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
         """Values ``(N, T)``: entry t is V(state before token t), from the hidden state at t - 1,
         only where ``loss_mask`` is set (0 elsewhere), float32."""
         hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (N, T, H)
@@ -299,8 +303,11 @@ class PPO(ClippedPolicy):
         """Build the critic from the policy."""
         self.context = context
         self.critic = TrainableModule(
-            module=ValueModel.from_policy(context.model), learning_rate=self.config.critic_learning_rate,
-            warmup_steps=self.config.critic_lr_warmup_steps, max_grad_norm=self.config.critic_max_grad_norm)
+            module=ValueModel.from_policy(context.model),
+            learning_rate=self.config.critic_learning_rate,
+            warmup_steps=self.config.critic_lr_warmup_steps,
+            max_grad_norm=self.config.critic_max_grad_norm,
+        )
 
     def trainable_modules(self) -> dict[str, TrainableModule]:
         """``critic``."""
@@ -365,8 +372,9 @@ class PPO(ClippedPolicy):
         critic = self._critic().module
         with context.autocast():
             values = critic(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (n, T)
-        per_token_value, clipped = value_loss(values, batch.extras["values"], batch.extras["returns"],
-                                              config.value_clip)  # (n, T)
+        per_token_value, clipped = value_loss(
+            values, batch.extras["values"], batch.extras["returns"], config.value_clip
+        )  # (n, T)
         value_mask = batch.extras["value_mask"]
         critic_loss = masked(per_token_value, value_mask).sum() / max(1.0, float(totals.num_tokens))
         token_stats["critic/value_clip_frac"] = clipped * value_mask

@@ -135,12 +135,17 @@ class Judge:
     def _failed(self, index: int, error: Exception) -> None:
         what = f"judge {self.name!r} failed on request {index} of the batch: {one_line(error)}"
         if not self.skips:
-            raise RewardError(f"{what} (on_call_error=fail; with 'skip' the episode is left unscored and "
-                              "counted in judge/errors)") from error
+            raise RewardError(
+                f"{what} (on_call_error=fail; with 'skip' the episode is left unscored and counted in judge/errors)"
+            ) from error
         if not self.warned:
             self.warned = True
-            warnings.warn(f"{what}; such episodes are left unscored (on_call_error=skip) and counted in "
-                          "judge/errors; later failures are not warned about", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{what}; such episodes are left unscored (on_call_error=skip) and counted in "
+                "judge/errors; later failures are not warned about",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def pop_metrics(self) -> dict[str, float]:
         """Counts since the last call (logged as ``judge/<key>``)."""
@@ -155,11 +160,17 @@ def render(template: str, trajectory: Trajectory) -> str:
     start = first_reply(trajectory)
     users = [m for m in messages[:start] if m.get("role") == "user"]
     reply = messages[start:]
-    completion = (str(reply[0].get("content") or "") if len(reply) == 1 else
-                  "\n\n".join(f"{m.get('role', '')}: {m.get('content') or ''}" for m in reply))
+    completion = (
+        str(reply[0].get("content") or "")
+        if len(reply) == 1
+        else "\n\n".join(f"{m.get('role', '')}: {m.get('content') or ''}" for m in reply)
+    )
     values = {str(k): "" if v is None else str(v) for k, v in trajectory.task.items()}
-    values.update(prompt=str(users[-1].get("content") or "") if users else "", completion=completion,
-                  reference=values.get("answer", ""))
+    values.update(
+        prompt=str(users[-1].get("content") or "") if users else "",
+        completion=completion,
+        reference=values.get("answer", ""),
+    )
     return template.format_map(values)
 
 
@@ -190,13 +201,16 @@ def load_template(options: JudgeConfig, columns: list[str]) -> str:
         raise ConfigError(f"plugins.{SECTION}.rubric: not a format template ({exc}); double literal braces") from None
     for name in fields:
         if name not in allowed:
-            raise ConfigError(f"plugins.{SECTION}.rubric has placeholder {{{name}}}; allowed: "
-                              + ", ".join(f"{{{a}}}" for a in sorted(allowed)))
+            raise ConfigError(
+                f"plugins.{SECTION}.rubric has placeholder {{{name}}}; allowed: "
+                + ", ".join(f"{{{a}}}" for a in sorted(allowed))
+            )
     return template
 
 
 def policy_backend(context: RewardContext, options: JudgeConfig) -> Backend:
     """Replies from the run's own engine: one greedy ``generate`` per call."""
+
     def judge(prompts: list[str]) -> list[str | Exception]:
         engine, tokenizer = context.engine, context.tokenizer
         if engine is None or tokenizer is None:
@@ -211,8 +225,9 @@ def policy_backend(context: RewardContext, options: JudgeConfig) -> Backend:
 def chat_ids(tokenizer: Any, prompt: str, reply_prefix: str = "") -> list[int]:
     """``prompt`` as one user message in the tokenizer's chat template, ready for the reply (which
     starts with ``reply_prefix``, written here)."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
     return list(tokenizer(text + reply_prefix, add_special_tokens=False)["input_ids"])
 
 
@@ -221,8 +236,10 @@ def local_backend(path: str, options: JudgeConfig, device: Any) -> Backend:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not (Path(path).expanduser() / "config.json").is_file():
-        raise ConfigError(f"judge model {path!r} is not a model folder (no config.json there): use judge:policy, "
-                          "judge:openai or judge:PATH to a saved causal LM")
+        raise ConfigError(
+            f"judge model {path!r} is not a model folder (no config.json there): use judge:policy, "
+            "judge:openai or judge:PATH to a saved causal LM"
+        )
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -231,12 +248,17 @@ def local_backend(path: str, options: JudgeConfig, device: Any) -> Backend:
     def judge(prompts: list[str]) -> list[str | Exception]:
         replies: list[str | Exception] = []
         for start in range(0, len(prompts), options.batch_size):
-            batch = [chat_ids(tokenizer, p, options.reply_prefix) for p in prompts[start:start + options.batch_size]]
+            batch = [chat_ids(tokenizer, p, options.reply_prefix) for p in prompts[start : start + options.batch_size]]
             width = max(len(ids) for ids in batch)
             input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=model.device)
             mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=model.device)
-            out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, pad_token_id=pad,
-                                 max_new_tokens=options.max_new_tokens)  # (B, width + new)
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                do_sample=False,
+                pad_token_id=pad,
+                max_new_tokens=options.max_new_tokens,
+            )  # (B, width + new)
             replies += [options.reply_prefix + tokenizer.decode(row[width:], skip_special_tokens=True) for row in out]
         return replies
 
@@ -246,20 +268,31 @@ def local_backend(path: str, options: JudgeConfig, device: Any) -> Backend:
 def openai_backend(options: JudgeConfig) -> Backend:
     """Replies from an OpenAI-compatible endpoint; a failed or timed-out request is its exception."""
     if not options.base_url or not options.model:
-        raise ConfigError(f"judge:openai needs plugins.{SECTION}.base_url and plugins.{SECTION}.model "
-                          f"(got base_url={options.base_url!r}, model={options.model!r})")
+        raise ConfigError(
+            f"judge:openai needs plugins.{SECTION}.base_url and plugins.{SECTION}.model "
+            f"(got base_url={options.base_url!r}, model={options.model!r})"
+        )
     if options.reply_prefix:
-        raise ConfigError(f"judge:openai cannot take plugins.{SECTION}.reply_prefix={options.reply_prefix!r}: a chat "
-                          "endpoint writes its reply from the start (use a rubric that asks for 'Score: N' instead)")
+        raise ConfigError(
+            f"judge:openai cannot take plugins.{SECTION}.reply_prefix={options.reply_prefix!r}: a chat "
+            "endpoint writes its reply from the start (use a rubric that asks for 'Score: N' instead)"
+        )
     openai = import_extra("openai", "judge:openai needs the openai package: pip install openai", ConfigError)
-    client = openai.OpenAI(base_url=options.base_url, api_key=os.environ.get(options.api_key_env) or "EMPTY",
-                           timeout=options.timeout_s, max_retries=0)
+    client = openai.OpenAI(
+        base_url=options.base_url,
+        api_key=os.environ.get(options.api_key_env) or "EMPTY",
+        timeout=options.timeout_s,
+        max_retries=0,
+    )
 
     def ask(prompt: str) -> str | Exception:
         try:
             response = client.chat.completions.create(
-                model=options.model, messages=[{"role": "user", "content": prompt}], temperature=0.0,
-                max_tokens=options.max_new_tokens)
+                model=options.model,
+                messages=[{"role": "user", "content": prompt}],
+                temperature=0.0,
+                max_tokens=options.max_new_tokens,
+            )
             return response.choices[0].message.content or ""
         except Exception as exc:  # the request's failure: on_call_error decides
             return exc

@@ -80,15 +80,26 @@ class ProcessRewardModel:
     model name or folder; ``context``: a run's :class:`agentrl.RewardContext`, whose tokenizer is
     used when ``policy_tokenizer`` is None. ``device`` None: CUDA when there is one."""
 
-    def __init__(self, path: str, policy_tokenizer: str | Any | None = None, separator: str = "\n\n",
-                 batch_size: int = 8, max_length: int = 4096, device: Any = None, bf16: bool = False,
-                 context: RewardContext | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        policy_tokenizer: str | Any | None = None,
+        separator: str = "\n\n",
+        batch_size: int = 8,
+        max_length: int = 4096,
+        device: Any = None,
+        bf16: bool = False,
+        context: RewardContext | None = None,
+    ) -> None:
         if not separator:
-            raise ProcessRewardModelError("ProcessRewardModel separator '' is invalid: expected a non-empty string "
-                                          "such as '\\n\\n'")
+            raise ProcessRewardModelError(
+                "ProcessRewardModel separator '' is invalid: expected a non-empty string such as '\\n\\n'"
+            )
         if batch_size < 1 or max_length < 2:
-            raise ProcessRewardModelError(f"ProcessRewardModel batch_size={batch_size}, max_length={max_length} are "
-                                          "invalid: expected batch_size >= 1 and max_length >= 2")
+            raise ProcessRewardModelError(
+                f"ProcessRewardModel batch_size={batch_size}, max_length={max_length} are "
+                "invalid: expected batch_size >= 1 and max_length >= 2"
+            )
         self.path, self.separator, self.batch_size, self.max_length = str(path), separator, batch_size, max_length
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.bf16, self.context = bf16, context
@@ -113,19 +124,22 @@ class ProcessRewardModel:
             raise ProcessRewardModelError(
                 f"process reward model {self.path!r} is not a model folder (no config.json there): prm:PATH takes a "
                 "local folder saved by AutoModelForTokenClassification.save_pretrained (num_labels=1, a causal "
-                "decoder) with its tokenizer")
+                "decoder) with its tokenizer"
+            )
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder)
             model = AutoModelForTokenClassification.from_pretrained(folder)
         except (OSError, ValueError, KeyError) as exc:
             raise ProcessRewardModelError(
                 f"process reward model {self.path!r} could not be loaded as an AutoModelForTokenClassification "
-                f"with its tokenizer: {one_line(exc)}") from None
+                f"with its tokenizer: {one_line(exc)}"
+            ) from None
         if not tokenizer.is_fast:
             raise ProcessRewardModelError(f"PRM {self.path!r} has a slow tokenizer: character offsets need a fast one")
         if model.config.num_labels != 1:
-            raise ProcessRewardModelError(f"PRM {self.path!r} has num_labels={model.config.num_labels}: expected 1 "
-                                          "(a score per token)")
+            raise ProcessRewardModelError(
+                f"PRM {self.path!r} has num_labels={model.config.num_labels}: expected 1 (a score per token)"
+            )
         self.tokenizer, self.model = tokenizer, model.to(device=self.device, dtype=torch.float32).eval()
 
     def load(self) -> None:
@@ -136,8 +150,10 @@ class ProcessRewardModel:
         if self._policy_tokenizer is None and self.context is not None:
             self._policy_tokenizer = self.context.tokenizer
         if self._policy_tokenizer is None:
-            raise RewardError(f"ProcessRewardModel({self.path!r}) has no policy tokenizer: pass policy_tokenizer= "
-                              "(a tokenizer, a model name or folder), or use --reward prm:PATH, which reads the run's")
+            raise RewardError(
+                f"ProcessRewardModel({self.path!r}) has no policy tokenizer: pass policy_tokenizer= "
+                "(a tokenizer, a model name or folder), or use --reward prm:PATH, which reads the run's"
+            )
         if isinstance(self._policy_tokenizer, (str, Path)):  # a name, a folder
             from transformers import AutoTokenizer
 
@@ -150,7 +166,7 @@ class ProcessRewardModel:
         self.load()
         out: list[StepRewards] = []
         for first in range(0, len(trajectories), self.batch_size):
-            out += self._score(trajectories[first:first + self.batch_size])
+            out += self._score(trajectories[first : first + self.batch_size])
         return out
 
     def pop_metrics(self) -> dict[str, float]:
@@ -173,8 +189,10 @@ class ProcessRewardModel:
         """One padded forward of ``trajectories``: the score at each step's last character."""
         texts, ends, chars = zip(*(self.text_and_ends(t) for t in trajectories))
         if self.same_vocab:  # the policy's own tokens: a step's score is the PRM's output at its last token
-            encoded = {"input_ids": [t.token_ids for t in trajectories],
-                       "offset_mapping": [[(p, p + 1) for p in range(len(t.token_ids))] for t in trajectories]}
+            encoded = {
+                "input_ids": [t.token_ids for t in trajectories],
+                "offset_mapping": [[(p, p + 1) for p in range(len(t.token_ids))] for t in trajectories],
+            }
             chars = tuple(list(e) for e in ends)
         else:
             encoded = self.tokenizer(list(texts), return_offsets_mapping=True, add_special_tokens=False)
@@ -222,8 +240,14 @@ def process_reward_model_scheme(argument: str, context: RewardContext) -> Proces
     the run's ``plugins.process_reward_model`` options; the policy's tokenizer is the run's."""
     options = context.settings.get(SECTION) or ProcessRewardModelConfig()
     precision = context.precision
-    prm = ProcessRewardModel(argument, separator=options.separator, batch_size=options.batch_size,
-                             max_length=options.max_length, device=context.device,
-                             bf16=bool(precision is not None and precision.bf16), context=context)
+    prm = ProcessRewardModel(
+        argument,
+        separator=options.separator,
+        batch_size=options.batch_size,
+        max_length=options.max_length,
+        device=context.device,
+        bf16=bool(precision is not None and precision.bf16),
+        context=context,
+    )
     prm.load_model()
     return prm

@@ -57,12 +57,16 @@ class RewardModel:
 
         folder = Path(path).expanduser()
         if not (folder / "config.json").is_file():
-            raise ConfigError(f"reward model {path!r} is not a model folder (no config.json there): rm:PATH takes "
-                              "a local folder saved by AutoModelForSequenceClassification.save_pretrained")
+            raise ConfigError(
+                f"reward model {path!r} is not a model folder (no config.json there): rm:PATH takes "
+                "a local folder saved by AutoModelForSequenceClassification.save_pretrained"
+            )
         num_labels = AutoConfig.from_pretrained(folder).num_labels
         if num_labels != 1:
-            raise ConfigError(f"reward model {path!r} has num_labels={num_labels}: a reward model must have "
-                              "num_labels=1 (one score per conversation)")
+            raise ConfigError(
+                f"reward model {path!r} has num_labels={num_labels}: a reward model must have "
+                "num_labels=1 (one score per conversation)"
+            )
         self.path, self.options, self.device, self.bf16 = path, options, torch.device(device), bf16
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForSequenceClassification.from_pretrained(folder)
@@ -77,7 +81,7 @@ class RewardModel:
         present = [i for i, seq in enumerate(ids) if seq]
         size = self.options.batch_size
         for start in range(0, len(present), size):
-            chunk = present[start:start + size]
+            chunk = present[start : start + size]
             raw[chunk] = self.forward([ids[i] for i in chunk])
         scores = normalized(raw, self.options.normalize) * self.options.scale + self.options.shift
         return [None if np.isnan(x) else float(x) for x in scores]
@@ -91,7 +95,7 @@ class RewardModel:
             ids = self.tokenizer(plain_text(messages))["input_ids"]
         if len(ids) > self.max_length:
             self.truncated += 1
-            ids = ids[-self.max_length:]
+            ids = ids[-self.max_length :]
         return list(ids)
 
     @torch.no_grad()
@@ -106,8 +110,8 @@ class RewardModel:
         input_ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, L)
         attention = torch.zeros((len(batch), width), dtype=torch.long)  # (B, L)
         for row, seq in enumerate(batch):
-            input_ids[row, :len(seq)] = torch.tensor(seq)
-            attention[row, :len(seq)] = 1
+            input_ids[row, : len(seq)] = torch.tensor(seq)
+            attention[row, : len(seq)] = 1
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device)).logits
         return [float(x) for x in logits[:, 0].float().cpu()]  # (B,)
@@ -120,9 +124,11 @@ class RewardModel:
 
 def own_limit(tokenizer: Any, config: Any, path: str) -> int:
     """The reward model's own token limit; ConfigError when it states none."""
-    limits = [value for value in (getattr(tokenizer, "model_max_length", None),
-                                  getattr(config, "max_position_embeddings", None))
-              if isinstance(value, int) and 0 < value < 10**7]
+    limits = [
+        value
+        for value in (getattr(tokenizer, "model_max_length", None), getattr(config, "max_position_embeddings", None))
+        if isinstance(value, int) and 0 < value < 10**7
+    ]
     if not limits:
         raise ConfigError(f"reward model {path!r} states no length limit: set plugins.{SECTION}.max_length")
     return min(limits)

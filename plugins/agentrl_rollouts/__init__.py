@@ -10,8 +10,8 @@ loop for ``async def`` ones); the env's answer is appended as chat-template delt
 and the episode asks again. So one slow env holds back its own episode only: the others go on
 sampling. With fast envs (all answering within ``batch_wait_s``) the batches are exactly the
 lockstep ones: every live episode's turn k together, in episode order. ``reset`` is part of the
-episode's chain too: each episode asks for its first turn as soon as its own env has reset. Single-turn envs are the case where the env terminates
-after the first turn.
+episode's chain too: each episode asks for its first turn as soon as its own env has reset.
+Single-turn envs are the case where the env terminates after the first turn.
 
 Limits, kept apart (TRAPS 27): ``max_new_tokens`` per turn, ``max_sampled_tokens`` per episode
 (model tokens), ``max_total_tokens`` per episode (everything), and the env's ``max_turns``
@@ -58,10 +58,41 @@ import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
-from agentrl import AgentRLError, CallGuard, CallTimeout, ChatTokenizer, Engine, EngineError, Env, EnvCall, EnvError, EnvLibraryError, EnvWorkers, Generation, GenerationRequest, RequestQueue, SamplingParams, Trajectory, Turn, build_plugin_config, check_reset_result, check_step_result, hookimpl, one_line, request_queue, sample_label
-
+from agentrl import (
+    AgentRLError,
+    CallGuard,
+    CallTimeout,
+    ChatTokenizer,
+    Engine,
+    EngineError,
+    Env,
+    EnvCall,
+    EnvError,
+    EnvLibraryError,
+    EnvWorkers,
+    Generation,
+    GenerationRequest,
+    RequestQueue,
+    SamplingParams,
+    Trajectory,
+    Turn,
+    build_plugin_config,
+    check_reset_result,
+    check_step_result,
+    hookimpl,
+    one_line,
+    request_queue,
+    sample_label,
+)
 from agentrl_rollouts.episodes import (
-    SECTION, EngineExit, Episode, MultiTurnConfig, NamedEngine, Reply, episode_seed, turn_seed,
+    SECTION,
+    EngineExit,
+    Episode,
+    MultiTurnConfig,
+    NamedEngine,
+    Reply,
+    episode_seed,
+    turn_seed,  # noqa: F401 (the openai_agent rollout imports it from here)
 )
 
 PLACEHOLDER = [{"role": "user", "content": ""}]
@@ -77,8 +108,9 @@ class MultiTurnRollout:
         self.engine = engine
         self.chat = ChatTokenizer(tokenizer)
         self.config = config
-        self.options = build_plugin_config(MultiTurnConfig, (getattr(config, "plugins", None) or {}).get(SECTION, {}),
-                                           f"plugins.{SECTION}")
+        self.options = build_plugin_config(
+            MultiTurnConfig, (getattr(config, "plugins", None) or {}).get(SECTION, {}), f"plugins.{SECTION}"
+        )
         self.guard = CallGuard.from_config(config)
         self.workers = EnvWorkers(self.guard, config.env_workers)
         self.batches: list[int] = []
@@ -86,31 +118,48 @@ class MultiTurnRollout:
         self._skipped: list[tuple[tuple[int, int], str, str]] = []
         """Env failures skipped and not yet warned about: ((turn, episode), plugin, message)."""
 
-    def run(self, envs: list[Env], tasks: list[dict[str, Any]], groups: list[int],
-            sampling: SamplingParams, seeds: list[int] | None = None) -> list[Trajectory]:
+    def run(
+        self,
+        envs: list[Env],
+        tasks: list[dict[str, Any]],
+        groups: list[int],
+        sampling: SamplingParams,
+        seeds: list[int] | None = None,
+    ) -> list[Trajectory]:
         """One episode per env on the matching task; returns them as trajectories, in order."""
         if not len(envs) == len(tasks) == len(groups):
             raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
-        episodes = [Episode(i, env, task, group, [], []) for i, (env, task, group) in enumerate(zip(envs, tasks, groups))]
+        episodes = [
+            Episode(i, env, task, group, [], []) for i, (env, task, group) in enumerate(zip(envs, tasks, groups))
+        ]
         try:
             max_sampled = self.config.max_sampled_tokens or self.config.max_new_tokens * max(
-                env.max_turns for env in envs)
+                env.max_turns for env in envs
+            )
             self._advance(episodes, sampling, seeds, max_sampled)
         finally:
             self._warn_skipped()
         too_long = sum(bool(e.info.get("prompt_too_long")) for e in episodes)
         if too_long:
-            warnings.warn(f"{too_long} of {len(episodes)} episodes ended before the model spoke: their prompt "
-                          f"alone fills max_total_tokens={self.config.max_total_tokens}; they score as empty "
-                          "replies. Raise max_total_tokens or shorten the prompt.", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{too_long} of {len(episodes)} episodes ended before the model spoke: their prompt "
+                f"alone fills max_total_tokens={self.config.max_total_tokens}; they score as empty "
+                "replies. Raise max_total_tokens or shorten the prompt.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return [self._trajectory(e) for e in episodes]
 
-    def _advance(self, episodes: list[Episode], sampling: SamplingParams, seeds: list[int] | None,
-                 max_sampled: int) -> None:
+    def _advance(
+        self, episodes: list[Episode], sampling: SamplingParams, seeds: list[int] | None, max_sampled: int
+    ) -> None:
         """Every episode to its end, each turn as soon as its own env has answered (module docstring)."""
         turns: dict[int, int] = {}  # id(an episode's token ids) -> its turn, 1-based: names a failing batch
-        queue = request_queue(NamedEngine(self.engine, self._engine_name(), turns), self.options.batch_wait_s,
-                              lambda: sum(not e.done for e in episodes))
+        queue = request_queue(
+            NamedEngine(self.engine, self._engine_name(), turns),
+            self.options.batch_wait_s,
+            lambda: sum(not e.done for e in episodes),
+        )
         pending: dict[Future, tuple[Episode, Reply | None]] = {}  # a generation (no reply yet) or an env step
         failed: list[tuple[tuple[int, int], BaseException]] = []  # stop once the running calls answered
         tools = [self._tools(episode.env) for episode in episodes]
@@ -151,14 +200,25 @@ class MultiTurnRollout:
         if failed:
             raise min(failed, key=lambda item: item[0])[1]
 
-    def _ask(self, queue: RequestQueue, episode: Episode, sampling: SamplingParams, seeds: list[int] | None,
-             max_sampled: int, turns: dict[int, int], pending: dict[Future, Any]) -> None:
+    def _ask(
+        self,
+        queue: RequestQueue,
+        episode: Episode,
+        sampling: SamplingParams,
+        seeds: list[int] | None,
+        max_sampled: int,
+        turns: dict[int, int],
+        pending: dict[Future, Any],
+    ) -> None:
         """Queue ``episode``'s next model turn, or end it when its token budget is spent (by the
         prompt alone if it has no turn yet) or it is done."""
         if episode.done:
             return
-        cap = min(sampling.max_new_tokens, max_sampled - episode.sampled,
-                  self.config.max_total_tokens - len(episode.token_ids))
+        cap = min(
+            sampling.max_new_tokens,
+            max_sampled - episode.sampled,
+            self.config.max_total_tokens - len(episode.token_ids),
+        )
         if cap <= 0:
             episode.done = episode.truncated = True
             if not episode.turns:
@@ -167,9 +227,13 @@ class MultiTurnRollout:
         turn = len(episode.turns)
         turns[id(episode.token_ids)] = turn + 1
         request = GenerationRequest(
-            episode.token_ids, SamplingParams(max_new_tokens=cap, temperature=sampling.temperature,
-                                              top_p=sampling.top_p, top_k=sampling.top_k),
-            seed=episode_seed(seeds, sampling.seed, episode.index, turn), order=episode.index)
+            episode.token_ids,
+            SamplingParams(
+                max_new_tokens=cap, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k
+            ),
+            seed=episode_seed(seeds, sampling.seed, episode.index, turn),
+            order=episode.index,
+        )
         pending[queue.submit(request)] = (episode, None)
 
     def _generation(self, future: Future, turn: int) -> Generation:
@@ -215,11 +279,13 @@ class MultiTurnRollout:
     def _reset_call(episode: Episode, seeds: list[int] | None, tools: list[dict[str, Any]] | None) -> EnvCall:
         """``episode``'s ``env.reset`` on its task."""
         options = {"task": episode.task, "template_renders_tools": tools is not None}
-        return EnvCall(episode.env, "reset", kwargs={"seed": None if seeds is None else seeds[episode.index],
-                                                     "options": options})
+        return EnvCall(
+            episode.env, "reset", kwargs={"seed": None if seeds is None else seeds[episode.index], "options": options}
+        )
 
-    def _start(self, episode: Episode, outcome: tuple[Any, BaseException | None],
-               tools: list[dict[str, Any]] | None) -> None:
+    def _start(
+        self, episode: Episode, outcome: tuple[Any, BaseException | None], tools: list[dict[str, Any]] | None
+    ) -> None:
         """Give ``episode`` its prompt from its ``reset`` outcome; a reset that failed (skipped) ends
         it before it starts, with the placeholder prompt."""
         result, error = self._checked(episode.index, episode.env, episode.task, "reset", outcome, -1)
@@ -231,8 +297,15 @@ class MultiTurnRollout:
         episode.token_ids = self.chat.prompt_ids(messages, tools=tools)
         episode.loss_mask, episode.logprobs = [0] * len(episode.token_ids), [0.0] * len(episode.token_ids)
 
-    def _checked(self, index: int, env: Env, task: dict[str, Any], method: str,
-                 outcome: tuple[Any, BaseException | None], turn: int) -> tuple[Any, dict[str, Any] | None]:
+    def _checked(
+        self,
+        index: int,
+        env: Env,
+        task: dict[str, Any],
+        method: str,
+        outcome: tuple[Any, BaseException | None],
+        turn: int,
+    ) -> tuple[Any, dict[str, Any] | None]:
         """What ``env.<method>(...)`` (at ``turn``, -1 for ``reset``), made under the guard, came to:
         ``(result, None)``, or ``(None, error)`` when env code raised (an EnvLibraryError included: a
         wrapped library failed) or timed out and ``on_call_error`` is ``skip`` (warned about at the
@@ -247,10 +320,18 @@ class MultiTurnRollout:
         what = f"{where} {'timed out' if isinstance(exc, CallTimeout) else 'raised'} on {sample_label(index, task)}"
         detail = str(exc) if isinstance(exc, EnvLibraryError) else one_line(exc)
         if not self.guard.skips:
-            raise EnvError(f"{what}: {detail} (on_call_error=fail; with 'skip' the episode would "
-                           "end unscored and count in errors/env)") from exc
-        self._skipped.append(((turn, index), f"env:{type(env).__name__}", f"{what}: {detail}; the episode ends "
-                              "unscored (on_call_error=skip). Later failures of this env are only counted in errors/env"))
+            raise EnvError(
+                f"{what}: {detail} (on_call_error=fail; with 'skip' the episode would "
+                "end unscored and count in errors/env)"
+            ) from exc
+        self._skipped.append(
+            (
+                (turn, index),
+                f"env:{type(env).__name__}",
+                f"{what}: {detail}; the episode ends "
+                "unscored (on_call_error=skip). Later failures of this env are only counted in errors/env",
+            )
+        )
         return None, {"method": where, "exception": detail, "timed_out": isinstance(exc, CallTimeout)}
 
     def _sampled(self, episode: Episode, generation: Generation) -> Reply:
@@ -262,36 +343,56 @@ class MultiTurnRollout:
         episode.logprobs += logprobs
         stopped = reason == "stop"
         assistant = {"role": "assistant", "content": self.chat.assistant_text(ids, stopped)}
-        return Reply(start, ids, reason, assistant, list(episode.messages), generation.policy_version,
-                     generation.token_versions)
+        return Reply(
+            start, ids, reason, assistant, list(episode.messages), generation.policy_version, generation.token_versions
+        )
 
-    def _answered(self, episode: Episode, reply: Reply, outcome: tuple[Any, BaseException | None],
-                  max_sampled: int) -> None:
+    def _answered(
+        self, episode: Episode, reply: Reply, outcome: tuple[Any, BaseException | None], max_sampled: int
+    ) -> None:
         """Append the env's answer to ``reply`` (its ``step`` outcome) to ``episode``, or end it."""
         start, ids, reason, assistant, history = reply.start, reply.ids, reply.reason, reply.assistant, reply.history
         stopped = reason == "stop"
         result, error = self._checked(episode.index, episode.env, episode.task, "step", outcome, len(episode.turns))
         if error is not None:  # the env broke mid-episode: end it here, unscored
             episode.messages.append(assistant)
-            episode.turns.append(Turn(start=start, end=len(episode.token_ids), finish_reason=reason,
-                                      policy_version=reply.version, token_versions=reply.token_versions))
+            episode.turns.append(
+                Turn(
+                    start=start,
+                    end=len(episode.token_ids),
+                    finish_reason=reason,
+                    policy_version=reply.version,
+                    token_versions=reply.token_versions,
+                )
+            )
             episode.info["error"] = error
             episode.done = True
             return
         new_messages, reward, terminated, truncated, info = check_step_result(episode.env, result)
         episode.messages += [assistant] + list(new_messages)
         episode.info = dict(info)
-        episode.turns.append(Turn(start=start, end=len(episode.token_ids), reward=float(reward),
-                                  finish_reason=reason, tool_calls=int(info.get("tool_calls", 0)),
-                                  tool_errors=int(info.get("tool_errors", 0)), policy_version=reply.version,
-                                  token_versions=reply.token_versions))
+        episode.turns.append(
+            Turn(
+                start=start,
+                end=len(episode.token_ids),
+                reward=float(reward),
+                finish_reason=reason,
+                tool_calls=int(info.get("tool_calls", 0)),
+                tool_errors=int(info.get("tool_errors", 0)),
+                policy_version=reply.version,
+                token_versions=reply.token_versions,
+            )
+        )
         if terminated or truncated:
             episode.done, episode.terminated = True, bool(terminated)
             episode.truncated = bool(truncated) or (not stopped)
             self._unseen(episode, list(new_messages))
             return
-        delta = [] if episode.sampled >= max_sampled else self.chat.delta_ids(
-            history, ids, assistant, list(new_messages), tools=episode.tools, stopped=stopped)
+        delta = (
+            []
+            if episode.sampled >= max_sampled
+            else self.chat.delta_ids(history, ids, assistant, list(new_messages), tools=episode.tools, stopped=stopped)
+        )
         if not delta or len(episode.token_ids) + len(delta) >= self.config.max_total_tokens:
             # A token cap ends the episode before the model sees the env's answer.
             episode.done = episode.truncated = True
@@ -306,16 +407,24 @@ class MultiTurnRollout:
         """The episode ended before the model read ``new_messages``: move them from ``messages``
         (which stays exactly what the token ids hold) to ``info["unseen_messages"]``."""
         if new_messages:
-            del episode.messages[-len(new_messages):]
+            del episode.messages[-len(new_messages) :]
             episode.info["unseen_messages"] = new_messages
 
     @staticmethod
     def _trajectory(episode: Episode) -> Trajectory:
         trajectory = Trajectory(
-            token_ids=episode.token_ids, loss_mask=episode.loss_mask,
-            sampler_logprobs=episode.logprobs, turns=episode.turns, messages=episode.messages,
-            task=episode.task, group=episode.group, terminated=episode.terminated,
-            truncated=episode.truncated, info=episode.info, tools=episode.tools)
+            token_ids=episode.token_ids,
+            loss_mask=episode.loss_mask,
+            sampler_logprobs=episode.logprobs,
+            turns=episode.turns,
+            messages=episode.messages,
+            task=episode.task,
+            group=episode.group,
+            terminated=episode.terminated,
+            truncated=episode.truncated,
+            info=episode.info,
+            tools=episode.tools,
+        )
         trajectory.validate()
         return trajectory
 

@@ -73,8 +73,10 @@ def run_with_own_time_limit(fn: Callable[[], Any], limit_s: float | None, waited
     while worker.is_alive():
         own = time.monotonic() - started - waited()
         if own > limit_s:
-            raise CallTimeout(f"the agent's own time (model calls excluded) passed timeout_s={limit_s:g} s; "
-                              "it was abandoned and may still be running in a background thread")
+            raise CallTimeout(
+                f"the agent's own time (model calls excluded) passed timeout_s={limit_s:g} s; "
+                "it was abandoned and may still be running in a background thread"
+            )
         worker.join(min(POLL_S, max(limit_s - own, 0.01)))
     if "error" in outcome:
         raise outcome["error"]

@@ -56,8 +56,7 @@ def with_tool_prompt(messages: list[Message], description: str) -> list[Message]
     return [{"role": "system", "content": description}, *messages]
 
 
-def assistant_message(text: str, parser: Any, tools: list[dict[str, Any]] | None,
-                      raw_texts: dict[str, str]) -> Message:
+def assistant_message(text: str, parser: Any, tools: list[dict[str, Any]] | None, raw_texts: dict[str, str]) -> Message:
     """The OpenAI assistant message for the sampled ``text``: well-formed calls the run's parser
     reads become ``tool_calls`` (their ids remembered in ``raw_texts``), the text before the first
     call the ``content``; malformed calls stay in the content. ``tools=None``: no call is parsed."""
@@ -72,8 +71,9 @@ def assistant_message(text: str, parser: Any, tools: list[dict[str, Any]] | None
             arguments = type_arguments(arguments, schemas[call.name].get("parameters", {}))
         call_id = f"call_{uuid.uuid4().hex[:24]}"
         raw_texts[call_id] = text
-        tool_calls.append({"id": call_id, "type": "function",
-                           "function": {"name": call.name, "arguments": json.dumps(arguments)}})
+        tool_calls.append(
+            {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": json.dumps(arguments)}}
+        )
     at = text.find(calls[0].raw) if calls[0].raw else -1
     before = text[:at] if at >= 0 else ""
     for opener in _CALL_OPENERS:

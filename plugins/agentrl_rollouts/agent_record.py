@@ -71,21 +71,29 @@ class EpisodeRecord:
                 done = chat.decode(ids)
                 if text.startswith(done):
                     self._continue_with(number)
-                    return chat.encode(text[len(done):]), True
+                    return chat.encode(text[len(done) :]), True
         self._continue_with(0)
         return chat.encode(text), False
 
     def _continue_with(self, number: int) -> None:
         """Make choice ``number`` of the last ``n > 1`` call the merged one (the last segment)."""
         if self.choices:
-            del self.segments[-len(self.choices):]
+            del self.segments[-len(self.choices) :]
             self.segments += [alone for i, (_, alone) in enumerate(self.choices) if i != number]
             self.segments.append(self.choices[number][0])
             self.choices = []
 
-    def add(self, prompt: list[int], extends: bool, sampled: list[int], logprobs: list[float],
-            reason: str, messages: list[Message], tools: list[dict[str, Any]] | None,
-            tool_calls: tuple[int, int] = (0, 0)) -> None:
+    def add(
+        self,
+        prompt: list[int],
+        extends: bool,
+        sampled: list[int],
+        logprobs: list[float],
+        reason: str,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        tool_calls: tuple[int, int] = (0, 0),
+    ) -> None:
         """Record one call: ``prompt`` from :meth:`prompt_ids`, then the sampled ids; ``tool_calls``
         is (calls the reply wrote, of which malformed or to an unknown tool): :func:`count_calls`."""
         if not extends or not self.segments:
@@ -98,14 +106,26 @@ class EpisodeRecord:
         segment.token_ids += sampled
         segment.loss_mask += [1] * len(sampled)
         segment.logprobs += [float(x) for x in logprobs]
-        segment.turns.append(Turn(start=start, end=len(segment.token_ids), finish_reason=reason,
-                                  tool_calls=tool_calls[0], tool_errors=tool_calls[1]))
+        segment.turns.append(
+            Turn(
+                start=start,
+                end=len(segment.token_ids),
+                finish_reason=reason,
+                tool_calls=tool_calls[0],
+                tool_errors=tool_calls[1],
+            )
+        )
         segment.messages = list(messages)
         self.calls += 1
 
-    def add_choices(self, prompt: list[int], extends: bool, choices: list[tuple[list[int], list[float], str,
-                                                                                list[Message]]],
-                    tools: list[dict[str, Any]] | None, counts: list[tuple[int, int]] | None = None) -> None:
+    def add_choices(
+        self,
+        prompt: list[int],
+        extends: bool,
+        choices: list[tuple[list[int], list[float], str, list[Message]]],
+        tools: list[dict[str, Any]] | None,
+        counts: list[tuple[int, int]] | None = None,
+    ) -> None:
         """Record one call with several choices, each (sampled ids, logprobs, finish reason,
         conversation): the first merged for now; the next :meth:`prompt_ids` keeps the one it extends.
         ``counts``: each choice's tool calls (:func:`count_calls`)."""
@@ -113,17 +133,34 @@ class EpisodeRecord:
         context = base.token_ids + prompt
         self.choices = []
         for (ids, logprobs, reason, messages), (calls, errors) in zip(choices, counts or [(0, 0)] * len(choices)):
-            turn = Turn(start=len(context), end=len(context) + len(ids), finish_reason=reason, tool_calls=calls,
-                        tool_errors=errors)
+            turn = Turn(
+                start=len(context),
+                end=len(context) + len(ids),
+                finish_reason=reason,
+                tool_calls=calls,
+                tool_errors=errors,
+            )
             sampled = ([1] * len(ids), [float(x) for x in logprobs])
-            merged = Segment(context + ids, base.loss_mask + [0] * len(prompt) + sampled[0],
-                             base.logprobs + [0.0] * len(prompt) + sampled[1], base.turns + [turn], list(messages),
-                             base.tools)
-            alone = Segment(context + ids, [0] * len(context) + sampled[0], [0.0] * len(context) + sampled[1],
-                            [turn], list(messages), base.tools)
+            merged = Segment(
+                context + ids,
+                base.loss_mask + [0] * len(prompt) + sampled[0],
+                base.logprobs + [0.0] * len(prompt) + sampled[1],
+                base.turns + [turn],
+                list(messages),
+                base.tools,
+            )
+            alone = Segment(
+                context + ids,
+                [0] * len(context) + sampled[0],
+                [0.0] * len(context) + sampled[1],
+                [turn],
+                list(messages),
+                base.tools,
+            )
             self.choices.append((merged, alone))
         self.segments += [alone for _, alone in self.choices[1:]] + [self.choices[0][0]]
         self.calls += 1
+
 
 def count_calls(text: str, parser: Any, tools: list[dict[str, Any]] | None) -> tuple[int, int]:
     """(tool calls ``text`` writes, of which malformed or naming a tool not offered): what the

@@ -49,8 +49,7 @@ def score_with_env(envs: list[Any], trajectories: list[Trajectory], guard: CallG
     pool = EnvWorkers(guard, workers)
     answers = [final_answer(t) for t in trajectories]
     todo = [i for i, answer in enumerate(answers) if answer is not None and trajectories[i].turns]
-    resets = pool.gather([EnvCall(envs[i], "reset", kwargs={"options": {"task": trajectories[i].task}})
-                          for i in todo])
+    resets = pool.gather([EnvCall(envs[i], "reset", kwargs={"options": {"task": trajectories[i].task}}) for i in todo])
     ready = []
     for i, outcome in zip(todo, resets):
         if _checked(envs[i], trajectories[i], "reset", outcome, guard) is not None:
@@ -69,8 +68,9 @@ def score_with_env(envs: list[Any], trajectories: list[Trajectory], guard: CallG
     return scored
 
 
-def _checked(env: Any, trajectory: Trajectory, method: str, outcome: tuple[Any, BaseException | None],
-             guard: CallGuard) -> Any:
+def _checked(
+    env: Any, trajectory: Trajectory, method: str, outcome: tuple[Any, BaseException | None], guard: CallGuard
+) -> Any:
     """The call's result (a reset's checked), or None when env code failed and ``on_call_error``
     is ``skip``; EnvError with ``fail``; a broken contract always raises."""
     result, exc = outcome
@@ -80,11 +80,15 @@ def _checked(env: Any, trajectory: Trajectory, method: str, outcome: tuple[Any, 
         return result
     if isinstance(exc, AgentRLError) and not isinstance(exc, EnvLibraryError):
         raise exc  # a broken contract
-    what = f"{type(env).__name__}.{method} (scoring the agent's final answer) failed on " \
-           f"{sample_label(0, trajectory.task)}: {one_line(exc)}"
+    what = (
+        f"{type(env).__name__}.{method} (scoring the agent's final answer) failed on "
+        f"{sample_label(0, trajectory.task)}: {one_line(exc)}"
+    )
     if not guard.skips:
-        raise EnvError(f"{what} (on_call_error=fail; with 'skip' the episode is scored by the reward functions "
-                       "only)") from exc
-    guard.warn_once(f"agent-env:{type(env).__name__}", f"{what}; the reward functions alone score it "
-                    "(on_call_error=skip)")
+        raise EnvError(
+            f"{what} (on_call_error=fail; with 'skip' the episode is scored by the reward functions only)"
+        ) from exc
+    guard.warn_once(
+        f"agent-env:{type(env).__name__}", f"{what}; the reward functions alone score it (on_call_error=skip)"
+    )
     return None

@@ -20,8 +20,19 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-SUPPORTED = ("messages", "model", "tools", "tool_choice", "max_tokens", "max_completion_tokens",
-             "temperature", "stop", "n", "stream", "stream_options")
+SUPPORTED = (
+    "messages",
+    "model",
+    "tools",
+    "tool_choice",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+)
 """Request fields the endpoint takes; any other is refused with a 400 naming it."""
 MAX_CHOICES = 16
 """The most choices (``n``) one call may ask for."""
@@ -41,7 +52,9 @@ def check_request(body: Any) -> dict[str, Any]:
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
     for name in body:
         if name not in SUPPORTED:
-            raise RequestError(f"unsupported field {name!r}; this endpoint supports: {', '.join(SUPPORTED)}", param=name)
+            raise RequestError(
+                f"unsupported field {name!r}; this endpoint supports: {', '.join(SUPPORTED)}", param=name
+            )
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise RequestError("'messages' must be a non-empty list of message objects", param="messages")
@@ -50,8 +63,10 @@ def check_request(body: Any) -> dict[str, Any]:
         raise RequestError(f"'n' must be an integer from 1 to {MAX_CHOICES}, got {body['n']!r}", param="n")
     stream, stream_options = body.get("stream") or False, body.get("stream_options") or {}
     if not isinstance(stream, bool) or not isinstance(stream_options, dict):
-        raise RequestError(f"'stream' must be true or false and 'stream_options' an object, got {stream!r} and "
-                           f"{stream_options!r}", param="stream")
+        raise RequestError(
+            f"'stream' must be true or false and 'stream_options' an object, got {stream!r} and {stream_options!r}",
+            param="stream",
+        )
     tools = body.get("tools") or None
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise RequestError("'tools' must be a list of tool objects", param="tools")
@@ -59,45 +74,77 @@ def check_request(body: Any) -> dict[str, Any]:
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise RequestError(f"'stop' must be a string or a list of non-empty strings, got {body['stop']!r}", param="stop")
+        raise RequestError(
+            f"'stop' must be a string or a list of non-empty strings, got {body['stop']!r}", param="stop"
+        )
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise RequestError(f"'max_tokens' must be an integer >= 1, got {limit!r}", param="max_tokens")
     temperature = body.get("temperature")
     if temperature is not None and (not isinstance(temperature, (int, float)) or temperature < 0):
         raise RequestError(f"'temperature' must be a number >= 0, got {temperature!r}", param="temperature")
-    return {"messages": messages, "tools": tools, "tool_choice": choice, "stop": stop, "max_tokens": limit,
-            "temperature": None if temperature is None else float(temperature), "model": body.get("model") or "agentrl",
-            "stream": stream, "include_usage": bool(stream_options.get("include_usage")), "n": n}
+    return {
+        "messages": messages,
+        "tools": tools,
+        "tool_choice": choice,
+        "stop": stop,
+        "max_tokens": limit,
+        "temperature": None if temperature is None else float(temperature),
+        "model": body.get("model") or "agentrl",
+        "stream": stream,
+        "include_usage": bool(stream_options.get("include_usage")),
+        "n": n,
+    }
 
 
 def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
     """``choice`` when valid for ``tools``, else RequestError naming what is wrong and what is allowed."""
     if choice in ("auto", "none"):
         return choice
-    named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(
-        choice.get("function"), dict) and isinstance(choice["function"].get("name"), str)
+    named = (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("function"), dict)
+        and isinstance(choice["function"].get("name"), str)
+    )
     if choice != "required" and not named:
-        raise RequestError("'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
-                           f"{{'name': NAME}}}}, got {json.dumps(choice)}", param="tool_choice")
+        raise RequestError(
+            "'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
+            f"{{'name': NAME}}}}, got {json.dumps(choice)}",
+            param="tool_choice",
+        )
     given = [str((t["function"] if isinstance(t.get("function"), dict) else t).get("name")) for t in tools or []]
     what = "'required'" if choice == "required" else f"function {choice['function']['name']!r}"
     if not given:
         raise RequestError(f"'tool_choice' {what} needs 'tools'; none were given", param="tool_choice")
     if named and choice["function"]["name"] not in given:
-        raise RequestError(f"'tool_choice' names function {choice['function']['name']!r}, which is not among the "
-                           f"tools given: {', '.join(given)}", param="tool_choice")
+        raise RequestError(
+            f"'tool_choice' names function {choice['function']['name']!r}, which is not among the "
+            f"tools given: {', '.join(given)}",
+            param="tool_choice",
+        )
     return choice
 
 
-def completion_body(model: str, choices: list[tuple[dict[str, Any], str]], prompt_tokens: int,
-                    completion_tokens: int) -> dict[str, Any]:
+def completion_body(
+    model: str, choices: list[tuple[dict[str, Any], str]], prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
     """An OpenAI ``chat.completion`` object holding ``choices``, each (message, finish reason)."""
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": i, "message": message, "finish_reason": finish, "logprobs": None}
-                                        for i, (message, finish) in enumerate(choices)],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": i, "message": message, "finish_reason": finish, "logprobs": None}
+            for i, (message, finish) in enumerate(choices)
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
 
 
 def completion_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
@@ -109,8 +156,13 @@ def completion_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[st
     chunks = []
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> None:
-        chunks.append({**head, "choices": [{"index": index, "delta": delta, "finish_reason": finish,
-                                            "logprobs": None}], **({"usage": None} if include_usage else {})})
+        chunks.append(
+            {
+                **head,
+                "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}],
+                **({"usage": None} if include_usage else {}),
+            }
+        )
 
     for choice in body["choices"]:
         message, index = choice["message"], choice["index"]
@@ -129,8 +181,9 @@ def _error(status: int, message: str, param: str | None) -> Any:
     from fastapi.responses import JSONResponse
 
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "param": param,
-                                                               "code": None}})
+    return JSONResponse(
+        status_code=status, content={"error": {"message": message, "type": kind, "param": param, "code": None}}
+    )
 
 
 def make_app(answer: Callable[[str, dict[str, Any]], dict[str, Any]]) -> Any:
@@ -171,8 +224,9 @@ class BackgroundServer:
         self.port = int(self.socket.getsockname()[1])
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
-                                       name="agentrl-openai-endpoint", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.socket]}, name="agentrl-openai-endpoint", daemon=True
+        )
         self.thread.start()
         deadline = time.monotonic() + start_timeout_s
         while not self.server.started:

@@ -22,25 +22,39 @@ import sys
 from typing import Any
 
 from agentrl import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, parse_xml_json
-
 from agentrl_rollouts.agent_server import RequestError
 
-PARSERS: dict[str, Any] = {"xml_json": parse_xml_json, "llama3_json": LLAMA3_JSON, "mistral": MISTRAL,
-                           "qwen3_coder": QWEN3_CODER, "harmony": HARMONY}
+PARSERS: dict[str, Any] = {
+    "xml_json": parse_xml_json,
+    "llama3_json": LLAMA3_JSON,
+    "mistral": MISTRAL,
+    "qwen3_coder": QWEN3_CODER,
+    "harmony": HARMONY,
+}
 """The built-in parsers by name (others come from the plugin registry)."""
 
 AUTO = "auto"
-SIGNS = (("harmony", "<|call|>"), ("mistral", "[TOOL_CALLS]"), ("qwen3_coder", "<function="),
-         ("llama3_json", "<|python_tag|>"), ("xml_json", "<tool_call>"), ("llama3_json", "<|start_header_id|>"))
+SIGNS = (
+    ("harmony", "<|call|>"),
+    ("mistral", "[TOOL_CALLS]"),
+    ("qwen3_coder", "<function="),
+    ("llama3_json", "<|python_tag|>"),
+    ("xml_json", "<tool_call>"),
+    ("llama3_json", "<|start_header_id|>"),
+)
 """(parser, the text that marks it), in the order they are looked for: a Qwen3-Coder template
 writes ``<tool_call>`` around ``<function=``, so the more specific marks come first."""
 
-OPENERS = {"xml_json": ("<tool_call>\n", '<tool_call>\n{{"name": {name}, "arguments": '),
-           "llama3_json": ('{"name": "', '{{"name": {name}, "parameters": '),
-           "mistral": ("[TOOL_CALLS]", "[TOOL_CALLS]{bare}[ARGS]"),
-           "qwen3_coder": ("<tool_call>\n<function=", "<tool_call>\n<function={bare}>\n"),
-           "harmony": ("<|channel|>commentary to=functions.",
-                       "<|channel|>commentary to=functions.{bare} <|constrain|>json<|message|>")}
+OPENERS = {
+    "xml_json": ("<tool_call>\n", '<tool_call>\n{{"name": {name}, "arguments": '),
+    "llama3_json": ('{"name": "', '{{"name": {name}, "parameters": '),
+    "mistral": ("[TOOL_CALLS]", "[TOOL_CALLS]{bare}[ARGS]"),
+    "qwen3_coder": ("<tool_call>\n<function=", "<tool_call>\n<function={bare}>\n"),
+    "harmony": (
+        "<|channel|>commentary to=functions.",
+        "<|channel|>commentary to=functions.{bare} <|constrain|>json<|message|>",
+    ),
+}
 """Per parser: (the text that opens any call, the text that opens a call of one named tool)."""
 
 _announced: set[tuple[str, str]] = set()
@@ -91,9 +105,11 @@ def call_opener(parser_name: str, tool_choice: Any) -> str:
     if tool_choice in ("auto", "none"):
         return ""
     if parser_name not in OPENERS:
-        raise RequestError(f"'tool_choice' other than 'auto' or 'none' needs a tool parser whose call opening "
-                           f"agentrl knows ({', '.join(OPENERS)}); this run's is {parser_name!r}",
-                           param="tool_choice")
+        raise RequestError(
+            f"'tool_choice' other than 'auto' or 'none' needs a tool parser whose call opening "
+            f"agentrl knows ({', '.join(OPENERS)}); this run's is {parser_name!r}",
+            param="tool_choice",
+        )
     any_call, named_call = OPENERS[parser_name]
     name = chosen_tool(tool_choice)
     return any_call if name is None else named_call.format(name=json.dumps(name), bare=name)

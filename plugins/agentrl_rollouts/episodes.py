@@ -128,8 +128,10 @@ class NamedEngine:
             at = f"turn {turns[0]}" if len(turns) == 1 else f"turns {turns[0]}-{turns[-1]}"
             lengths = [len(p) for p in prompts]
             detail = str(exc) if isinstance(exc, AgentRLError) else one_line(exc)
-            raise EngineError(f"engine {self.name} failed at {at} on {len(prompts)} prompts of "
-                              f"{min(lengths, default=0)}-{max(lengths, default=0)} tokens (max_new_tokens="
-                              f"{sampling.max_new_tokens}, temperature={sampling.temperature}): {detail}") from exc
+            raise EngineError(
+                f"engine {self.name} failed at {at} on {len(prompts)} prompts of "
+                f"{min(lengths, default=0)}-{max(lengths, default=0)} tokens (max_new_tokens="
+                f"{sampling.max_new_tokens}, temperature={sampling.temperature}): {detail}"
+            ) from exc
         except BaseException as exc:  # the queue's thread hands only Exceptions to the requests' futures
             raise EngineExit(exc) from None

@@ -42,11 +42,33 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from agentrl import AgentRLError, CallGuard, CallTimeout, ChatTokenizer, ConfigError, Engine, EngineError, EnvError, GenerationRequest, RequestQueue, SamplingParams, Trajectory, build_plugin_config, import_extra, one_line, render_tools_system_prompt, request_queue, sample_label
-
+from agentrl import (
+    AgentRLError,
+    CallGuard,
+    CallTimeout,
+    ChatTokenizer,
+    ConfigError,
+    Engine,
+    EngineError,
+    EnvError,
+    GenerationRequest,
+    RequestQueue,
+    SamplingParams,
+    Trajectory,
+    build_plugin_config,
+    import_extra,
+    one_line,
+    render_tools_system_prompt,
+    request_queue,
+    sample_label,
+)
 from agentrl_rollouts.agent_clock import ModelWaits, run_with_own_time_limit
 from agentrl_rollouts.agent_engine import (
-    assistant_message, call_format, cut_at_stop, normalized, with_tool_prompt,
+    assistant_message,
+    call_format,
+    cut_at_stop,
+    normalized,
+    with_tool_prompt,
 )
 from agentrl_rollouts.agent_record import EpisodeRecord, count_calls
 from agentrl_rollouts.agent_scoring import score_with_env
@@ -129,8 +151,9 @@ class OpenAIAgentRollout:
             import_extra(module, INSTALL, ConfigError)
         self.engine, self.config = engine, config
         self.chat = ChatTokenizer(tokenizer)
-        self.options = build_plugin_config(OpenAIAgentConfig, (getattr(config, "plugins", None) or {}).get(SECTION, {}),
-                                           f"plugins.{SECTION}")
+        self.options = build_plugin_config(
+            OpenAIAgentConfig, (getattr(config, "plugins", None) or {}).get(SECTION, {}), f"plugins.{SECTION}"
+        )
         self.guard = CallGuard(self.options.timeout_s or None, CallGuard.from_config(config).on_error)
         if not self.options.agent:
             raise ConfigError(f"rollout openai_agent needs plugins.{SECTION}.agent: 'path/to/file.py:function'")
@@ -139,8 +162,14 @@ class OpenAIAgentRollout:
         self.batches: list[int] = []
         """Engine batch sizes of the last :meth:`run`."""
 
-    def run(self, envs: list[Any], tasks: list[dict[str, Any]], groups: list[int], sampling: SamplingParams,
-            seeds: list[int] | None = None) -> list[Trajectory]:
+    def run(
+        self,
+        envs: list[Any],
+        tasks: list[dict[str, Any]],
+        groups: list[int],
+        sampling: SamplingParams,
+        seeds: list[int] | None = None,
+    ) -> list[Trajectory]:
         """One agent episode per task; returns their trajectories in order (``envs[i]`` scores episode
         i's final answer, ``env_scores``; None: no env score)."""
         if not len(envs) == len(tasks) == len(groups):
@@ -149,16 +178,27 @@ class OpenAIAgentRollout:
             seeds = [None if sampling.seed is None else sampling.seed * 1_000_003 + i for i in range(len(tasks))]
         workers = self.options.max_concurrency or len(tasks)
         finished: list[int] = []  # a batch waits for the agents running now or about to, at most
-        batcher = request_queue(self.engine, self.options.batch_wait_s,
-                                lambda: min(max(1, workers), len(tasks) - len(finished)))
+        batcher = request_queue(
+            self.engine, self.options.batch_wait_s, lambda: min(max(1, workers), len(tasks) - len(finished))
+        )
         keys = {f"episode-{i}-{uuid.uuid4().hex[:12]}": i for i in range(len(tasks))}
-        step = _Step(list(tasks), list(seeds), sampling, batcher, keys, [EpisodeRecord() for _ in tasks],
-                     [threading.Lock() for _ in tasks], ModelWaits(len(tasks)), finished=finished)
+        step = _Step(
+            list(tasks),
+            list(seeds),
+            sampling,
+            batcher,
+            keys,
+            [EpisodeRecord() for _ in tasks],
+            [threading.Lock() for _ in tasks],
+            ModelWaits(len(tasks)),
+            finished=finished,
+        )
         server = BackgroundServer(make_app(lambda key, options: self.complete(step, key, options)))
         try:
             with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="agentrl-agent") as pool:
-                outcomes = list(pool.map(lambda item: self._episode(step, server.base_url(item[0]), item[1]),
-                                         keys.items()))
+                outcomes = list(
+                    pool.map(lambda item: self._episode(step, server.base_url(item[0]), item[1]), keys.items())
+                )
         finally:
             server.close()
             batcher.close()
@@ -166,14 +206,22 @@ class OpenAIAgentRollout:
         if step.engine_errors:
             exc = step.engine_errors[0]
             kind = getattr(self.engine, "display_name", type(self.engine).__name__)
-            raise EngineError(f"engine {kind} failed on an agent call: "
-                              f"{exc if isinstance(exc, AgentRLError) else one_line(exc)}") from exc
+            raise EngineError(
+                f"engine {kind} failed on an agent call: {exc if isinstance(exc, AgentRLError) else one_line(exc)}"
+            ) from exc
         trajectories = [self._trajectory(step.records[i], tasks[i], groups[i], *outcomes[i]) for i in range(len(tasks))]
         if self.options.env_scores:
-            judged = [i for i, (result, error) in enumerate(outcomes)
-                      if error is None and envs[i] is not None and not isinstance(result, (int, float))]
-            score_with_env([envs[i] for i in judged], [trajectories[i] for i in judged],
-                           CallGuard.from_config(self.config), self.config.env_workers)
+            judged = [
+                i
+                for i, (result, error) in enumerate(outcomes)
+                if error is None and envs[i] is not None and not isinstance(result, (int, float))
+            ]
+            score_with_env(
+                [envs[i] for i in judged],
+                [trajectories[i] for i in judged],
+                CallGuard.from_config(self.config),
+                self.config.env_workers,
+            )
         return trajectories
 
     def _episode(self, step: _Step, base_url: str, index: int) -> tuple[Any, dict[str, Any] | None]:
@@ -198,19 +246,26 @@ class OpenAIAgentRollout:
                 raise
             if step.engine_errors:  # the engine failed under the agent: run() raises that
                 return None, {"method": "agent", "exception": one_line(exc), "timed_out": False}
-            what = f"agent {self.options.agent} {'timed out' if isinstance(exc, CallTimeout) else 'raised'} on " \
-                   f"{sample_label(index, task)}"
+            what = (
+                f"agent {self.options.agent} {'timed out' if isinstance(exc, CallTimeout) else 'raised'} on "
+                f"{sample_label(index, task)}"
+            )
             if not self.guard.skips:
-                raise EnvError(f"{what}: {one_line(exc)} (on_call_error=fail; with 'skip' the episode would "
-                               "end unscored)") from exc
-            self.guard.warn_once(f"agent:{self.options.agent}", f"{what}: {one_line(exc)}; the episode ends "
-                                 "unscored (on_call_error=skip)")
+                raise EnvError(
+                    f"{what}: {one_line(exc)} (on_call_error=fail; with 'skip' the episode would end unscored)"
+                ) from exc
+            self.guard.warn_once(
+                f"agent:{self.options.agent}",
+                f"{what}: {one_line(exc)}; the episode ends unscored (on_call_error=skip)",
+            )
             return None, {"method": "agent", "exception": one_line(exc), "timed_out": isinstance(exc, CallTimeout)}
         finally:
             step.finished.append(index)
         if result is not None and not isinstance(result, (int, float, list)) or isinstance(result, bool):
-            raise EnvError(f"agent {self.options.agent} returned {type(result).__name__} on {sample_label(index, task)}: "
-                           "return a reward (a number), the final messages (a list) or None")
+            raise EnvError(
+                f"agent {self.options.agent} returned {type(result).__name__} on {sample_label(index, task)}: "
+                "return a reward (a number), the final messages (a list) or None"
+            )
         return result, None
 
     def complete(self, step: _Step, key: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -224,22 +279,31 @@ class OpenAIAgentRollout:
             messages = normalized(options["messages"], record.raw_texts)
             native = bool(options["tools"]) and self.chat.renders_tools
             if options["tools"] and not native:
-                messages = with_tool_prompt(messages, render_tools_system_prompt(options["tools"],
-                                                                                 call_format(self.parser)))
+                messages = with_tool_prompt(
+                    messages, render_tools_system_prompt(options["tools"], call_format(self.parser))
+                )
             rendered_tools = options["tools"] if native else None
             opener = call_opener(self.parser_name, options["tool_choice"])  # a call's start, prefilled and masked
             rendered = self.chat.render(messages, True, tools=rendered_tools) + opener
             prompt, extends = record.prompt_ids(self.chat, rendered)
             context = (record.segments[-1].token_ids if extends else []) + prompt
-            cap = min(options["max_tokens"] or step.sampling.max_new_tokens, step.sampling.max_new_tokens,
-                      self.config.max_total_tokens - len(context))
+            cap = min(
+                options["max_tokens"] or step.sampling.max_new_tokens,
+                step.sampling.max_new_tokens,
+                self.config.max_total_tokens - len(context),
+            )
             if cap <= 0:
-                raise RequestError(f"the conversation is {len(context)} tokens: it fills max_total_tokens="
-                                   f"{self.config.max_total_tokens}", param="messages")
+                raise RequestError(
+                    f"the conversation is {len(context)} tokens: it fills max_total_tokens="
+                    f"{self.config.max_total_tokens}",
+                    param="messages",
+                )
             generations = self._generate(step, index, record, context, cap, options["temperature"], options["n"])
             replies = [self._reply(g, options["stop"], opener, tools, record) for g in generations]
-            sampled = [(ids, logprobs, reason, messages + [{"role": "assistant", "content": text}])
-                       for ids, logprobs, reason, text, _ in replies]
+            sampled = [
+                (ids, logprobs, reason, messages + [{"role": "assistant", "content": text}])
+                for ids, logprobs, reason, text, _ in replies
+            ]
             counts = [count_calls(text, self.parser, tools) for _, _, _, text, _ in replies]
             if len(sampled) == 1:
                 record.add(prompt, extends, *sampled[0], rendered_tools, counts[0])
@@ -250,38 +314,57 @@ class OpenAIAgentRollout:
             for turn, generation in zip(turns, generations):  # the kept ids are the first ones sampled
                 turn.policy_version = generation.policy_version
                 if generation.token_versions is not None:
-                    turn.token_versions = list(generation.token_versions[:turn.end - turn.start])
-        choices = [(message, "tool_calls" if message.get("tool_calls") else reason)
-                   for _, _, reason, _, message in replies]
+                    turn.token_versions = list(generation.token_versions[: turn.end - turn.start])
+        choices = [
+            (message, "tool_calls" if message.get("tool_calls") else reason) for _, _, reason, _, message in replies
+        ]
         return completion_body(options["model"], choices, len(context), sum(len(reply[0]) for reply in replies))
 
-    def _reply(self, generation: Any, stop: list[str], opener: str, tools: list[dict[str, Any]] | None,
-               record: EpisodeRecord) -> tuple[list[int], list[float], str, str, dict[str, Any]]:
+    def _reply(
+        self, generation: Any, stop: list[str], opener: str, tools: list[dict[str, Any]] | None, record: EpisodeRecord
+    ) -> tuple[list[int], list[float], str, str, dict[str, Any]]:
         """One choice: its kept ids and logprobs (cut after a ``stop`` string), finish reason, text
         (the prefilled opener first) and OpenAI assistant message."""
         ids, logprobs, reason = generation.token_ids, generation.logprobs, generation.finish_reason
         cut = cut_at_stop(self.chat, ids, stop) if stop else None
         if cut is not None:
-            ids, logprobs, reason, text = ids[:cut[0]], logprobs[:cut[0]], "stop", cut[1]
+            ids, logprobs, reason, text = ids[: cut[0]], logprobs[: cut[0]], "stop", cut[1]
         else:
             text = self.chat.assistant_text(ids, reason == "stop")
         text = opener + text
         return ids, logprobs, reason, text, assistant_message(text, self.parser, tools, record.raw_texts)
 
-    def _generate(self, step: _Step, index: int, record: EpisodeRecord, context: list[int], cap: int,
-                  temperature: float | None, n: int = 1) -> list[Any]:
+    def _generate(
+        self,
+        step: _Step,
+        index: int,
+        record: EpisodeRecord,
+        context: list[int],
+        cap: int,
+        temperature: float | None,
+        n: int = 1,
+    ) -> list[Any]:
         """Sample one call's ``n`` choices through the batcher, choice k with the call's seed mixed
         with k (choice 0: the call's seed); an engine failure is kept for :meth:`run` and answered 500."""
         from agentrl_rollouts import turn_seed
 
         if temperature is not None and temperature != step.sampling.temperature:
-            self.guard.warn_once("agent:temperature", f"the agent asked for temperature={temperature} but the run "
-                                 f"trains at temperature={step.sampling.temperature}: its sampler logprobs then differ "
-                                 "from the trainer's; leave temperature out of the agent's calls")
+            self.guard.warn_once(
+                "agent:temperature",
+                f"the agent asked for temperature={temperature} but the run "
+                f"trains at temperature={step.sampling.temperature}: its sampler logprobs then differ "
+                "from the trainer's; leave temperature out of the agent's calls",
+            )
         seed = turn_seed(step.seeds[index], record.calls)
-        sampling = SamplingParams(max_new_tokens=cap, temperature=step.sampling.temperature if temperature is None
-                                  else temperature, top_p=step.sampling.top_p, top_k=step.sampling.top_k)
-        requests = [GenerationRequest(context, sampling, seed=turn_seed(seed, choice), order=index) for choice in range(n)]
+        sampling = SamplingParams(
+            max_new_tokens=cap,
+            temperature=step.sampling.temperature if temperature is None else temperature,
+            top_p=step.sampling.top_p,
+            top_k=step.sampling.top_k,
+        )
+        requests = [
+            GenerationRequest(context, sampling, seed=turn_seed(seed, choice), order=index) for choice in range(n)
+        ]
         try:
             futures = [step.batcher.submit(request) for request in requests]  # n > 1: sampled in one batch
             with step.waits.waiting(index):
@@ -290,16 +373,29 @@ class OpenAIAgentRollout:
             step.engine_errors.append(exc)
             raise RequestError(f"the engine failed: {one_line(exc)}", 500) from exc
 
-    def _trajectory(self, record: EpisodeRecord, task: dict[str, Any], group: int, result: Any,
-                    error: dict[str, Any] | None) -> Trajectory:
+    def _trajectory(
+        self, record: EpisodeRecord, task: dict[str, Any], group: int, result: Any, error: dict[str, Any] | None
+    ) -> Trajectory:
         """The episode's last segment as its trajectory, the earlier ones in ``segments``."""
         info: dict[str, Any] = {"agent_calls": record.calls, "agent_segments": len(record.segments)}
         if error is not None:
             info["error"] = error
-        rows = [Trajectory(token_ids=s.token_ids, loss_mask=s.loss_mask, sampler_logprobs=s.logprobs, turns=s.turns,
-                           messages=s.messages, task=task, group=group, terminated=True,
-                           truncated=s.turns[-1].finish_reason == "length", info=dict(info), tools=s.tools)
-                for s in record.segments]
+        rows = [
+            Trajectory(
+                token_ids=s.token_ids,
+                loss_mask=s.loss_mask,
+                sampler_logprobs=s.logprobs,
+                turns=s.turns,
+                messages=s.messages,
+                task=task,
+                group=group,
+                terminated=True,
+                truncated=s.turns[-1].finish_reason == "length",
+                info=dict(info),
+                tools=s.tools,
+            )
+            for s in record.segments
+        ]
         if not rows:  # the agent never called the model
             ids = self.chat.prompt_ids(PLACEHOLDER)
             rows = [Trajectory(ids, [0] * len(ids), [0.0] * len(ids), [], list(PLACEHOLDER), task, group, info=info)]
@@ -310,8 +406,12 @@ class OpenAIAgentRollout:
         elif isinstance(result, (int, float)) and last.turns:
             last.turns[-1].reward = float(result)
         elif isinstance(result, (int, float)):
-            warnings.warn(f"agent {self.options.agent} returned a reward but never called the model: the episode "
-                          "has no sampled tokens to credit", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"agent {self.options.agent} returned a reward but never called the model: the episode "
+                "has no sampled tokens to credit",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         for row in rows:
             row.validate()
         return last

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import torch
-
 from pydantic import Field
 
 from agentrl import Allowed, ConfigCheck, OneOf, TrainBatch, hookimpl, masked
@@ -74,8 +73,9 @@ class SamplerCorrectionConfig:
         return 1.0 / self.cap if self.lower is None else float(self.lower)
 
 
-def log_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, loss_mask: torch.Tensor,
-                level: str) -> torch.Tensor:
+def log_weights(
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, loss_mask: torch.Tensor, level: str
+) -> torch.Tensor:
     """``log(pi_old / pi_sampler)`` at ``level``: ``(n, T)`` for token (0 off the mask), ``(n, 1)``
     for sequence (sum over the row's loss-mask tokens) and geometric (their mean)."""
     per_token = masked(old_logprobs.detach() - sampler_logprobs, loss_mask)  # (n, T)
@@ -117,15 +117,18 @@ def agentrl_needs_old_logprobs(config: Any, settings: dict[str, Any]) -> bool:
 
 
 @hookimpl
-def agentrl_adjust_loss_mask(batch: TrainBatch, config: Any, settings: dict[str, Any],
-                             metrics: dict[str, float]) -> torch.Tensor | None:
+def agentrl_adjust_loss_mask(
+    batch: TrainBatch, config: Any, settings: dict[str, Any], metrics: dict[str, float]
+) -> torch.Tensor | None:
     """Log the mismatch of the rollout batch; for ``mis`` return the mask keeping weights in range."""
     cfg, mode = _section(settings), _mode(config, settings)
     if mode == "off":
         return None
     if "old_logprobs" not in batch.extras:
-        raise RuntimeError("sampler_correction needs batch.extras['old_logprobs'] before the loss mask is "
-                           "adjusted; the trainer computes them when agentrl_needs_old_logprobs says so")
+        raise RuntimeError(
+            "sampler_correction needs batch.extras['old_logprobs'] before the loss mask is "
+            "adjusted; the trainer computes them when agentrl_needs_old_logprobs says so"
+        )
     mask, old = batch.loss_mask, batch.extras["old_logprobs"]
     token_log_w = log_weights(old, batch.sampler_logprobs, mask, "token")  # (N, T)
     on = mask > 0  # (N, T)
@@ -150,8 +153,9 @@ def agentrl_adjust_loss_mask(batch: TrainBatch, config: Any, settings: dict[str,
 
 
 @hookimpl
-def agentrl_per_token_loss_factors(batch: TrainBatch, old_logprobs: torch.Tensor, config: Any,
-                                   settings: dict[str, Any]) -> torch.Tensor | None:
+def agentrl_per_token_loss_factors(
+    batch: TrainBatch, old_logprobs: torch.Tensor, config: Any, settings: dict[str, Any]
+) -> torch.Tensor | None:
     """For ``tis``: ``min(pi_old / pi_sampler, cap)`` per token ``(n, T)`` or per sequence ``(n, 1)``."""
     cfg = _section(settings)
     if _mode(config, settings) != "tis":

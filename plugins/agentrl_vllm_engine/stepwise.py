@@ -57,7 +57,7 @@ class TokenVersions:
         """``generation`` (request ``request_id``'s, finished) with its tokens' versions."""
         versions = self.seen.pop(request_id, None)
         if self.tracking and versions is not None:
-            generation.token_versions = versions[:len(generation.token_ids)]
+            generation.token_versions = versions[: len(generation.token_ids)]
             generation.policy_version = versions[0] if versions else self.version
         return generation
 
@@ -73,8 +73,9 @@ def add_request(engine: VLLMEngine, prompt: list[int], params: Any, every_step: 
     return request_id
 
 
-def generate(engine: VLLMEngine, prompts: list[list[int]], sampling: SamplingParams,
-             seeds: list[int]) -> list[Generation]:
+def generate(
+    engine: VLLMEngine, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int]
+) -> list[Generation]:
     """``VLLMEngine.generate``'s samples, one engine step at a time with the hook asked before each
     (the module docstring); the same tokens and logprobs as ``LLM.generate`` when nothing changes."""
     from agentrl_vllm_engine import generation
@@ -88,8 +89,9 @@ def generate(engine: VLLMEngine, prompts: list[list[int]], sampling: SamplingPar
             for output in engine.llm.llm_engine.step():
                 versions.record(output)
                 if output.finished:
-                    done[output.request_id] = versions.stamp(output.request_id, generation(output.outputs[0],
-                                                                                          engine.stop_ids))
+                    done[output.request_id] = versions.stamp(
+                        output.request_id, generation(output.outputs[0], engine.stop_ids)
+                    )
     except BaseException:
         engine.llm.llm_engine.abort_request([r for r in rows if r not in done])
         raise
