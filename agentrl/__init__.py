@@ -1,7 +1,7 @@
 """agentrl: plugin-based reinforcement learning for LLM agents.
 
 The public API. Plugins, built-in or third-party, import only from here, or from the public
-submodules listed in :data:`PUBLIC_MODULES` (tests/test_public_api.py holds every built-in plugin
+submodules listed in :data:`PUBLIC_MODULES` (tests/repo/test_public_api.py holds every built-in plugin
 and env to that).
 """
 

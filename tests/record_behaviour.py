@@ -1,4 +1,4 @@
-"""Figures of what training does, recorded from the code as it is, for tests/test_behaviour_unchanged.py.
+"""Figures of what training does, recorded from the code as it is, for tests/e2e/test_behaviour_unchanged.py.
 
 Three scenarios on the tiny in-process model (``agentrl.testing.build_tiny_model`` + the real
 tokenizer, as in tests/conftest.py), each in a fresh process with one CPU thread:
@@ -236,7 +236,7 @@ def run_scenario(name: str, tiny_model: Path, workdir: Path, overrides: dict[str
 
 def _skip_the_plot() -> None:
     """No training.png: it is drawn from metrics.jsonl after the run's figures are final, so it
-    cannot change them, and it is half of a tiny run's time (tests/test_plots.py covers it). If the
+    cannot change them, and it is half of a tiny run's time (tests/rundir/test_plots.py covers it). If the
     plot moves elsewhere this does nothing, and the runs are only slower."""
     try:
         import agentrl.rundir.plots as plots

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "learning.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "learning.py"
 
 
 def load_bench() -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "agentrl"
+PACKAGE = Path(__file__).resolve().parents[2] / "agentrl"
 CLI_MODULES = sorted(p.stem for p in PACKAGE.glob("cli*.py")) + ["scaffold"]
 
 

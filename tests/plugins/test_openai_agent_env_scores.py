@@ -184,7 +184,7 @@ def test_the_calculator_agent_program_is_the_calculator_env_token_for_token(toke
 
     from agentrl.training.build import make_env
 
-    agent = f"{Path(__file__).resolve().parents[1] / 'bench' / 'agents' / 'calculator_agent.py'}:solve"
+    agent = f"{Path(__file__).resolve().parents[2] / 'bench' / 'agents' / 'calculator_agent.py'}:solve"
     plugins = load_plugins()
     env_config = TrainConfig(env="calculator", max_new_tokens=40)
     env = make_env(plugins, env_config)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "startup.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "startup.py"
 
 
 def test_the_startup_bench_times_the_bad_env_command():

@@ -1,6 +1,6 @@
 """The sandbox's child programs as modules: stdlib-only, and their pieces checked one by one.
 
-tests/test_sandbox.py runs them for real (every layer on and off); these check the parts a
+tests/tools/test_sandbox.py runs them for real (every layer on and off); these check the parts a
 whole run cannot single out: the audit hook's rules, which groups it guards, the seccomp filter.
 """
 

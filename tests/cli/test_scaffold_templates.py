@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agentrl.cli.scaffold import new_env, new_reward, template_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLACEHOLDER = re.compile(r"\$\{?(name|module|dist|Class|fn|kind|entry|summary|howto)\b")
 VARIANTS = {"env": {}, "multi_turn": {"multi_turn": True}, "tools": {"tools": True}}
 

@@ -254,7 +254,7 @@ def test_jsonl_missing_or_unreadable_file(tmp_path: Path) -> None:
 
 
 # -- the contract, through the real entry points -------------------------------------------------
-NEEDS_ARGS = {"verifiers": "needs env_args.env_id naming an installed verifiers env: tests/test_verifiers_env.py"}
+NEEDS_ARGS = {"verifiers": "needs env_args.env_id naming an installed verifiers env: tests/envs/test_verifiers.py"}
 
 
 def _env_names() -> list:

@@ -20,7 +20,7 @@ from agentrl.rewards.specs import resolve_rewards
 from agentrl.testing import make_trajectory
 from agentrl_math import LEVELS, MathEnv
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "train_reward_model.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "train_reward_model.py"
 
 
 @pytest.fixture(scope="module", params=[0, 1], ids=["head-only", "top-layer"])

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("record_behaviour", HERE / "record_behaviour.py")
 record_behaviour = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(record_behaviour)

@@ -9,7 +9,7 @@ import pytest
 
 import agentrl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUILT_INS = sorted(
     path for folder in ("plugins", "envs") for path in (ROOT / folder).iterdir() if (path / "__init__.py").is_file()
 )

@@ -339,7 +339,7 @@ def test_batches_too_stale_for_a_smaller_bound_are_dropped_and_counted(tiny_mode
     ]  # re-collected from the resumed version 2: staleness 0, then 1
 
 
-SLOW_CHAT = f"{Path(__file__).resolve().parents[1] / 'bench' / 'env_latency.py'}:SlowChat"
+SLOW_CHAT = f"{Path(__file__).resolve().parents[2] / 'bench' / 'env_latency.py'}:SlowChat"
 
 
 def test_partial_rollouts_turns_take_each_new_version_and_record_it(tiny_model_dir, tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "async_steps.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "async_steps.py"
 
 
 def test_the_async_bench_times_every_configuration():

@@ -17,7 +17,7 @@ from agentrl.rundir.directory import resume_config
 from agentrl.testing import lockstep_plugins
 from agentrl.training.trainer import Trainer
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-reward.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "writing-a-reward.md"
 STOP = """
 import os, signal
 from agentrl import hookimpl

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "agentrl"
+PACKAGE = Path(__file__).resolve().parents[2] / "agentrl"
 
 ALLOWED_CYCLES: set[frozenset[str]] = set()
 """None: add nothing here."""

@@ -16,7 +16,7 @@ from agentrl.sampling.chat import ChatTokenizer
 from agentrl.testing import build_tiny_model
 from agentrl.trajectory import with_segments
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class RecordingEngine(Engine):

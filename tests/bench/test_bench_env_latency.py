@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "env_latency.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "env_latency.py"
 
 
 def test_the_env_latency_bench_runs_every_loop_with_the_same_tokens():

@@ -490,7 +490,7 @@ def test_top_k_at_temperature_one_reports_full_vocabulary_logprobs():
 
 _BUILD_AND_SAMPLE = """
 import sys
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/plugins")
 from test_vllm_engine import _tiny
 from agentrl import SamplingParams
 from agentrl.config.train import TrainConfig
@@ -515,7 +515,7 @@ def test_building_and_sampling_prints_only_what_a_user_can_act_on():
         text=True,
         timeout=600,
         env=env,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "sampled 4" in output, output

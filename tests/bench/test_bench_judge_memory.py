@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "judge_memory.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "judge_memory.py"
 
 
 def test_tiny_bench_reports_memory_time_and_judge_counters_for_both_judges(tmp_path):

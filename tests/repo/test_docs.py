@@ -45,7 +45,7 @@ from agentrl.cli import hookdoc
 from agentrl.rewards.specs import TRLReward, reward_style
 from agentrl.testing import check_env, check_reward_output, make_trajectory
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 SOURCES = [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
 GUIDES = ("writing-a-reward.md", "writing-an-env.md", "writing-an-algorithm.md", "plugins.md", "hooks.md")
@@ -422,7 +422,7 @@ def run_command(argv: list[str], cwd: Path, block: Block, tiny_model: Path | Non
         done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
         return done.returncode, done.stdout + done.stderr
     raise AssertionError(
-        f"{block.id}: tests/test_docs.py cannot run `{' '.join(argv)}`; make the block cheap "
+        f"{block.id}: tests/repo/test_docs.py cannot run `{' '.join(argv)}`; make the block cheap "
         "or mark it `# docs-test: skip (REASON)` (or `<!-- docs-test: skip (REASON) -->` before it)"
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAINER_LINES, MODULE_LINES, FUNCTION_LINES = 350, 400, 60
 PENDING = {
     "agentrl/training/trainer.py:<the trainer module>": "ruff format laid it out over the limit; to be carved",

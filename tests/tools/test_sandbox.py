@@ -31,7 +31,7 @@ from agentrl.tools import sandbox
 from agentrl.tools.sandbox import THREATS, SandboxResult, protections, run_python
 from agentrl.tools.tool import ToolError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NAMESPACES = frozenset({"uid", "fs", "net", "pid"})
 MODES = {
     "all-layers": frozenset(),
