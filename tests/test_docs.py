@@ -248,7 +248,9 @@ def test_guides_exist_and_their_relative_links_resolve():
     for source in SOURCES:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", source.read_text()):
             if not re.match(r"\w+://", target):
-                assert (source.parent / target).exists(), f"{source.relative_to(ROOT)}: link to {target} does not resolve"
+                assert (source.parent / target).exists(), (
+                    f"{source.relative_to(ROOT)}: link to {target} does not resolve"
+                )
 
 
 def test_markers_are_known_and_skips_give_a_reason():

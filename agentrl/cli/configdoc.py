@@ -219,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.output)
     if args.check:
         if not path.is_file() or path.read_text() != text:
-            print(f"{path} is out of date with the config classes: run `python -m agentrl.cli.configdoc`", file=sys.stderr)
+            message = f"{path} is out of date with the config classes: run `python -m agentrl.cli.configdoc`"
+            print(message, file=sys.stderr)
             return 1
         print(f"{path} is up to date")
         return 0
