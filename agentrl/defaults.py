@@ -28,7 +28,7 @@ def agentrl_adjust_loss_mask(batch: TrainBatch, config: Any, metrics: dict[str, 
     (DAPO's overlong filtering); returns ``(N, T)`` 0/1 or None when off.
 
     Logs ``mask/frac_truncated``: a value near 1 means the length caps are too small and almost
-    nothing is trained on (TRAPS.md 19).
+    nothing is trained on (docs/concepts/guards.md#truncated-episodes).
     """
     if not config.mask_truncated_completions:
         return None

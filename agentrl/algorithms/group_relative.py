@@ -40,7 +40,7 @@ class GroupRelativeConfig(ClippedPolicyConfig):
     std_epsilon: Annotated[float, Field(gt=0)] = 1e-4
     """Floor on the std that advantages are divided by. > 0."""
     advantage: Annotated[str, OneOf("outcome", "process")] = "outcome"
-    """"outcome": each episode's total on all its tokens; "process": seed 002's process-supervised
+    """"outcome": each episode's total on all its tokens; "process": DeepSeekMath's process-supervised
     advantage over the step rewards (:mod:`agentrl.rewards.process`; outcome rewards are steps at
     the last sampled token)."""
     kl_estimator_required: ClassVar[bool] = True

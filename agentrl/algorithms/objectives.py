@@ -5,7 +5,7 @@ share them, and :func:`policy_loss` calls the step hooks so plugins reach every 
 Shape letters: n = rows of a micro-batch, T = its padded width, N = rows of a rollout batch.
 Per-token tensors follow :mod:`agentrl.trajectory`'s alignment (index t is token t).
 
-Normalisation contract (TRAPS.md 1-6): an aggregation mode divides each micro-batch's token sum
+Normalisation contract (docs/concepts/guards.md#normalisation): an aggregation mode divides each micro-batch's token sum
 by a denominator taken from :class:`agentrl.StepTotals`, counted over *every* micro-batch and
 process of the optimizer step before the first backward. Summing the micro-batch losses of all
 micro-batches and all processes therefore gives exactly the full-batch loss, however the step is
@@ -26,7 +26,7 @@ from agentrl.trajectory import TrainBatch
 # ---------------------------------------------------------------------------------------------
 # KL estimators: each (logprobs, ref_logprobs) -> per-token estimate of KL(pi || ref) at the
 # sampled token, with log r = ref_logprobs - logprobs. All three are unbiased or non-negative
-# *values*; their *gradients* differ (Tang & Munos, arXiv 2506.09477; TRAPS.md 20).
+# *values*; their *gradients* differ (Tang & Munos, arXiv 2506.09477; docs/concepts/guards.md#kl-estimators).
 
 
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -48,7 +48,8 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3 = r - log r - 1: unbiased, non-negative value (Schulman's estimator, DeepSeekMath, TRL).
 
     In the loss its on-policy expected gradient is that of the *forward* KL(ref || pi), not the
-    reverse KL it estimates: biased as a gradient (TRAPS.md 20). Offered as the familiar default.
+    reverse KL it estimates: biased as a gradient (docs/concepts/guards.md#kl-estimators). Offered as the familiar
+    default.
     """
     log_r = ref_logprobs - logprobs
     return torch.exp(log_r) - log_r - 1.0

@@ -23,7 +23,7 @@ from typing import Any
 
 from agentrl import hookspecs
 
-DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
+DEFAULT_OUTPUT = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"
 """``docs/hooks.md`` of the source checkout this module lives in."""
 
 _ROLE = re.compile(r":(?:class|func|mod|meth|attr|data|obj):`~?([^`]+)`")
@@ -138,7 +138,7 @@ def render(module: ModuleType = hookspecs, manager: Any = None) -> str:
         to_markdown(inspect.getdoc(module)),
         "",
         "Implement a hook with `from agentrl import hookimpl` and a function of the hook's name in a "
-        "plugin module ([plugins.md](plugins.md) says how a module becomes a plugin). A hook marked "
+        "plugin module ([the plugins guide](guides/plugins.md) says how a module becomes a plugin). A hook marked "
         "*firstresult* stops at the first implementation that returns something other than `None`; "
         "every other hook calls all implementations and the core combines their results as the "
         "hook's text says.",

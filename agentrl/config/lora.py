@@ -25,7 +25,8 @@ class LoRAConfig:
     """The adapter's output is scaled by ``alpha / r``; None: ``2 * r`` (a scale of 2)."""
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     """Dropout on the adapter's input. Only 0: agentrl runs the policy in eval mode, since dropout
-    in the trainer's forward makes the sampler/trainer ratio differ from 1 at step 0 (TRAPS 14)."""
+    in the trainer's forward makes the sampler/trainer ratio differ from 1 at step 0
+    (docs/concepts/guards.md#dropout)."""
     target_modules: list[str] | str = field(default_factory=lambda: list(LLAMA_TARGETS))
     """Names (suffixes) of the linear layers that get an adapter, or ``all-linear`` (every linear
     layer but the output head: the default list on Llama-style models, the choice for others)."""
@@ -44,7 +45,7 @@ class LoRAConfig:
             check.fail(
                 "dropout",
                 "expected 0: the policy runs in eval mode, and dropout only in the trainer's "
-                "forward would make every importance ratio differ from 1 at step 0 (TRAPS 14)",
+                "forward would make every importance ratio differ from 1 at step 0 (docs/concepts/guards.md#dropout)",
             )
         names = self.target_modules
         if names != "all-linear" and not (

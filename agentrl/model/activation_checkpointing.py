@@ -2,12 +2,13 @@
 
 A training forward keeps what every layer computed for the backward pass: about 1.8 MB a token for
 SmolLM2-135M in bf16 autocast, a quarter of a step's peak memory on the calculator's multi-turn
-episodes (README, Memory). With checkpointing each block (a decoder layer) keeps only its inputs,
+episodes (docs/benchmarks/memory.md). With checkpointing each block (a decoder layer) keeps only its inputs,
 and the backward pass runs the block's forward once more to rebuild the rest: the same gradients,
 the update a fifth slower on the default job.
 
 HF's ``gradient_checkpointing_enable`` checkpoints only in train mode, and agentrl keeps its models
-in eval mode (dropout off, TRAPS 14), so the blocks are wrapped here: each block's class becomes a
+in eval mode (dropout off: docs/concepts/guards.md#dropout), so the blocks are wrapped here: each block's class
+becomes a
 subclass whose ``forward`` runs under :func:`torch.utils.checkpoint.checkpoint` (non-reentrant:
 keyword arguments, frozen inputs such as a LoRA base's embeddings, autocast and RNG state replayed)
 whenever autograd records, without the key/value cache HF builds in eval mode. Copies made later

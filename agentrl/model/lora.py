@@ -71,7 +71,7 @@ def with_adapter(model: nn.Module, values: dict[str, Any] | None) -> nn.Module:
             f"its linear layers are named {', '.join(linear)}: set lora.target_modules "
             "to some of them or 'all-linear'"
         ) from exc
-    return wrapped.eval()  # get_peft_model switches to train mode; dropout stays off (TRAPS 14)
+    return wrapped.eval()  # get_peft_model switches to train mode; dropout stays off (docs/concepts/guards.md#dropout)
 
 
 def is_adapted(model: nn.Module) -> bool:

@@ -55,7 +55,7 @@ class TokenLogprobs(nn.Module):
             hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (N, T, H)
             states, where = hidden[rows, cols], torch.arange(len(rows), device=input_ids.device)  # (K, H), (K,)
         head = self.model.get_output_embeddings()
-        logits = head(states).float() / self.temperature  # (U, V), fp32 (TRAPS 12)
+        logits = head(states).float() / self.temperature  # (U, V), fp32 (docs/concepts/guards.md#logprob-parity)
         log_probs = torch.log_softmax(logits, dim=-1)  # (U, V)
         picked = log_probs[where, token_ids]  # (K,)
         logprobs = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)

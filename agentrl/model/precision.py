@@ -3,7 +3,7 @@
 bf16 autocast pays on a CPU with native bf16 matrix instructions (Intel AMX, AVX512-BF16; the
 Arm ``bf16`` extension) and on GPUs that support it. On a CPU without them (AVX2 only: most
 laptops, Intel consumer CPUs since Alder Lake, AMD before Zen 4) oneDNN emulates bf16 and the
-same forward + backward ran ~30x slower than fp32 (issue 31: 12.3 + 140 s against 3.3 + 4.3 s on
+same forward + backward ran ~30x slower than fp32 (docs/benchmarks/hardware.md: 12.3 + 140 s against 3.3 + 4.3 s on
 8 x 92 tokens of the default model); on a Xeon with AVX-512 but not its BF16 extension, 3.6x
 slower. The decision is made once per run from what the hardware reports and printed in the
 banner with its reason; ``bf16`` and ``fp32`` are honoured as given.

@@ -1,4 +1,4 @@
-"""Process supervision: step-level rewards and seed 002's process-supervised group advantage.
+"""Process supervision: step-level rewards and DeepSeekMath's process-supervised group advantage.
 
 A reward function may return, for an episode, a :class:`StepRewards` instead of one number: a
 reward at the end of each step, the step's end being a token index into ``Trajectory.token_ids``

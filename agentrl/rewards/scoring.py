@@ -51,7 +51,8 @@ def score(
     """Total reward per trajectory and each component's raw values (NaN = not scored).
 
     total = env_weight * env_return + sum(weight * reward) over the scored components; a
-    trajectory no component scored gets NaN (its advantage is then 0, TRAPS 17). A value that is
+    trajectory no component scored gets NaN (its advantage is then 0, docs/concepts/guards.md#unscored-episodes). A
+    value that is
     inf, -inf or NaN (from the env or a reward function) counts as not scored, with a warning: one
     infinite reward would otherwise make every advantage of the batch NaN. ``nonfinite``, when
     given, receives the number of such values per component, 0 included (``None`` from a reward

@@ -1,4 +1,5 @@
-"""Checkpoint files that never run code when read (issue 32): tensors through ``torch.save`` /
+"""Checkpoint files that never run code when read (docs/concepts/guards.md#checkpoints): tensors through
+``torch.save`` /
 ``torch.load(weights_only=True)``, everything else as JSON with tensors inlined as base64.
 
 ``torch.load(weights_only=False)`` unpickles arbitrary objects, so a checkpoint swapped by someone

@@ -71,7 +71,8 @@ class Generation:
     logprobs: list[float]
     """Sampler's logprob of each sampled id under its *full-vocabulary* distribution at the
     sampling temperature, ``log_softmax(logits / T)``: the same support as the trainer's logprobs,
-    so the two compare like with like (TRAPS 28). With top_k/top_p the distribution actually
+    so the two compare like with like (docs/concepts/guards.md#logprob-parity). With top_k/top_p the distribution
+    actually
     sampled from is renormalised over the kept tokens; its logprob is ``logprobs - kept_logmass``.
     Greedy decoding (``temperature=0``) reports the temperature-1 logprob."""
     kept_logmass: list[float] | None = None

@@ -9,7 +9,7 @@ last one, the last policy as ``last/``.
 
 The score is read from the same held-out split the run reports, so "best" is chosen on the
 numbers it is then reported with: an optimistic pick when evaluations differ by noise (64 tasks:
-one task is 0.016). The README's learning figures report the last step's policy as well.
+one task is 0.016). The learning benchmarks (docs/benchmarks/learning.md) report the last step's policy as well.
 """
 
 from __future__ import annotations

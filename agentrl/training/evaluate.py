@@ -1,7 +1,7 @@
 """Held-out evaluation: run the policy on an env's eval split and report accuracy.
 
 Evaluation goes through the same engine and rollout as training (eval mode, KV cache on), so an
-in-process evaluation equals evaluating the saved run dir loaded fresh (TRAPS 39).
+in-process evaluation equals evaluating the saved run dir loaded fresh (docs/concepts/guards.md#evaluation).
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ wrong, not boxed              0.0     0.0      0.0      0.0
 A wrong answer never earns more than a correct one, and once every reply is boxed the total is 1
 + 2 x correct: pure correctness. The format terms weigh as much as the env's own reward so that the
 few boxed samples (3%) outweigh the pull toward short unboxed answers before the policy settles on
-those: at 0.5 each the format was learned on every seed in bf16 but on about half in fp32 (README
-"Which CPU"), where the sampler follows every update and its entropy falls within ten steps. The ungated part
+those: at 0.5 each the format was learned on every seed in bf16 but on about half in fp32 (docs/benchmarks/hardware.md),
+where the sampler follows every update and its entropy falls within ten steps. The ungated part
 is what makes the habit learnable: with only the gated bonus (``--reward accuracy:1``) boxed samples were too rare to
-pay and the model stopped boxing altogether (README "Learning", measured). ``demonstration`` shows one solved problem
+pay and the model stopped boxing altogether (docs/benchmarks/learning.md). ``demonstration`` shows one solved problem
 first instead: every greedy answer is then boxed from the start, but the policy's entropy collapsed within
 ten steps and held-out accuracy stopped improving (same section). Every episode reports
 ``info["metrics"]["boxed"]`` (``env/boxed``, ``eval/env/boxed``: the share of replies with a ``\\boxed{}``).

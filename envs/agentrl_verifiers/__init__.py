@@ -41,7 +41,7 @@ scores each episode on its own), prompts that rewrite history.
 Versions: verifiers 0.2.x has the classic API at ``verifiers.*``; 0.3.x keeps it (under
 ``verifiers.legacy``, aliased at the old paths); 0.4.0 removed it (only ``verifiers.v1``, whose
 tasksets run agent programs that talk to an OpenAI-compatible HTTP endpoint), so the extra pins
-``verifiers>=0.2,<0.4`` and 0.4 is refused with that reason (docs/agents.md shows a 0.4 taskset
+``verifiers>=0.2,<0.4`` and 0.4 is refused with that reason (docs/guides/agents.md shows a 0.4 taskset
 run through the ``openai_agent`` rollout instead). verifiers is imported when the env is
 built, so this plugin loads without it (install it with ``pip install 'agentrl[verifiers]'``).
 The verifiers env is loaded once per process for the same arguments and shared by every agentrl env

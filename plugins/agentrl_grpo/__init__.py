@@ -24,13 +24,15 @@ How this departs from the papers, on purpose:
   ``min(r, delta)``, so negative-advantage tokens with runaway ratios stay bounded.
 * ``beta=0`` by default (no reference model, as DAPO and Dr. GRPO); DeepSeekMath used 0.04 with
   the k3 estimator. ``kl_estimator`` picks k1/k2/k3; k3 stays the default for familiarity, but
-  only k2's gradient is the reverse-KL gradient on-policy (TRAPS.md 20).
+  only k2's gradient is the reverse-KL gradient on-policy (docs/concepts/guards.md#kl-estimators).
 * The std is the population std (divide by the number of scored episodes) of the group, floored
   at ``std_epsilon`` instead of ``+ eps`` (TRL uses the unbiased std plus eps). ``"batch"`` keeps
   the group mean but divides by the std of the whole batch's rewards; ``"none"`` does not scale
-  (Dr. GRPO). A group whose rewards are all equal gets advantage exactly 0 (TRAPS.md 15).
+  (Dr. GRPO). A group whose rewards are all equal gets advantage exactly 0
+  (docs/concepts/guards.md#zero-advantage-groups).
 * Rewards that are NaN (a reward function returned None) are left out of the group statistics and
-  their episodes get advantage 0 (TRAPS.md 17). An agent episode in several rows (segments) counts
+  their episodes get advantage 0 (docs/concepts/guards.md#unscored-episodes). An agent episode in several rows
+  (segments) counts
   once in them (``batch.extras["episode_shares"]``).
 * Multi-turn: an episode's advantage covers every token the model sampled in any turn; env and
   tool tokens are off the loss mask. No dynamic sampling or soft overlong penalty (DAPO);

@@ -14,14 +14,15 @@ Which policy samples (``engine_args.dtype``):
   CPU. It is what makes the main job learn the ``\\boxed{}`` format there: an AdamW step of lr 2e-5
   is below bf16's spacing for most weights, so the sampler moves only where several steps agree;
   sampling from the exact fp32 weights, the policy followed every step's noise and settled on
-  short unboxed answers within ten steps on some seeds (README "Which CPU").
+  short unboxed answers within ten steps on some seeds (docs/benchmarks/hardware.md).
 * ``float32``: the trainer's own model object, put in eval mode for the call and restored after.
 
 Logprob semantics. Tokens are drawn from ``softmax(warp(logits / T))`` in float32 (logits upcast
-first, TRAPS 12), where ``warp`` keeps the ``top_k`` largest scores and then the smallest set
+first: docs/concepts/guards.md#logprob-parity), where ``warp`` keeps the ``top_k`` largest scores and then the
+smallest set
 reaching mass ``top_p`` (the order and tie rules of transformers' warpers and vLLM) and sets the
 rest to -inf. ``Generation.logprobs[t]`` is the sampled token's full-vocabulary
-``log_softmax(logits / T)``, the same support as the trainer's logprobs (TRAPS 28: a
+``log_softmax(logits / T)``, the same support as the trainer's logprobs (docs/concepts/guards.md#logprob-parity: a
 renormalised logprob would exceed the trainer's by ``-log(kept mass)`` and every sampler/trainer
 ratio would silently carry it); ``Generation.kept_logmass[t]`` is ``log(kept mass)``, so the
 probability the token was actually drawn with is ``logprobs - kept_logmass``. Greedy
@@ -36,7 +37,8 @@ inherits sampling defaults from the model's ``generation_config`` (transformers 
 computes each step's logprobs on the fly instead of keeping every step's (B, V) scores, prefills each distinct
 prompt once (a GRPO group shares its prompt) and drops finished rows from the batch.
 Left padding, the attention mask and ``position_ids = cumsum(mask) - 1`` are built here from the
-unpadded id lists, never from token ids (SmolLM2's pad id is its eos id, TRAPS 10 and 11).
+unpadded id lists, never from token ids (SmolLM2's pad id is its eos id,
+docs/concepts/guards.md#padding-and-stop-tokens).
 
 Weights can change between decode steps (``swaps_between_decode_steps``): an asynchronous run with
 partial rollouts sets ``before_decode_step``, and when it reports a new version the live rows'
@@ -226,7 +228,7 @@ class HFEngine(Engine):
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding per chunk
         results: list[Generation | None] = [None] * len(prompts)
         modes = [(module, module.training) for module in self.model.modules()]
-        self.model.eval()  # dropout off (TRAPS 14)
+        self.model.eval()  # dropout off (docs/concepts/guards.md#dropout)
         try:
             with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
                 for start in range(0, len(order), self.options.batch_size):

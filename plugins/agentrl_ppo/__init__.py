@@ -160,7 +160,8 @@ def gae(
 
 def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """``(values - mean) / max(std, eps)`` with the mean and population std over ``mask`` only
-    (TRAPS 35), over every process's share of the batch in a multi-process run; 0 off the mask.
+    (docs/concepts/guards.md#ppo-advantages), over every process's share of the batch in a multi-process run; 0 off
+    the mask.
     Float64 inside."""
     on = mask > 0
     count = all_sum(on.sum().double()).clamp(min=1)
@@ -249,7 +250,7 @@ class ValueModel(nn.Module):
         for p in decoder.parameters():
             p.requires_grad_(True)
         critic = cls(decoder, int(policy.config.hidden_size))
-        return critic.to(next(policy.parameters()).device).eval()  # dropout off (TRAPS 14)
+        return critic.to(next(policy.parameters()).device).eval()  # dropout off (docs/concepts/guards.md#dropout)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
         """Values ``(N, T)``: entry t is V(state before token t), from the hidden state at t - 1,

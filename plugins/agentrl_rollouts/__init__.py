@@ -13,12 +13,14 @@ lockstep ones: every live episode's turn k together, in episode order. ``reset``
 episode's chain too: each episode asks for its first turn as soon as its own env has reset.
 Single-turn envs are the case where the env terminates after the first turn.
 
-Limits, kept apart (TRAPS 27): ``max_new_tokens`` per turn, ``max_sampled_tokens`` per episode
+Limits, kept apart (docs/concepts/guards.md#length-limits): ``max_new_tokens`` per turn, ``max_sampled_tokens`` per
+episode
 (model tokens), ``max_total_tokens`` per episode (everything), and the env's ``max_turns``
 (the env truncates itself). Each turn's request asks for what is left of the episode's budget
 (its own ``max_new_tokens``). Whichever ends an episode, ``Trajectory.truncated`` records it.
 
-Randomness (TRAPS 40): every request carries its own seed, so an episode's tokens depend neither
+Randomness (docs/concepts/guards.md#sampling-seeds): every request carries its own seed, so an episode's tokens depend
+neither
 on which episodes share its batch nor on when its env answered. With per-episode ``seeds`` (the
 trainer's: one per episode of the global batch), episode i's turn k (its own count, 0-based)
 samples with ``turn_seed(seeds[i], k)`` (:func:`turn_seed`: the seed itself for turn 0, a distinct

@@ -5,7 +5,8 @@ the chat template) and leaves a completion (the ids the engine sampled, with the
 call whose rendered prompt extends the current segment (the segment's tokens decoded, then new
 text: the template's closing of the assistant turn, tool results, the next assistant header) is
 merged into it: the new text is encoded on its own and masked (loss mask 0), the sampled ids are
-appended as sampled (loss mask 1). The model's sampled ids are never re-tokenized (TRAPS 1).
+appended as sampled (loss mask 1). The model's sampled ids are never re-tokenized
+(docs/concepts/guards.md#multi-turn-tokens).
 
 A call that does not extend it (the agent rewrote, trimmed or summarised its history, or a
 ``stop`` string cut the model's text) starts a new segment of the same episode: its whole prompt is

@@ -11,7 +11,8 @@ torchaudio and torchcodec builds it pulls: they break ``import transformers``) o
   through a spawned worker.
 * **Weights.** ``sync_weights(model)`` streams the trainer's state dict into vLLM's model
   (``collective_rpc("reload_weights")``; a tied LM head is loaded through its embedding) and
-  resets the prefix cache, so no cached prompt computed with old weights is reused (TRAPS 30, 32);
+  resets the prefix cache, so no cached prompt computed with old weights is reused
+  (docs/concepts/guards.md#weight-sync);
   a request still running is preempted and recomputed (below).
 * **Tokens.** Prompts go in as ``TokensPrompt`` ids and completions come out as the sampled ids,
   the stop token included when one was sampled (never text: vLLM runs without a tokenizer).
@@ -20,7 +21,7 @@ torchaudio and torchcodec builds it pulls: they break ``import transformers``) o
   batch seed gives every prompt its own seed derived from (seed, index), so a batch is
   reproducible; ``prompt_seeds`` give them directly; without either, the seeds continue a
   generator seeded from the run's seed.
-* **Logprobs** (TRAPS 8, 28). ``Generation.logprobs`` must be the full-vocabulary
+* **Logprobs** (docs/concepts/guards.md#logprob-parity). ``Generation.logprobs`` must be the full-vocabulary
   ``log_softmax(logits / T)`` of the sampled token, the trainer's support. vLLM fixes one
   ``logprobs_mode`` per ``LLM``: ``processed_logprobs`` (after temperature and after top_k/top_p,
   i.e. renormalised over the kept tokens) is right when top_k/top_p are off; with top_k/top_p at
@@ -48,7 +49,7 @@ torchaudio and torchcodec builds it pulls: they break ``import transformers``) o
   errors still show; ``VLLM_LOGGING_LEVEL=INFO`` brings the rest back.
 * **Sleep** (``engine_args.sleep_level`` 1 or 2, GPU only): the engine sleeps after each
   generate, freeing its GPU memory for the update, and wakes before the next one; level 2
-  discards the weights, so waking reloads all of them from the trainer's model (TRAPS 31).
+  discards the weights, so waking reloads all of them from the trainer's model (docs/concepts/guards.md#weight-sync).
 """
 
 from __future__ import annotations

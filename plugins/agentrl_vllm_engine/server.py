@@ -244,7 +244,7 @@ def save_all_weights(model: torch.nn.Module, path: str) -> None:
     """Every entry of ``model``'s state dict as safetensors, tied ones included under each name.
 
     ``save_pretrained`` writes a tied LM head only as the embedding; vLLM keeps its own LM head
-    tensor, which a reload from such a file would leave stale (TRAPS 32)."""
+    tensor, which a reload from such a file would leave stale (docs/concepts/guards.md#weight-sync)."""
     from safetensors.torch import save_file
 
     seen: set[int] = set()

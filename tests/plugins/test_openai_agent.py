@@ -164,8 +164,8 @@ def test_episodes_sample_the_same_tokens_whatever_runs_beside_them(tokenizer, tm
 
 
 def _docs_agent(tmp_path, name: str = "calc_agent.py") -> str:
-    """An agent of docs/agents.md, written out as its ``# file:`` block says."""
-    text = (ROOT / "docs" / "agents.md").read_text()
+    """An agent of docs/guides/agents.md, written out as its ``# file:`` block says."""
+    text = (ROOT / "docs" / "guides" / "agents.md").read_text()
     code = text.split(f"# file: {name}\n", 1)[1].split("```", 1)[0]
     (tmp_path / name).write_text(code)
     return f"{tmp_path / name}:solve"

@@ -1,5 +1,5 @@
 """The documented reward model kept trained on a replay buffer between iterations
-(docs/writing-a-reward.md, ``replay_rm.py``): it retrains after every EVERY-th step, its scores
+(docs/guides/rewards.md, ``replay_rm.py``): it retrains after every EVERY-th step, its scores
 change only then, and a resume across a retraining equals the uninterrupted run."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from agentrl.rundir.directory import resume_config
 from agentrl.testing import lockstep_plugins
 from agentrl.training.trainer import Trainer
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "writing-a-reward.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "guides" / "rewards.md"
 STOP = """
 import os, signal
 from agentrl import hookimpl
@@ -32,7 +32,7 @@ def agentrl_on_step_end(step, metrics):
 def _plugin(folder: Path) -> tuple[str, str]:
     """The doc's replay_rm.py and a stop plugin, written into ``folder`` (a module of their own)."""
     code = re.search(r"```python\n# file: replay_rm\.py\n(.*?)```", DOC.read_text(), re.S)
-    assert code, "docs/writing-a-reward.md lost its replay_rm.py block"
+    assert code, "docs/guides/rewards.md lost its replay_rm.py block"
     folder.mkdir()
     (folder / "replay_rm.py").write_text(code.group(1))
     (folder / "stop.py").write_text(STOP)

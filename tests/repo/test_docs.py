@@ -1,4 +1,4 @@
-"""Every snippet in docs/*.md and README.md runs, and docs/hooks.md is generated from the hookspecs.
+"""Every snippet in docs/**/*.md and README.md runs, and docs/hooks.md is generated from the hookspecs.
 
 Fenced blocks, by language:
 
@@ -47,8 +47,18 @@ from agentrl.testing import check_env, check_reward_output, make_trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-SOURCES = [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
-GUIDES = ("writing-a-reward.md", "writing-an-env.md", "writing-an-algorithm.md", "plugins.md", "hooks.md")
+SOURCES = [*sorted(DOCS.rglob("*.md")), ROOT / "README.md", ROOT / "CHANGELOG.md"]
+GUIDES = (
+    "guides/rewards.md",
+    "guides/envs.md",
+    "guides/tool-envs.md",
+    "guides/agents.md",
+    "guides/algorithms.md",
+    "guides/plugins.md",
+    "hooks.md",
+    "reference/config.md",
+    "concepts/guards.md",
+)
 
 _FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 _MARKER = re.compile(r"^\s*(?:#|<!--)\s*docs-test:\s*(\w+)\s*(?:\((.*?)\))?")
@@ -86,7 +96,7 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"{self.source.name}:{self.line}"
+        return f"{self.source.relative_to(ROOT)}:{self.line}"
 
     @property
     def filename(self) -> str | None:
@@ -234,11 +244,13 @@ def test_doc_lists_of_builtin_plugins_name_every_one(builtins):
 
 
 def test_guides_exist_and_their_relative_links_resolve():
-    assert {p.name for p in DOCS.glob("*.md")} >= set(GUIDES)
+    assert {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")} >= set(GUIDES)
     for source in SOURCES:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", source.read_text()):
             if not re.match(r"\w+://", target):
-                assert (source.parent / target).exists(), f"{source.name}: link to {target} does not resolve"
+                assert (source.parent / target).exists(), (
+                    f"{source.relative_to(ROOT)}: link to {target} does not resolve"
+                )
 
 
 def test_markers_are_known_and_skips_give_a_reason():
@@ -365,7 +377,8 @@ def test_python_block_runs(block, workdirs):
             sys.modules[module.__name__] = module  # dataclasses look their module up
             spec.loader.exec_module(module)
         else:  # compiled with the document's line numbers, so a traceback points into the .md
-            module = types.ModuleType(f"docs_block_{block.source.stem}_{block.line}".replace("-", "_"))
+            name = re.sub(r"\W", "_", f"{block.source.relative_to(ROOT).with_suffix('')}_{block.line}")
+            module = types.ModuleType(f"docs_block_{name}")
             sys.modules[module.__name__] = module
             exec(compile("\n" * block.line + block.code, str(block.source), "exec"), module.__dict__)
         exercise(module, block)
