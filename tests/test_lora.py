@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from agentrl.config.lora import LLAMA_TARGETS
 from agentrl.config.train import TrainConfig, build_config, resolved_dict
 from agentrl.errors import ConfigError, TrainingInterrupted
-from agentrl.model.lora import LLAMA_TARGETS, sampling_model
+from agentrl.model.lora import sampling_model
 from agentrl.model.policy import TokenLogprobs
 from agentrl.plugins import load_plugins
 from agentrl.testing import lockstep_plugins, parity_reward
