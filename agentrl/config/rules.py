@@ -107,7 +107,12 @@ class Failure:
 
 
 _TYPE_ERRORS = {"finite_number", "missing", "too_long", "is_instance_of", "invalid_key"}
-_BOUNDS = {"greater_than": "too_low", "greater_than_equal": "too_low", "less_than": "too_high"}
+_BOUNDS = {
+    "greater_than": "too_low",
+    "greater_than_equal": "too_low",
+    "less_than": "too_high",
+    "less_than_equal": "too_high",
+}
 
 
 def first_failure(config_class: type[Any], values: Mapping[Any, Any], *, declared_only: bool = False) -> Failure | None:
@@ -130,16 +135,17 @@ def first_failure(config_class: type[Any], values: Mapping[Any, Any], *, declare
         if isinstance(value, float) and not math.isfinite(value)
         else "wrong_type"
         if own[0].endswith("_type") or own[0] == "is_instance_of"
-        else _BOUNDS.get(own[0].removesuffix("_equal"), "")
+        else _BOUNDS.get(own[0], "")
     )
-    hint = _hints(config_class, declared_only)[key]
+    hint = field_hints(config_class, declared_only)[key]
     return Failure(key, value, hint, "type" if typed else "range", words, errors[0]["loc"])
 
 
 @functools.cache
-def _hints(config_class: type[Any], declared_only: bool) -> dict[str, Any]:
-    """Field name -> its hint with its rule, in field order; a subclass that only changes a field's
-    default (a plain hint) keeps its base class's rule."""
+def field_hints(config_class: type[Any], declared_only: bool = False) -> dict[str, Any]:
+    """Field name -> its type hint with its rule, for the fields of the dataclass ``config_class`` in
+    order (``declared_only``: those whose hint declares a rule); a subclass that only changes a
+    field's default (a plain hint) keeps its base class's rule."""
     hints: dict[str, Any] = {}
     for cls in reversed(config_class.__mro__):
         resolved = get_type_hints(cls, include_extras=True)
@@ -152,8 +158,8 @@ def _hints(config_class: type[Any], declared_only: bool) -> dict[str, Any]:
 
 @functools.cache
 def _adapter(config_class: type[Any], declared_only: bool) -> TypeAdapter[Any]:
-    schema = TypedDict(config_class.__name__, _hints(config_class, declared_only), total=False)  # type: ignore[operator]
-    schema.__pydantic_config__ = SECTION  # type: ignore[attr-defined]
+    schema = TypedDict(config_class.__name__, field_hints(config_class, declared_only), total=False)
+    schema.__pydantic_config__ = SECTION
     return TypeAdapter(schema)
 
 
@@ -163,7 +169,7 @@ def _annotated(hint: Any) -> bool:
 
 def declared_failure(config: Any) -> Failure | None:
     """The first field of the dataclass instance ``config`` whose value breaks its declared rule."""
-    names = _hints(type(config), True)
+    names = field_hints(type(config), True)
     return first_failure(type(config), {key: getattr(config, key) for key in names}, declared_only=True)
 
 
@@ -213,7 +219,7 @@ def _mapping_item_hint(hint: Any) -> Any:
 def rule_failure(config_class: type[Any], key: str, value: Any) -> str | None:
     """None if ``value`` keeps the rule declared on ``config_class``'s field ``key`` (or it declares
     none), else what is allowed, in words (``>= 1``, ``in (0, 1]``, ``one of a, b``, ``>= 1 or null``)."""
-    if key not in _hints(config_class, True):
+    if key not in field_hints(config_class, True):
         return None
     failure = first_failure(config_class, {key: value}, declared_only=True)
     return None if failure is None else allowed_words(failure.hint, failure.words)
@@ -269,7 +275,7 @@ def allowed_words(hint: Any, failure: str = "") -> str:
     args = typing.get_args(hint)
     if _is_union(hint):
         words = " or ".join(allowed_words(a, failure) for a in args if a is not type(None))
-        return f"{words} or null" if type(None) in args else words
+        return f"{words} or null" if words and type(None) in args else words
     if typing.get_origin(hint) is not Annotated:
         return ""
     metadata = [m for item in hint.__metadata__ for m in getattr(item, "metadata", [item])]
