@@ -158,6 +158,8 @@ def field_hints(config_class: type[Any], declared_only: bool = False) -> dict[st
 
 @functools.cache
 def _adapter(config_class: type[Any], declared_only: bool) -> TypeAdapter[Any]:
+    """A validator of the fields as a TypedDict: it checks without building the class (whose own
+    ``__post_init__`` may run this pass), so the class gets the values as given (1 stays an int)."""
     schema = TypedDict(config_class.__name__, field_hints(config_class, declared_only), total=False)
     schema.__pydantic_config__ = SECTION
     return TypeAdapter(schema)
