@@ -20,7 +20,7 @@ from agentrl.algorithms.objectives import (
     step_totals,
 )
 from agentrl.config.checks import ConfigCheck, build_plugin_config
-from agentrl.config.rules import Allowed, Complaint, Note, OneOf, check_declared
+from agentrl.config.rules import Allowed, Complaint, OneOf, check_declared
 from agentrl.config.train import TrainConfig
 from agentrl.env import (
     MAX_ABS_REWARD,
@@ -137,7 +137,6 @@ __all__ = [
     "ConfigCheck",
     "Allowed",
     "Complaint",
-    "Note",
     "OneOf",
     "check_declared",
     "CheckpointError",

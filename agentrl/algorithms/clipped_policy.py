@@ -20,7 +20,7 @@ from pydantic import Field
 from agentrl.algorithms.base import Algorithm, LossContext
 from agentrl.algorithms.objectives import AGGREGATIONS, IMPORTANCE_LEVELS, KL_ESTIMATORS, masked, policy_loss
 from agentrl.config.checks import ConfigCheck
-from agentrl.config.rules import OneOf
+from agentrl.config.rules import Allowed, OneOf
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ClippedPolicyConfig:
     epsilon_high: Annotated[float, Field(ge=0)] = 0.2
     """Upper clip range of the policy ratio: clipped at ``1 + epsilon_high`` (> epsilon_low: DAPO's
     clip-higher). >= 0."""
-    delta: float | None = None
+    delta: Annotated[float, Allowed("expected None or a number > 1 + epsilon_high")] | None = None
     """Two-sided clipping (INTELLECT-2): cap on the unclipped ratio, > 1 + epsilon_high; None: off."""
     beta: Annotated[float, Field(ge=0)] = 0.0
     """KL coefficient to a frozen reference policy; > 0 loads a frozen reference model. >= 0."""
@@ -63,13 +63,8 @@ class ClippedPolicyConfig:
         """Check the shared options; a subclass extends it, calling this first."""
         check.declared()
         high = 1 + self.epsilon_high  # delta's bound depends on epsilon_high
-        check.number(
-            "delta",
-            low=high,
-            low_open=True,
-            optional=True,
-            allowed=f"expected None or a number > 1 + epsilon_high = {high}",
-        )
+        if self.delta is not None and not self.delta > high:
+            check.fail("delta", f"expected None or a number > 1 + epsilon_high = {high}")
         if self.ref_sync_every and not self.beta > 0:
             check.fail("ref_sync_every", "a reference reset needs a reference: set beta > 0, or ref_sync_every 0")
 

@@ -4,8 +4,8 @@ Every key of :class:`~agentrl.config.train.TrainConfig` and of each built-in plu
 (``algorithm`` of every algorithm, ``engine_args`` of every engine, ``lora``, every ``plugins.NAME``)
 with its type, default, allowed range and the docstring under the field: the docstrings are the
 only help text, so the reference is never written by hand. What a class declares is read by
-:func:`config_reference` alone (dataclass fields, the range words of their type hints, the
-docstring under each field through ``ast``).
+:func:`agentrl.config.reference.config_reference` alone (dataclass fields, the range words of
+their type hints, the docstring under each field).
 
     python -m agentrl.cli.configdoc            # (re)write docs/reference/config.md
     python -m agentrl.cli.configdoc --check    # exit 1 if it differs from the config classes
@@ -15,99 +15,19 @@ docstring under each field through ``ast``).
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import inspect
 import json
 import sys
-import textwrap
-import types
-import typing
 from pathlib import Path
-from typing import Annotated, Any, get_type_hints
+from typing import Any
 
 from agentrl.cli.hookdoc import builtin_plugins, to_markdown
 from agentrl.config.lora import LoRAConfig
-from agentrl.config.rules import allowed_words
+from agentrl.config.reference import ConfigKey, config_reference
 from agentrl.config.train import TrainConfig
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[2] / "docs" / "reference" / "config.md"
 """``docs/reference/config.md`` of the source checkout this module lives in."""
-
-
-@dataclasses.dataclass(frozen=True)
-class FieldDoc:
-    """One documented config key."""
-
-    name: str
-    """The key."""
-    type: str
-    """Its type as written in the class, without the range metadata (``int | None``)."""
-    default: str
-    """Its default as YAML would write it (``null``, ``true``, ``'auto'``, ``[0.9, 0.99]``)."""
-    range: str
-    """What the declared rule allows, in words (``>= 1``, ``one of auto, bf16``), or ``''``."""
-    doc: str
-    """The docstring under the field, as Markdown on one line."""
-
-
-def config_reference(cls: type[Any]) -> list[FieldDoc]:
-    """Every field of the config dataclass ``cls`` in declaration order, with its type, default,
-    range and docstring (a subclass's docstring or rule wins over its base class's)."""
-    hints = get_type_hints(cls, include_extras=True)
-    docs: dict[str, str] = {}
-    rules: dict[str, Any] = {}
-    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
-        docs.update(_docstrings_under_fields(klass))
-        own = get_type_hints(klass, include_extras=True)
-        rules.update({k: own[k] for k in vars(klass).get("__annotations__", {}) if _has_rule(own[k])})
-    return [
-        FieldDoc(
-            name=f.name,
-            type=type_name(hints[f.name]),
-            default=yaml_value(f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default),
-            range=allowed_words(rules[f.name]) if f.name in rules else "",
-            doc=docs.get(f.name, ""),
-        )
-        for f in dataclasses.fields(cls)
-    ]
-
-
-def _docstrings_under_fields(klass: type[Any]) -> dict[str, str]:
-    """Field name -> the string literal right under its annotated assignment in ``klass``'s source."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-    body = next(node for node in tree.body if isinstance(node, ast.ClassDef)).body
-    out = {}
-    for node, after in zip(body, body[1:]):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            out[node.target.id] = " ".join(to_markdown(inspect.cleandoc(after.value.value)).split())
-    return out
-
-
-def _has_rule(hint: Any) -> bool:
-    return typing.get_origin(hint) is Annotated or any(_has_rule(arg) for arg in typing.get_args(hint))
-
-
-def type_name(hint: Any) -> str:
-    """``hint`` as written, range metadata left out: ``Annotated[int, Field(ge=1)] | None`` -> ``int | None``."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Annotated:
-        return type_name(args[0])
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join(type_name(arg) for arg in args)
-    if hint is type(None):
-        return "None"
-    if hint is Any:
-        return "Any"
-    if origin is not None:
-        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(type_name(arg) for arg in args)}]"
-    return getattr(hint, "__name__", str(hint))
 
 
 def yaml_value(value: Any) -> str:
@@ -125,12 +45,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|") if text else "-"
 
 
-def table(fields: list[FieldDoc], prefix: str = "") -> list[str]:
+def table(keys: list[ConfigKey], prefix: str = "") -> list[str]:
     """Markdown rows: key (with ``prefix``), type, default, range, description."""
     lines = ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
-    for f in fields:
-        kind = " or ".join(f"`{part}`" for part in f.type.split(" | "))  # no pipe inside a table cell
-        lines.append(f"| `{prefix}{f.name}` | {kind} | `{f.default}` | {_cell(f.range)} | {_cell(f.doc)} |")
+    for key in keys:
+        kind = " or ".join(f"`{part}`" for part in key.type.split(" | "))  # no pipe inside a table cell
+        doc = " ".join(to_markdown(key.doc).split())
+        lines.append(
+            f"| `{prefix}{key.name}` | {kind} | `{yaml_value(key.default)}` | {_cell(key.allowed)} | {_cell(doc)} |"
+        )
     return lines
 
 

@@ -186,7 +186,7 @@ def _as_sets(values: dict[str, Any]) -> list[str]:
 
 def _run_config(model: str) -> dict[str, Any]:
     """The saved config of a run dir (``model`` points at one), else {}."""
-    from agentrl.config.train import load_yaml
+    from agentrl.config.yaml_text import load_yaml
     from agentrl.errors import ConfigError
 
     path = Path(model).expanduser() / "config.yaml"

@@ -4,15 +4,17 @@ peft here, so the config loads without them; :mod:`agentrl.model.lora` applies i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from agentrl.config.checks import ConfigCheck, build_plugin_config
 from agentrl.config.rules import Allowed, OneOf
 
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every linear layer of a Llama-style decoder block (SmolLM2, Llama, Qwen, Mistral)."""
+LayerNames = Annotated[list[Annotated[str, StringConstraints(pattern=r"\S")]], Field(min_length=1)]
+"""A non-empty list of layer names, none blank."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,10 @@ class LoRAConfig:
     """Dropout on the adapter's input. Only 0: agentrl runs the policy in eval mode, since dropout
     in the trainer's forward makes the sampler/trainer ratio differ from 1 at step 0
     (docs/concepts/guards.md#dropout)."""
-    target_modules: list[str] | str = field(default_factory=lambda: list(LLAMA_TARGETS))
+    target_modules: Annotated[
+        LayerNames | Literal["all-linear"],
+        Allowed(f"expected 'all-linear' or a non-empty list of layer names (e.g. {', '.join(LLAMA_TARGETS)})"),
+    ] = field(default_factory=lambda: list(LLAMA_TARGETS))
     """Names (suffixes) of the linear layers that get an adapter, or ``all-linear`` (every linear
     layer but the output head: the default list on Llama-style models, the choice for others)."""
     bias: Annotated[
@@ -46,14 +51,6 @@ class LoRAConfig:
                 "dropout",
                 "expected 0: the policy runs in eval mode, and dropout only in the trainer's "
                 "forward would make every importance ratio differ from 1 at step 0 (docs/concepts/guards.md#dropout)",
-            )
-        names = self.target_modules
-        if names != "all-linear" and not (
-            isinstance(names, list) and names and all(isinstance(n, str) and n.strip() for n in names)
-        ):
-            check.fail(
-                "target_modules",
-                f"expected 'all-linear' or a non-empty list of layer names (e.g. {', '.join(LLAMA_TARGETS)})",
             )
 
     @property

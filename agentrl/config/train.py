@@ -8,26 +8,23 @@ are plain dicts here, validated by the plugin's config class at start-up; ``lora
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import Field, StringConstraints
 
-# ConfigCheck is re-exported, so ``from agentrl.config.train import ConfigCheck`` keeps working.
-from agentrl.config.checks import ConfigCheck, build_plugin_config, check_types, with_int_floats  # noqa: F401
+from agentrl.config.checks import build_plugin_config
 from agentrl.config.lora import lora_options
-from agentrl.config.rules import Allowed, Note, OneOf, check_declared
+from agentrl.config.rules import Allowed, Note, OneOf, first_failure, section_message
+from agentrl.config.yaml_text import load_yaml
 from agentrl.errors import ConfigError, one_line
 from agentrl.imports import absolute_spec
 
 Positive = Annotated[int, Field(ge=1)]
 NonNegative = Annotated[int, Field(ge=0)]
 Beta = Annotated[float, Field(ge=0, lt=1)]
-Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1), Allowed("a non-empty name")]
+Name = Annotated[str, StringConstraints(pattern=r"\S"), Allowed("a non-empty name")]
 
 
 @dataclass(frozen=True)
@@ -102,7 +99,7 @@ class TrainConfig:
     linearly to 0 (rounded, at least one step); 0.375 is the last 15 of the default 40 steps."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     """AdamW weight decay."""
-    adam_betas: Annotated[tuple[Beta, Beta], Allowed("two numbers in [0, 1)")] = (0.9, 0.99)
+    adam_betas: Annotated[tuple[Beta, Beta], Field(strict=False), Allowed("two numbers in [0, 1)")] = (0.9, 0.99)
     """AdamW betas."""
     max_grad_norm: Annotated[float, Field(gt=0)] | None = 1.0
     """Clip the global gradient norm to this (None: no clipping)."""
@@ -136,7 +133,7 @@ class TrainConfig:
     seed: Annotated[int, Field(ge=0, lt=2**32), Allowed("an integer in [0, 2**32)")] = 0
     """Seed for model init, task order and sampling."""
     output_dir: Annotated[
-        Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] | None,
+        Annotated[str, StringConstraints(pattern=r"\S")] | None,
         Allowed("a folder path or null (runs/<env>-<algo>-<time>)"),
     ] = None
     """Run directory (None: ``runs/<env>-<algo>-<timestamp>``)."""
@@ -196,8 +193,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Check each value's type and range, then the rules relating fields; make paths absolute."""
-        check_types(TrainConfig, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
-        check_declared(self, strict=False)  # the types are checked: adam_betas may be a list
+        failure = first_failure(TrainConfig, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        if failure is not None:
+            raise ConfigError(section_message(failure))
         if self.max_total_tokens <= self.max_new_tokens:
             # The prompt must fit too: checked once the env and tokenizer are built (build.check_prompt_room).
             raise ConfigError(
@@ -229,44 +227,6 @@ class TrainConfig:
         data = dataclasses.asdict(self)
         data["adam_betas"] = list(self.adam_betas)
         return data
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-5`` as a float (YAML 1.1 wants ``1.0e-5``)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
-    list("-+0123456789."),
-)
-
-
-def load_yaml(text: str, where: str = "YAML text") -> Any:
-    """Parse YAML text with the float rule above; anything unparsable (syntax, a bad tag, a date that
-    does not exist, an anchor that contains itself) is a ConfigError naming ``where``."""
-    try:
-        data = yaml.load(text, Loader=_Loader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{where} is not valid YAML: {exc.problem or exc.context}{at}") from None
-    except Exception as exc:  # other yaml.YAMLErrors, and ValueError/RecursionError from its constructors
-        raise ConfigError(f"{where} is not valid YAML: {one_line(exc)}") from None
-    if _cyclic(data, set()):
-        raise ConfigError(f"{where}: an anchor that refers to itself (&a ... *a) is not supported")
-    return data
-
-
-def _cyclic(data: Any, open_ids: set[int]) -> bool:
-    if not isinstance(data, (dict, list)):
-        return False
-    if id(data) in open_ids:
-        return True
-    open_ids.add(id(data))
-    found = any(_cyclic(item, open_ids) for item in (data.values() if isinstance(data, dict) else data))
-    open_ids.discard(id(data))
-    return found
 
 
 def _absolute(spec: str, key: str) -> str:
@@ -306,15 +266,9 @@ def build_config(
             raise ConfigError(f"--set expects key=value, got {item!r}")
         _set_dotted(data, key.strip(), load_yaml(raw, f"--set {item!r}"))
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    known = set(field_names())
-    for key in data:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else " (`agentrl train --print-config` lists the keys)"
-            raise ConfigError(f"unknown config key {key!r}{hint}")
     if isinstance(data.get("adam_betas"), list):
         data["adam_betas"] = tuple(data["adam_betas"])
-    return TrainConfig(**with_int_floats(TrainConfig, data))
+    return build_plugin_config(TrainConfig, data, "")
 
 
 def refuse_flag_conflicts(flags: dict[str, tuple[str, Any]], sets: list[str] | None) -> None:

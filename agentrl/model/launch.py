@@ -93,7 +93,7 @@ def config_file(name: str) -> Path:
 
 def _check_config_file(path: Path) -> None:
     """ConfigError unless ``path`` reads as a YAML (or JSON) mapping, as accelerate's config files are."""
-    from agentrl.config.train import load_yaml
+    from agentrl.config.yaml_text import load_yaml
 
     where = f"--accelerate-config {str(path)!r}"
     try:

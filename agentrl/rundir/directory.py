@@ -16,7 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agentrl.config.train import TrainConfig, build_config, load_yaml
+from agentrl.config.train import TrainConfig, build_config
+from agentrl.config.yaml_text import load_yaml
 from agentrl.errors import ConfigError
 from agentrl.rundir import checkpoints as ckpt
 from agentrl.rundir.lock import LOCK_FILE

@@ -53,6 +53,7 @@ from pydantic import Field
 from torch import nn
 
 from agentrl import (
+    Allowed,
     ClippedPolicy,
     ClippedPolicyConfig,
     ConfigCheck,
@@ -94,7 +95,7 @@ class PPOConfig(ClippedPolicyConfig):
     """Training steps at the start that update only the critic (the policy is frozen). >= 0."""
     value_clip: Annotated[float, Field(gt=0)] | None = 0.2
     """Clip the new value to old value +- this in the value loss (None: no clipping). > 0."""
-    whiten_advantages: bool = True
+    whiten_advantages: Annotated[bool, Allowed("expected true or false")] = True
     """Shift and scale advantages to mean 0, std 1 over the rollout batch's sampled tokens."""
     ppo_epochs: Annotated[int, Field(ge=1)] = 1
     """Passes over each rollout batch. >= 1."""
@@ -109,7 +110,6 @@ class PPOConfig(ClippedPolicyConfig):
         """The shared options and the declared ranges of PPO's own (the base class checks both),
         then the rules that are code."""
         super().validate(check)
-        check.flag("whiten_advantages")
         if self.kl_in == "reward" and self.kl_estimator not in (None, "k1"):
             check.fail(
                 "kl_estimator",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -10,7 +11,8 @@ from typing import Annotated
 import pytest
 from pydantic import Field
 
-from agentrl import Complaint, ConfigCheck, ConfigError, EnvError
+from agentrl import Complaint, ConfigCheck, ConfigError, EnvError, TrainConfig
+from agentrl.config.reference import ConfigKey, config_reference
 from agentrl.config.rules import Allowed, Note, OneOf, allowed_words, check_declared, rule_failure
 
 
@@ -130,3 +132,30 @@ def test_check_declared_words_each_failure_as_the_field_declares(values: dict, m
     with pytest.raises(EnvError, match=f"^{re.escape(message)}$"):
         check_declared(_EnvArgs(**values), prefix="my env: ", error=EnvError)
     check_declared(_EnvArgs(), prefix="my env: ", error=EnvError)
+
+
+def test_config_reference_lists_every_key_with_its_type_default_range_and_docstring() -> None:
+    keys = {key.name: key for key in config_reference()}
+    assert list(keys) == [f.name for f in dataclasses.fields(TrainConfig)]
+    assert keys["max_steps"] == ConfigKey(
+        "max_steps", "int", 40, ">= 1", "Optimizer steps (one rollout batch each, times ``num_iterations``)."
+    )
+    assert (keys["max_grad_norm"].type, keys["max_grad_norm"].allowed) == ("float | None", "> 0 or null")
+    assert (keys["rewards"].type, keys["rewards"].default, keys["rewards"].allowed) == (
+        "dict[str, float] | None",
+        None,
+        "",
+    )
+    assert (keys["adam_betas"].type, keys["adam_betas"].allowed) == ("tuple[float, float]", "two numbers in [0, 1)")
+    assert keys["lr_scheduler"].allowed == "one of wsd, constant, linear, cosine" and keys["env_args"].default == {}
+    assert all(key.doc for key in keys.values())
+
+
+def test_config_reference_of_a_plugin_section_keeps_what_its_base_classes_declare() -> None:
+    from agentrl_gspo import GSPOConfig
+
+    keys = {key.name: key for key in config_reference(GSPOConfig)}
+    assert keys["importance_sampling_level"].default == "sequence"  # GSPO's default, the base class's rule
+    assert keys["importance_sampling_level"].allowed == "one of token, sequence, sequence_token"
+    assert keys["beta"].doc.startswith("KL coefficient to a frozen reference policy")  # documented in the base
+    assert keys["epsilon_low"].doc == "Lower clip range of the sequence ratio (the paper's 3e-4)."

@@ -8,14 +8,15 @@ import functools
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from pydantic import Field
 from typer.testing import CliRunner
 
-from agentrl import AgentRLError, ConfigCheck, ConfigError, ModelError, PluginError, build_plugin_config
+from agentrl import AgentRLError, ConfigCheck, ConfigError, ModelError, OneOf, PluginError, build_plugin_config
 from agentrl.cli.app import app
 from agentrl.config.train import TrainConfig, build_config, check_startup, field_names, resolve_settings
 from agentrl.plugins import load_plugins
@@ -230,16 +231,14 @@ def test_any_algorithm_declares_its_smallest_group() -> None:
     check_startup(TrainConfig(algo="pairs", num_generations=4), manager.registry)
 
 
-def test_third_party_config_classes_get_type_checks_and_range_helpers() -> None:
+def test_third_party_config_classes_get_type_checks_and_declared_ranges() -> None:
     @dataclasses.dataclass(frozen=True)
     class Knobs:
-        rate: float = 0.5
-        mode: str = "a"
+        rate: Annotated[float, Field(ge=0, le=1)] = 0.5
+        mode: Annotated[str, OneOf("a", "b")] = "a"
 
         def __post_init__(self) -> None:
-            check = ConfigCheck(self, "plugins.knobs")
-            check.number("rate", low=0, high=1)
-            check.choice("mode", ("a", "b"))
+            ConfigCheck(self, "plugins.knobs").declared()
 
     with pytest.raises(ConfigError, match=re.escape("plugins.knobs.rate must be a finite number, got 'x'")):
         build_plugin_config(Knobs, {"rate": "x"}, "plugins.knobs")

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from agentrl import AGGREGATIONS, ConfigError, StepTotals, TrainBatch, importance_log_weights, policy_loss
-from agentrl.config.train import TrainConfig, build_plugin_config
+from agentrl.config.checks import build_plugin_config
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model, parity_reward
 from agentrl.training.trainer import Trainer
