@@ -156,10 +156,36 @@ def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextl
 
 
 def _print_config(cfg: Any, manager: Any) -> None:
-    """``--print-config``: the resolved config as YAML (scheme paths absolute, as a run stores them)."""
+    """``--print-config``: the resolved config as YAML (scheme paths absolute, as a run stores them),
+    each top-level key under a comment with the first sentence of its docstring."""
     import yaml
 
-    console.print(yaml.safe_dump(_checked_config(cfg, manager), sort_keys=False), highlight=False)
+    text = yaml.safe_dump(_checked_config(cfg, manager), sort_keys=False)
+    console.print(described(text), highlight=False, markup=False)
+
+
+def described(text: str) -> str:
+    """YAML ``text`` of a TrainConfig with ``# description`` above each top-level key (the first
+    sentence of the docstring under its field, as in docs/reference/config.md)."""
+    from agentrl.config.reference import config_reference
+
+    docs = {key.name: key.doc for key in config_reference()}
+    lines = []
+    for line in text.splitlines():
+        key = line.split(":", 1)[0]
+        if line[:1].strip() and docs.get(key):
+            lines.append(f"# {_first_sentence(docs[key])}")
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _first_sentence(doc: str) -> str:
+    """The first sentence of ``doc`` on one line, without reST markup."""
+    import re
+
+    flat = " ".join(doc.replace("``", "`").split())
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\.\s", flat)
+    return flat if end is None else flat[: end.start() + 1]
 
 
 def _checked_config(cfg: Any, manager: Any) -> dict[str, Any]:

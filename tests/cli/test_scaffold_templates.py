@@ -20,7 +20,7 @@ VARIANTS = {"env": {}, "multi_turn": {"multi_turn": True}, "tools": {"tools": Tr
 
 
 def template_files() -> list[str]:
-    """Every ``*.tmpl`` under ``agentrl/templates``, as importlib.resources finds them."""
+    """Every ``*.tmpl`` under ``agentrl/cli/templates``, as importlib.resources finds them."""
     found: list[str] = []
 
     def walk(folder, prefix: str) -> None:
@@ -84,7 +84,9 @@ def test_a_built_wheel_ships_the_templates_and_writes_what_the_checkout_writes(t
     (wheel,) = (tmp_path / "dist").glob("agentrl-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = sorted(
-            n.removeprefix("agentrl/templates/") for n in archive.namelist() if n.startswith("agentrl/templates/")
+            n.removeprefix("agentrl/cli/templates/")
+            for n in archive.namelist()
+            if n.startswith("agentrl/cli/templates/")
         )
         archive.extractall(tmp_path / "installed")
     assert shipped == template_files()

@@ -42,28 +42,32 @@ def test_configdoc_writes_and_checks(tmp_path, capsys):
 
 
 def test_config_reference_reads_type_default_range_and_docstring():
+    from agentrl.config.reference import ConfigKey, config_reference
     from agentrl.config.train import TrainConfig
 
-    fields = {f.name: f for f in configdoc.config_reference(TrainConfig)}
+    fields = {f.name: f for f in config_reference(TrainConfig)}
     assert list(fields) == list(TrainConfig.__dataclass_fields__)
-    assert fields["max_sampled_tokens"] == configdoc.FieldDoc(
+    assert fields["max_sampled_tokens"] == ConfigKey(
         "max_sampled_tokens",
         "int | None",
-        "null",
+        None,
         ">= 1 or null",
-        "Cap on tokens the model samples over an episode (None: max_new_tokens x env max_turns); "
+        "Cap on tokens the model samples over an episode (None: max_new_tokens x env max_turns);\n"
         "also Dr. GRPO's normalising constant.",
     )
-    assert (fields["precision"].default, fields["precision"].range) == ("'auto'", "one of auto, bf16, fp32")
-    assert fields["adam_betas"].default == "[0.9, 0.99]" and fields["plugins"].default == "{}"
-    assert "`agentrl.model.packing`" in fields["pack_sequences"].doc  # reST roles become Markdown code
+    assert (fields["precision"].default, fields["precision"].allowed) == ("auto", "one of auto, bf16, fp32")
+    assert configdoc.yaml_value(fields["adam_betas"].default) == "[0.9, 0.99]"
+    assert configdoc.yaml_value(fields["plugins"].default) == "{}"
+    assert ":mod:`agentrl.model.packing`" in fields["pack_sequences"].doc
+    assert "| `pack_sequences` |" in configdoc.render() and "(`agentrl.model.packing`)" in configdoc.render()
 
 
 def test_a_subclass_keeps_its_base_class_rule_and_docstring():
+    from agentrl.config.reference import config_reference
     from agentrl_gspo import GSPOConfig
 
-    fields = {f.name: f for f in configdoc.config_reference(GSPOConfig)}
-    assert fields["epsilon_low"].default == "0.0003" and fields["epsilon_low"].range == "in [0, 1)"
+    fields = {f.name: f for f in config_reference(GSPOConfig)}
+    assert fields["epsilon_low"].default == 0.0003 and fields["epsilon_low"].allowed == "in [0, 1)"
     assert fields["beta"].doc.startswith("KL coefficient to a frozen reference policy")
 
 
