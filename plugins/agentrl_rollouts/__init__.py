@@ -21,7 +21,7 @@ Limits, kept apart (TRAPS 27): ``max_new_tokens`` per turn, ``max_sampled_tokens
 Randomness (TRAPS 40): every request carries its own seed, so an episode's tokens depend neither
 on which episodes share its batch nor on when its env answered. With per-episode ``seeds`` (the
 trainer's: one per episode of the global batch), episode i's turn k (its own count, 0-based)
-samples with ``turn_seed(seeds[i], k)`` (:func:`turn_seed`: the seed itself for turn 0, a distinct
+samples with ``turn_seed(seeds[i], k)`` (:func:`agentrl.turn_seed`: the seed itself for turn 0, a distinct
 mix for later turns, so every turn draws fresh random numbers; reusing the seed would repeat turn
 0's draws on every turn and episodes would no longer be samples of the policy). Without ``seeds``,
 episode i's turn k samples with ``turn_seed(sampling.seed, k) * 1_000_003 + i`` (mod 2**63): the
@@ -92,7 +92,6 @@ from agentrl_rollouts.episodes import (
     NamedEngine,
     Reply,
     episode_seed,
-    turn_seed,  # noqa: F401 (the openai_agent rollout imports it from here)
 )
 
 PLACEHOLDER = [{"role": "user", "content": ""}]

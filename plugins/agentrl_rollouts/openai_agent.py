@@ -61,6 +61,7 @@ from agentrl import (
     render_tools_system_prompt,
     request_queue,
     sample_label,
+    turn_seed,
 )
 from agentrl_rollouts.agent_clock import ModelWaits, run_with_own_time_limit
 from agentrl_rollouts.agent_engine import (
@@ -346,8 +347,6 @@ class OpenAIAgentRollout:
     ) -> list[Any]:
         """Sample one call's ``n`` choices through the batcher, choice k with the call's seed mixed
         with k (choice 0: the call's seed); an engine failure is kept for :meth:`run` and answered 500."""
-        from agentrl_rollouts import turn_seed
-
         if temperature is not None and temperature != step.sampling.temperature:
             self.guard.warn_once(
                 "agent:temperature",
