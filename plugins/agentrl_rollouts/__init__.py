@@ -430,18 +430,11 @@ class MultiTurnRollout:
 
 @hookimpl
 def agentrl_register_rollouts(register: Any) -> None:
-    """Register the built-in ``multi_turn`` and ``openai_agent`` rollouts."""
-    from agentrl_rollouts.openai_agent import OpenAIAgentRollout
-
+    """Register the built-in ``multi_turn`` rollout."""
     register("multi_turn", MultiTurnRollout)
-    register("openai_agent", OpenAIAgentRollout)
 
 
 @hookimpl
 def agentrl_register_settings(register: Any) -> None:
-    """Register the ``plugins.multi_turn`` section (how its episodes' turns are batched) and the
-    ``plugins.openai_agent`` one (the agent function and its endpoint's options)."""
-    from agentrl_rollouts import openai_agent
-
+    """Register the ``plugins.multi_turn`` section (how its episodes' turns are batched)."""
     register(SECTION, MultiTurnConfig)
-    register(openai_agent.SECTION, openai_agent.OpenAIAgentConfig)
