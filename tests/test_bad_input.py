@@ -30,7 +30,7 @@ from agentrl_rewards.process_reward_model import ProcessRewardModelConfig
 from agentrl_rewards.reward_model import RewardModelConfig
 from agentrl_rollouts import MultiTurnConfig
 from agentrl_sampler_correction import SamplerCorrectionConfig
-from agentrl_vllm_engine import VLLMEngineConfig
+from agentrl_vllm_engine.engine import VLLMEngineConfig
 from agentrl_vllm_engine.server import VLLMServerConfig
 
 PLUGIN_CONFIGS = {
