@@ -25,7 +25,6 @@ PENDING = {
     "agentrl/training/build.py:build_run": "ruff format laid it out over the limit; to be carved",
     "agentrl/training/rollout_phase.py:RolloutPhase.collect": "ruff format laid it out over the limit; to be carved",
     "plugins/agentrl_hf_engine/__init__.py:HFEngine._decode": "ruff format laid it out over the limit; to be carved",
-    "plugins/agentrl_openai_agent/rollout.py:OpenAIAgentRollout.run": "ruff format laid it out over the limit; to be carved",
 }
 
 

@@ -12,7 +12,7 @@ import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from agentrl import (
     AgentRLError,
@@ -106,53 +106,69 @@ class OpenAIAgentRollout:
             raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
         if seeds is None:
             seeds = [None if sampling.seed is None else sampling.seed * 1_000_003 + i for i in range(len(tasks))]
-        workers = self.options.max_concurrency or len(tasks)
-        finished: list[int] = []  # a batch waits for the agents running now or about to, at most
+        workers = max(1, self.options.max_concurrency or len(tasks))
+        step = self._open_step(tasks, seeds, sampling, workers)
+        server = BackgroundServer(make_app(lambda key, options: self.complete(step, key, options)))
+        try:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentrl-agent") as pool:
+                outcomes = list(
+                    pool.map(lambda item: self._episode(step, server.base_url(item[0]), item[1]), step.keys.items())
+                )
+        finally:
+            server.close()
+            step.batcher.close()
+            self.batches = list(step.batcher.batches)
+        if step.engine_errors:
+            self._raise_engine_failure(step.engine_errors[0])
+        trajectories = [self._trajectory(step.records[i], tasks[i], groups[i], *outcomes[i]) for i in range(len(tasks))]
+        if self.options.env_scores:
+            self._score_with_envs(envs, outcomes, trajectories)
+        return trajectories
+
+    def _open_step(
+        self, tasks: list[dict[str, Any]], seeds: list[int | None], sampling: SamplingParams, workers: int
+    ) -> _Step:
+        """The step's shared state, its request queue open: a batch waits for the agents running now
+        or about to (at most ``workers``), each episode keyed by a fresh name in its base URL."""
+        finished: list[int] = []
         batcher = request_queue(
-            self.engine, self.options.batch_wait_s, lambda: min(max(1, workers), len(tasks) - len(finished))
+            self.engine, self.options.batch_wait_s, lambda: min(workers, len(tasks) - len(finished))
         )
-        keys = {f"episode-{i}-{uuid.uuid4().hex[:12]}": i for i in range(len(tasks))}
-        step = _Step(
+        return _Step(
             list(tasks),
             list(seeds),
             sampling,
             batcher,
-            keys,
+            {f"episode-{i}-{uuid.uuid4().hex[:12]}": i for i in range(len(tasks))},
             [EpisodeRecord() for _ in tasks],
             [threading.Lock() for _ in tasks],
             ModelWaits(len(tasks)),
             finished=finished,
         )
-        server = BackgroundServer(make_app(lambda key, options: self.complete(step, key, options)))
-        try:
-            with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="agentrl-agent") as pool:
-                outcomes = list(
-                    pool.map(lambda item: self._episode(step, server.base_url(item[0]), item[1]), keys.items())
-                )
-        finally:
-            server.close()
-            batcher.close()
-            self.batches = list(batcher.batches)
-        if step.engine_errors:
-            exc = step.engine_errors[0]
-            kind = getattr(self.engine, "display_name", type(self.engine).__name__)
-            raise EngineError(
-                f"engine {kind} failed on an agent call: {exc if isinstance(exc, AgentRLError) else one_line(exc)}"
-            ) from exc
-        trajectories = [self._trajectory(step.records[i], tasks[i], groups[i], *outcomes[i]) for i in range(len(tasks))]
-        if self.options.env_scores:
-            judged = [
-                i
-                for i, (result, error) in enumerate(outcomes)
-                if error is None and envs[i] is not None and not isinstance(result, (int, float))
-            ]
-            score_with_env(
-                [envs[i] for i in judged],
-                [trajectories[i] for i in judged],
-                CallGuard.from_config(self.config),
-                self.config.env_workers,
-            )
-        return trajectories
+
+    def _raise_engine_failure(self, exc: BaseException) -> NoReturn:
+        """Stop the run with an EngineError naming the engine that failed under an agent's call."""
+        kind = getattr(self.engine, "display_name", type(self.engine).__name__)
+        raise EngineError(
+            f"engine {kind} failed on an agent call: {exc if isinstance(exc, AgentRLError) else one_line(exc)}"
+        ) from exc
+
+    def _score_with_envs(
+        self, envs: list[Any], outcomes: list[tuple[Any, dict[str, Any] | None]], trajectories: list[Trajectory]
+    ) -> None:
+        """The run's envs score the final answers of the episodes whose agent returned messages or
+        None without failing (``env_scores``: :mod:`agentrl_openai_agent.scoring`)."""
+        judged = [
+            i
+            for i, (result, error) in enumerate(outcomes)
+            if error is None and envs[i] is not None and not isinstance(result, (int, float))
+        ]
+        score_with_env(
+            [envs[i] for i in judged],
+            [trajectories[i] for i in judged],
+            CallGuard.from_config(self.config),
+            self.config.env_workers,
+        )
 
     def _episode(self, step: _Step, base_url: str, index: int) -> tuple[Any, dict[str, Any] | None]:
         """Run the agent on task ``index``: (what it returned, None) or (None, the error)."""
