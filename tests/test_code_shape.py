@@ -15,7 +15,6 @@ PENDING = {
     "agentrl/training/trainer.py:<the trainer module>": "ruff format laid it out over the limit; to be carved",
     "agentrl/cli/hookdoc.py:render": "ruff format laid it out over the limit; to be carved",
     "agentrl/config/train.py": "ruff format laid it out over the limit; to be carved",
-    "agentrl/tools/tool.py": "ruff format laid it out over the limit; to be carved",
     "agentrl/training/async_rollouts.py": "ruff format laid it out over the limit; to be carved",
     "agentrl/training/build.py:build_run": "ruff format laid it out over the limit; to be carved",
     "agentrl/training/rollout_phase.py:RolloutPhase.collect": "ruff format laid it out over the limit; to be carved",
