@@ -68,7 +68,7 @@ from agentrl.plugins import PluginManager, load_plugins
 from agentrl.rewards.process import StepRewards, process_advantages, step_ends
 from agentrl.rewards.schemes import RewardContext
 from agentrl.sampling.chat import ChatTokenizer
-from agentrl.sampling.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids
+from agentrl.sampling.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids, turn_seed
 from agentrl.sampling.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
 from agentrl.tools.formats import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolCallFormat, type_arguments
 from agentrl.tools.sandbox import run_python
@@ -189,6 +189,7 @@ __all__ = [
     "resolve_precision",
     "step_totals",
     "stop_token_ids",
+    "turn_seed",
     "token_ids",
     "tool",
 ]

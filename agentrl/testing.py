@@ -11,7 +11,6 @@ raises :class:`agentrl.EnvError` or :class:`agentrl.RewardError` saying what bro
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -30,6 +29,8 @@ from agentrl.env import (
     describe,
     task_label,
 )
+from agentrl.env.loading import unwrapped_env
+from agentrl.env.tasks import first_tasks, task_key
 from agentrl.errors import AgentRLError, EnvError, RewardError, one_line
 from agentrl.rewards.process import StepRewards, merge_steps
 from agentrl.trajectory import Trajectory, Turn
@@ -83,26 +84,6 @@ def with_completion(trajectory: Trajectory, text: str) -> Trajectory:
 
 
 # -- environments --------------------------------------------------------------------------------
-def _agentrl_env(env: gymnasium.Env) -> Env:
-    inner = env.unwrapped
-    if not isinstance(inner, Env):
-        raise EnvError(f"{type(inner).__name__} is not an agentrl.Env subclass")
-    return inner
-
-
-def _first(tasks: Sequence[Task], n: int) -> list[Task]:
-    return [tasks[i] for i in range(min(n, len(tasks)))]
-
-
-def _task_key(task: Task) -> str:
-    """A task's identity for disjointness: its ``id`` if it has one, else its question."""
-    if "id" in task:
-        return f"id:{task['id']}"
-    if isinstance(task.get("question"), str):
-        return task["question"]
-    return json.dumps(task, sort_keys=True, default=repr)
-
-
 def check_gymnasium_api(env: Env) -> None:
     """gymnasium's own ``check_env`` (spaces, seeding, determinism, fresh data per call)."""
     try:
@@ -128,7 +109,7 @@ def check_reset_messages(env: Env) -> None:
 
 def check_reset_uses_task(env: Env) -> None:
     """``reset(options={"task": t})`` runs the episode on ``t`` (a train and an eval task)."""
-    tasks = _first(env.train_tasks(), 1) + _first(env.eval_tasks(), 1)
+    tasks = first_tasks(env.train_tasks(), 1) + first_tasks(env.eval_tasks(), 1)
     for task in tasks:
         _, info = env.reset(options={"task": dict(task)})
         if env.task != task or info.get("task") != task:
@@ -147,8 +128,8 @@ def check_tasks_disjoint(env: Env, sample: int = 256) -> None:
     if len(train) == 0:
         raise EnvError(f"{type(env).__name__}.train_tasks() is empty")
     step = max(1, len(train) // sample)
-    train_keys = {_task_key(train[i]) for i in range(0, len(train), step)}
-    eval_keys = {_task_key(held_out[i]) for i in range(min(len(held_out), sample))}
+    train_keys = {task_key(train[i]) for i in range(0, len(train), step)}
+    eval_keys = {task_key(held_out[i]) for i in range(min(len(held_out), sample))}
     shared = sorted(train_keys & eval_keys)
     if shared:
         raise EnvError(
@@ -162,7 +143,7 @@ def check_gold_answer(env: Env, max_reward: float = 1.0) -> None:
 
     Tasks whose gold reply is None (no single right reply, e.g. games) are skipped.
     """
-    for task in _first(env.train_tasks(), 2) + _first(env.eval_tasks(), 2):
+    for task in first_tasks(env.train_tasks(), 2) + first_tasks(env.eval_tasks(), 2):
         reply = env.gold_reply(task)
         if reply is None:
             continue
@@ -261,15 +242,7 @@ def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.E
     Accepts an env instance (wrapped by ``gymnasium.make`` or not), an Env class, or a
     zero-argument factory. ``max_reward`` is what the env's ``gold_reply(task)`` must earn.
     """
-    if isinstance(env_factory_or_env, gymnasium.Env):
-        env = env_factory_or_env
-    elif callable(env_factory_or_env):
-        env = env_factory_or_env()
-    else:
-        raise EnvError(f"check_env needs an env, an Env class or a factory, got {env_factory_or_env!r}")
-    if not isinstance(env, gymnasium.Env):
-        raise EnvError(f"check_env: the factory returned {type(env).__name__}, not a gymnasium.Env")
-    inner = _agentrl_env(env)
+    inner = unwrapped_env(env_factory_or_env, "check_env")
     check_env_startup(inner, need_eval=False)
     check_gymnasium_api(inner)
     check_reset_messages(inner)

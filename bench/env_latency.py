@@ -32,13 +32,13 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from agentrl import Env, EnvCall, SamplingParams
+from agentrl import Env, EnvCall, SamplingParams, turn_seed
 from agentrl.config.train import TrainConfig
 from agentrl.model.loading import DEFAULT_MODEL, load_model, load_tokenizer
 from agentrl.plugins import load_plugins
 from agentrl.sampling.request_queue import cut
 from agentrl.testing import build_tiny_model
-from agentrl_rollouts import MultiTurnRollout, turn_seed
+from agentrl_rollouts import MultiTurnRollout
 
 QUESTIONS = ["What is 17 + 25?", "Name a prime above 50.", "Count down from 9.", "Spell 'agent' backwards."]
 

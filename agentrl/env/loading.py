@@ -1,5 +1,6 @@
 """Building envs: an env class from ``file.py:Class`` / ``module:Class``, an instance from its
-factory and ``env_args``, and the built-in envs' gymnasium ids."""
+factory and ``env_args``, the agentrl Env inside an env, class or factory, and the built-in envs'
+gymnasium ids."""
 
 from __future__ import annotations
 
@@ -73,6 +74,23 @@ def load_env_class(spec: str) -> type[Env]:
         where, _, class_name = spec.rpartition(":")
         raise EnvError(f"{spec!r}: {class_name!r} is not an agentrl.Env subclass in {where!r}")
     return cls
+
+
+def unwrapped_env(env_factory_or_env: Any, caller: str) -> Env:
+    """The agentrl Env inside an env instance (wrapped by ``gymnasium.make`` or not), an Env class
+    or a zero-argument factory; an EnvError, naming ``caller``, for anything else."""
+    if isinstance(env_factory_or_env, gymnasium.Env):
+        env = env_factory_or_env
+    elif callable(env_factory_or_env):
+        env = env_factory_or_env()
+    else:
+        raise EnvError(f"{caller} needs an env, an Env class or a factory, got {env_factory_or_env!r}")
+    if not isinstance(env, gymnasium.Env):
+        raise EnvError(f"{caller}: the factory returned {type(env).__name__}, not a gymnasium.Env")
+    inner = env.unwrapped
+    if not isinstance(inner, Env):
+        raise EnvError(f"{type(inner).__name__} is not an agentrl.Env subclass")
+    return inner
 
 
 def register_gymnasium_envs() -> None:

@@ -1,8 +1,10 @@
-"""``LazyTasks``: a fixed-length, indexable task source whose items are made on demand."""
+"""``LazyTasks``: a fixed-length, indexable task source whose items are made on demand; a task's
+identity and a split's first tasks, for the env checks (:mod:`agentrl.testing`)."""
 
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -35,3 +37,17 @@ class LazyTasks(Sequence[Task], abc.ABC):
     @abc.abstractmethod
     def make(self, index: int) -> Task:
         """The task at ``index`` (0 <= index < length), deterministically."""
+
+
+def first_tasks(tasks: Sequence[Task], n: int) -> list[Task]:
+    """The first ``n`` tasks of ``tasks`` (all of them when there are fewer)."""
+    return [tasks[i] for i in range(min(n, len(tasks)))]
+
+
+def task_key(task: Task) -> str:
+    """A task's identity for disjointness: its ``id`` if it has one, else its question."""
+    if "id" in task:
+        return f"id:{task['id']}"
+    if isinstance(task.get("question"), str):
+        return task["question"]
+    return json.dumps(task, sort_keys=True, default=repr)

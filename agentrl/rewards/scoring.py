@@ -27,6 +27,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,51 +66,90 @@ def score(
     every component.
     """
     guard = guard if guard is not None else CallGuard()
+    scores = _components(trajectories, reward_fns, env_weight, guard, errors)
+    _leave_unscored(scores, trajectories)
+    if nonfinite is not None:
+        nonfinite.update(scores.nonfinite)
+    totals = _totals(scores, len(trajectories))
+    if any(scores.steps.values()):
+        _attach_steps(trajectories, scores.values, scores.weights, scores.steps, totals)
+    return [float(x) for x in totals], scores.values
+
+
+@dataclass
+class _Scores:
+    """Each component's raw values for one batch, as :func:`score` gathers them."""
+
+    values: dict[str, np.ndarray]
+    """Component name (``env`` first) -> its value per trajectory, (N,) (NaN: not scored)."""
+    weights: dict[str, float]
+    """Component name -> its weight (``env``: ``env_weight``)."""
+    nonfinite: dict[str, int]
+    """Component name -> how many of its values were inf, -inf or NaN."""
+    failed: np.ndarray
+    """(N,) the samples whose env failed or some reward function failed on."""
+    steps: dict[str, dict[int, StepRewards]]
+    """Reward function name -> batch index -> the step rewards it returned."""
+
+
+def _components(
+    trajectories: list[Trajectory],
+    reward_fns: dict[str, tuple[RewardFn, float]],
+    env_weight: float,
+    guard: CallGuard,
+    errors: dict[str, int] | None,
+) -> _Scores:
+    """The env's return and every reward function's values (run under ``guard`` on the episodes
+    whose env did not fail); ``errors`` receives per function how many samples it failed on."""
     broken = np.array(["error" in t.info for t in trajectories], dtype=bool)  # (N,) env failed
     healthy = [t for t, bad in zip(trajectories, broken) if not bad]
     env = np.array([t.env_return for t in trajectories], dtype=np.float64)
     env[broken] = np.nan
-    components: dict[str, np.ndarray] = {"env": env}
     counts = {"env": int((~np.isfinite(env[~broken])).sum())}
-    weights = {"env": env_weight}
-    failed = broken.copy()  # (N,) a sample some component could not score
-    steps: dict[str, dict[int, StepRewards]] = {}  # name -> batch index -> the step rewards it returned
+    scores = _Scores({"env": env}, {"env": env_weight}, counts, failed=broken.copy(), steps={})
     for name, (fn, weight) in reward_fns.items():
         values = np.full(len(trajectories), np.nan)
         lost = np.zeros(len(trajectories), dtype=bool)
-        steps[name] = {}
+        scores.steps[name] = {}
         if healthy:
-            values[~broken], lost[~broken], counts[name] = _call(
-                name, fn, healthy, np.flatnonzero(~broken), guard, steps[name]
+            values[~broken], lost[~broken], scores.nonfinite[name] = _call(
+                name, fn, healthy, np.flatnonzero(~broken), guard, scores.steps[name]
             )
         else:
-            counts[name] = 0
+            scores.nonfinite[name] = 0
         if errors is not None:
             errors[name] = int(lost.sum())
-        components[name], weights[name] = values, weight
-        failed |= lost
-    for name, values in components.items():
+        scores.values[name], scores.weights[name] = values, weight
+        scores.failed |= lost
+    return scores
+
+
+def _leave_unscored(scores: _Scores, trajectories: list[Trajectory]) -> None:
+    """Non-finite values become NaN (warned about per component), a weighted value beyond
+    ``MAX_ABS_REWARD`` raises, and every component of a failed sample becomes NaN."""
+    for name, values in scores.values.items():
         values[~np.isfinite(values)] = np.nan
-        _check_magnitude(name, values, weights[name], trajectories)
-        if counts[name]:
+        _check_magnitude(name, values, scores.weights[name], trajectories)
+        if scores.nonfinite[name]:
             warnings.warn(
-                f"reward {name!r} gave {counts[name]} non-finite value(s) (inf or NaN); they count as not scored",
+                f"reward {name!r} gave {scores.nonfinite[name]} non-finite value(s) (inf or NaN); "
+                "they count as not scored",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,  # score's caller
             )
-    for values in components.values():
-        values[failed] = np.nan
-    if nonfinite is not None:
-        nonfinite.update(counts)
+    for values in scores.values.values():
+        values[scores.failed] = np.nan
+
+
+def _totals(scores: _Scores, n: int) -> np.ndarray:
+    """(N,) the weighted sum of each trajectory's scored components; NaN where none scored it."""
     # A component weighted 0 (e.g. env_reward_weight: 0) does not make an episode scored.
     stacked = np.stack(
-        [components[n] * weights[n] for n in components if weights[n] != 0] or [np.full(len(trajectories), np.nan)]
+        [values * scores.weights[name] for name, values in scores.values.items() if scores.weights[name] != 0]
+        or [np.full(n, np.nan)]
     )  # (C, N)
     scored = ~np.isnan(stacked)
-    totals = np.where(scored.any(axis=0), np.nansum(stacked, axis=0), np.nan)
-    if any(steps.values()):
-        _attach_steps(trajectories, components, weights, steps, totals)
-    return [float(x) for x in totals], components
+    return np.where(scored.any(axis=0), np.nansum(stacked, axis=0), np.nan)
 
 
 def popped_metrics(reward_fns: dict[str, tuple[RewardFn, float]]) -> dict[str, float]:

@@ -8,7 +8,8 @@ leaves either the previous checkpoints or the new one, never half of one. Only t
 
 Loading a checkpoint never runs code from it: tensors are read by ``torch.load(weights_only=True)``
 (``modules.pt``, ``optimizers.pt``) or safetensors (``model/``), everything else is JSON
-(``state.json``: RNG states, schedules, engine, algorithm and plugin state, its tensors as base64).
+(``state.json``: RNG states, schedules, engine, algorithm and plugin state, its tensors as base64):
+:mod:`agentrl.rundir.saved` reads them back.
 The ``COMPLETE`` marker holds a manifest: each file's size and sha256 as written (sha256 runs at
 about 700 MB/s with SHA-NI on these CPUs: 2 s for the default model's 1.6 GB checkpoint).
 :func:`intact_checkpoint` checks it before ``--resume`` trusts a checkpoint, and falls back to the
@@ -35,14 +36,10 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from agentrl.errors import CheckpointError, ConfigError, one_line
-from agentrl.rundir.state_files import from_json, load_tensors
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"  # the manifest: {"format", "step", "files": {path: {"size", "sha256"}}, "weights_in"?}
@@ -52,7 +49,7 @@ OPTIMIZERS = "optimizers.pt"  # {name: optimizer state dict}; absent from a fini
 STATE = "trainer_state.json"  # step, task cursor, log positions, config
 EXTRA = "state.json"  # {"schedules", "processes": [{"rng", "engine"}], "algorithm", "plugins"}
 FORMAT = 2
-_LEGACY_EXTRA = "state.pt"  # an earlier agentrl's EXTRA (and optimizers.pt held (state, schedule) pairs)
+LEGACY_EXTRA = "state.pt"  # an earlier agentrl's EXTRA (and optimizers.pt held (state, schedule) pairs)
 _NAME = re.compile(r"^step-(\d+)$")
 
 
@@ -258,7 +255,7 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
 def _legacy_damage(folder: Path) -> str | None:
     """What is plainly wrong with an earlier agentrl's checkpoint (no manifest: a file missing or
     empty, its trainer state not JSON)."""
-    for name in (STATE, MODULES, OPTIMIZERS, _LEGACY_EXTRA):
+    for name in (STATE, MODULES, OPTIMIZERS, LEGACY_EXTRA):
         if not (folder / name).is_file() or not (folder / name).stat().st_size:
             return f"{name} is missing or empty"
     try:
@@ -284,93 +281,12 @@ def set_aside_after(run_dir: Path, step: int) -> list[Path]:
     return moved
 
 
-# -- reading ------------------------------------------------------------------------------------------------
-@dataclass
-class Saved:
-    """What a checkpoint holds, read without running code from it."""
-
-    trainer: dict[str, Any]  # trainer_state.json
-    modules: dict[str, Any]  # name -> state dict of an algorithm-owned module
-    optimizers: dict[str, Any]  # name -> optimizer state dict; None where not kept (a finished run's)
-    schedules: dict[str, Any]  # name -> LR schedule state
-    processes: list[dict[str, Any]]  # each process's {"rng", "engine", "async"} state
-    algorithm: dict[str, Any]
-    plugins: dict[str, Any]
-
-
-def read_checkpoint(folder: Path) -> Saved:
-    """Everything in checkpoint ``folder`` but the policy's weights (:func:`weights_folder`); a
-    CheckpointError naming the file that cannot be read, or would run code to load."""
-    try:
-        manifest = read_manifest(folder)
-    except CheckpointError as exc:
-        raise CheckpointError(f"checkpoint {str(folder)!r}: {exc}") from None
-    trainer = read_json(folder / STATE)
-    modules = load_tensors(folder / MODULES)
-    try:
-        if manifest is None:
-            return _read_legacy(folder, trainer, modules)
-        extra = from_json(read_json(folder / EXTRA))
-        optim = load_tensors(folder / OPTIMIZERS) if OPTIMIZERS in manifest["files"] else {}
-        schedules = extra["schedules"]
-        return Saved(
-            trainer,
-            modules,
-            {name: optim.get(name) for name in schedules},
-            schedules,
-            extra["processes"],
-            extra["algorithm"],
-            extra["plugins"],
-        )
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(
-            f"checkpoint {str(folder)!r} lacks what a resume needs ({one_line(exc)}): "
-            "resume from another checkpoint or start the run again"
-        ) from None
-
-
-def _read_legacy(folder: Path, trainer: dict[str, Any], modules: dict[str, Any]) -> Saved:
-    """An earlier agentrl's checkpoint: (state, schedule) pairs in optimizers.pt, the rest in
-    state.pt, whose numpy RNG array is the one kind of object allowed beyond weights_only's own."""
-    pairs = load_tensors(folder / OPTIMIZERS)
-    reconstruct = np.zeros(1).__reduce__()[0]  # numpy's array rebuild function (its module moved in numpy 2)
-    extra = load_tensors(folder / _LEGACY_EXTRA, allow=[reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))])
-    processes = extra.get("processes") or [{"rng": extra["rng"], "engine": extra["engine"]}]
-    return Saved(
-        trainer,
-        modules,
-        {name: state for name, (state, _) in pairs.items()},
-        {name: schedule for name, (_, schedule) in pairs.items()},
-        processes,
-        extra["algorithm"],
-        extra["plugins"],
-    )
-
-
 def read_json(path: Path) -> Any:
+    """The JSON in ``path``; a CheckpointError naming it when it cannot be read or parsed."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path} is unreadable ({one_line(exc)})") from None
-
-
-def weights_folder(run_dir: Path, folder: Path) -> Path:
-    """Where the policy weights of checkpoint ``folder`` are: inside it, or (a finished run's
-    slimmed checkpoint) the export its manifest names; a ConfigError when that is gone."""
-    manifest = read_manifest(folder)
-    moved = (manifest or {}).get("weights_in")
-    if moved:
-        name = moved["folder"]
-    elif (folder / WEIGHTS).is_dir():
-        return folder / WEIGHTS
-    else:  # an earlier agentrl named it in the trainer state
-        name = read_json(folder / STATE).get("weights_in")
-    if name is None or not (run_dir / name).is_dir():
-        raise ConfigError(
-            f"checkpoint {str(folder)!r} holds no weights and the run's {name or WEIGHTS}/ folder they "
-            f"were left in is missing from {str(run_dir)!r}: start the run again"
-        )
-    return run_dir / name
 
 
 def _fsync(path: Path) -> None:

@@ -60,6 +60,16 @@ class SamplingParams:
         return [(self.seed * 1_000_003 + i) % 2**63 for i in range(num_prompts)]
 
 
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """The sampling seed of draw ``turn`` (0-based) of one episode seeded ``seed``: ``seed`` itself
+    for draw 0, else a distinct deterministic mix of both (64-bit, within any generator's range), so
+    every turn of a multi-turn episode (or every call of an agent's episode) draws fresh random
+    numbers; None stays None."""
+    if seed is None or turn == 0:
+        return seed
+    return (seed * 6364136223846793005 + turn * 1442695040888963407) % (2**63 - 1)
+
+
 @dataclass
 class Generation:
     """One sampled completion, token-exact."""

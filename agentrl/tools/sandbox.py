@@ -58,26 +58,24 @@ import json
 import numbers
 import os
 import secrets
-import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import EnvError
+from agentrl.tools.sandbox_process import cap_output, collect_output, kill_everything, read_status
 from agentrl.tools.tool import ToolError
 
 _UID_BASE, _UID_SPAN = 1_500_000_000, 500_000_000
 _WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc/ld.so.cache")
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
-_GRACE_S = 0.5  # after the main process exits, how long to wait for children holding its pipes
 _DISABLED: frozenset[str] = frozenset()
 """Layers not to apply, to exercise the fallbacks (tests only)."""
 
@@ -169,48 +167,60 @@ def run_python(
     scratch = tempfile.mkdtemp(prefix="agentrl-sandbox-")
     status_r, status_w = os.pipe()
     try:
-        code_path = os.path.join(scratch, "main.py")
-        Path(code_path).write_text(code, encoding="utf-8")
-        if uid is not None:
-            os.chown(scratch, uid, uid)
         config = _child_config(
             uid,
             blocked,
             scratch,
-            code_path,
+            _write_code(scratch, code, uid),
             status_w,
             timeout_s=timeout_s,
             memory_mb=memory_mb,
             max_processes=max_processes,
             disk_mb=disk_mb,
         )
-        env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "PYTHONDONTWRITEBYTECODE": "1"}
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", str(_SETUP), json.dumps(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=scratch,
-            env=env,
-            pass_fds=(status_w,),
-            start_new_session=True,
-            close_fds=True,
-        )
+        proc = _spawn(config, scratch, status_w)
         os.close(status_w)
         status_w = -1
         try:
-            (out, err), timed_out = _collect(proc, timeout_s, max_output_chars * 4)
+            (out, err), timed_out = collect_output(proc, timeout_s, max_output_chars * 4)
         finally:
-            _kill_everything(proc, uid)
-        status = _read_status(status_r)
+            kill_everything(proc, uid)
+        status = read_status(status_r)
     finally:
         for fd in (status_r, status_w):
             if fd >= 0:
                 os.close(fd)
         shutil.rmtree(scratch, ignore_errors=True)
-    stdout, stderr = _cap(out, max_output_chars), _cap(err, max_output_chars)
+    stdout, stderr = cap_output(out, max_output_chars), cap_output(err, max_output_chars)
     error = _explain(proc.returncode, timed_out, stderr, status, timeout_s, memory_mb)
     return SandboxResult(stdout, stderr, proc.returncode, timed_out, error, tuple(status.get("isolation", ())))
+
+
+def _write_code(scratch: str, code: str, uid: int | None) -> str:
+    """The path of ``main.py``, written with ``code`` in ``scratch``; the scratch directory is
+    handed to ``uid`` when the child runs as a fresh one."""
+    code_path = os.path.join(scratch, "main.py")
+    Path(code_path).write_text(code, encoding="utf-8")
+    if uid is not None:
+        os.chown(scratch, uid, uid)
+    return code_path
+
+
+def _spawn(config: dict[str, Any], scratch: str, status_fd: int) -> subprocess.Popen:
+    """Start the bootstrap (``_SETUP``) with ``config`` in ``scratch``: a new session, a minimal
+    environment, stdout and stderr piped, ``status_fd`` its one inherited descriptor."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", "-B", str(_SETUP), json.dumps(config)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=scratch,
+        env=env,
+        pass_fds=(status_fd,),
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 def _check_code(code: object) -> None:
@@ -330,90 +340,6 @@ def _python_binds() -> tuple[tuple[str, tuple[str, ...]], ...] | None:
                     kept.append(path)
                 break
     return tuple((ancestor, tuple(paths)) for ancestor, paths in blocked.items())
-
-
-def _collect(proc: subprocess.Popen, timeout_s: float, cap: int) -> tuple[tuple[tuple[bytes, int], ...], bool]:
-    """Read stdout and stderr until EOF or the deadline: ((first ``cap`` bytes, total) of each,
-    timed out)."""
-    fds = [pipe.fileno() for pipe in (proc.stdout, proc.stderr) if pipe is not None]
-    kept = {fd: bytearray() for fd in fds}
-    totals = dict.fromkeys(fds, 0)
-    deadline = time.monotonic() + timeout_s
-    exited_at: float | None = None
-    with selectors.DefaultSelector() as selector:
-        for fd in fds:
-            selector.register(fd, selectors.EVENT_READ)
-        while selector.get_map():
-            now = time.monotonic()
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
-            if exited_at is None and now >= deadline:
-                return _kept(kept, totals, fds), True
-            if exited_at is not None and now - exited_at > _GRACE_S:
-                break
-            for key, _ in selector.select(min(deadline - now, 0.05)):
-                chunk = os.read(key.fd, 1 << 16)
-                if not chunk:
-                    selector.unregister(key.fd)
-                    continue
-                totals[key.fd] += len(chunk)
-                kept[key.fd] += chunk[: max(0, cap - len(kept[key.fd]))]
-    try:  # both pipes closed: wait for the exit itself, within the deadline
-        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        return _kept(kept, totals, fds), True
-    return _kept(kept, totals, fds), False
-
-
-def _kept(kept: dict[int, bytearray], totals: dict[int, int], fds: list[int]) -> tuple[tuple[bytes, int], ...]:
-    """(kept bytes, total bytes) of stdout and stderr."""
-    return tuple((bytes(kept[fd]), totals[fd]) for fd in fds)
-
-
-def _cap(captured: tuple[bytes, int], max_chars: int) -> str:
-    """Decode captured output and cut it to ``max_chars`` characters with a marker."""
-    data, total = captured
-    text = data.decode("utf-8", errors="replace")
-    if len(text) > max_chars or total > len(data):
-        return text[:max_chars] + (f"\n[output truncated: {total} bytes in all, first {max_chars} characters shown]")
-    return text
-
-
-def _kill_everything(proc: subprocess.Popen, uid: int | None) -> None:
-    """SIGKILL the child's process group and, for a fresh uid, every process of that uid."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if uid is not None and uid != 65534:
-        killer = f"import os; os.setgroups([]); os.setgid({uid}); os.setuid({uid}); os.kill(-1, 9)"
-        subprocess.run(
-            [sys.executable, "-I", "-S", "-c", killer],
-            env={},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
-    proc.wait()
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
-
-
-def _read_status(fd: int) -> dict:
-    """The bootstrap's report of what it applied, one JSON object a line, merged (empty if it
-    died before writing one)."""
-    chunks = []
-    while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
-    status: dict = {}
-    for line in b"".join(chunks).splitlines():
-        try:
-            status.update(json.loads(line))
-        except ValueError:
-            pass
-    return status
 
 
 def _explain(

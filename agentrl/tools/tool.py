@@ -28,12 +28,13 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Union
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
 from agentrl.env import Env, Message
 from agentrl.errors import AgentRLError, EnvError
 from agentrl.tools.calls import ToolCall, ToolParser, format_tool_call, parse_xml_json, resolve_tool_parser
 from agentrl.tools.formats import ToolCallFormat, type_arguments
+from agentrl.tools.parameters import describe_schema, fits, parse_docstring, strict_validator
 
 __all__ = [
     "Tool",
@@ -88,74 +89,6 @@ def _type_schema(hint: Any, where: str) -> dict[str, Any]:
     )
 
 
-def _describe(schema: dict[str, Any]) -> str:
-    """A JSON schema in words: ``"array of integer"``, ``"string or null"``."""
-    if "enum" in schema:
-        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
-    if "anyOf" in schema:
-        return " or ".join(_describe(option) for option in schema["anyOf"])
-    kind = schema["type"]
-    if isinstance(kind, list):
-        return " or ".join(kind)
-    if kind == "array" and "items" in schema:
-        return f"array of {_describe(schema['items'])}"
-    if kind == "object" and "additionalProperties" in schema:
-        return f"object of {_describe(schema['additionalProperties'])}"
-    return kind
-
-
-def _validator(hint: Any) -> TypeAdapter[Any]:
-    """A strict pydantic check of a JSON-decoded value against ``hint``: no coercion, so ``"1"`` is
-    not an int and a bool is neither int nor float; an int is a valid float (a JSON number)."""
-    return TypeAdapter(hint, config=ConfigDict(strict=True))
-
-
-def _fits(validator: TypeAdapter[Any], value: Any) -> bool:
-    """True if ``value`` passes ``validator``."""
-    try:
-        validator.validate_python(value)
-    except ValidationError:
-        return False
-    return True
-
-
-_SECTIONS = {
-    "args",
-    "arguments",
-    "parameters",
-    "returns",
-    "return",
-    "raises",
-    "yields",
-    "examples",
-    "example",
-    "note",
-    "notes",
-}
-
-
-def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """(description, {parameter: description}) from a Google-style docstring."""
-    summary: list[str] = []
-    params: dict[str, str] = {}
-    section: str | None = None
-    current, indent = None, 0
-    for line in inspect.cleandoc(doc).splitlines():
-        header = line.rstrip().rstrip(":")
-        if not line.startswith(" ") and line.rstrip().endswith(":") and header.lower() in _SECTIONS:
-            section, current = header.lower(), None
-        elif section is None:
-            summary.append(line)
-        elif section in ("args", "arguments", "parameters") and line.strip():
-            item = re.fullmatch(r"(\s+)\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)", line)
-            if item and (current is None or len(item.group(1)) <= indent):
-                current, indent = item.group(2), len(item.group(1))
-                params[current] = item.group(3).strip()
-            elif current is not None:
-                params[current] = f"{params[current]} {line.strip()}".strip()
-    return " ".join(" ".join(summary).split()), params
-
-
 class Tool:
     """A typed Python function the model can call; ``schema`` describes it to the model."""
 
@@ -166,7 +99,7 @@ class Tool:
         self.name = name or getattr(fn, "__name__", "")
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name):
             raise ToolError(f"tool name {self.name!r} must be an identifier")
-        summary, param_docs = _parse_docstring(fn.__doc__ or "")
+        summary, param_docs = parse_docstring(fn.__doc__ or "")
         self.description = description or summary
         hints = typing.get_type_hints(fn)
         self.hints: dict[str, Any] = {}
@@ -181,7 +114,7 @@ class Tool:
                 raise ToolError(f"{where} has no type hint; tools need one on every parameter")
             self.hints[param.name] = hints[param.name]
             properties[param.name] = _type_schema(hints[param.name], where)
-            self._validators[param.name] = _validator(hints[param.name])
+            self._validators[param.name] = strict_validator(hints[param.name])
             if param.name in param_docs:
                 properties[param.name]["description"] = param_docs[param.name]
             if param.default is param.empty:
@@ -208,8 +141,8 @@ class Tool:
         if extra:
             problems.append(f"unexpected argument(s) {', '.join(extra)} (allowed: {', '.join(self.hints) or 'none'})")
         for key, value in arguments.items():
-            if key in self.hints and not _fits(self._validators[key], value):
-                expected = _describe(_type_schema(self.hints[key], self.name))
+            if key in self.hints and not fits(self._validators[key], value):
+                expected = describe_schema(_type_schema(self.hints[key], self.name))
                 problems.append(f"argument {key!r} must be {expected}, got {value!r}")
         if problems:
             raise ToolError(f"{self.name}: " + "; ".join(problems))
@@ -248,7 +181,7 @@ def render_tools_system_prompt(
     for schema in schemas:
         function = schema.get("function", schema)
         properties = function.get("parameters", {}).get("properties", {})
-        signature = ", ".join(f"{name}: {_describe(p)}" for name, p in properties.items())
+        signature = ", ".join(f"{name}: {describe_schema(p)}" for name, p in properties.items())
         lines.append(f"- {function['name']}({signature}): {function.get('description', '')}".rstrip(": "))
         required = set(function.get("parameters", {}).get("required", []))
         lines += [

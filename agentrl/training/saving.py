@@ -21,6 +21,7 @@ from agentrl.errors import CheckpointError, ConfigError, one_line
 from agentrl.model import distributed, lora, sharding
 from agentrl.rundir import checkpoints as ckpt
 from agentrl.rundir.directory import file_size
+from agentrl.rundir.saved import read_checkpoint, weights_folder
 from agentrl.rundir.state_files import save_json, save_tensors
 from agentrl.training.build import Run, Trained
 from agentrl.training.rng import rng_states, set_rng_states
@@ -49,7 +50,7 @@ class WholeWeights:
         if lora.is_adapted(self.run.model):  # the adapter alone: the base is config.model, unchanged
             lora.load_adapter(self.run.model, folder / "adapter")
         else:
-            load_weights(self.run.model, ckpt.weights_folder(run_dir, folder))
+            load_weights(self.run.model, weights_folder(run_dir, folder))
         self._load_optimizer(self.run.trained["policy"], optimizer_state)
 
     def load_module(
@@ -85,7 +86,7 @@ class ShardedWeights:
 
     def load_policy(self, run_dir: Path, folder: Path, optimizer_state: dict[str, Any] | None) -> None:
         replica, policy = self.run.replica, self.run.trained["policy"]
-        load_weights(replica, ckpt.weights_folder(run_dir, folder))
+        load_weights(replica, weights_folder(run_dir, folder))
         whole = {f"model.{key}": value for key, value in replica.state_dict().items()}
         sharding.load_whole_state(policy.module, policy.optimizer, whole, optimizer_state)
 
@@ -163,7 +164,7 @@ class RunCheckpoints:
         """Restore a checkpoint written by :meth:`save`; returns its trainer state (the loop's
         ``progress`` and the step)."""
         run, weights = self.run, self.weights
-        saved = ckpt.read_checkpoint(folder)  # a CheckpointError naming a file that cannot be read safely
+        saved = read_checkpoint(folder)  # a CheckpointError naming a file that cannot be read safely
         state, optim = saved.trainer, saved.optimizers
         if bool(state.get("sharded", False)) != weights.sharded:
             written, needed = (

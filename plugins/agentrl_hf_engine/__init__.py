@@ -136,6 +136,58 @@ def warp_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
     return scores
 
 
+@dataclass
+class _Outputs:
+    """What one decode has sampled so far, per sequence (B of them): the ids, their full-vocabulary
+    logprobs, their kept log-mass, the policy version of each, and each sequence's finish reason."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    kept: list[list[float]]
+    versions: list[list[int | None]]
+    reasons: list[str]
+
+    @classmethod
+    def empty(cls, sequences: int) -> _Outputs:
+        """Nothing sampled yet for ``sequences`` sequences, each ending at the length cap unless it stops."""
+        return cls(
+            [[] for _ in range(sequences)],
+            [[] for _ in range(sequences)],
+            [[] for _ in range(sequences)],
+            [[] for _ in range(sequences)],
+            ["length"] * sequences,
+        )
+
+    def record(
+        self,
+        active: list[int],
+        sampled: torch.Tensor,
+        full: torch.Tensor,
+        picked: torch.Tensor,
+        stopped: torch.Tensor,
+        version: int | None,
+    ) -> None:
+        """Append one step's draw of the live rows (``active``: each row's sequence) to their sequences:
+        the ``sampled`` ids, ``full`` logprobs and kept log-mass ``full - picked``, each (A,), sampled
+        with ``version``; a row whose token is a stop id (``stopped``, (A,)) ends with ``stop``."""
+        rows = zip(active, sampled.tolist(), full.tolist(), (full - picked).tolist(), stopped.tolist())
+        for seq, token, logprob, logmass, done in rows:
+            self.tokens[seq].append(token)
+            self.logprobs[seq].append(logprob)
+            self.kept[seq].append(logmass)
+            self.versions[seq].append(version)
+            if done:
+                self.reasons[seq] = "stop"
+
+    def generations(self, tracked: bool) -> list[Generation]:
+        """One Generation per sequence; its tokens' versions only when the decode ``tracked`` them."""
+        stamped = self.versions if tracked else [None] * len(self.tokens)
+        return [
+            Generation(token_ids=t, logprobs=lp, kept_logmass=k, finish_reason=r, token_versions=v)
+            for t, lp, k, r, v in zip(self.tokens, self.logprobs, self.kept, self.reasons, stamped)
+        ]
+
+
 class HFEngine(Engine):
     """Sample completions from a HF causal LM; see the module docstring for the logprob semantics."""
 
@@ -259,24 +311,13 @@ class HFEngine(Engine):
         tracked = refresh is not None and version is not None  # None: the run's thread has stopped
         history = ids if tracked else None  # the ids so far, which a recompute needs
         stop = torch.tensor(sorted(self.stop_ids), device=self.device)
-        tokens: list[list[int]] = [[] for _ in prompts]
-        logprobs: list[list[float]] = [[] for _ in prompts]
-        kept: list[list[float]] = [[] for _ in prompts]
-        versions: list[list[int]] = [[] for _ in prompts]
+        outputs = _Outputs.empty(len(prompts))
         truncates = sampling.temperature != 0 and (sampling.top_k > 0 or sampling.top_p < 1.0)
-        reasons = ["length"] * len(prompts)
         active = list(range(len(prompts)))  # sequence index of each live row
         for step in range(sampling.max_new_tokens):
             sampled, full, picked = self._draw(logits, sampling, streams, active, truncates)
             stopped = torch.isin(sampled, stop)  # (A,)
-            rows = zip(active, sampled.tolist(), full.tolist(), (full - picked).tolist(), stopped.tolist())
-            for seq, token, logprob, logmass, done in rows:
-                tokens[seq].append(token)
-                logprobs[seq].append(logprob)
-                kept[seq].append(logmass)
-                versions[seq].append(version)
-                if done:
-                    reasons[seq] = "stop"
+            outputs.record(active, sampled, full, picked, stopped, version)
             if step == sampling.max_new_tokens - 1 or bool(stopped.all()):
                 break
             if bool(stopped.any()):  # drop finished rows from the batch and the cache
@@ -294,19 +335,20 @@ class HFEngine(Engine):
                     version = now
                     logits, cache = self._prefill(history, mask)
                     continue
-            out = self.model(
-                input_ids=sampled[:, None],
-                attention_mask=mask,
-                position_ids=position[:, None],
-                use_cache=True,
-                **{self._cache_arg: cache},
-            )
-            logits = out.logits[:, -1]  # (A, V)
-        stamped = versions if tracked else [None] * len(prompts)
-        return [
-            Generation(token_ids=t, logprobs=lp, kept_logmass=k, finish_reason=r, token_versions=v)
-            for t, lp, k, r, v in zip(tokens, logprobs, kept, reasons, stamped)
-        ]
+            logits = self._extend(sampled, mask, position, cache)  # (A, V)
+        return outputs.generations(tracked)
+
+    def _extend(self, sampled: torch.Tensor, mask: torch.Tensor, position: torch.Tensor, cache: Any) -> torch.Tensor:
+        """One decode step: the live rows' sampled tokens (A,) appended to ``cache`` at ``position``
+        (A,) under ``mask`` (A, L); the logits (A, V) of each row's next token."""
+        out = self.model(
+            input_ids=sampled[:, None],
+            attention_mask=mask,
+            position_ids=position[:, None],
+            use_cache=True,
+            **{self._cache_arg: cache},
+        )
+        return out.logits[:, -1]  # (A, V)
 
     def _start(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
         """Each distinct prompt prefilled once (a GRPO group shares its prompt), then expanded to one

@@ -23,7 +23,7 @@ Randomness (docs/concepts/guards.md#sampling-seeds): every request carries its o
 neither
 on which episodes share its batch nor on when its env answered. With per-episode ``seeds`` (the
 trainer's: one per episode of the global batch), episode i's turn k (its own count, 0-based)
-samples with ``turn_seed(seeds[i], k)`` (:func:`turn_seed`: the seed itself for turn 0, a distinct
+samples with ``turn_seed(seeds[i], k)`` (:func:`agentrl.turn_seed`: the seed itself for turn 0, a distinct
 mix for later turns, so every turn draws fresh random numbers; reusing the seed would repeat turn
 0's draws on every turn and episodes would no longer be samples of the policy). Without ``seeds``,
 episode i's turn k samples with ``turn_seed(sampling.seed, k) * 1_000_003 + i`` (mod 2**63): the
@@ -94,7 +94,6 @@ from agentrl_rollouts.episodes import (
     NamedEngine,
     Reply,
     episode_seed,
-    turn_seed,  # noqa: F401 (the openai_agent rollout imports it from here)
 )
 
 PLACEHOLDER = [{"role": "user", "content": ""}]
@@ -433,18 +432,11 @@ class MultiTurnRollout:
 
 @hookimpl
 def agentrl_register_rollouts(register: Any) -> None:
-    """Register the built-in ``multi_turn`` and ``openai_agent`` rollouts."""
-    from agentrl_rollouts.openai_agent import OpenAIAgentRollout
-
+    """Register the built-in ``multi_turn`` rollout."""
     register("multi_turn", MultiTurnRollout)
-    register("openai_agent", OpenAIAgentRollout)
 
 
 @hookimpl
 def agentrl_register_settings(register: Any) -> None:
-    """Register the ``plugins.multi_turn`` section (how its episodes' turns are batched) and the
-    ``plugins.openai_agent`` one (the agent function and its endpoint's options)."""
-    from agentrl_rollouts import openai_agent
-
+    """Register the ``plugins.multi_turn`` section (how its episodes' turns are batched)."""
     register(SECTION, MultiTurnConfig)
-    register(openai_agent.SECTION, openai_agent.OpenAIAgentConfig)

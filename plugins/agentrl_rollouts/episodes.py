@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from agentrl import AgentRLError, Engine, EngineError, Env, Generation, SamplingParams, Turn, one_line
+from agentrl import AgentRLError, Engine, EngineError, Env, Generation, SamplingParams, Turn, one_line, turn_seed
 
 SECTION = "multi_turn"
 
@@ -31,14 +31,6 @@ class MultiTurnConfig:
     every episode makes the batch and the batches are the lockstep ones; and well below a slow
     env's latency (a sandbox, a web call: seconds), so the episodes that are ready go ahead after at
     most half a second instead of waiting for the slowest env."""
-
-
-def turn_seed(seed: int | None, turn: int) -> int | None:
-    """The sampling seed of turn ``turn`` (0-based): ``seed`` itself for turn 0, else a distinct
-    deterministic mix of both (64-bit, within any generator's range); None stays None."""
-    if seed is None or turn == 0:
-        return seed
-    return (seed * 6364136223846793005 + turn * 1442695040888963407) % (2**63 - 1)
 
 
 def episode_seed(seeds: list[int] | None, sampling_seed: int | None, index: int, turn: int) -> int | None:

@@ -28,11 +28,11 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from agentrl import EngineError, GenerationRequest, RequestQueue
-from agentrl_vllm_engine import generation, use_torch_threads
+from agentrl_vllm_engine.common import generation, use_torch_threads
 from agentrl_vllm_engine.stepwise import TokenVersions, add_request
 
 if TYPE_CHECKING:
-    from agentrl_vllm_engine import VLLMEngine
+    from agentrl_vllm_engine.engine import VLLMEngine
 
 
 class VLLMRequestQueue(RequestQueue):

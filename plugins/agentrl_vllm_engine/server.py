@@ -7,7 +7,7 @@ to vLLM's OpenAI-compatible HTTP server:
 * **Sampling**: one ``/v1/completions`` request per prompt, sent concurrently (vLLM batches them),
   with the prompt as token ids, ``return_token_ids`` for the sampled ids, ``logprobs: 0`` for the
   sampled token's logprob, the per-prompt seed, top_k/top_p/temperature and the stop ids, so the
-  semantics (and the ``logprobs_mode`` rule of the module ``agentrl_vllm_engine``) are those of
+  semantics (and the ``logprobs_mode`` rule of :mod:`agentrl_vllm_engine.engine`) are those of
   the in-process ``vllm`` engine.
 * **Weights**: ``sync_weights(model)`` writes the trainer's weights as safetensors into
   ``weights_dir`` (a folder the server can read), asks the server to ``reload_weights`` from it
@@ -21,7 +21,7 @@ to vLLM's OpenAI-compatible HTTP server:
           --enforce-eager --logprobs-mode processed_logprobs --port 8000
 
   (on a CPU also ``--no-enable-chunked-prefill --max-num-batched-tokens 4096``: see
-  ``agentrl_vllm_engine.whole_prompts``)
+  ``agentrl_vllm_engine.common.whole_prompts``)
 
   and pass ``--set engine_args.url=http://HOST:8000 --set engine_args.weights_dir=SHARED_DIR``.
 """
@@ -57,7 +57,7 @@ from agentrl import (
     build_plugin_config,
     stop_token_ids,
 )
-from agentrl_vllm_engine import whole_prompts
+from agentrl_vllm_engine.common import logprobs_mode, whole_prompts
 
 MODEL_NAME = "agentrl"
 
@@ -99,8 +99,6 @@ class VLLMServerEngine(Engine):
     keeps_synced_model = False  # the weights travel as a file the server reloads
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, config: Any = None) -> None:
-        from agentrl_vllm_engine import logprobs_mode
-
         self.options: VLLMServerConfig = build_plugin_config(
             VLLMServerConfig, dict(getattr(config, "engine_args", None) or {}), "engine_args"
         )

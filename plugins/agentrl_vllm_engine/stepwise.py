@@ -18,9 +18,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agentrl import Generation, SamplingParams
+from agentrl_vllm_engine.common import generation
 
 if TYPE_CHECKING:
-    from agentrl_vllm_engine import VLLMEngine
+    from agentrl_vllm_engine.engine import VLLMEngine
 
 _ids = itertools.count()
 
@@ -78,8 +79,6 @@ def generate(
 ) -> list[Generation]:
     """``VLLMEngine.generate``'s samples, one engine step at a time with the hook asked before each
     (the module docstring); the same tokens and logprobs as ``LLM.generate`` when nothing changes."""
-    from agentrl_vllm_engine import generation
-
     versions = TokenVersions(engine.before_decode_step)
     rows = [add_request(engine, prompt, engine.vllm_params(sampling, seed)) for prompt, seed in zip(prompts, seeds)]
     done: dict[str, Generation] = {}

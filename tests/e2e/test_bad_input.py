@@ -24,14 +24,14 @@ from agentrl.rundir.paths import check_output_dir
 from agentrl_grpo import GRPOConfig
 from agentrl_gspo import GSPOConfig
 from agentrl_hf_engine import HFEngineConfig
+from agentrl_openai_agent.config import OpenAIAgentConfig
 from agentrl_ppo import PPOConfig
 from agentrl_rewards.judge import JudgeConfig
 from agentrl_rewards.process_reward_model import ProcessRewardModelConfig
 from agentrl_rewards.reward_model import RewardModelConfig
 from agentrl_rollouts import MultiTurnConfig
-from agentrl_rollouts.openai_agent import OpenAIAgentConfig
 from agentrl_sampler_correction import SamplerCorrectionConfig
-from agentrl_vllm_engine import VLLMEngineConfig
+from agentrl_vllm_engine.engine import VLLMEngineConfig
 from agentrl_vllm_engine.server import VLLMServerConfig
 
 PLUGIN_CONFIGS = {

@@ -10,11 +10,10 @@ import time
 
 import pytest
 
-from agentrl import CallGuard, Env, EnvCall, EnvWorkers, SamplingParams
+from agentrl import CallGuard, Env, EnvCall, EnvWorkers, SamplingParams, turn_seed
 from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model, lockstep_plugins
-from agentrl_rollouts import turn_seed
 
 TASKS = [{"id": f"t{i}", "question": f"Count to {i}.", "turns": 1 + i % 3} for i in range(8)]
 

@@ -452,7 +452,7 @@ def _variant(tokenizer, template: str | None = None, special: list[str] | None =
     ],
 )
 def test_the_tool_parser_is_chosen_from_the_model(tokenizer, template, special, expected, why):
-    from agentrl_rollouts.agent_tools import detect_tool_parser
+    from agentrl_openai_agent.tools import detect_tool_parser
 
     name, reason = detect_tool_parser(_variant(tokenizer, template, special))
     assert name == expected and why in reason
@@ -460,7 +460,7 @@ def test_the_tool_parser_is_chosen_from_the_model(tokenizer, template, special, 
 
 def test_auto_is_the_default_and_resolves_to_xml_json_for_smollm2(tokenizer, tmp_path, capsys):
     from agentrl import parse_xml_json
-    from agentrl_rollouts import agent_tools
+    from agentrl_openai_agent import tools as agent_tools
 
     agent_tools._announced.clear()
     rollout = _rollout(_hf(tokenizer), tokenizer, _agent_file(tmp_path, LOOP))

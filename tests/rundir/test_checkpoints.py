@@ -29,6 +29,7 @@ from agentrl.rundir import checkpoints as ckpt
 from agentrl.rundir import state_files as statefiles
 from agentrl.rundir.checkpoints import complete_checkpoints
 from agentrl.rundir.directory import resume_config
+from agentrl.rundir.saved import read_checkpoint
 from agentrl.testing import lockstep_plugins
 from agentrl.training import rng
 from agentrl.training.trainer import Trainer
@@ -238,7 +239,7 @@ def test_a_pickle_payload_in_any_checkpoint_file_never_runs(run, tmp_path, name,
 def _to_legacy(folder: Path) -> None:
     """Rewrite a checkpoint as an earlier agentrl wrote it: (state, schedule) pairs in optimizers.pt,
     pickled RNG states (numpy's as an array) in state.pt, the step alone in COMPLETE."""
-    saved = ckpt.read_checkpoint(folder)
+    saved = read_checkpoint(folder)
     torch.save(
         {name: (saved.optimizers[name], saved.schedules[name]) for name in saved.schedules}, folder / "optimizers.pt"
     )

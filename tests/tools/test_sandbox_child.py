@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-import agentrl
 from agentrl.tools import _sandbox_run, _sandbox_setup, sandbox
 
 SCRATCH, READABLE = "/tmp/agentrl-sandbox-x", ("/usr",)
@@ -25,7 +24,7 @@ ALL = frozenset({"files", "net", "procs"})
 @pytest.mark.parametrize("module", ["_sandbox_setup.py", "_sandbox_run.py"])
 def test_child_modules_load_with_the_standard_library_alone(module: str) -> None:
     """They run under ``python -I -S -B``: no site-packages, no agentrl on the path."""
-    path = Path(agentrl.__file__).parent / module
+    path = Path(sandbox.__file__).parent / module
     load = (
         "import importlib.util, sys; spec = importlib.util.spec_from_file_location('child', sys.argv[1]); "
         "spec.loader.exec_module(importlib.util.module_from_spec(spec)); "

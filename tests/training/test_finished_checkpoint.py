@@ -21,6 +21,7 @@ from agentrl.rundir import checkpoints as ckpt
 from agentrl.rundir import state_files as statefiles
 from agentrl.rundir.checkpoints import complete_checkpoints
 from agentrl.rundir.directory import resume_config
+from agentrl.rundir.saved import read_checkpoint, weights_folder
 from agentrl.training.trainer import Trainer
 
 
@@ -51,7 +52,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _moments(folder: Path) -> dict[str, object]:
-    return ckpt.read_checkpoint(folder).optimizers
+    return read_checkpoint(folder).optimizers
 
 
 def test_a_finished_run_keeps_its_last_checkpoint_slim_and_resumes_with_more_steps(tiny_model_dir, tmp_path, capsys):
@@ -138,13 +139,13 @@ def test_slimming_drops_only_weights_the_export_holds_byte_for_byte(tmp_path):
     last = ckpt.checkpoint_dir(run_dir, 2)
     ckpt.slim_finished(run_dir, last, "last")
     assert complete_checkpoints(run_dir) == [last] and _moments(last) == {"policy": None}
-    assert ckpt.weights_folder(run_dir, last) == last / "model"  # kept: the export differs
+    assert weights_folder(run_dir, last) == last / "model"  # kept: the export differs
     save_file(tensor, run_dir / "last" / "model.safetensors")
     ckpt.slim_finished(run_dir, last, "last")
-    assert ckpt.weights_folder(run_dir, last) == run_dir / "last" and not (last / "model").exists()
-    assert ckpt.read_checkpoint(last).schedules == {"policy": {"last_epoch": 2}} and ckpt.damage(run_dir, last) is None
+    assert weights_folder(run_dir, last) == run_dir / "last" and not (last / "model").exists()
+    assert read_checkpoint(last).schedules == {"policy": {"last_epoch": 2}} and ckpt.damage(run_dir, last) is None
     (run_dir / "last" / "model.safetensors").unlink()
     assert ckpt.damage(run_dir, last) == "last/model.safetensors (the run's export) is missing"
     (run_dir / "last").rmdir()
     with pytest.raises(ConfigError, match=r"holds no weights and the run's last/ folder .* is missing"):
-        ckpt.weights_folder(run_dir, last)
+        weights_folder(run_dir, last)

@@ -18,8 +18,9 @@ from safetensors.torch import load_file
 from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, TrainingError, TrainingInterrupted
 from agentrl.plugins import load_plugins
-from agentrl.rundir.checkpoints import complete_checkpoints, latest_checkpoint, weights_folder
+from agentrl.rundir.checkpoints import complete_checkpoints, latest_checkpoint
 from agentrl.rundir.directory import resume_config
+from agentrl.rundir.saved import weights_folder
 from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
 from agentrl.training.trainer import Trainer
 

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from agentrl import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, parse_xml_json
-from agentrl_rollouts.agent_server import RequestError
+from agentrl_openai_agent.server import RequestError
 
 PARSERS: dict[str, Any] = {
     "xml_json": parse_xml_json,

@@ -1,29 +1,5 @@
-"""The ``openai_agent`` rollout: trains an agent program written against the OpenAI client, as it is.
-
-``--set rollout=openai_agent --set plugins.openai_agent.agent=my_agent.py:solve``. For each step
-the rollout serves an OpenAI-compatible ``chat.completions`` endpoint on 127.0.0.1 backed by the
-run's engine (:mod:`agentrl_rollouts.agent_server`) and calls the agent function once per episode,
-concurrently (a thread pool), each with its own client:
-
-* ``def solve(task, client)``: ``client`` is an ``openai.OpenAI`` for this episode;
-* ``async def solve(task, client)``: an ``openai.AsyncOpenAI`` (run with ``asyncio.run`` in the
-  episode's thread);
-* a function whose second parameter is named ``base_url`` gets the episode's base URL instead
-  (for frameworks that build their own client; any api key works).
-
-``task`` is the env's task dict (the run's ``--env`` supplies the tasks and default rewards).
-The function returns a reward (a number: the episode's env return), the final messages (a list:
-the run's reward functions score them; ``completion_text`` is the last assistant message), or
-None (the reward functions score the last call's conversation and reply); in the last two cases
-the run's env also scores the final answer (``env_scores``: :mod:`agentrl_rollouts.agent_scoring`),
-which gives agent runs an env return and held-out accuracy. Every call's prompt ids,
-sampled ids and sampler logprobs are recorded and merged into token-exact segments
-(:mod:`agentrl_rollouts.agent_record`; a call with ``n > 1`` records each choice); each segment is
-a training row with the episode's reward and group. ``tool_choice`` and the tool parser:
-:mod:`agentrl_rollouts.agent_tools`. An agent that raises or runs past
-``plugins.openai_agent.timeout_s`` is handled by ``on_call_error`` like a failing env: ``skip``
-leaves the episode unscored.
-"""
+"""The ``openai_agent`` rollout itself: per step, the endpoint up, one agent call per episode, the
+records turned into trajectories (the whole story: :mod:`agentrl_openai_agent`)."""
 
 from __future__ import annotations
 
@@ -31,16 +7,12 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
-import sys
 import threading
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import Field
+from typing import Any, NoReturn
 
 from agentrl import (
     AgentRLError,
@@ -61,51 +33,32 @@ from agentrl import (
     render_tools_system_prompt,
     request_queue,
     sample_label,
+    turn_seed,
 )
-from agentrl_rollouts.agent_clock import ModelWaits, run_with_own_time_limit
-from agentrl_rollouts.agent_engine import (
+from agentrl_openai_agent.clock import ModelWaits, run_with_own_time_limit
+from agentrl_openai_agent.config import SECTION, OpenAIAgentConfig, load_agent
+from agentrl_openai_agent.messages import (
     assistant_message,
     call_format,
     cut_at_stop,
     normalized,
     with_tool_prompt,
 )
-from agentrl_rollouts.agent_record import EpisodeRecord, count_calls
-from agentrl_rollouts.agent_scoring import score_with_env
-from agentrl_rollouts.agent_server import BackgroundServer, RequestError, completion_body, make_app
-from agentrl_rollouts.agent_tools import call_opener, resolve_tool_parser_name
+from agentrl_openai_agent.record import EpisodeRecord, count_calls
+from agentrl_openai_agent.scoring import score_with_env
+from agentrl_openai_agent.server import BackgroundServer, RequestError, completion_body, make_app
+from agentrl_openai_agent.tools import call_opener, resolve_tool_parser_name
 
-SECTION = "openai_agent"
 INSTALL = "the openai_agent rollout needs fastapi, uvicorn and openai: pip install 'agentrl[agents]'"
 PLACEHOLDER = [{"role": "user", "content": ""}]
-
-
-@dataclass(frozen=True)
-class OpenAIAgentConfig:
-    """The ``plugins.openai_agent`` section (used by ``--set rollout=openai_agent``)."""
-
-    agent: str = ""
-    """The agent function: ``path/to/file.py:solve`` or ``module:solve`` (module docstring)."""
-    tool_parser: str = "auto"
-    """Registered tool-call parser reading the model's calls into OpenAI ``tool_calls``; ``auto``: the
-    one the model's chat template or special tokens show (``xml_json`` when they show none)."""
-    max_concurrency: Annotated[int, Field(ge=0)] = 0
-    """Episodes whose agent runs at once (0: every episode of the step)."""
-    batch_wait_s: Annotated[float, Field(ge=0)] = 0.02
-    """After a call arrives, at most how long the engine waits for the other running agents' calls
-    before sampling what is pending together (it starts at once when every running agent has one)."""
-    timeout_s: Annotated[float, Field(ge=0)] = 600.0
-    """Seconds of its own time one episode's agent may take, its waits for the model NOT counted
-    (:mod:`agentrl_rollouts.agent_clock`; 0: no limit); past it the episode is handled by
-    ``on_call_error`` (``call_timeout_s`` is for env and reward calls)."""
-    env_scores: bool = True
-    """The run's env scores the final answer of an agent that returns messages or None (its reward
-    the episode's env return, its info the held-out accuracy: :mod:`agentrl_rollouts.agent_scoring`);
-    False: the reward functions alone score agent episodes."""
+"""The prompt of an episode whose agent never called the model (so its trajectory still has tokens)."""
 
 
 @dataclass
 class _Step:
+    """What one step's episodes share while their agents run: the tasks, seeds and sampling, the
+    request queue, each episode's record, lock and waits for the model, and the engine's failures."""
+
     tasks: list[dict[str, Any]]
     seeds: list[int | None]
     sampling: SamplingParams
@@ -118,29 +71,6 @@ class _Step:
     engine_errors: list[BaseException] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
     """Episodes whose agent returned (no more calls from them)."""
-
-
-def load_agent(spec: str) -> Any:
-    """The function ``spec`` names (``file.py:name`` or ``module:name``); ConfigError when it cannot."""
-    where, _, name = spec.rpartition(":")
-    if not where or not name:
-        raise ConfigError(f"plugins.{SECTION}.agent={spec!r} must be 'path/to/file.py:function' or 'module:function'")
-    try:
-        if where.endswith(".py"):
-            module_spec = importlib.util.spec_from_file_location(f"agentrl_agent_{Path(where).stem}", where)
-            if module_spec is None or module_spec.loader is None or not Path(where).is_file():
-                raise FileNotFoundError(f"no such file: {where}")
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_spec.name] = module
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-        fn = getattr(module, name)
-    except Exception as exc:
-        raise ConfigError(f"plugins.{SECTION}.agent={spec!r} cannot be loaded: {one_line(exc)}") from exc
-    if not callable(fn):
-        raise ConfigError(f"plugins.{SECTION}.agent={spec!r} is not a function")
-    return fn
 
 
 class OpenAIAgentRollout:
@@ -176,53 +106,69 @@ class OpenAIAgentRollout:
             raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
         if seeds is None:
             seeds = [None if sampling.seed is None else sampling.seed * 1_000_003 + i for i in range(len(tasks))]
-        workers = self.options.max_concurrency or len(tasks)
-        finished: list[int] = []  # a batch waits for the agents running now or about to, at most
+        workers = max(1, self.options.max_concurrency or len(tasks))
+        step = self._open_step(tasks, seeds, sampling, workers)
+        server = BackgroundServer(make_app(lambda key, options: self.complete(step, key, options)))
+        try:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentrl-agent") as pool:
+                outcomes = list(
+                    pool.map(lambda item: self._episode(step, server.base_url(item[0]), item[1]), step.keys.items())
+                )
+        finally:
+            server.close()
+            step.batcher.close()
+            self.batches = list(step.batcher.batches)
+        if step.engine_errors:
+            self._raise_engine_failure(step.engine_errors[0])
+        trajectories = [self._trajectory(step.records[i], tasks[i], groups[i], *outcomes[i]) for i in range(len(tasks))]
+        if self.options.env_scores:
+            self._score_with_envs(envs, outcomes, trajectories)
+        return trajectories
+
+    def _open_step(
+        self, tasks: list[dict[str, Any]], seeds: list[int | None], sampling: SamplingParams, workers: int
+    ) -> _Step:
+        """The step's shared state, its request queue open: a batch waits for the agents running now
+        or about to (at most ``workers``), each episode keyed by a fresh name in its base URL."""
+        finished: list[int] = []
         batcher = request_queue(
-            self.engine, self.options.batch_wait_s, lambda: min(max(1, workers), len(tasks) - len(finished))
+            self.engine, self.options.batch_wait_s, lambda: min(workers, len(tasks) - len(finished))
         )
-        keys = {f"episode-{i}-{uuid.uuid4().hex[:12]}": i for i in range(len(tasks))}
-        step = _Step(
+        return _Step(
             list(tasks),
             list(seeds),
             sampling,
             batcher,
-            keys,
+            {f"episode-{i}-{uuid.uuid4().hex[:12]}": i for i in range(len(tasks))},
             [EpisodeRecord() for _ in tasks],
             [threading.Lock() for _ in tasks],
             ModelWaits(len(tasks)),
             finished=finished,
         )
-        server = BackgroundServer(make_app(lambda key, options: self.complete(step, key, options)))
-        try:
-            with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="agentrl-agent") as pool:
-                outcomes = list(
-                    pool.map(lambda item: self._episode(step, server.base_url(item[0]), item[1]), keys.items())
-                )
-        finally:
-            server.close()
-            batcher.close()
-            self.batches = list(batcher.batches)
-        if step.engine_errors:
-            exc = step.engine_errors[0]
-            kind = getattr(self.engine, "display_name", type(self.engine).__name__)
-            raise EngineError(
-                f"engine {kind} failed on an agent call: {exc if isinstance(exc, AgentRLError) else one_line(exc)}"
-            ) from exc
-        trajectories = [self._trajectory(step.records[i], tasks[i], groups[i], *outcomes[i]) for i in range(len(tasks))]
-        if self.options.env_scores:
-            judged = [
-                i
-                for i, (result, error) in enumerate(outcomes)
-                if error is None and envs[i] is not None and not isinstance(result, (int, float))
-            ]
-            score_with_env(
-                [envs[i] for i in judged],
-                [trajectories[i] for i in judged],
-                CallGuard.from_config(self.config),
-                self.config.env_workers,
-            )
-        return trajectories
+
+    def _raise_engine_failure(self, exc: BaseException) -> NoReturn:
+        """Stop the run with an EngineError naming the engine that failed under an agent's call."""
+        kind = getattr(self.engine, "display_name", type(self.engine).__name__)
+        raise EngineError(
+            f"engine {kind} failed on an agent call: {exc if isinstance(exc, AgentRLError) else one_line(exc)}"
+        ) from exc
+
+    def _score_with_envs(
+        self, envs: list[Any], outcomes: list[tuple[Any, dict[str, Any] | None]], trajectories: list[Trajectory]
+    ) -> None:
+        """The run's envs score the final answers of the episodes whose agent returned messages or
+        None without failing (``env_scores``: :mod:`agentrl_openai_agent.scoring`)."""
+        judged = [
+            i
+            for i, (result, error) in enumerate(outcomes)
+            if error is None and envs[i] is not None and not isinstance(result, (int, float))
+        ]
+        score_with_env(
+            [envs[i] for i in judged],
+            [trajectories[i] for i in judged],
+            CallGuard.from_config(self.config),
+            self.config.env_workers,
+        )
 
     def _episode(self, step: _Step, base_url: str, index: int) -> tuple[Any, dict[str, Any] | None]:
         """Run the agent on task ``index``: (what it returned, None) or (None, the error)."""
@@ -346,8 +292,6 @@ class OpenAIAgentRollout:
     ) -> list[Any]:
         """Sample one call's ``n`` choices through the batcher, choice k with the call's seed mixed
         with k (choice 0: the call's seed); an engine failure is kept for :meth:`run` and answered 500."""
-        from agentrl_rollouts import turn_seed
-
         if temperature is not None and temperature != step.sampling.temperature:
             self.guard.warn_once(
                 "agent:temperature",

@@ -3,8 +3,9 @@
 A FastAPI app served by uvicorn on 127.0.0.1 (a free port) in a background thread, for one
 rollout. Each episode has its own base URL (``http://127.0.0.1:PORT/<episode key>/v1``); a
 request checks its fields (a 400 names any field the endpoint does not support), and the rollout
-answers it (:meth:`OpenAIAgentRollout.complete`) in a worker thread while the server keeps taking
-other episodes' requests, so calls that arrive together are sampled in one batch. With
+answers it (:meth:`agentrl_openai_agent.rollout.OpenAIAgentRollout.complete`) in a worker thread
+while the server keeps taking other episodes' requests, so calls that arrive together are sampled
+in one batch. With
 ``stream: true`` the finished reply is sent as OpenAI ``chat.completion.chunk`` server-sent
 events (:func:`completion_chunks`): sampled whole, then streamed.
 """

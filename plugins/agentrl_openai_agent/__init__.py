@@ -1,0 +1,46 @@
+"""The ``openai_agent`` rollout: trains an agent program written against the OpenAI client, as it is.
+
+``--set rollout=openai_agent --set plugins.openai_agent.agent=my_agent.py:solve``. For each step
+the rollout serves an OpenAI-compatible ``chat.completions`` endpoint on 127.0.0.1 backed by the
+run's engine (:mod:`agentrl_openai_agent.server`) and calls the agent function once per episode,
+concurrently (a thread pool), each with its own client:
+
+* ``def solve(task, client)``: ``client`` is an ``openai.OpenAI`` for this episode;
+* ``async def solve(task, client)``: an ``openai.AsyncOpenAI`` (run with ``asyncio.run`` in the
+  episode's thread);
+* a function whose second parameter is named ``base_url`` gets the episode's base URL instead
+  (for frameworks that build their own client; any api key works).
+
+``task`` is the env's task dict (the run's ``--env`` supplies the tasks and default rewards).
+The function returns a reward (a number: the episode's env return), the final messages (a list:
+the run's reward functions score them; ``completion_text`` is the last assistant message), or
+None (the reward functions score the last call's conversation and reply); in the last two cases
+the run's env also scores the final answer (``env_scores``: :mod:`agentrl_openai_agent.scoring`),
+which gives agent runs an env return and held-out accuracy. Every call's prompt ids,
+sampled ids and sampler logprobs are recorded and merged into token-exact segments
+(:mod:`agentrl_openai_agent.record`; a call with ``n > 1`` records each choice); each segment is
+a training row with the episode's reward and group. ``tool_choice`` and the tool parser:
+:mod:`agentrl_openai_agent.tools`. An agent that raises or runs past
+``plugins.openai_agent.timeout_s`` is handled by ``on_call_error`` like a failing env: ``skip``
+leaves the episode unscored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl import hookimpl
+from agentrl_openai_agent.config import SECTION, OpenAIAgentConfig
+from agentrl_openai_agent.rollout import OpenAIAgentRollout
+
+
+@hookimpl
+def agentrl_register_rollouts(register: Any) -> None:
+    """Register the ``openai_agent`` rollout."""
+    register("openai_agent", OpenAIAgentRollout)
+
+
+@hookimpl
+def agentrl_register_settings(register: Any) -> None:
+    """Register the ``plugins.openai_agent`` section (the agent function and its endpoint's options)."""
+    register(SECTION, OpenAIAgentConfig)
