@@ -1,4 +1,5 @@
-"""``agentrl ARGS`` run in the test's own process, for CLI tests that are not about the process."""
+"""``agentrl ARGS`` run in the test's own process, for CLI tests that are not about the process; the
+flags of the tiniest training run; a check that a command failed in one line."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from click.testing import Result
 from typer.testing import CliRunner
 
 from agentrl.cli.app import app
+
+TINY = ["--max-steps", "1", "--num-generations", "2", "--prompts-per-step", "2", "--set", "max_new_tokens=4"]
+"""``agentrl train`` flags of the tiniest run: one step of 2 prompts x 2 generations of 4 tokens."""
 
 
 @dataclass(frozen=True)
@@ -50,3 +55,18 @@ def agentrl_in_process(*args: str, cwd: Path | None = None) -> CliResult:
         assert result.exc_info is not None
         stderr += "".join(traceback.format_exception(*result.exc_info))
     return CliResult(result.exit_code, result.stdout, stderr)
+
+
+def cli(*args: str) -> Result:
+    """``agentrl ARGS`` through typer's CliRunner in this process, its result as the runner returns it."""
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_one_line(result: Result, message: str, code: int = 2) -> str:
+    """``result`` (of :func:`cli`) ended with exit status ``code`` and a single stderr line holding
+    ``message``, with no traceback anywhere in its output; returns that line."""
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real SmolLM2 tokenizer and a tiny random model built in-process."""
+"""Shared fixtures: the real SmolLM2 tokenizer, a tiny random model built in-process, a venv that
+plugin packages are pip-installed into, and a plugin file that fails on purpose."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import site
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +20,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, _workers))))
 
 import pytest
+from faulty_plugin import FAULTS
 
 from agentrl.model.loading import DEFAULT_MODEL, load_tokenizer
 from agentrl.testing import build_tiny_model
@@ -78,3 +82,14 @@ def plugin_venv(tmp_path) -> PluginVenv:
     lines = [f"import site; site.addsitedir({path!r})" for path in site.getsitepackages()]
     (Path(purelib) / "_layered_over_the_test_venv.pth").write_text("\n".join(lines) + "\n")
     return PluginVenv(python)
+
+
+@pytest.fixture
+def faults(tmp_path) -> Iterator[Path]:
+    """``FAULTS`` (tests/faulty_plugin.py) as ``tmp_path/faults.py``: name its envs and rewards as
+    ``f"{faults}:Tasks"``. A call into it that the test abandoned while it hung ends with the test."""
+    path = tmp_path / "faults.py"
+    path.write_text(FAULTS)
+    yield path
+    (tmp_path / "release").write_text("")  # abandoned hung calls end now, not during later tests
+    time.sleep(0.2)

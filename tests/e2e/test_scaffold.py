@@ -1,4 +1,5 @@
-"""``agentrl new env|reward NAME``: an installable package whose test passes as generated."""
+"""``agentrl new env|reward NAME`` (agentrl.cli.scaffold): an installable package whose test passes
+as generated; a request it cannot fulfil (a name too long for a file name included) is one line."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from cli_in_process import agentrl_in_process
+from cli_in_process import agentrl_in_process, assert_one_line, cli
 from typer.testing import CliRunner
 
 from agentrl.cli.app import app
@@ -192,3 +193,18 @@ def test_installed_env_package_is_listed_trains_and_is_gone_after_uninstall(tmp_
     gone = plugin_venv.agentrl(*train, "--output-dir", str(tmp_path / "run2"), cwd=tmp_path)
     output = gone.stdout + gone.stderr
     assert gone.returncode == 2 and f"error: unknown env {name!r}" in output and "Traceback" not in output, output
+
+
+def test_new_with_a_name_too_long_for_a_file_name_is_one_line(tmp_path):
+    name = "a" * 300
+    assert_one_line(
+        cli("new", "env", name, "--dir", str(tmp_path / "pkg")),
+        "env name 'aaaaaaaaaaaaaaaaaaaa'... is 300 characters long: at most 64 (it names the package's "
+        "folder and files)",
+    )
+    assert not (tmp_path / "pkg").exists()
+    deep = tmp_path / ("b" * 300)
+    assert_one_line(
+        cli("new", "reward", "ok", "--dir", str(deep)),
+        f"could not write {str(deep)!r}: File name too long; nothing was kept",
+    )

@@ -1,6 +1,9 @@
 """The ``agentrl.Env`` contract: fresh data per reset, ``gold_reply``, and one-line errors naming the
 env, the method, what it returned and the shape expected when ``start``/``respond``/``train_tasks``
-break it (checked by ``reset``/``step`` themselves, and seen through the CLI)."""
+break it (checked by ``reset``/``step`` themselves, and seen through the CLI). In a run, a step
+result out of contract (the wrong number of values, a reward that is NaN or beyond ±1e9) fails even
+under ``on_call_error: skip``, and an env that breaks it at start-up (an empty or generator task
+source, ``max_turns`` 0, a ``start`` or ``reset`` that fails) is named before the model loads."""
 
 from __future__ import annotations
 
@@ -10,10 +13,13 @@ from typing import Any
 
 import pytest
 from cli_in_process import agentrl_in_process
+from faulty_plugin import run_config, unclipped_run_config
 
 from agentrl import Env, EnvError
 from agentrl.env import PrivateGlobalRandom, boxed_reply
+from agentrl.plugins import load_plugins
 from agentrl.testing import check_env, check_gold_answer, gold_text
+from agentrl.training.trainer import Trainer
 
 CACHED_TASKS = [
     {"id": f"t{i}", "question": f"Say {i}.", "answer": str(i), "metadata": {"digits": [i]}} for i in range(8)
@@ -351,3 +357,70 @@ def test_any_start_result_is_accepted_or_an_env_error(result: Any) -> None:
     except AgentRLError:
         return
     assert messages and all(isinstance(m, dict) and isinstance(m["content"], str) for m in messages)
+
+
+@pytest.mark.parametrize(
+    ("cls", "message"),
+    [
+        (
+            "StepFourValues",
+            "StepFourValues.step must return (messages, reward, terminated, truncated, info); got a tuple of 4 values",
+        ),
+        ("StepNanReward", "StepNanReward.step must return a finite number as its reward (2nd value); got a float nan"),
+    ],
+)
+def test_a_broken_step_contract_always_fails_even_with_skip(tiny_model_dir, tmp_path, faults, cls, message):
+    trainer = Trainer(
+        unclipped_run_config(tiny_model_dir, tmp_path, env=f"{faults}:{cls}", on_call_error="skip"), load_plugins()
+    )
+    with pytest.raises(EnvError, match=re.escape(message)):
+        trainer.rollout_step(1)
+
+
+def test_an_env_reward_beyond_the_bound_is_a_contract_error(tiny_model_dir, tmp_path, faults):
+    trainer = Trainer(
+        run_config(tiny_model_dir, tmp_path, env=f"{faults}:HugeReturn", on_call_error="skip"), load_plugins()
+    )
+    with pytest.raises(
+        EnvError,
+        match=re.escape("HugeReturn.respond returned reward 1e+308 (2nd value): rewards must be within ±1e+09"),
+    ):
+        trainer.rollout_step(1)
+
+
+@pytest.mark.parametrize(
+    ("cls", "overrides", "message"),
+    [
+        ("EmptyTasks", {}, "EmptyTasks.train_tasks returned an empty sequence; it must hold at least one task dict"),
+        (
+            "GeneratorTasks",
+            {},
+            "GeneratorTasks.train_tasks must return an indexable sequence of task dicts (a list or "
+            "agentrl.LazyTasks); got a generator: an iterator can be read only once",
+        ),
+        (
+            "NoEvalTasks",
+            {"eval_tasks": 4},
+            "NoEvalTasks.eval_tasks returned an empty sequence; it must hold at least "
+            "one task dict to evaluate on (or set eval_tasks: 0)",
+        ),
+        ("ZeroTurns", {}, "ZeroTurns.max_turns is 0; it must be an integer >= 1"),
+        ("StartsWithText", {}, "StartsWithText.start must return its messages as a list of"),
+        (
+            "ResetRaises",
+            {},
+            "ResetRaises.reset raised on the first training task (task 'good': 'Say 1.'): KeyError: 'no such level'",
+        ),
+    ],
+    ids=["empty-tasks", "generator", "empty-eval", "zero-turns", "start-text", "reset-raises"],
+)
+def test_env_contract_violations_are_named_before_the_model_loads(
+    tiny_model_dir, tmp_path, faults, monkeypatch, cls, overrides, message
+):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the env was checked")
+
+    monkeypatch.setattr("agentrl.training.build.load_model", no_model)
+    config = unclipped_run_config(tiny_model_dir, tmp_path, env=f"{faults}:{cls}", **overrides)
+    with pytest.raises(EnvError, match=re.escape(message)):
+        Trainer(config, load_plugins())

@@ -1,20 +1,30 @@
-"""Multi-turn rollouts are token-exact: ids = sampled ids + template deltas, mask = sampled spans."""
+"""The ``multi_turn`` rollout (plugins/agentrl_rollouts): episodes are token-exact
+(ids = sampled ids + template deltas, mask = sampled spans); each episode samples from its own seed
+stream, advanced across its turns; a model that stops on another EOS than the template's end-of-turn keeps its
+episode going; an episode whose prompt alone fills ``max_total_tokens`` scores as an empty reply,
+counted and warned about once; an engine failure names the engine and the batch."""
 
 from __future__ import annotations
 
 import copy
 import json
+import math
+import re
+import warnings
 
 import pytest
 import torch
+from faulty_plugin import unclipped_run_config
 
 from agentrl import Env, SamplingParams, TemplateError
 from agentrl.config.train import TrainConfig
+from agentrl.errors import EngineError
 from agentrl.model.loading import DEFAULT_MODEL, load_model
 from agentrl.plugins import load_plugins
 from agentrl.sampling.chat import ChatTokenizer
 from agentrl.testing import build_tiny_model
 from agentrl.tools.tool import Tool, ToolCall, ToolEnv, render_tools_system_prompt
+from agentrl.training.trainer import Trainer
 
 
 def echo(text: str) -> str:
@@ -205,3 +215,177 @@ def test_train_batch_moves_every_tensor_extras_included():
     assert moved is batch
     tensors = [v for v in vars(batch).values() if isinstance(v, torch.Tensor)] + list(batch.extras.values())
     assert len(tensors) >= 10 and {t.device.type for t in tensors} == {"meta"}
+
+
+class TalkEnv(Env):
+    """Three turns; the user always answers "Go on." (the model's reply is never scored)."""
+
+    max_turns = 3
+
+    def train_tasks(self):
+        return [{"question": "Talk."}]
+
+    eval_tasks = train_tasks
+
+    def start(self, task):
+        return [{"role": "user", "content": task["question"]}]
+
+    def respond(self, text):
+        if self.turn >= 3:
+            return [], 0.0, True, {}
+        return [{"role": "user", "content": "Go on."}], 0.0, False, {}
+
+
+def _engine_and_rollout(tokenizer, engine_class=None, model=None, **config):
+    manager = load_plugins()
+    model = model if model is not None else build_tiny_model(len(tokenizer))
+    engine_class = engine_class or manager.registry.get("engine", "hf").factory
+    engine = engine_class(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32"}))
+    rollout = manager.registry.get("rollout", "multi_turn").factory(
+        engine=engine, tokenizer=tokenizer, config=TrainConfig(**{"max_new_tokens": 8, **config})
+    )
+    return engine, rollout
+
+
+def test_every_turn_gets_its_own_seed_reproducibly(tokenizer):
+    hf = load_plugins().registry.get("engine", "hf").factory
+
+    class RecordingEngine(hf):
+        """The real hf engine, recording the seed of every generate call (the one prompt's: each
+        request carries its own, ``sampling.prompt_seeds``)."""
+
+        seeds: list
+
+        def generate(self, prompts, sampling):
+            self.seeds.append((sampling.seeds_for(len(prompts)) or [None])[0])
+            return super().generate(prompts, sampling)
+
+    runs = []
+    for _ in range(2):
+        engine, rollout = _engine_and_rollout(tokenizer, RecordingEngine)
+        engine.seeds = []
+        [trajectory] = rollout.run([TalkEnv()], [{"question": "Talk."}], [0], SamplingParams(max_new_tokens=8, seed=5))
+        runs.append((engine.seeds, trajectory.token_ids))
+    seeds = runs[0][0]
+    # distinct per turn, turn 0 unchanged (the seed the engine derived for prompt 0 of a batch seeded 5)
+    assert len(seeds) == 3 and seeds[0] == 5 * 1_000_003 and len(set(seeds)) == 3
+    assert runs[0] == runs[1]  # and reproducible from the one seed
+    engine.seeds = []
+    rollout.run([TalkEnv()], [{"question": "Talk."}], [0], SamplingParams(max_new_tokens=8))
+    assert engine.seeds == [None, None, None]  # no seed: the engine's own stream goes on
+
+
+def test_later_turns_do_not_repeat_the_first_turns_draws(tokenizer):
+    # The tiny random model's next-token distribution is close to uniform over 49k tokens, so the
+    # same random draws pick the same tokens whatever the context: with one seed reused every turn,
+    # every turn repeated turn 1's tokens exactly.
+    _, rollout = _engine_and_rollout(tokenizer)
+    [trajectory] = rollout.run([TalkEnv()], [{"question": "Talk."}], [0], SamplingParams(max_new_tokens=8, seed=5))
+    turns = [trajectory.token_ids[t.start : t.end] for t in trajectory.turns]
+    assert len(turns) == 3 and all(len(t) == 8 for t in turns)
+    assert turns[0] != turns[1] and turns[1] != turns[2] and turns[0] != turns[2]
+
+
+def test_a_rollout_survives_a_model_that_stops_with_another_eos(tokenizer):
+    """A model whose generation config stops on ``<|endoftext|>`` (id 0) as well as ``<|im_end|>``
+    (like Qwen2.5's), with an LM-head bias that makes id 0 about as likely as all other tokens
+    together: each turn is a few tokens ending in id 0."""
+    hf = load_plugins().registry.get("engine", "hf").factory
+    model = build_tiny_model(len(tokenizer))
+    model.generation_config.eos_token_id = [2, 0]
+    head = torch.nn.Linear(model.config.hidden_size, len(tokenizer), bias=True)
+    head.weight = model.model.embed_tokens.weight  # still tied
+    with torch.no_grad():
+        head.bias.zero_()
+        head.bias[0] = math.log(len(tokenizer))
+    model.lm_head = head
+
+    class RecordingEngine(hf):
+        """The real hf engine, recording what it sampled."""
+
+        sampled: list
+
+        def generate(self, prompts, sampling):
+            generations = super().generate(prompts, sampling)
+            self.sampled += [g.token_ids for g in generations]
+            return generations
+
+    engine, rollout = _engine_and_rollout(tokenizer, RecordingEngine, model)
+    engine.sampled = []
+    # Each turn stops at its first token with probability ~1/2; this seed gives turns of both kinds.
+    [trajectory] = rollout.run([TalkEnv()], [{"question": "Talk."}], [0], SamplingParams(max_new_tokens=8, seed=5))
+    ids, mask = trajectory.token_ids, trajectory.loss_mask
+    assert len(trajectory.turns) == 3 and trajectory.terminated
+    assert max(turn.end - turn.start for turn in trajectory.turns) > 1  # some turns have content
+    for turn, sampled in zip(trajectory.turns, engine.sampled):
+        assert turn.finish_reason == "stop" and sampled[-1] == 0
+        assert ids[turn.start : turn.end] == sampled and set(mask[turn.start : turn.end]) == {1}  # untouched, trained
+    for turn in trajectory.turns[:-1]:
+        assert ids[turn.end] == 2 and mask[turn.end] == 0  # the template's <|im_end|> is env text
+    chat = ChatTokenizer(tokenizer)
+    last = trajectory.turns[-1]
+    stops = {turn.end - 1 for turn in trajectory.turns}
+    without_stops = [t for i, t in enumerate(ids[: last.start]) if i not in stops]
+    assert chat.decode(without_stops) == chat.render(trajectory.messages[:-1], add_generation_prompt=True)
+
+
+def test_an_episode_whose_prompt_fills_the_budget_scores_as_an_empty_reply(tokenizer):
+    from agentrl.rundir.metrics import rollout_metrics
+    from agentrl_rewards import format_reward
+    from agentrl_tool_envs import CalculatorEnv
+
+    env = CalculatorEnv()
+    task = env.eval_tasks()[0]
+    _, rollout = _engine_and_rollout(tokenizer, max_total_tokens=64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        [trajectory] = rollout.run([env], [task], [0], SamplingParams(max_new_tokens=8, seed=0))
+    assert any(m["role"] == "assistant" for m in trajectory.messages)  # the worked examples
+    assert trajectory.turns == [] and trajectory.completion_text == ""  # not the demonstration's answer
+    assert format_reward([trajectory]) == [0.0]
+    assert trajectory.truncated and trajectory.info["prompt_too_long"] is True
+    assert rollout_metrics([trajectory])["rollout/prompt_too_long_frac"] == 1.0
+    assert [str(w.message) for w in caught] == [
+        "1 of 1 episodes ended before the model spoke: their prompt alone fills max_total_tokens=64; "
+        "they score as empty replies. Raise max_total_tokens or shorten the prompt."
+    ]
+
+
+def test_prompt_too_long_is_counted_and_warned_once_per_run(tokenizer):
+    from agentrl.rundir.metrics import rollout_metrics
+    from agentrl_tool_envs import CalculatorEnv
+
+    envs = [CalculatorEnv(), CalculatorEnv(), TalkEnv()]
+    tasks = [envs[0].eval_tasks()[0], envs[1].eval_tasks()[1], {"question": "Talk."}]
+    _, rollout = _engine_and_rollout(tokenizer, max_total_tokens=64)
+    with pytest.warns(RuntimeWarning, match=re.escape("2 of 3 episodes ended before the model spoke")) as caught:
+        trajectories = rollout.run(envs, tasks, [0, 1, 2], SamplingParams(max_new_tokens=8, seed=0))
+    assert len([w for w in caught if "before the model spoke" in str(w.message)]) == 1
+    assert [len(t.turns) > 0 for t in trajectories] == [False, False, True]
+    assert "prompt_too_long" not in trajectories[2].info
+    assert rollout_metrics(trajectories)["rollout/prompt_too_long_frac"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("async_steps", [0, 1])
+def test_an_engine_failure_names_the_engine_and_the_batch(tiny_model_dir, tmp_path, faults, monkeypatch, async_steps):
+    """The message names the engine the user chose, also in an asynchronous run (whose engine is a
+    VersionedEngine wrapping it)."""
+    trainer = Trainer(
+        unclipped_run_config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", async_steps=async_steps), load_plugins()
+    )
+    assert type(trainer.engine).__name__ == ("VersionedEngine" if async_steps else "HFEngine")
+
+    def broken_generate(prompts, sampling):
+        raise RuntimeError("CUDA error: out of memory\nCompile with TORCH_USE_CUDA_DSA")
+
+    monkeypatch.setattr(trainer.engine, "generate", broken_generate)
+    with pytest.raises(
+        EngineError,
+        match=r"^engine 'hf' \(HFEngine\) failed at turn 1 on 4 prompts of \d+-\d+ "
+        r"tokens \(max_new_tokens=6, temperature=1\.0\): RuntimeError: CUDA error: "
+        r"out of memory Compile with TORCH_USE_CUDA_DSA$",
+    ):
+        trainer.rollout_step(1)
+    monkeypatch.setattr(trainer.engine, "generate", lambda prompts, sampling: [])
+    with pytest.raises(EngineError, match=re.escape("on 4 prompts of") + ".*: returned 0 generations for 4 prompts"):
+        trainer.rollout_step(2)

@@ -1,6 +1,8 @@
 """Asynchronous training (``async_steps``): which policy version samples each step, the correction
 of stale tokens against an independent float64 computation, and resumes (Ctrl-C, SIGKILL) that
-lose no episode, train none twice and equal an uninterrupted run bit for bit."""
+lose no episode, train none twice and equal an uninterrupted run bit for bit. A reward function
+that fails in the rollout thread stops the run with the error a synchronous run gives, and the
+thread ends."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from faulty_plugin import unclipped_run_config
 from safetensors.torch import load_file
 
 from agentrl.config.train import TrainConfig
-from agentrl.errors import ConfigError, TrainingInterrupted
+from agentrl.errors import ConfigError, RewardError, TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.rundir.directory import resume_config
 from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
@@ -571,3 +574,22 @@ def test_the_rollout_copy_is_freed_where_the_engine_keeps_weights_of_its_own(tok
         assert all(p.data_ptr() == published[name].data_ptr() for name, p in copies.items())
     for name, p in model.named_parameters():  # the engine sampled version 1: the halved weights
         torch.testing.assert_close(seen[0][name], p.detach().to(seen[0][name].dtype), rtol=0, atol=0)
+
+
+def test_a_raising_reward_with_fail_in_the_rollout_thread_stops_an_async_run_with_the_same_error(
+    tiny_model_dir, tmp_path, faults
+):
+    import threading
+
+    config = unclipped_run_config(
+        tiny_model_dir,
+        tmp_path,
+        env=f"{faults}:Tasks",
+        rewards={f"{faults}:fragile": 1.0},
+        on_call_error="fail",
+        async_steps=1,
+        max_steps=3,
+    )
+    with pytest.raises(RewardError, match=r"^reward function 'fragile' raised on sample \d \(task 'bad'"):
+        Trainer(config, load_plugins()).train()
+    assert not [t for t in threading.enumerate() if t.name == "agentrl-async-rollouts"]  # the thread ended

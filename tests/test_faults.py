@@ -1,8 +1,8 @@
-"""Plugin code that would end or hang the run is named instead (issue 32): SystemExit and
-KeyboardInterrupt raised by a reward, an env, a hook or a plugin module are that plugin's failure
-under ``on_call_error`` while a real Ctrl-C still interrupts; a plugin whose import hangs is named
-within the time limit; rewards too large for the float32 training math are refused by name; and the
-smaller CLI cases each end in one line."""
+"""agentrl.faults: plugin code that would end or hang the run is named instead. SystemExit and
+KeyboardInterrupt raised by a call under the run's guard, a reward, an env, engine code, a hook or a
+plugin module are that plugin's failure (``PluginExit``, under ``on_call_error`` where the call is
+guarded) while a real Ctrl-C still interrupts (``raised_by_signal``); a plugin whose import hangs is
+named within ``AGENTRL_PLUGIN_IMPORT_TIMEOUT`` (``import_deadline``, ``import_timeout_s``)."""
 
 from __future__ import annotations
 
@@ -15,88 +15,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from cli_in_process import assert_one_line, cli
+from faulty_plugin import run_config, run_metrics
 
-from agentrl.cli.app import app
-from agentrl.config.train import TrainConfig
-from agentrl.env import MAX_ABS_REWARD, CallGuard, call_with_timeout
+from agentrl.env import call_with_timeout
 from agentrl.errors import ConfigError, EnvError, PluginError, RewardError, TrainingError, TrainingInterrupted
 from agentrl.faults import PluginExit
 from agentrl.plugins import load_plugins
-from agentrl.rewards.scoring import score
-from agentrl.testing import make_trajectory
 from agentrl.training.interrupts import InterruptGuard
 from agentrl.training.trainer import Trainer
-
-FAULTS = '''
-import time
-from pathlib import Path
-from agentrl import Env, hookimpl
-
-
-class Tasks(Env):
-    """Two training tasks, 'good' and 'bad'; the subclasses below break on 'bad' or at start-up."""
-
-    def train_tasks(self):
-        return [{"id": "good", "question": "Say 1.", "answer": "1"}, {"id": "bad", "question": "Say 2.", "answer": "2"}]
-
-    def eval_tasks(self):
-        return [{"id": "held", "question": "Say 3.", "answer": "3"}]
-
-    def start(self, task):
-        return [{"role": "user", "content": task["question"]}]
-
-    def respond(self, text):
-        return [], 0.0, True, {}
-
-
-class StepExits(Tasks):
-    def respond(self, text):
-        if self.task["id"] == "bad":
-            raise SystemExit(3)
-        return super().respond(text)
-
-
-class TasksExit(Tasks):
-    def train_tasks(self):
-        raise SystemExit(4)
-
-
-class HugeReturn(Tasks):
-    def respond(self, text):
-        return [], 1e308, True, {}
-
-
-class InitRaises(Tasks):
-    def __init__(self, level="castle"):
-        super().__init__()
-        raise ValueError(f"no level file for {level!r}")
-
-
-def exits(trajectories):
-    if any(t.task["id"] == "bad" for t in trajectories):
-        raise SystemExit(0)
-    return [1.0 for _ in trajectories]
-
-
-def interrupts(trajectories):
-    raise KeyboardInterrupt
-
-
-def huge(trajectories):
-    return [-1e308 if i % 2 else 1e308 for i, _ in enumerate(trajectories)]
-
-
-def hangs(trajectories):
-    while not Path(__file__).with_name("release").exists():
-        time.sleep(0.05)
-    return [1.0 for _ in trajectories]
-'''
 
 HOOK_PLUGIN = """
 from agentrl import hookimpl
@@ -106,50 +37,6 @@ from agentrl import hookimpl
 def agentrl_on_step_end(step, metrics):
     raise {exception}
 """
-
-
-@pytest.fixture
-def faults(tmp_path) -> Iterator[Path]:
-    path = tmp_path / "faults.py"
-    path.write_text(FAULTS)
-    yield path
-    (tmp_path / "release").write_text("")  # an abandoned hung call ends now, not during later tests
-    time.sleep(0.2)
-
-
-def _config(model_dir: Path, tmp_path: Path, **overrides: Any) -> TrainConfig:
-    base = dict(
-        model=str(model_dir),
-        max_steps=1,
-        prompts_per_step=2,
-        num_generations=2,
-        max_new_tokens=4,
-        eval_tasks=0,
-        output_dir=str(tmp_path / "run"),
-        log_completions_every=0,
-        save_model=False,
-        precision="fp32",
-        engine_args={"dtype": "float32"},
-        checkpoint_every=0,
-    )
-    base.update(overrides)
-    return TrainConfig(**base)
-
-
-def _metrics(tmp_path: Path) -> list[dict]:
-    return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-
-
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
-def assert_one_line(result: Any, message: str, code: int = 2) -> str:
-    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 # -- SystemExit / KeyboardInterrupt in guarded calls -----------------------------------------------------
@@ -188,7 +75,7 @@ def test_a_real_ctrl_c_during_a_call_still_interrupts(timeout_s):
 
 
 def test_a_reward_raising_system_exit_with_skip_is_counted_and_the_run_finishes(tiny_model_dir, tmp_path, faults):
-    config = _config(
+    config = run_config(
         tiny_model_dir,
         tmp_path,
         env=f"{faults}:Tasks",
@@ -202,7 +89,7 @@ def test_a_reward_raising_system_exit_with_skip_is_counted_and_the_run_finishes(
         r"PluginExit: SystemExit\(0\) raised by plugin code",
     ):
         Trainer(config, load_plugins()).train()
-    rows = _metrics(tmp_path)
+    rows = run_metrics(tmp_path)
     assert [r["errors/reward/exits"] for r in rows] == [2.0, 2.0]
     assert [r["reward/scored_frac"] for r in rows] == [0.5, 0.5]
 
@@ -252,7 +139,7 @@ def test_a_reward_raising_system_exit_with_fail_exits_non_zero_naming_it(tiny_mo
 
 
 def test_a_reward_raising_keyboard_interrupt_is_its_failure_not_an_interrupt(tiny_model_dir, tmp_path, faults):
-    config = _config(
+    config = run_config(
         tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:interrupts": 1.0}, on_call_error="fail"
     )
     with pytest.raises(
@@ -266,7 +153,7 @@ def test_a_reward_raising_keyboard_interrupt_is_its_failure_not_an_interrupt(tin
 @pytest.mark.parametrize("on_call_error", ["skip", "fail"])
 def test_an_env_raising_system_exit_is_its_failure(tiny_model_dir, tmp_path, faults, on_call_error):
     trainer = Trainer(
-        _config(tiny_model_dir, tmp_path, env=f"{faults}:StepExits", on_call_error=on_call_error), load_plugins()
+        run_config(tiny_model_dir, tmp_path, env=f"{faults}:StepExits", on_call_error=on_call_error), load_plugins()
     )
     if on_call_error == "fail":
         with pytest.raises(
@@ -287,7 +174,7 @@ def test_an_env_raising_system_exit_is_its_failure(tiny_model_dir, tmp_path, fau
 
 
 def test_a_real_ctrl_c_while_a_reward_runs_still_interrupts_the_run(tiny_model_dir, tmp_path, faults):
-    config = _config(
+    config = run_config(
         tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:hangs": 1.0}, call_timeout_s=60.0
     )
     trainer = Trainer(config, load_plugins())
@@ -303,7 +190,7 @@ def test_a_real_ctrl_c_while_a_reward_runs_still_interrupts_the_run(tiny_model_d
 def test_a_keyboard_interrupt_raised_by_engine_code_is_a_training_error_not_an_interrupt(
     tiny_model_dir, tmp_path, faults
 ):
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks"), load_plugins())
+    trainer = Trainer(run_config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks"), load_plugins())
 
     def generate(*args: Any, **kwargs: Any) -> Any:  # engine code on the main thread, as a plugin's would be
         raise KeyboardInterrupt
@@ -323,7 +210,7 @@ def test_a_hook_raising_an_exit_stops_the_run_naming_the_plugin_and_the_hook(
 ):
     plugin = tmp_path / "quitter.py"
     plugin.write_text(HOOK_PLUGIN.format(exception=exception))
-    trainer = Trainer(_config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks"), load_plugins(modules=[str(plugin)]))
+    trainer = Trainer(run_config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks"), load_plugins(modules=[str(plugin)]))
     with pytest.raises(
         PluginError,
         match=re.escape(
@@ -423,150 +310,3 @@ def test_a_bad_import_timeout_is_named(monkeypatch):
         ),
     ):
         load_plugins()
-
-
-# -- rewards too large for the training math ------------------------------------------------------------------
-def test_huge_rewards_are_refused_naming_the_reward_and_the_value():
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    trajectories = [make_trajectory(messages, {"id": f"t{i}", "question": "q"}) for i in range(2)]
-    at_bound = {"edge": (lambda trajectories: [MAX_ABS_REWARD, -MAX_ABS_REWARD], 1.0)}
-    totals, _ = score(trajectories, at_bound, env_weight=1.0)
-    assert totals == [MAX_ABS_REWARD, -MAX_ABS_REWARD]
-    huge = {"huge": (lambda trajectories: [1.0, -1e308], 1.0)}
-    with pytest.raises(
-        RewardError,
-        match=re.escape(
-            "reward function 'huge' returned -1e+308 for sample 1 (task 't1': "
-            "'q'): weighted rewards must be within ±1e+09"
-        ),
-    ):
-        score(trajectories, huge, env_weight=1.0, guard=CallGuard(on_error="skip"))
-    weighted = {"big": (lambda trajectories: [1.0, 2.0], 1e9)}
-    with pytest.raises(RewardError, match=re.escape("reward function 'big' returned 2 (x weight 1e+09) for sample 1")):
-        score(trajectories, weighted, env_weight=1.0)
-
-
-def test_a_huge_reward_in_a_run_is_named_not_skipped_as_unscored(tiny_model_dir, tmp_path, faults):
-    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", rewards={f"{faults}:huge": 1.0})
-    with pytest.raises(RewardError, match=r"^reward function 'huge' returned 1e\+308 for sample 0 .*within ±1e\+09"):
-        Trainer(config, load_plugins()).train()
-
-
-def test_an_env_reward_beyond_the_bound_is_a_contract_error(tiny_model_dir, tmp_path, faults):
-    trainer = Trainer(
-        _config(tiny_model_dir, tmp_path, env=f"{faults}:HugeReturn", on_call_error="skip"), load_plugins()
-    )
-    with pytest.raises(
-        EnvError,
-        match=re.escape("HugeReturn.respond returned reward 1e+308 (2nd value): rewards must be within ±1e+09"),
-    ):
-        trainer.rollout_step(1)
-
-
-# -- the smaller CLI cases ------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--num-processes", "0"], "--num-processes must be >= 1, got 0"),
-        (["--num-processes", "-2"], "--num-processes must be >= 1, got -2"),
-        (
-            ["--num-generations", "2", "--set", "num_generations=1"],
-            "num_generations is given twice with different values: --num-generations 2 and --set 'num_generations=1'; "
-            "give it once",
-        ),
-        (["--seed", "3", "--set", "seed=0"], "seed is given twice with different values: --seed 3 and --set 'seed=0'"),
-    ],
-)
-def test_train_flags_refused_in_one_line(args, message, tmp_path):
-    assert_one_line(
-        cli("train", "--model", str(tmp_path / "no-model"), "--output-dir", str(tmp_path / "r"), *args), message
-    )
-
-
-@pytest.mark.parametrize(
-    "flag",
-    [["--seed", "0"], ["--seed", "5"], ["--num-generations", "0"], ["--prompts-per-step", "0"], ["--set", "seed=0"]],
-)
-def test_resume_refuses_every_given_run_setting_alike(flag, tmp_path):
-    assert_one_line(
-        cli("train", "--resume", str(tmp_path / "run"), *flag),
-        f"--resume continues the run with its own config; drop {flag[0]} (only --max-steps may be given)",
-    )
-
-
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        (
-            b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe",
-            "could not be read as UTF-8 text (an accelerate config is a YAML file): UnicodeDecodeError",
-        ),
-        (b"compute_environment: [LOCAL_MACHINE\n", "is not valid YAML"),
-        (b"- just\n- a list\n", "must hold a YAML mapping of accelerate settings"),
-    ],
-)
-def test_a_garbage_accelerate_config_is_one_line(content, message, tiny_model_dir, tmp_path):
-    garbage = tmp_path / "accelerate.yaml"
-    garbage.write_bytes(content)
-    line = assert_one_line(
-        cli(
-            "train",
-            "--model",
-            str(tiny_model_dir),
-            "--output-dir",
-            str(tmp_path / "r"),
-            "--num-processes",
-            "2",
-            "--accelerate-config",
-            str(garbage),
-        ),
-        message,
-    )
-    assert f"--accelerate-config {str(garbage)!r}" in line
-
-
-def test_an_env_whose_constructor_raises_is_named_in_one_line(tiny_model_dir, tmp_path, faults):
-    assert_one_line(
-        cli(
-            "train",
-            "--model",
-            str(tiny_model_dir),
-            "--output-dir",
-            str(tmp_path / "r"),
-            "--env",
-            f"{faults}:InitRaises",
-            "--set",
-            "env_args.level=moon",
-        ),
-        f"env '{faults}:InitRaises' failed to start: InitRaises(level='moon') raised ValueError: no level "
-        "file for 'moon'",
-    )
-
-
-def test_eval_of_a_run_without_an_exported_model_says_what_to_do(tiny_model_dir, tmp_path, faults):
-    config = _config(tiny_model_dir, tmp_path, env=f"{faults}:Tasks", save_model=False, checkpoint_every=1)
-    Trainer(config, load_plugins()).train()
-    run = tmp_path / "run"
-    assert not (run / "model").exists()
-    assert_one_line(
-        cli("eval", str(run), "--num-tasks", "1"),
-        f"run dir {str(run)!r} has no exported model (no model/ folder): the run was trained with "
-        f"save_model=false, or has not finished; use its newest checkpoint's weights, --model "
-        f"{str(run / 'checkpoints' / 'step-000001' / 'model')!r} (a full HF folder), or train it again "
-        "with save_model=true (the default)",
-    )
-
-
-def test_new_with_a_name_too_long_for_a_file_name_is_one_line(tmp_path):
-    name = "a" * 300
-    assert_one_line(
-        cli("new", "env", name, "--dir", str(tmp_path / "pkg")),
-        "env name 'aaaaaaaaaaaaaaaaaaaa'... is 300 characters long: at most 64 (it names the package's "
-        "folder and files)",
-    )
-    assert not (tmp_path / "pkg").exists()
-    deep = tmp_path / ("b" * 300)
-    assert_one_line(
-        cli("new", "reward", "ok", "--dir", str(deep)),
-        f"could not write {str(deep)!r}: File name too long; nothing was kept",
-    )
