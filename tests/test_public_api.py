@@ -122,6 +122,8 @@ def test_public_api_names_exist():
         "GenerationRequest",
         "RequestQueue",
         "request_queue",
+        "Engine",
+        "Rollout",
     ):
         assert name in agentrl.__all__, name
 
