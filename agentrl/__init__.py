@@ -70,6 +70,7 @@ from agentrl.rewards.schemes import RewardContext
 from agentrl.sampling.chat import ChatTokenizer
 from agentrl.sampling.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids, turn_seed
 from agentrl.sampling.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
+from agentrl.sampling.rollout import Rollout
 from agentrl.tools.formats import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolCallFormat, type_arguments
 from agentrl.tools.sandbox import run_python
 from agentrl.tools.tool import (
@@ -160,6 +161,7 @@ __all__ = [
     "Precision",
     "RewardContext",
     "RewardError",
+    "Rollout",
     "RunDirBusyError",
     "SamplingParams",
     "SetupContext",

@@ -86,9 +86,11 @@ def agentrl_register_reward_schemes(register: Register) -> None:
 def agentrl_register_rollouts(register: Register) -> None:
     """Register rollout functions: ``register("multi_turn", MultiTurnRollout)``.
 
-    Called once at load time. ``factory(engine=, tokenizer=, config=)`` returns an object whose
-    ``run(envs, tasks, groups, sampling)`` drives the envs to the end and returns
-    ``list[Trajectory]`` (single-turn is one turn).
+    Called once at load time. ``factory(engine=, tokenizer=, config=)`` returns an
+    :class:`agentrl.Rollout`: ``run(envs, tasks, groups, sampling, seeds)`` drives one episode per
+    env to its end and returns their ``list[Trajectory]`` in order (single-turn is one turn).
+    ``seeds``: one per episode from the training loop (each episode resets its env and samples from
+    its own seed, the same on any process count), None from evaluation.
     """
 
 

@@ -69,7 +69,7 @@ def main() -> None:
                     start = time.perf_counter()
                     trainer.update(batch, {}, step)
                     seconds[pack].append(time.perf_counter() - start)
-            plans = trainer.run.micro_batch_rows(batch)  # the packed plan (pack_sequences is on last)
+            plans = trainer.learner.micro_batch_rows(batch)  # the packed plan (pack_sequences is on last)
             packed = sum(
                 pack_prefix_tree(batch.select(rows).input_ids, batch.select(rows).attention_mask).length
                 for rows in plans

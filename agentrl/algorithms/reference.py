@@ -10,8 +10,8 @@ computed in float64 per tensor and rounded once to the reference's dtype, so the
 function of the two tensors alone (a resume recomputes nothing: the reference's weights are saved
 in every checkpoint written after the first reset, :data:`REFERENCE_FILE`). Steps M+1..2M then
 take their KL to the policy as it was after step M. The policy's weights are those the engine
-samples from (:meth:`agentrl.training.build.Run.sampling_model`: the model itself, or under FSDP / ZeRO-3
-the whole replica). With LoRA the reference is the policy with its adapter off, not a copy: a
+samples from (:meth:`agentrl.training.learner.Learner.sampling_model`: the model itself, or under FSDP /
+ZeRO-3 the whole replica). With LoRA the reference is the policy with its adapter off, not a copy: a
 reset has nothing to write to, and is refused at start-up.
 """
 

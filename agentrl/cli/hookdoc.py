@@ -165,24 +165,29 @@ def render(module: ModuleType = hookspecs, manager: Any = None) -> str:
     for title, group in groups:
         lines += ["", f"## {title}"]
         for fn in group:
-            first = (
-                "**firstresult**: the first non-None result is used and later implementations are not called."
-                if is_firstresult(fn, module)
-                else "Not firstresult: every implementation is called."
-            )
-            lines += [
-                "",
-                f"### {fn.__name__}",
-                "",
-                f"`{signature(fn)}`",
-                "",
-                first,
-                "",
-                to_markdown(inspect.getdoc(fn)),
-                "",
-                builtins_line(fn, manager, project),
-            ]
+            lines += hook_section(fn, module, manager)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def hook_section(fn: Any, module: ModuleType, manager: Any) -> list[str]:
+    """The Markdown lines of one hook's section: heading, signature, calling rule, docstring, built-ins."""
+    first = (
+        "**firstresult**: the first non-None result is used and later implementations are not called."
+        if is_firstresult(fn, module)
+        else "Not firstresult: every implementation is called."
+    )
+    return [
+        "",
+        f"### {fn.__name__}",
+        "",
+        f"`{signature(fn)}`",
+        "",
+        first,
+        "",
+        to_markdown(inspect.getdoc(fn)),
+        "",
+        builtins_line(fn, manager, module.PROJECT),
+    ]
 
 
 def _attribute_doc(module: ModuleType, name: str) -> str:

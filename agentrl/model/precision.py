@@ -33,6 +33,11 @@ class Precision:
         """Whether forward passes run under bf16 autocast (and the hf engine samples in bf16)."""
         return self.name == "bf16"
 
+    def autocast(self, device: torch.device) -> torch.autocast:
+        """The context forward passes on ``device`` run in: bf16 autocast when the run computes in
+        bf16 (fp32 master weights), else a disabled one (nothing changes)."""
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
     """The CPU's feature flags as the kernel lists them (``flags`` on x86, ``Features`` on Arm),

@@ -1,1 +1,2 @@
-"""Sampling: the generation engine interface, the request queue episodes share, and token-exact chats."""
+"""Sampling: the generation engine interface (and its version-stamping wrapper for asynchronous runs), the
+rollout contract, the request queue episodes share, and token-exact chats."""

@@ -90,7 +90,7 @@ class Generation:
     are off); None when the engine cannot report it."""
     policy_version: int | None = None
     """The policy version (completed training steps) that sampled it: stamped in an asynchronous
-    run (:class:`agentrl.training.async_rollouts.VersionedEngine`), None otherwise. When the weights changed
+    run (:class:`agentrl.sampling.versioned_engine.VersionedEngine`), None otherwise. When the weights changed
     during the call, the version of its first token."""
     token_versions: list[int] | None = None
     """Per sampled id, the policy version that sampled it: filled by an engine whose weights can

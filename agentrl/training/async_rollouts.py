@@ -14,17 +14,19 @@ The sampler's logprobs of a stale token are those of the version that sampled it
 trainer's importance weights (old / sampler, the ``sampler_correction`` plugin's TIS/MIS) correct
 for the staleness; ``policy_versions`` (per token) and ``async/*`` metrics record it.
 
-The learner hands each new version over as a copy (:meth:`AsyncRollouts.publish`); the engine
-loads it when the thread needs it, between two steps' collections, and the copy is dropped then,
-unless the engine samples from it (``Engine.keeps_synced_model``: ``hf`` in float32), which then
-keeps that copy alone (:func:`adopt`: never a second one).
+The run's batches (:class:`agentrl.training.batches.AsyncBatches`) start the thread, take each
+step's batch from it and hand each new version over as a copy (:meth:`AsyncRollouts.publish`);
+the engine loads it when the thread needs it, between two steps' collections, and the copy is
+dropped then, unless the engine samples from it (``Engine.keeps_synced_model``: ``hf`` in
+float32), which then keeps that copy alone (:func:`adopt`: never a second one).
 Evaluation and checkpoints need the thread idle (:meth:`AsyncRollouts.quiesce`): a checkpoint after
 step t holds every batch collected for later steps (at least t + 1 .. t + N, whose versions are no
 longer anywhere else).
 
 ``partial_rollouts: true`` goes further: an episode in flight when a new version is published
-continues with it. The rollout's engine is a :class:`VersionedEngine`; before each ``generate``
-call (a batch of turns) it loads the newest published version, and stamps the version on each
+continues with it. The rollout's engine is a
+:class:`agentrl.sampling.versioned_engine.VersionedEngine`; before each ``generate`` call (a batch
+of turns) it loads the newest published version, and stamps the version on each
 Generation, so every turn records the version that sampled it (``Turn.policy_version``) and its
 sampler logprobs are that version's. An engine that can change weights between decode steps
 (``Engine.swaps_between_decode_steps``: ``hf``, ``vllm``) is asked before every step as well, so a turn in
@@ -45,8 +47,7 @@ from typing import Any
 
 import torch
 
-from agentrl.model import distributed
-from agentrl.sampling.engine import Engine, Generation, SamplingParams
+from agentrl.sampling.versioned_engine import VersionedEngine
 from agentrl.training.weight_copies import adopt, on_meta, snapshot
 from agentrl.trajectory import TrainBatch
 
@@ -138,112 +139,30 @@ def staleness_metrics(batch: TrainBatch, learner_version: int) -> dict[str, floa
     return out
 
 
-def restore(state: dict[str, Any] | None, async_steps: int, step: int) -> tuple[list[Collected], int, int]:
-    """From a checkpoint's ``async`` state after ``step``: the batches still within the staleness
-    bound (``async_steps`` may have changed since), the next step to collect and how many episodes
-    were dropped (a batch too stale now, and every one after it, is not trained on: its tasks are
-    lost, never repeated)."""
+@dataclass
+class Restored:
+    """What a checkpoint's collected batches give a run that resumes from it (:func:`restore`)."""
+
+    ready: list[Collected]
+    """The batches still within the staleness bound, in step order."""
+    next_step: int
+    """The next step to collect."""
+    dropped_episodes: int
+    """Episodes collected but never trained on: a batch too stale now, and every one after it
+    (their tasks are lost, never repeated)."""
+
+
+def restore(state: dict[str, Any] | None, async_steps: int, step: int) -> Restored:
+    """From a checkpoint's ``async`` state after ``step`` (None: it has none), what a run with
+    ``async_steps`` (which may have changed since; 0: a synchronous run) takes over."""
     if not state:
-        return [], step + 1, 0
+        return Restored([], step + 1, 0)
     ready = [Collected.from_state(c) for c in state["ready"]]
     n = 0
     while n < len(ready) and ready[n].step - 1 - ready[n].version <= async_steps:
         n += 1
     dropped = sum(len(c.episodes) for c in ready[n:])
-    return ready[:n], (ready[n].step if n < len(ready) else int(state["next_step"])), dropped
-
-
-def start(run: Any, rollouts: Any, step: int, resumed: dict[str, Any] | None) -> AsyncRollouts:
-    """The background collection of a run (``run``: :class:`agentrl.training.build.Run`, ``rollouts``: its
-    :class:`agentrl.training.rollout_phase.RolloutPhase`) that has completed ``step`` steps (``resumed``: the
-    checkpoint's trainer state, when resumed)."""
-
-    def collect(at: int, version: int) -> Collected:
-        rollouts.sampling_version = version
-        batch, kept, metrics = rollouts.collect(at)
-        return Collected(at, version, batch, kept, metrics, list(rollouts.step_rewards))  # stays on its device
-
-    rollouts.group = distributed.new_group()  # the thread's collectives must not meet the learner's
-    ready, next_step, dropped = restore((resumed or {}).get("async"), run.config.async_steps, step)
-    producer = AsyncRollouts(
-        collect,
-        run.engine.sync_weights,
-        run.sampling_model(),
-        run.config.async_steps,
-        next_step,
-        run.config.max_steps,
-        floor=step,
-        ready=ready,
-        partial=run.config.partial_rollouts,
-        versioned=run.engine if isinstance(run.engine, VersionedEngine) else None,
-        frees_copy=not run.engine.keeps_synced_model,
-    )
-    producer.dropped_episodes = dropped
-    return producer
-
-
-class VersionedEngine(Engine):
-    """The engine of an asynchronous run (``engine``: the config's): each :meth:`generate` first
-    asks ``before`` (:meth:`AsyncRollouts.version_to_sample`) which version it samples from, which
-    with ``partial`` may load a newer one, and stamps it on every Generation. ``partial`` hides the
-    engine's own ``request_queue`` (continuous batching adds requests between decode steps, past
-    any point where weights could change: every batch of turns then goes through ``generate``)
-    unless the engine swaps weights between decode steps, its queue's included.
-    Anything else is the wrapped engine's."""
-
-    def __init__(self, engine: Engine, partial: bool = False) -> None:
-        self.engine, self.partial = engine, partial
-        self.before: Callable[[], int | None] | None = None
-        self.swaps_mid_call = partial and getattr(engine, "swaps_between_decode_steps", False)
-        if self.swaps_mid_call:  # new weights between decode steps too
-            engine.before_decode_step = self._version_now
-
-    def _version_now(self) -> int | None:
-        """The version to sample from now (the rollout thread's answer; None before it is wired)."""
-        return self.before() if self.before is not None else None
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
-        """The wrapped engine's generations, stamped with the version that sampled them (that of
-        their first token when the engine changed weights during the call)."""
-        version = self._version_now()
-        generations = self.engine.generate(prompts, sampling)
-        for generation in generations:
-            generation.policy_version = generation.token_versions[0] if generation.token_versions else version
-        return generations
-
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """The wrapped engine's."""
-        self.engine.sync_weights(model)
-
-    @property
-    def keeps_synced_model(self) -> bool:  # type: ignore[override]
-        """The wrapped engine's."""
-        return getattr(self.engine, "keeps_synced_model", True)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The wrapped engine's."""
-        return self.engine.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The wrapped engine's."""
-        self.engine.load_state_dict(state)
-
-    @property
-    def display_name(self) -> str:
-        """The wrapped engine's: errors name the engine the user chose."""
-        return getattr(self.engine, "display_name", type(self.engine).__name__)
-
-    @property
-    def description(self) -> str:
-        """The wrapped engine's."""
-        return getattr(self.engine, "description", self.display_name)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("engine", "partial", "swaps_mid_call"):
-            raise AttributeError(name)
-        if name == "request_queue" and self.partial and not self.swaps_mid_call:
-            raise AttributeError(name)
-        return getattr(self.engine, name)
+    return Restored(ready[:n], ready[n].step if n < len(ready) else int(state["next_step"]), dropped)
 
 
 class AsyncRollouts:
@@ -259,8 +178,8 @@ class AsyncRollouts:
 
     def __init__(
         self,
-        collect: Any,
-        load: Any,
+        collect: Callable[[int, int], Any],
+        load: Callable[[torch.nn.Module], None],
         model: torch.nn.Module,
         async_steps: int,
         next_step: int,
@@ -286,8 +205,6 @@ class AsyncRollouts:
         self.busy = False
         self.stopped = False
         self.error: BaseException | None = None
-        self.dropped_episodes = 0
-        """Episodes collected but never trained on (too stale after a resume with a smaller bound)."""
         self.cond = threading.Condition()
         if versioned is not None:
             versioned.before = self.version_to_sample
@@ -368,17 +285,6 @@ class AsyncRollouts:
             if step not in self.ready:
                 raise self.error  # type: ignore[misc]
             return self.ready.pop(step)
-
-    def take_step(self, step: int, device: Any) -> tuple[TrainBatch, list[Any], dict[str, float], list[float]]:
-        """``step``'s batch (on ``device``), episodes, metrics (with ``async/*``) and rewards."""
-        collected = self.take(step)
-        metrics = {
-            **collected.metrics,
-            **staleness_metrics(collected.batch, step - 1),
-            "async/sampling_version": float(collected.version),
-            "async/dropped_episodes": float(self.dropped_episodes),
-        }
-        return collected.batch.to(device), collected.episodes, metrics, collected.rewards
 
     def hand_over(self, step: int, model: torch.nn.Module, quiesce: bool, evaluate: bool) -> None:
         """After step ``step``'s update: publish the new version; with ``quiesce`` first wait for

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from agentrl.config.train import TrainConfig
+from agentrl.model import distributed
+from agentrl.trajectory import TrainBatch
+
 
 def mini_batch_rows(num_rows: int, parts: int, seed: int, step: int, epoch: int) -> list[list[int]]:
     """Rows of ``parts`` mini-batches: all rows when ``parts`` is 1, else a seeded shuffle of the
@@ -55,3 +59,14 @@ def plan_micro_batches(
             plan.append([row])
             longest = lengths[row]
     return plan
+
+
+def micro_batch_rows(batch: TrainBatch, config: TrainConfig, packed: bool, sharded: bool) -> list[list[int]]:
+    """``batch``'s row groups, longest rows first, within ``micro_batch_size`` and
+    ``micro_batch_tokens`` (``packed``: a micro-batch per group, :func:`plan_micro_batches`); with
+    ``sharded`` weights as many groups on every process (each forward gathers the shards: a collective)."""
+    groups = batch.groups.tolist() if packed else None
+    plan = plan_micro_batches(batch.lengths.tolist(), config.micro_batch_size, config.micro_batch_tokens, groups)
+    if not sharded:
+        return plan
+    return split_to_count(plan, max(distributed.gather_objects(len(plan))))

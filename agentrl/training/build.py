@@ -8,8 +8,8 @@ behaviour: modules initialised from the global RNG (a critic head) get the same 
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,7 @@ from agentrl.algorithms.base import Algorithm, SetupContext, TrainableModule
 from agentrl.config.train import TrainConfig, build_plugin_config, resolve_settings
 from agentrl.env import CallGuard, Env, build_env, call_with_timeout, load_env_class
 from agentrl.errors import ConfigError
-from agentrl.model import distributed, lora, sharding
+from agentrl.model import lora, sharding
 from agentrl.model.activation_checkpointing import checkpoint_blocks
 from agentrl.model.launch import check_process_split
 from agentrl.model.loading import load_model, load_tokenizer
@@ -30,13 +30,14 @@ from agentrl.plugins import PluginManager
 from agentrl.rewards.schemes import RewardContext
 from agentrl.rewards.specs import resolve_rewards
 from agentrl.sampling.chat import ChatTokenizer
+from agentrl.sampling.engine import Engine
+from agentrl.sampling.rollout import Rollout
+from agentrl.sampling.versioned_engine import VersionedEngine
 from agentrl.testing import check_env_startup
 from agentrl.tools.calls import resolve_tool_parser
-from agentrl.training.async_rollouts import VersionedEngine
-from agentrl.training.batching import plan_micro_batches, split_to_count
+from agentrl.training.batching import micro_batch_rows
 from agentrl.training.memory import limit_kernel_caches
 from agentrl.training.schedules import build_scheduler
-from agentrl.trajectory import TrainBatch
 
 
 @dataclass
@@ -56,7 +57,9 @@ class Trained:
 
 @dataclass
 class Run:
-    """Everything a run is made of, built by :func:`build_run`."""
+    """Everything a run is made of, built by :func:`build_run`: the parts, no behaviour (the
+    learner trains them, :class:`agentrl.training.learner.Learner`; the rollout phase samples with
+    them, :class:`agentrl.training.rollout_phase.RolloutPhase`)."""
 
     config: TrainConfig
     manager: PluginManager
@@ -78,48 +81,25 @@ class Run:
     trained: dict[str, Trained] = field(default_factory=dict)
     """The policy first (``"policy"``), then the algorithm's modules by name."""
     owned_templates: dict[str, torch.nn.Module] = field(default_factory=dict)
-    engine: Any = None
-    rollout: Any = None
+    engine: Engine = field(init=False)
+    """The config's engine, sampling from the policy (built once the policy is prepared)."""
+    rollout: Rollout = field(init=False)
+    """The config's rollout, driving the envs through :attr:`engine`."""
 
     @property
     def hook(self) -> Any:
+        """The plugin manager's hook relay (``run.hook.agentrl_on_step_end(...)``)."""
         return self.manager.hook
 
     @property
     def is_main(self) -> bool:
+        """Whether this is the process that writes the run dir, logs and evaluates."""
         return self.accelerator.is_main_process
 
     @property
     def num_processes(self) -> int:
+        """How many processes train the run together."""
         return self.accelerator.num_processes
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bf16 autocast when the run computes in bf16 (fp32 master weights), else nothing."""
-        return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16, enabled=self.precision.bf16)
-
-    def micro_batch_rows(self, batch: TrainBatch) -> list[list[int]]:
-        """Row groups, longest rows first, within ``micro_batch_size`` and ``micro_batch_tokens``; with
-        sharded weights as many groups on every process (each forward gathers the shards: a collective)."""
-        groups = batch.groups.tolist() if self.policy_pack else None  # packed: a micro-batch per group
-        plan = plan_micro_batches(
-            batch.lengths.tolist(), self.config.micro_batch_size, self.config.micro_batch_tokens, groups
-        )
-        if self.replica is None:
-            return plan
-        return split_to_count(plan, max(distributed.gather_objects(len(plan))))
-
-    def sampling_model(self) -> torch.nn.Module:
-        """The weights the engine samples from now: with LoRA a plain view holding the merged
-        weights, under FSDP / ZeRO-3 the full replica gathered from the shards (every process
-        calls this), else the trained model itself."""
-        if self.replica is not None:
-            sharding.gather_into(self.accelerator, self.policy, self.replica, prefix="model.")
-            return self.replica
-        return lora.sampling_model(self.model)
-
-    def optimizer_steps_per_run(self) -> int:
-        """Optimizer steps the whole run takes: steps x epochs x mini-batches."""
-        return self.config.max_steps * self.algorithm.num_iterations * self.algorithm.num_mini_batches
 
 
 def build_run(config: TrainConfig, manager: PluginManager) -> Run:
@@ -138,14 +118,7 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     reward_fns = resolve_rewards(config, manager.registry, envs[0], context)
     tokenizer = context.tokenizer = load_tokenizer(config.model)
     check_prompt_room(envs[0], tokenizer, config.max_total_tokens)
-    model = lora.with_adapter(load_model(config.model), config.lora)  # unchanged without LoRA
-    # With LoRA the reference is the policy itself, its adapter off (lora.adapter_disabled): no copy.
-    ref_model = None if not algorithm.needs_reference else (model if lora.is_adapted(model) else _frozen_copy(model))
-    if ref_model is model and algorithm.reference_reset[0]:
-        raise ConfigError(
-            f"algorithm.ref_sync_every={algorithm.reference_reset[0]} with lora: the reference is the "
-            "policy with its adapter off, which a reset cannot move; set ref_sync_every 0 or drop lora"
-        )
+    model, ref_model = _policy_and_reference(config, algorithm)
     replica = sharding.sampling_replica(accelerator, model)  # FSDP / ZeRO-3 only
     check_sharded_run(config, replica is not None, sharding.is_fsdp(accelerator))
     run = Run(
@@ -164,18 +137,7 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
         ref_model,
         replica,
     )
-    # The base model (with LoRA, its plain view: the adapter is zero at setup) for e.g. a critic's copy,
-    # before accelerate prepares the policy (FSDP shards the model in place; a copy of it would be sharded).
-    algorithm.setup(
-        SetupContext(
-            model=lora.sampling_model(model),
-            tokenizer=tokenizer,
-            accelerator=accelerator,
-            config=config,
-            autocast=run.autocast,
-            micro_batch_rows=run.micro_batch_rows,
-        )
-    )
+    _setup_algorithm(run)
     _train_policy(run)
     if ref_model is not None:  # not prepared (no grads, no optimizer): place it by hand
         ref_model.to(accelerator.device)
@@ -187,9 +149,40 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     return run
 
 
+def _policy_and_reference(config: TrainConfig, algorithm: Algorithm) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The policy (with the config's LoRA adapter) and the reference the algorithm needs: with
+    LoRA the policy itself, its adapter off (:func:`agentrl.model.lora.adapter_disabled`), no copy."""
+    model = lora.with_adapter(load_model(config.model), config.lora)  # unchanged without LoRA
+    ref_model = None if not algorithm.needs_reference else (model if lora.is_adapted(model) else _frozen_copy(model))
+    if ref_model is model and algorithm.reference_reset[0]:
+        raise ConfigError(
+            f"algorithm.ref_sync_every={algorithm.reference_reset[0]} with lora: the reference is the "
+            "policy with its adapter off, which a reset cannot move; set ref_sync_every 0 or drop lora"
+        )
+    return model, ref_model
+
+
+def _setup_algorithm(run: Run) -> None:
+    """``Algorithm.setup`` with the base model (with LoRA, its plain view: the adapter is zero at
+    setup) for e.g. a critic's copy, before accelerate prepares the policy (FSDP shards the model
+    in place; a copy of it would be sharded)."""
+    run.algorithm.setup(
+        SetupContext(
+            model=lora.sampling_model(run.model),
+            tokenizer=run.tokenizer,
+            accelerator=run.accelerator,
+            config=run.config,
+            autocast=functools.partial(run.precision.autocast, run.accelerator.device),
+            micro_batch_rows=lambda batch: micro_batch_rows(
+                batch, run.config, run.policy_pack, sharded=run.replica is not None
+            ),
+        )
+    )
+
+
 def engine_and_rollout(
     manager: PluginManager, config: TrainConfig, model: torch.nn.Module, tokenizer: Any
-) -> tuple[Any, Any]:
+) -> tuple[Engine, Rollout]:
     """The config's engine sampling from ``model``, and its rollout driving that engine."""
     engine = manager.registry.get("engine", config.engine).factory(model=model, tokenizer=tokenizer, config=config)
     if config.async_steps:  # each call stamped with the version that sampled it (partial_rollouts: the newest)
@@ -205,8 +198,8 @@ class Sampler:
     envs: list[Env]
     tokenizer: Any
     model: torch.nn.Module
-    engine: Any
-    rollout: Any
+    engine: Engine
+    rollout: Rollout
     reward_fns: dict[str, Any]
     call_guard: CallGuard
 
@@ -272,7 +265,7 @@ def _train_policy(run: Run) -> None:
     run.policy, optimizer = run.accelerator.prepare(policy, optimizer)
     # The schedule is not prepared: accelerate's wrapper would step it once per process per step.
     scheduler = build_scheduler(
-        optimizer, config.lr_scheduler, config.warmup_steps, run.optimizer_steps_per_run(), config.lr_decay_fraction
+        optimizer, config.lr_scheduler, config.warmup_steps, _optimizer_steps(run), config.lr_decay_fraction
     )
     run.trained["policy"] = Trained(run.policy, run.model, optimizer, scheduler, config.max_grad_norm)
 
@@ -292,8 +285,13 @@ def _train_owned(run: Run, modules: dict[str, TrainableModule]) -> None:
         params = [p for p in spec.module.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, betas=spec.betas, weight_decay=spec.weight_decay)
         spec.module, optimizer = run.accelerator.prepare(spec.module, optimizer)
-        scheduler = build_scheduler(optimizer, spec.lr_scheduler, spec.warmup_steps, run.optimizer_steps_per_run())
+        scheduler = build_scheduler(optimizer, spec.lr_scheduler, spec.warmup_steps, _optimizer_steps(run))
         run.trained[name] = Trained(spec.module, spec.module, optimizer, scheduler, spec.max_grad_norm, spec)
+
+
+def _optimizer_steps(run: Run) -> int:
+    """Optimizer steps the whole run takes: steps x epochs x mini-batches."""
+    return run.config.max_steps * run.algorithm.num_iterations * run.algorithm.num_mini_batches
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -14,6 +14,7 @@ from agentrl.env import CallGuard, Env
 from agentrl.rewards.scoring import RewardFn, score
 from agentrl.rundir.metrics import env_metrics
 from agentrl.sampling.engine import SamplingParams
+from agentrl.sampling.rollout import Rollout
 from agentrl.trajectory import Trajectory
 
 
@@ -29,7 +30,7 @@ def episode_success(trajectory: Trajectory, success_threshold: float = Env.succe
 
 
 def evaluate(
-    rollout: Any,
+    rollout: Rollout,
     envs: list[Env],
     tasks: list[dict[str, Any]],
     *,

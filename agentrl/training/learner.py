@@ -1,10 +1,12 @@
-"""The learning phase of a step: from a scored batch to new weights in the engine.
+"""The learning phase of a step: from a scored batch to new weights.
 
 :class:`Learner` computes the frozen logprobs the algorithm needs (the sampling policy's, the
 reference's), the advantages, then for each epoch and mini-batch one optimizer step of every
 trained module: loss denominators over the mini-batch first, every micro-batch's loss
 backpropagated (accumulated), gradients clipped, a step skipped when not finite. It knows nothing
-of tasks or envs: it takes what the rollout phase collected.
+of tasks or envs: it takes what the rollout phase collected, and gives the weights it trained as
+the engine samples them (:meth:`Learner.sampling_model`) to whoever hands them over
+(:mod:`agentrl.training.batches`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,9 +22,10 @@ import torch
 from agentrl.algorithms import reference
 from agentrl.algorithms.base import LossContext
 from agentrl.algorithms.objectives import step_totals
-from agentrl.model import distributed, lora
+from agentrl.errors import TrainingError
+from agentrl.model import distributed, lora, sharding
 from agentrl.model.policy import TokenLogprobs
-from agentrl.training.batching import mini_batch_rows
+from agentrl.training.batching import micro_batch_rows, mini_batch_rows
 from agentrl.training.build import Run
 from agentrl.training.step_stats import StepStats
 from agentrl.trajectory import TrainBatch
@@ -36,12 +40,30 @@ class Learner:
         """The longest completion an episode may sample (the ``max_completion_length`` of some losses)."""
         self.nonfinite_skips = 0  # optimizer steps skipped over the run
         self.skipped_in_a_row = 0  # rollout steps in a row whose update was skipped entirely
-        self.sync_engine = True
-        """Whether an update hands the new weights to the engine (an asynchronous run does it itself)."""
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The run's forward-pass precision (:meth:`agentrl.model.precision.Precision.autocast`)."""
+        return self.run.precision.autocast(self.run.accelerator.device)
+
+    def micro_batch_rows(self, batch: TrainBatch) -> list[list[int]]:
+        """Row groups of ``batch`` within the config's micro-batch limits, as many on every
+        process when the weights are sharded (:func:`agentrl.training.batching.micro_batch_rows`)."""
+        run = self.run
+        return micro_batch_rows(batch, run.config, run.policy_pack, sharded=run.replica is not None)
 
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         """Micro-batches of similar lengths (less padding; the loss is invariant to the split)."""
-        return [batch.select(rows) for rows in self.run.micro_batch_rows(batch)]
+        return [batch.select(rows) for rows in self.micro_batch_rows(batch)]
+
+    def sampling_model(self) -> torch.nn.Module:
+        """The trained weights as the engine samples them: with LoRA a plain view holding the
+        merged weights, under FSDP / ZeRO-3 the full replica gathered from the shards (every
+        process calls this: a collective), else the trained model itself."""
+        run = self.run
+        if run.replica is not None:
+            sharding.gather_into(run.accelerator, run.policy, run.replica, prefix="model.")
+            return run.replica
+        return lora.sampling_model(run.model)
 
     def mini_batch_rows(self, batch: TrainBatch, step: int, epoch: int) -> list[list[int]]:
         """The algorithm's mini-batches of ``batch`` (:func:`agentrl.training.batching.mini_batch_rows`)."""
@@ -52,15 +74,17 @@ class Learner:
         """Logprobs of ``scorer`` (a ``TokenLogprobs``: the policy's or the reference's) for the whole
         batch, no grad."""
         out = torch.zeros_like(batch.loss_mask)
-        for rows in self.run.micro_batch_rows(batch):
+        for rows in self.micro_batch_rows(batch):
             mb = batch.select(rows)
-            with self.run.autocast():
+            with self.autocast():
                 lp, _ = scorer(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=False)
             out[rows, : lp.shape[1]] = lp
         return out
 
-    def update(self, batch: TrainBatch, metrics: dict[str, float], step: int = 1) -> None:
-        """All of the algorithm's optimizer steps on one rollout batch (``step`` is 1-based)."""
+    def update(self, batch: TrainBatch, metrics: dict[str, float], step: int = 1) -> bool:
+        """All of the algorithm's optimizer steps on one rollout batch (``step`` is 1-based);
+        returns whether they trained the policy (False when no episode was scored, or when the
+        algorithm trains only its own modules this step): whether the engine needs new weights."""
         run, algo = self.run, self.run.algorithm
         batch.to(run.accelerator.device)  # a batch built by a caller may still be on the CPU
         logged_before = set(metrics)
@@ -73,7 +97,7 @@ class Learner:
                 RuntimeWarning,
                 stacklevel=2,
             )
-            return
+            return False
         self.add_frozen_logprobs(batch)
         for factor in run.hook.agentrl_adjust_loss_mask(
             batch=batch, config=run.config, settings=run.settings, metrics=metrics
@@ -91,15 +115,29 @@ class Learner:
         metrics.update(_combined_over_processes({k: v for k, v in metrics.items() if k not in logged_before}))
         metrics.update(stats.means(combine=distributed.gather_objects))
         metrics["train/nonfinite_skipped_steps"] = float(self.nonfinite_skips)
-        if train_policy and self.sync_engine:
-            run.engine.sync_weights(run.sampling_model())
+        return train_policy
+
+    def stuck(self) -> bool:
+        """Whether ``max_nonfinite_steps`` updates in a row were skipped: the run stops."""
+        return self.skipped_in_a_row >= self.run.config.max_nonfinite_steps
+
+    def stop_if_stuck(self, step: int, run_dir: Path) -> None:
+        """A TrainingError after ``step`` when the run is :meth:`stuck`, naming the steps and what to check."""
+        if self.stuck():
+            in_a_row, limit = self.skipped_in_a_row, self.run.config.max_nonfinite_steps
+            raise TrainingError(
+                f"steps {step - in_a_row + 1}-{step}: {in_a_row} steps in a row had a non-finite loss or "
+                f"gradient, or no scored episode (max_nonfinite_steps={limit}); stopping. The "
+                f"weights are those after step {step - in_a_row}; {run_dir}/metrics.jsonl shows the steps "
+                "(train/grad_norm, loss/total, reward/*). Lower learning_rate or check the rewards"
+            )
 
     def sync_reference(self, step: int, metrics: dict[str, float]) -> None:
         """After every ``ref_sync_every``-th step (``step`` 1-based), the reference moves to the
         policy (:mod:`agentrl.algorithms.reference`; every process calls it: under FSDP the gather is a collective)."""
         every, mix = self.run.algorithm.reference_reset
         if self.run.ref_model is not None and reference.reset_due(step, every):
-            reference.mix_into(self.run.ref_model, self.run.sampling_model(), mix)
+            reference.mix_into(self.run.ref_model, self.sampling_model(), mix)
             metrics["train/reference_reset"] = 1.0
 
     def add_frozen_logprobs(self, batch: TrainBatch) -> None:
@@ -177,7 +215,7 @@ class Learner:
                 if i < len(micro) - 1:  # gradients are all-reduced once, after the last micro-batch
                     for model in models:
                         stack.enter_context(accelerator.no_sync(model))
-                with run.autocast(), torch.set_grad_enabled(train_policy):
+                with self.autocast(), torch.set_grad_enabled(train_policy):
                     logprobs, entropy = run.policy(mb.input_ids, mb.attention_mask, mb.loss_mask)
                 out = run.algorithm.loss(
                     LossContext(
@@ -191,7 +229,7 @@ class Learner:
                         metrics=metrics,
                         step=step,
                         train_policy=train_policy,
-                        autocast=run.autocast,
+                        autocast=self.autocast,
                         settings=run.settings,
                     )
                 )

@@ -8,6 +8,7 @@ optimizers: the learner takes what :meth:`RolloutPhase.collect` returns.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,53 @@ class TaskCursor:
         return out
 
 
+@dataclass
+class StepBatch:
+    """One step's batch to learn from, with what the loop records of it."""
+
+    batch: TrainBatch
+    """This process's collated batch."""
+    episodes: list[Any]
+    """The whole batch's kept trajectories (every process's, in group order)."""
+    metrics: dict[str, float]
+    """The step's metrics so far: rewards, rollouts, dynamic sampling."""
+    rewards: list[float]
+    """The kept episodes' total rewards, as collated (every process's, in group order)."""
+
+
+@dataclass
+class _Sampled:
+    """What a step sampled and kept: one process's share, or every process's (:meth:`gathered`)."""
+
+    episodes: list[Trajectory] = field(default_factory=list)
+    """Every episode sampled, kept or not."""
+    totals: list[float] = field(default_factory=list)
+    components: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per reward function, its score of each sampled episode."""
+    nonfinite: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    kept: list[Trajectory] = field(default_factory=list)
+    kept_totals: list[float] = field(default_factory=list)
+    filled: int = 0
+    """Groups without a reward spread kept to fill the batch (dynamic sampling)."""
+
+    def gathered(self, group: Any) -> _Sampled:
+        """Every process's share, in group order (this one in a one-process run)."""
+        shares = distributed.gather_objects(self, group)
+        if len(shares) == 1:
+            return self
+        return _Sampled(
+            [t for share in shares for t in share.episodes],
+            [x for share in shares for x in share.totals],
+            {name: np.concatenate([share.components[name] for share in shares]) for name in self.components},
+            _summed([share.nonfinite for share in shares]),
+            _summed([share.errors for share in shares]),
+            [t for share in shares for t in share.kept],
+            [x for share in shares for x in share.kept_totals],
+            sum(share.filled for share in shares),
+        )
+
+
 class RolloutPhase:
     """Tasks -> scored episodes -> this process's batch, for one step at a time."""
 
@@ -50,8 +98,6 @@ class RolloutPhase:
         self.run = run
         self.tasks = run.envs[0].train_tasks()
         self.cursor = TaskCursor(len(self.tasks), run.config.seed)
-        self.step_rewards: list[float] = []
-        """The last collected batch's total rewards (every process's, in group order)."""
         self.group: Any = None
         """The process group of this phase's collectives (an asynchronous run's rollout thread has its
         own, beside the learner's); None: the default one."""
@@ -68,38 +114,20 @@ class RolloutPhase:
         self.cursor.position = boundary[0]
         set_rng_states(boundary[1])
 
-    def collect(self, step: int) -> tuple[TrainBatch, list[Any], dict[str, float]]:
+    def collect(self, step: int) -> StepBatch:
         """Sample tasks, run this process's share of the episodes, score them; returns this
-        process's collated batch, the whole batch's trajectories (every process's, in group order)
-        and the step's metrics. With ``dynamic_sampling`` the batch holds the groups with a reward
-        spread found over up to ``max_sampling_rounds`` rounds (:mod:`agentrl.algorithms.dynamic_sampling`);
-        reward and rollout metrics cover every episode sampled, kept or not."""
+        process's collated batch with the whole batch's trajectories, metrics and rewards. With
+        ``dynamic_sampling`` the batch holds the groups with a reward spread found over up to
+        ``max_sampling_rounds`` rounds (:mod:`agentrl.algorithms.dynamic_sampling`); reward and
+        rollout metrics cover every episode sampled, kept or not."""
         cfg = self.run.config
         share = cfg.prompts_per_step // self.run.num_processes
         first = self.run.accelerator.process_index * share  # this process's groups: first .. first + share - 1
         selector = GroupSelector(share, cfg.num_generations, filter_groups=cfg.dynamic_sampling)
-        sampled: list[Trajectory] = []
-        sampled_totals: list[float] = []
-        sampled_components: list[dict[str, np.ndarray]] = []
-        nonfinite: dict[str, int] = {}
-        errors: dict[str, int] = {}
-        rounds = 0
-        for round_index in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
-            if round_index and not sum(distributed.gather_objects(selector.missing, self.group)):
-                break  # every process has its groups
-            indices = self.cursor.take(cfg.prompts_per_step)  # every process walks the same cursor
-            mine = indices[first : first + selector.missing]  # a refill round samples only what is missing
-            rounds += 1
-            if not mine:
-                continue
-            trajectories, totals, components = self._sample_groups(step, round_index, first, mine, nonfinite, errors)
-            selector.add(trajectories, totals, components)
-            sampled += trajectories
-            sampled_totals += totals
-            sampled_components.append(components)
-        filled = selector.filled
-        kept, kept_totals, _ = selector.batch(first)
-        rows, row_totals, row_shares = with_segments(kept, kept_totals)  # an agent episode may hold several rows
+        mine, rounds = self._sample_rounds(step, first, selector)
+        mine.filled = selector.filled
+        mine.kept, mine.kept_totals, _ = selector.batch(first)
+        rows, row_totals, row_shares = with_segments(mine.kept, mine.kept_totals)  # an episode may hold several rows
         batch = collate(
             rows,
             row_totals,
@@ -107,42 +135,59 @@ class RolloutPhase:
             env_reward_weight=cfg.env_reward_weight,
             shares=row_shares,
         ).to(self.run.accelerator.device)
-        components = {name: np.concatenate([c[name] for c in sampled_components]) for name in sampled_components[0]}
-        # Metrics and hooks see the whole batch: every process's share, in group order.
-        shares = distributed.gather_objects(
-            (sampled, sampled_totals, components, nonfinite, errors, kept, kept_totals, filled), self.group
-        )
-        if len(shares) > 1:
-            sampled = [t for share in shares for t in share[0]]
-            sampled_totals = [x for share in shares for x in share[1]]
-            components = {name: np.concatenate([share[2][name] for share in shares]) for name in components}
-            nonfinite, errors = _summed([share[3] for share in shares]), _summed([share[4] for share in shares])
-            kept = [t for share in shares for t in share[5]]
-            kept_totals = [x for share in shares for x in share[6]]
+        whole = mine.gathered(self.group)  # metrics and hooks see the whole batch
+        metrics = self._metrics(whole, rounds)
+        if self.run.is_main:
+            self.run.hook.agentrl_on_rollout_end(trajectories=whole.kept, step=step, metrics=metrics)
+        return StepBatch(batch, whole.kept, metrics, list(whole.kept_totals))
+
+    def _sample_rounds(self, step: int, first: int, selector: GroupSelector) -> tuple[_Sampled, int]:
+        """This process's groups, sampled in rounds until every process has its groups (one round
+        without dynamic sampling); returns what was sampled and the number of rounds."""
+        cfg = self.run.config
+        mine, parts, rounds = _Sampled(), [], 0
+        for round_index in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+            if round_index and not sum(distributed.gather_objects(selector.missing, self.group)):
+                break  # every process has its groups
+            indices = self.cursor.take(cfg.prompts_per_step)  # every process walks the same cursor
+            tasks = indices[first : first + selector.missing]  # a refill round samples only what is missing
+            rounds += 1
+            if not tasks:
+                continue
+            episodes, totals, components = self._sample_groups(
+                step, round_index, first, tasks, mine.nonfinite, mine.errors
+            )
+            selector.add(episodes, totals, components)
+            mine.episodes += episodes
+            mine.totals += totals
+            parts.append(components)
+        mine.components = {name: np.concatenate([c[name] for c in parts]) for name in parts[0]}
+        return mine, rounds
+
+    def _metrics(self, whole: _Sampled, rounds: int) -> dict[str, float]:
+        """The step's reward, rollout, error and dynamic sampling metrics over the whole batch."""
+        cfg = self.run.config
         metrics = {
-            **reward_metrics(sampled_totals, components),
-            **rollout_metrics(sampled),
-            **{f"reward/{name}_nonfinite": float(n) for name, n in nonfinite.items() if n},
-            **{f"errors/reward/{name}": float(n) for name, n in errors.items()},
+            **reward_metrics(whole.totals, whole.components),
+            **rollout_metrics(whole.episodes),
+            **{f"reward/{name}_nonfinite": float(n) for name, n in whole.nonfinite.items() if n},
+            **{f"errors/reward/{name}": float(n) for name, n in whole.errors.items()},
             **popped_metrics(self.run.reward_fns),
         }  # this process's counts
         if cfg.dynamic_sampling:
             spread = [
-                has_spread(sampled_totals[i : i + cfg.num_generations])
-                for i in range(0, len(sampled_totals), cfg.num_generations)
+                has_spread(whole.totals[i : i + cfg.num_generations])
+                for i in range(0, len(whole.totals), cfg.num_generations)
             ]
             metrics.update(
                 {
                     "sampling/rounds": float(rounds),
                     "sampling/groups_sampled": float(len(spread)),
                     "sampling/spread_frac": float(np.mean(spread)),
-                    "sampling/filled_groups": float(sum(share[7] for share in shares)),
+                    "sampling/filled_groups": float(whole.filled),
                 }
             )
-        if self.run.is_main:
-            self.run.hook.agentrl_on_rollout_end(trajectories=kept, step=step, metrics=metrics)
-        self.step_rewards = list(kept_totals)  # the whole batch's, as collated
-        return batch, kept, metrics
+        return metrics
 
     def _sample_groups(
         self,

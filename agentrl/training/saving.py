@@ -81,8 +81,9 @@ class ShardedWeights:
         return sharding.whole_module_state(trained.module)
 
     def policy_model(self) -> torch.nn.Module:
-        self.run.sampling_model()  # the replica now holds the whole policy
-        return self.run.replica
+        run = self.run
+        sharding.gather_into(run.accelerator, run.policy, run.replica, prefix="model.")  # the whole policy
+        return run.replica
 
     def load_policy(self, run_dir: Path, folder: Path, optimizer_state: dict[str, Any] | None) -> None:
         replica, policy = self.run.replica, self.run.trained["policy"]
@@ -197,8 +198,7 @@ class RunCheckpoints:
             trained.scheduler.load_state_dict(saved.schedules[name])
             reapply_schedule(trained.scheduler)  # --resume --max-steps N: the rate of the schedule as now configured
         own = processes[run.accelerator.process_index]
-        run.engine.load_state_dict(own["engine"])
-        run.engine.sync_weights(run.sampling_model())
+        run.engine.load_state_dict(own["engine"])  # its weights: the run's batches put them in
         run.algorithm.load_state_dict(saved.algorithm)
         run.hook.agentrl_load_state(state=saved.plugins)
         set_rng_states(own["rng"])

@@ -13,9 +13,11 @@ One step (see the hook order in agentrl.hookspecs):
   6. the engine receives the new weights.
 
 The pieces: :func:`agentrl.training.build.build_run` makes the parts,
-:class:`agentrl.training.rollout_phase.RolloutPhase` does 1-3, :class:`agentrl.training.learner.Learner` 4-6,
-:class:`agentrl.training.saving.RunCheckpoints` keeps the state on disk, :mod:`agentrl.training.interrupts` turns
-signals into a clean stop, :mod:`agentrl.rundir.directory` decides where a run writes. This module runs them in order.
+:class:`agentrl.training.rollout_phase.RolloutPhase` does 1-3, :class:`agentrl.training.learner.Learner` 4-5,
+:class:`agentrl.training.batches.Batches` gives each step its batch (collected now, or ahead by a rollout
+thread) and does 6, :class:`agentrl.training.saving.RunCheckpoints` keeps the state on disk,
+:mod:`agentrl.training.interrupts` turns signals into a clean stop, :mod:`agentrl.rundir.directory` decides
+where a run writes. This module runs them in order.
 """
 
 from __future__ import annotations
@@ -40,13 +42,13 @@ from agentrl.rundir import checkpoints as ckpt
 from agentrl.rundir.directory import log_completions, read_history, refuse_existing_run, run_dir_for, truncate
 from agentrl.rundir.metrics import MetricsWriter
 from agentrl.rundir.paths import check_output_dir
-from agentrl.training import async_rollouts
+from agentrl.training.batches import make_batches
 from agentrl.training.best_model import BestModel
 from agentrl.training.build import Run, build_run
 from agentrl.training.interrupts import InterruptGuard, any_process, interruption
 from agentrl.training.learner import Learner
 from agentrl.training.memory import peak_rss_gb, rss_gb
-from agentrl.training.rollout_phase import RolloutPhase
+from agentrl.training.rollout_phase import RolloutPhase, StepBatch
 from agentrl.training.saving import RunCheckpoints
 from agentrl.trajectory import TrainBatch
 
@@ -80,8 +82,7 @@ class Trainer:
         self.run: Run = build_run(config, manager)
         self.rollouts = RolloutPhase(self.run)
         self.learner = Learner(self.run)
-        self.learner.sync_engine = not config.async_steps  # else the rollout thread takes each version
-        self.producer: async_rollouts.AsyncRollouts | None = None  # with async_steps, once training
+        self.batches = make_batches(self.run, self.rollouts, self.learner)
         self.checkpoints = RunCheckpoints(self.run, self.run_dir)
         self.completed_step = 0
         self.eval_before: dict[str, float] = {}
@@ -105,83 +106,47 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------------
     def rollout_step(self, step: int) -> tuple[TrainBatch, list[Any], dict[str, float]]:
-        """This process's collated batch, the whole batch's trajectories and the step's metrics
-        (:meth:`agentrl.training.rollout_phase.RolloutPhase.collect`)."""
-        return self.rollouts.collect(step)
+        """Step ``step``'s batch collected now: this process's collated batch, the whole batch's
+        trajectories and the step's metrics (:meth:`agentrl.training.rollout_phase.RolloutPhase.collect`)."""
+        taken = self.rollouts.collect(step)
+        return taken.batch, taken.episodes, taken.metrics
 
     def update(self, batch: TrainBatch, metrics: dict[str, float], step: int = 1) -> None:
         """All of the algorithm's optimizer steps on one batch (:meth:`agentrl.training.learner.Learner.update`),
-        then the reference reset when one is due (:meth:`agentrl.training.learner.Learner.sync_reference`)."""
-        self.learner.update(batch, metrics, step)
+        the reference reset when one is due (:meth:`agentrl.training.learner.Learner.sync_reference`), then
+        the new weights to the sampler (:meth:`agentrl.training.batches.Batches.hand_over`; held for the
+        step's evaluation or checkpoint when one follows)."""
+        changed = self.learner.update(batch, metrics, step)
         self.learner.sync_reference(step, metrics)
+        evaluate = self.eval_due(step)
+        self.batches.hand_over(step, changed, hold=self.save_due(step) or evaluate, evaluate=evaluate)
 
     def evaluate(self) -> dict[str, float]:
         """Held-out accuracy of the current policy (greedy by default)."""
         return self.rollouts.evaluate()
 
     def train_step(self, step: int, writer: MetricsWriter, guard: InterruptGuard, progress: Any) -> dict[str, float]:
-        """One step: rollout (interruptible), then update, evaluation, records and checkpoint as
-        one unit Ctrl-C waits for; stops the run after too many skipped steps in a row."""
-        cfg = self.config
+        """One step: its batch (:meth:`agentrl.training.batches.Batches.take`, interruptible), then
+        update, evaluation, records and checkpoint as one unit Ctrl-C waits for; stops the run
+        after too many skipped steps in a row."""
         t0 = time.perf_counter()
         _phase(progress, "rollout")
-        batch, trajectories, metrics, rewards = self.batch_for(step, guard)
+        taken = self.batches.take(step, guard)
         t1 = time.perf_counter()
         with guard.deferred():
             _phase(progress, "update")
-            self.update(batch, metrics, step)
-            t2 = time.perf_counter()
-            metrics.update(
-                {
-                    "perf/rollout_seconds": t1 - t0,
-                    "perf/update_seconds": t2 - t1,
-                    "perf/step_seconds": t2 - t0,
-                    "perf/episodes_per_second": len(trajectories) / (t2 - t0),
-                    "perf/rss_gb": rss_gb(),
-                    "perf/peak_rss_gb": peak_rss_gb(),
-                }
-            )
-            too_many = self.learner.skipped_in_a_row >= cfg.max_nonfinite_steps
-            save = bool(cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or too_many))
-            if self.producer is not None:  # the new version goes to the rollout thread
-                self.producer.hand_over(
-                    step, self.run.sampling_model(), quiesce=save or self.eval_due(step), evaluate=self.eval_due(step)
-                )
-            self.evaluate_and_record(step, trajectories, metrics, writer, progress, rewards)
-            if save:
+            self.update(taken.batch, taken.metrics, step)
+            taken.metrics.update(_perf(t0, t1, time.perf_counter(), len(taken.episodes)))
+            self.evaluate_and_record(step, taken, writer, progress)
+            if self.save_due(step):
                 self.save_checkpoint(step)
-            if self.producer is not None:
-                self.producer.release()
+            self.batches.release()
         if progress is not None:
-            progress(step, metrics)
-        if too_many:
-            in_a_row = self.learner.skipped_in_a_row
-            raise TrainingError(
-                f"steps {step - in_a_row + 1}-{step}: {in_a_row} steps in a row had a non-finite loss or "
-                f"gradient, or no scored episode (max_nonfinite_steps={cfg.max_nonfinite_steps}); stopping. The "
-                f"weights are those after step {step - in_a_row}; {self.run_dir}/metrics.jsonl shows the steps "
-                "(train/grad_norm, loss/total, reward/*). Lower learning_rate or check the rewards"
-            )
+            progress(step, taken.metrics)
+        self.learner.stop_if_stuck(step, self.run_dir)
         if any_process(guard.requested):  # deferred to here, or raised inside a callback that swallowed it
             raise KeyboardInterrupt
-        return metrics
-
-    def batch_for(
-        self, step: int, guard: InterruptGuard
-    ) -> tuple[TrainBatch, list[Any], dict[str, float], list[float]]:
-        """The step's batch, episodes, metrics and rewards: collected now (an interrupt rewinds to
-        the step's start) or, with ``async_steps``, taken from the rollout thread."""
-        if self.producer is not None:
-            return self.producer.take_step(step, self.run.accelerator.device)
-        boundary = self.rollouts.boundary()
-        try:
-            batch, trajectories, metrics = self.rollout_step(step)
-            if any_process(guard.requested):  # every process stops here together (several processes)
-                raise KeyboardInterrupt
-        except KeyboardInterrupt:  # nothing trained yet: rewind to the step boundary
-            self.rollouts.rewind(boundary)
-            raise
-        return batch, trajectories, metrics, self.rollouts.step_rewards
+        return taken.metrics
 
     def eval_due(self, step: int) -> bool:
         """Whether the periodic evaluation runs after ``step`` (on this process)."""
@@ -190,17 +155,15 @@ class Trainer:
             cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.max_steps and cfg.eval_tasks and self.is_main
         )
 
-    def evaluate_and_record(
-        self,
-        step: int,
-        trajectories: list[Any],
-        metrics: dict[str, float],
-        writer: MetricsWriter,
-        progress: Any,
-        rewards: list[float] | None = None,
-    ) -> None:
-        """The periodic evaluation (and best policy), completions, the step-end hook and the metrics row."""
+    def save_due(self, step: int) -> bool:
+        """Whether a checkpoint is written after ``step``'s update: every ``checkpoint_every`` steps,
+        and before a stop for too many skipped steps in a row."""
         cfg = self.config
+        return bool(cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or self.learner.stuck()))
+
+    def evaluate_and_record(self, step: int, taken: StepBatch, writer: MetricsWriter, progress: Any) -> None:
+        """The periodic evaluation (and best policy), completions, the step-end hook and the metrics row."""
+        cfg, metrics = self.config, taken.metrics
         if self.eval_due(step):
             _phase(progress, "eval")
             evaluation = self.evaluate()
@@ -208,9 +171,7 @@ class Trainer:
             self.offer_best(step, evaluation)
         if self.is_main:
             if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
-                log_completions(
-                    self.run_dir, step, trajectories, self.rollouts.step_rewards if rewards is None else rewards
-                )
+                log_completions(self.run_dir, step, taken.episodes, taken.rewards)
             self.run.hook.agentrl_on_step_end(step=step, metrics=metrics)
         writer.write(step, metrics)
         self.completed_step = step
@@ -239,7 +200,7 @@ class Trainer:
                     raise TrainingError(f"the run stopped: {failure}") from None
                 raise interruption(guard, self.completed_step, self.run_dir, self.save_checkpoint) from None
             finally:
-                self.stop_producer()
+                self.batches.close()
         _report(progress, "eval after", eval_after)
         owned_states = self.checkpoints.gather_owned() if self.config.save_model else {}  # a collective (FSDP)
         if self.is_main:
@@ -280,23 +241,14 @@ class Trainer:
                 self.best.resume(self.resumed["step"])
         _report(progress, "eval before", self.eval_before)
         history = read_history(self.run_dir / "metrics.jsonl") if main else []
-        if cfg.async_steps:
-            self.producer = async_rollouts.start(self.run, self.rollouts, self.completed_step, self.resumed)
+        self.batches.start(self.completed_step)
         for step in range(self.completed_step + 1, cfg.max_steps + 1):
             history.append(self.train_step(step, writer, guard, progress))
         if self.completed_step and cfg.checkpoint_every:
             self.save_checkpoint(self.completed_step)
-        self.stop_producer()
+        self.batches.close()  # the engine holds the trained policy
         _phase(progress, "eval")
         return history, self.evaluate() if cfg.eval_tasks and main else {}
-
-    def stop_producer(self) -> None:
-        """End the rollout thread (an asynchronous run); the engine gets the trained policy."""
-        if self.producer is not None:
-            idle = self.producer.close()  # not idle: a run stopping on an error, mid-collection
-            self.producer = None
-            if idle:
-                self.run.engine.sync_weights(self.run.sampling_model())
 
     def finish(self, eval_after: dict[str, float], writer: Any, owned_states: dict[str, Any]) -> None:
         """The final metrics, eval.json, the exported model (the best one if it beat the last),
@@ -330,12 +282,9 @@ class Trainer:
 
     # -- state on disk -------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> Path:
-        """Everything ``--resume`` needs to continue after ``step`` exactly (every process calls it);
-        with ``async_steps`` the batches collected for later steps too."""
-        ahead = {}
-        if self.producer is not None:
-            self.producer.quiesce(step)
-            ahead = {"async": self.producer.state()}
+        """Everything ``--resume`` needs to continue after ``step`` exactly (every process calls it),
+        the batches collected for later steps included (:meth:`agentrl.training.batches.Batches.state`)."""
+        ahead = self.batches.state(step)  # first: a rollout thread moves the task cursor
         return self.checkpoints.save(
             step,
             {
@@ -355,8 +304,7 @@ class Trainer:
             state["nonfinite_skips"],
             state["skipped_in_a_row"],
         )
-        if not self.config.async_steps and (dropped := async_rollouts.restore(state.get("async"), 0, state["step"])[2]):
-            print(f"note: {dropped} episodes the asynchronous run collected ahead are not trained on (async_steps=0)")
+        self.batches.restore(state)
         return state
 
     def offer_best(self, step: int, evaluation: dict[str, float]) -> None:
@@ -379,6 +327,18 @@ def _phase(progress: Any, label: str) -> None:
     """Tell a progress display what the run is doing now (``eval``, ``rollout``, ``update``)."""
     if progress is not None and hasattr(progress, "phase"):
         progress.phase(label)
+
+
+def _perf(t0: float, t1: float, t2: float, episodes: int) -> dict[str, float]:
+    """A step's ``perf/*`` metrics: its rollout (``t0`` to ``t1``) and update (to ``t2``) times and memory."""
+    return {
+        "perf/rollout_seconds": t1 - t0,
+        "perf/update_seconds": t2 - t1,
+        "perf/step_seconds": t2 - t0,
+        "perf/episodes_per_second": episodes / (t2 - t0),
+        "perf/rss_gb": rss_gb(),
+        "perf/peak_rss_gb": peak_rss_gb(),
+    }
 
 
 def _report(progress: Any, label: str, metrics: dict[str, float]) -> None:

@@ -205,7 +205,8 @@ def _assert_partial_rollouts_swap_weights_between_turns(engine, model: torch.nn.
     import threading
 
     from agentrl.sampling.request_queue import BatchingQueue
-    from agentrl.training.async_rollouts import AsyncRollouts, VersionedEngine
+    from agentrl.sampling.versioned_engine import VersionedEngine
+    from agentrl.training.async_rollouts import AsyncRollouts
 
     versioned = VersionedEngine(engine, partial=True)
     mid_call = engine.swaps_between_decode_steps  # in-process: vLLM's own queue, asking before each step
@@ -290,7 +291,7 @@ def test_partial_rollouts_load_a_version_published_mid_collection_before_the_nex
     """In-process vLLM: the async wrapper keeps vLLM's own continuous batching queue, with or
     without ``partial_rollouts``; with it, a version published between two turns is loaded before
     the next one (the helper above)."""
-    from agentrl.training.async_rollouts import VersionedEngine
+    from agentrl.sampling.versioned_engine import VersionedEngine
 
     model, engine = tiny_engine
     assert VersionedEngine(engine).request_queue == engine.request_queue

@@ -11,13 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER_LINES, MODULE_LINES, FUNCTION_LINES = 350, 400, 60
-PENDING = {
-    "agentrl/training/trainer.py:<the trainer module>": "ruff format laid it out over the limit; to be carved",
-    "agentrl/cli/hookdoc.py:render": "ruff format laid it out over the limit; to be carved",
-    "agentrl/training/async_rollouts.py": "ruff format laid it out over the limit; to be carved",
-    "agentrl/training/build.py:build_run": "ruff format laid it out over the limit; to be carved",
-    "agentrl/training/rollout_phase.py:RolloutPhase.collect": "ruff format laid it out over the limit; to be carved",
-}
+PENDING = {}
 
 
 def _python_files() -> list[Path]:
@@ -52,12 +46,7 @@ def _over_limits() -> set[str]:
 
 def test_the_trainer_module_is_short() -> None:
     lines = len((ROOT / "agentrl" / "training" / "trainer.py").read_text().splitlines())
-    pending = "agentrl/training/trainer.py:<the trainer module>" in PENDING
-    assert (lines < TRAINER_LINES) != pending, (
-        f"agentrl/training/trainer.py has {lines} lines (limit {TRAINER_LINES})"
-        if not pending
-        else "the trainer is short now: remove it from PENDING"
-    )
+    assert lines < TRAINER_LINES, f"agentrl/training/trainer.py has {lines} lines (limit {TRAINER_LINES})"
 
 
 def test_modules_and_functions_are_within_their_limits() -> None:
@@ -66,7 +55,7 @@ def test_modules_and_functions_are_within_their_limits() -> None:
     assert not new, (
         f"over the limits ({MODULE_LINES} lines per module in agentrl/, {FUNCTION_LINES} per function anywhere): {new}"
     )
-    done = sorted(key for key in PENDING.keys() - over if not key.endswith("<the trainer module>"))
+    done = sorted(PENDING.keys() - over)
     assert not done, f"within the limits now: remove {done} from PENDING"
 
 

@@ -22,8 +22,8 @@ ALLOWED_CYCLES: set[frozenset[str]] = set()
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "faults", "imports", "trajectory", "answers"),
-    ("sampling",),
     ("env",),
+    ("sampling",),
     ("tools",),
     ("config",),
     ("rundir",),

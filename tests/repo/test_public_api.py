@@ -167,8 +167,26 @@ def test_public_api_names_exist():
         "GenerationRequest",
         "RequestQueue",
         "request_queue",
+        "Engine",
+        "Rollout",
     ):
         assert name in agentrl.__all__, name
+
+
+def test_every_registered_rollout_runs_as_the_rollout_protocol_says():
+    """The loop calls ``rollout.run(envs, tasks, groups, sampling, seeds=...)``: every built-in
+    rollout takes exactly :class:`agentrl.Rollout`'s arguments, ``seeds`` optional."""
+    import inspect
+
+    from agentrl.plugins import load_plugins
+
+    registry = load_plugins().registry
+    expected = inspect.signature(agentrl.Rollout.run).parameters
+    assert list(expected) == ["self", "envs", "tasks", "groups", "sampling", "seeds"]
+    for name in registry.names("rollout"):
+        run = inspect.signature(registry.get("rollout", name).factory.run).parameters
+        assert list(run) == list(expected), name
+        assert run["seeds"].default is None, name
 
 
 def test_reward_plugin_does_not_need_the_math_env(monkeypatch):

@@ -23,6 +23,7 @@ from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, RewardError, TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.rundir.directory import resume_config
+from agentrl.sampling.versioned_engine import VersionedEngine
 from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
 from agentrl.training import async_rollouts, weight_copies
 from agentrl.training.async_rollouts import version_for
@@ -464,7 +465,7 @@ def test_the_first_turn_of_a_collection_is_stamped_with_its_version(tokenizer):
     from agentrl_hf_engine import HFEngine
 
     model = build_tiny_model(len(tokenizer))
-    versioned = async_rollouts.VersionedEngine(HFEngine(model, tokenizer), partial=True)
+    versioned = VersionedEngine(HFEngine(model, tokenizer), partial=True)
     stamped = []
 
     def collect(step: int, version: int) -> str:

@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentrl import Env, SamplingParams
+from agentrl import Engine, Env, SamplingParams
 from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.sampling.request_queue import cut
+from agentrl.sampling.versioned_engine import VersionedEngine
 from agentrl.testing import build_tiny_model, version_change_at
 from agentrl.training import async_rollouts
 from agentrl.training.rollout_phase import _token_versions
@@ -97,7 +98,7 @@ def test_a_version_published_mid_turn_is_loaded_at_the_next_decode_step(versions
     thread's engine is inside a decode step's forward (the third); the turn goes on from version 1
     at the next step, stamps its first token's version on the Generation and each token's in
     ``token_versions``, and the thread now holds version 1."""
-    versioned = async_rollouts.VersionedEngine(_engine(versions, tokenizer), partial=True)
+    versioned = VersionedEngine(_engine(versions, tokenizer), partial=True)
     forwards, built = [], threading.Event()
 
     def collect(step: int, version: int) -> list:
@@ -136,12 +137,12 @@ def test_a_version_published_mid_turn_is_loaded_at_the_next_decode_step(versions
 
 
 def test_an_engine_that_cannot_swap_mid_call_is_not_asked():
-    class Plain(async_rollouts.Engine):
+    class Plain(Engine):
         def generate(self, prompts, sampling):
             return []
 
     plain = Plain()
-    async_rollouts.VersionedEngine(plain, partial=True)
+    VersionedEngine(plain, partial=True)
     assert plain.before_decode_step is None
 
 

@@ -53,7 +53,7 @@ def test_gradient_does_not_depend_on_micro_batch_size(tiny_model_dir, tmp_path, 
         trainer.run.trained["policy"].optimizer = GradientRecorder(trainer.model.parameters())
         trainer.update(batch, {})
         grads.append(trainer.run.trained["policy"].optimizer.steps[0])
-    assert len(trainer.run.micro_batch_rows(batch)) == 9  # the last split: one row each
+    assert len(trainer.learner.micro_batch_rows(batch)) == 9  # the last split: one row each
     for other in grads[1:]:
         for a, b in zip(grads[0], other):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)

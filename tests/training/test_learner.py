@@ -1,0 +1,67 @@
+"""The learner on its own (no Trainer): an update trains the policy and says so, leaves the
+engine alone, skips an unscored batch and stops a stuck run; its micro-batch plan, sampling
+weights and forward precision."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import pytest
+import torch
+from training_parts import engine_holds, tiny_run, weights
+
+from agentrl.errors import TrainingError
+from agentrl.model.precision import Precision
+from agentrl.training.learner import Learner
+from agentrl.training.rollout_phase import RolloutPhase
+
+
+def test_an_update_trains_the_policy_says_so_and_leaves_the_engine_alone(tiny_model_dir, tmp_path):
+    run = tiny_run(tiny_model_dir, tmp_path, engine_args={"dtype": "bfloat16"})  # the engine's own copy
+    learner, taken = Learner(run), RolloutPhase(run).collect(1)
+    before = weights(run.model)
+    assert engine_holds(run.engine.model, run.model)
+    assert learner.update(taken.batch, taken.metrics, step=1) is True
+    after = weights(run.model)
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+    assert math.isfinite(taken.metrics["loss/total"]) and learner.skipped_in_a_row == 0
+    assert not engine_holds(run.engine.model, run.model)  # the run's batches hand the weights over
+
+
+def test_unscored_batches_are_skipped_and_counted_until_the_run_is_stuck(tiny_model_dir, tmp_path):
+    run = tiny_run(tiny_model_dir, tmp_path, max_nonfinite_steps=2)
+    learner, phase = Learner(run), RolloutPhase(run)
+    before = weights(run.model)
+    for step in (1, 2):
+        taken = phase.collect(step)
+        taken.batch.rewards[:] = float("nan")
+        with pytest.warns(RuntimeWarning, match=f"step {step}: no episode of the batch has a finite reward"):
+            assert learner.update(taken.batch, taken.metrics, step) is False
+        assert taken.metrics["train/skipped_unscored_batch"] == 1.0 and learner.skipped_in_a_row == step
+        assert learner.stuck() == (step == 2)
+    assert all(torch.equal(before[name], p) for name, p in weights(run.model).items())
+    message = (
+        "steps 1-2: 2 steps in a row had a non-finite loss or gradient, or no scored episode (max_nonfinite_steps=2)"
+    )
+    with pytest.raises(TrainingError, match=re.escape(message)):
+        learner.stop_if_stuck(2, tmp_path)
+
+
+def test_the_micro_batch_plan_follows_the_config_and_the_sampling_weights_are_the_model(tiny_model_dir, tmp_path):
+    run = tiny_run(tiny_model_dir, tmp_path)
+    learner, batch = Learner(run), RolloutPhase(run).collect(1).batch
+    run.config = dataclasses.replace(run.config, micro_batch_size=1)
+    assert sorted(learner.micro_batch_rows(batch)) == [[row] for row in range(batch.num_rows)]
+    run.config = dataclasses.replace(run.config, micro_batch_size=64, micro_batch_tokens=10**6)
+    [rows] = learner.micro_batch_rows(batch)
+    assert sorted(rows) == list(range(batch.num_rows))
+    assert [mb.num_rows for mb in learner.micro_batches(batch)] == [batch.num_rows]
+    assert learner.sampling_model() is run.model  # no LoRA, no sharded weights
+
+
+@pytest.mark.parametrize("name, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_forward_passes_run_in_the_run_s_precision(name, dtype):
+    with Precision(name, "a test").autocast(torch.device("cpu")):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == dtype
