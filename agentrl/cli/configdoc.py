@@ -14,13 +14,13 @@ their type hints, the docstring under each field).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from agentrl.cli.generated import write_or_check
 from agentrl.cli.hookdoc import builtin_plugins, to_markdown
 from agentrl.config.lora import LoRAConfig
 from agentrl.config.reference import ConfigKey, config_reference
@@ -131,26 +131,14 @@ def render(manager: Any = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Write (or ``--check``) the config reference; the exit status says whether it was up to date."""
-    parser = argparse.ArgumentParser(prog="python -m agentrl.cli.configdoc", description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="Where to write it ('-': stdout).")
-    parser.add_argument("--check", action="store_true", help="Write nothing; exit 1 if the file is out of date.")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.output == "-":
-        sys.stdout.write(text)
-        return 0
-    path = Path(args.output)
-    if args.check:
-        if not path.is_file() or path.read_text() != text:
-            message = f"{path} is out of date with the config classes: run `python -m agentrl.cli.configdoc`"
-            print(message, file=sys.stderr)
-            return 1
-        print(f"{path} is up to date")
-        return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(f"wrote {path}")
-    return 0
+    return write_or_check(
+        argv,
+        prog="python -m agentrl.cli.configdoc",
+        description=__doc__.splitlines()[0],
+        default=DEFAULT_OUTPUT,
+        render=render,
+        source="the config classes",
+    )
 
 
 if __name__ == "__main__":

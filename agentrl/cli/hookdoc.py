@@ -12,7 +12,6 @@ distribution's entry points and ``agentrl.defaults``), never listed by hand.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import inspect
 import re
@@ -22,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from agentrl import hookspecs
+from agentrl.cli.generated import write_or_check
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"
 """``docs/hooks.md`` of the source checkout this module lives in."""
@@ -199,27 +199,14 @@ def _attribute_doc(module: ModuleType, name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Write (or ``--check``) the hook reference; the exit status says whether it was up to date."""
-    parser = argparse.ArgumentParser(prog="python -m agentrl.cli.hookdoc", description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="Where to write it ('-': stdout).")
-    parser.add_argument("--check", action="store_true", help="Write nothing; exit 1 if the file is out of date.")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.output == "-":
-        sys.stdout.write(text)
-        return 0
-    path = Path(args.output)
-    if args.check:
-        if not path.is_file() or path.read_text() != text:
-            print(
-                f"{path} is out of date with agentrl/hookspecs.py: run `python -m agentrl.cli.hookdoc`", file=sys.stderr
-            )
-            return 1
-        print(f"{path} is up to date")
-        return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(f"wrote {path}")
-    return 0
+    return write_or_check(
+        argv,
+        prog="python -m agentrl.cli.hookdoc",
+        description=__doc__.splitlines()[0],
+        default=DEFAULT_OUTPUT,
+        render=render,
+        source="agentrl/hookspecs.py",
+    )
 
 
 if __name__ == "__main__":

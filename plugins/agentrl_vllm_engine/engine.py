@@ -103,16 +103,14 @@ class VLLMEngineConfig:
     whole process's memory, the trainer's included), sized by gpu_memory_utilization on a GPU."""
     max_model_len: Annotated[int, Field(ge=1), Allowed("expected null or an integer >= 1")] | None = None
     """Longest sequence vLLM serves (None: the run's ``max_total_tokens``)."""
-    enforce_eager: bool = True
+    enforce_eager: Annotated[bool, Allowed("expected true or false")] = True
     """No CUDA graphs / compilation (faster start-up; graphs help only long GPU runs)."""
     sleep_level: Annotated[int, OneOf(0, 1, 2), Allowed("expected 0 (off), 1 or 2")] = 0
     """Sleep between generate calls to free GPU memory for the update: 0 (off), 1 or 2 (GPU only)."""
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
-        check = ConfigCheck(self, "engine_args")
-        check.declared()
-        check.flag("enforce_eager")
+        ConfigCheck(self, "engine_args").declared()
 
 
 def _quiet_vllm() -> None:
