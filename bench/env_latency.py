@@ -8,7 +8,7 @@ jittered L (each call sleeps uniform(0, 2L), seeded per episode: some episodes f
 drives ``--episodes`` episodes of ``--turns`` model turns each on the default model (hf engine,
 float32, T=1, a fixed seed, 24 new tokens a turn) through three loops:
 
-* ``lockstep serial``: the loop before issue 34 with ``env_workers=1`` (every env call one after
+* ``lockstep serial``: the loop before episodes advanced on their own, with ``env_workers=1`` (every env call one after
   another, every episode's turn k sampled together);
 * ``lockstep at once``: the same loop, a turn's env calls at once (``--workers``);
 * ``per episode``: the registered ``multi_turn`` rollout (each episode asks for its next turn as
@@ -80,7 +80,7 @@ class SlowChat(Env):
 
 
 class LockstepRollout(MultiTurnRollout):
-    """The ``multi_turn`` loop before issue 34: every live episode's turn k sampled in one batch
+    """The ``multi_turn`` loop before episodes advanced on their own: every live episode's turn k sampled in one batch
     (the largest budget, then cut), then every env answers (``env_workers``), then turn k + 1."""
 
     def _advance(

@@ -1,4 +1,4 @@
-"""The ``calculator`` env's task written as an OpenAI-client agent program (issue 34's comparison).
+"""The ``calculator`` env's task written as an OpenAI-client agent program (the env-vs-agent learning comparison).
 
 The same conversation the env builds: its instructions as the system message (the endpoint adds
 the tool description, as the env does for a template that does not render tools), its two worked

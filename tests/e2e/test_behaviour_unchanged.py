@@ -1,6 +1,6 @@
 """Behaviour unchanged: a 5-step GRPO run, a PPO run of 2 epochs x 2 mini-batches and an interrupted
 and resumed GRPO run on the tiny model give the metrics history and final weights recorded in
-tests/data/behaviour_golden.json from the code before a refactor (issue 33).
+tests/data/behaviour_golden.json from the code before a refactor.
 
 Each scenario runs in a fresh process with one CPU thread (tests/record_behaviour.py, which also
 rewrites the data file: ``python tests/record_behaviour.py --record``). Floats are bit-for-bit

@@ -200,7 +200,7 @@ def test_train_on_the_real_default_model(tmp_path):
     ), result.stdout
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(0.0 <= line["reward/total_mean"] <= 1.2 for line in lines[:2])
-    # At step 1 the bf16 sampler and the trainer agree to within bf16 noise (TRAPS 7, 12).
+    # At step 1 the bf16 sampler and the trainer agree to within bf16 noise (docs/concepts/guards.md#logprob-parity).
     assert lines[0]["policy/sampler_logprob_gap"] < 0.1
     before, after = (json.loads((out / "eval.json").read_text())[k]["eval/accuracy"] for k in ("before", "after"))
     assert 0.0 < before <= 1.0 and 0.0 <= after <= 1.0

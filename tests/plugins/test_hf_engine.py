@@ -105,7 +105,7 @@ def test_float32_logprobs_match_a_separate_forward(sampling: SamplingParams) -> 
 
 
 def test_top_k_reports_full_vocabulary_logprobs_and_the_kept_mass() -> None:
-    """TRAPS 28: with top_k the engine must not hand the trainer a renormalised logprob."""
+    """Logprob parity (docs/concepts/guards.md#logprob-parity): with top_k the engine must not hand the trainer a renormalised logprob."""
     model = tiny_model()
     sampling = SamplingParams(max_new_tokens=16, temperature=1.0, top_k=3, seed=0)
     generations = make_engine(model).generate(PROMPTS, sampling)

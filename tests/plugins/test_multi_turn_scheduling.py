@@ -1,4 +1,4 @@
-"""Episodes advance on their own (issue 34): each episode asks for its next turn as soon as its own
+"""Episodes advance on their own: each episode asks for its next turn as soon as its own
 env has answered, one slow env holds back only its episode, and the tokens do not depend on env
 latency. Fast envs give exactly the lockstep batches. Order of events, never wall-clock figures."""
 

@@ -178,7 +178,7 @@ def test_tool_calls_are_counted_so_tool_use_rewards_agents_as_envs(tokenizer, tm
 
 
 def test_the_calculator_agent_program_is_the_calculator_env_token_for_token(tokenizer):
-    """bench/agents/calculator_agent.py, the agent program of issue 34's learning comparison, gives the
+    """bench/agents/calculator_agent.py, the agent program of the env-vs-agent learning comparison, gives the
     same episode as ``--env calculator`` for the same replies: token ids, loss mask, env return."""
     from pathlib import Path
 

@@ -77,7 +77,7 @@ def test_log_weights_match_a_float64_reference(level):
 
 
 def test_fp32_engine_with_top_k_measures_a_ratio_of_one(tiny_model_dir, tmp_path):
-    """TRAPS 28: with top_k the engine's renormalised logprob exceeds the trainer's by -log(kept
+    """Logprob parity (docs/concepts/guards.md#logprob-parity): with top_k the engine's renormalised logprob exceeds the trainer's by -log(kept
     mass); compared on the same support, an fp32 sampler and the fp32 trainer agree to 1e-4."""
     trainer = _trainer(tiny_model_dir, tmp_path, {"mode": "measure"}, top_k=5)
     batch, _, metrics = trainer.rollout_step(1)

@@ -476,7 +476,7 @@ def test_an_engine_error_reaches_every_pending_request(tiny_engine, monkeypatch)
 
 @needs_vllm
 def test_top_k_at_temperature_one_reports_full_vocabulary_logprobs():
-    """TRAPS 28 with vLLM: top_k=3 renormalises what it samples from, not what it reports.
+    """Logprob parity with vLLM (docs/concepts/guards.md#logprob-parity): top_k=3 renormalises what it samples from, not what it reports.
     (Deleting this second engine tears down vLLM's process-wide parallel groups: tiny_engine's
     tests must run before this one.)"""
     model = _tiny()

@@ -1,4 +1,4 @@
-"""Checkpoints are input (issue 32): loading one never runs code from it; a damaged newest one is
+"""Checkpoints are input: loading one never runs code from it; a damaged newest one is
 named (which file, what is wrong) and the run resumes from the newest intact one; a write that
 fails (disk full, read-only) names the path and the cause and loses nothing; a cut metrics log
 keeps its whole lines. Runs are tiny and in-process, as in test_resume.py."""

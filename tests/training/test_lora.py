@@ -80,7 +80,7 @@ def test_only_the_adapter_trains_and_the_base_stays_bit_identical(tiny_model_dir
     optimized = [p for group in trainer.run.trained["policy"].optimizer.param_groups for p in group["params"]]
     assert optimized and all(p.requires_grad for p in optimized)
     assert {id(p) for p in optimized} == {id(p) for n, p in trainer.model.named_parameters() if ".lora_" in n}
-    assert not trainer.model.training  # dropout off (TRAPS 14)
+    assert not trainer.model.training  # dropout off (docs/concepts/guards.md#dropout)
     _step(trainer)
     for name, p in trainer.model.named_parameters():
         if ".lora_B." in name:

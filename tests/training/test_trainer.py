@@ -72,7 +72,8 @@ def test_micro_batch_plan_keeps_both_limits_and_every_row_once():
 
 @pytest.mark.parametrize("support", [{}, {"top_k": 5}, {"top_p": 0.8}, {"top_k": 20, "top_p": 0.9}])
 def test_step_zero_ratio_is_one_with_fp32_engine(tiny_model_dir, tmp_path, support):
-    """Sampler and trainer logprobs agree on the same support, top_k/top_p included (TRAPS 28)."""
+    """Sampler and trainer logprobs agree on the same support, top_k/top_p included
+    (docs/concepts/guards.md#logprob-parity)."""
     trainer = Trainer(_config(tiny_model_dir, tmp_path, temperature=0.7, **support), load_plugins())
     batch, _, metrics = trainer.rollout_step(1)
     trainer.update(batch, metrics)
