@@ -39,4 +39,3 @@ class Rollout(Protocol):
         same tokens on any process count and beside any other episodes. Evaluation passes None:
         ``sampling.seed`` seeds the batch.
         """
-        ...

@@ -42,35 +42,28 @@ class Batches(Protocol):
         """Continue from a checkpoint's trainer state (:meth:`agentrl.training.saving.RunCheckpoints.load`):
         the engine receives the checkpoint's weights, and the batches collected ahead are taken
         over (an asynchronous run) or dropped and counted (a synchronous one)."""
-        ...
 
     def start(self, completed_step: int) -> None:
         """Before the first :meth:`take` of a run that has completed ``completed_step`` steps."""
-        ...
 
     def take(self, step: int, guard: InterruptGuard) -> StepBatch:
         """The batch step ``step`` trains on, on the run's device (``guard``: the run's signals)."""
-        ...
 
     def hand_over(self, step: int, changed: bool, hold: bool, evaluate: bool) -> None:
         """After step ``step``'s update (``changed``: it trained the policy) the new weights go to
         the sampler. ``hold``: nothing samples in the background until :meth:`release` (an
         evaluation or a checkpoint follows); ``evaluate``: the engine then samples these weights."""
-        ...
 
     def release(self) -> None:
         """End of the step's evaluation and checkpoint: background sampling may go on."""
-        ...
 
     def state(self, step: int) -> dict[str, Any]:
         """What a checkpoint after step ``step`` keeps of the batches (merged into the trainer
         state), once nothing samples in the background; called before the rest of the state is read."""
-        ...
 
     def close(self) -> None:
         """Stop sampling in the background, if anything does (it may be called more than once);
         the engine then holds the trained policy."""
-        ...
 
 
 def make_batches(run: Run, rollouts: RolloutPhase, learner: Learner) -> Batches:
