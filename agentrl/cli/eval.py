@@ -156,6 +156,7 @@ def _eval_config(given: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
         raise ConfigError(f"--temperature must be a finite number >= 0 (0: greedy), got {temperature}")
     run_config = _run_config(target)
     base = {k: run_config[k] for k in RUN_EVAL_KEYS if k in run_config and (env is None or k not in ENV_KEYS)}
+    _refuse_run_dir_code(base, Path(target).expanduser(), [env, *(set_ or [])])
     overrides = {
         "model": target,
         "env": env,
@@ -176,6 +177,20 @@ def _eval_config(given: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
         overrides={k: v for k, v in overrides.items() if v is not None}, sets=[*_as_sets(base), *(set_ or [])]
     )  # the run's values, then --set, then flags
     return target, cfg, run_config
+
+
+def _refuse_run_dir_code(taken: dict[str, Any], run_dir: Path, command_line: list[Any]) -> None:
+    """Code the run's config names (``taken``: what eval takes from it) runs only when it is
+    outside the run dir and the user's, or the command line names it (:mod:`agentrl.rundir.trust`)."""
+    from agentrl.rundir.trust import named_files, refuse_run_dir_code
+
+    refuse_run_dir_code(
+        taken,
+        run_dir,
+        named_files(command_line),
+        f"eval {str(run_dir)!r}",
+        lambda key, spec: f"--env {spec}" if key == "env" else f"--set 'rewards={{\"{spec}\": 1.0}}'",
+    )
 
 
 def _as_sets(values: dict[str, Any]) -> list[str]:

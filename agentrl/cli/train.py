@@ -63,8 +63,9 @@ TRAIN_OPTIONS = ConfigOptions(
     "seed",
 )
 """The TrainConfig fields ``agentrl train`` takes as options (each option generated from its field)."""
-RESUME_FLAGS = ("--max-steps", "--plugin", "--disable-plugin", "--resume")
-"""The flags ``--resume`` takes (the run's own config gives the rest)."""
+RESUME_FLAGS = ("--max-steps", "--plugin", "--disable-plugin", "--resume", "--env", "--reward")
+"""The flags ``--resume`` takes (the run's own config gives the rest; ``--env`` and ``--reward``
+only name the run's own, to run that code from inside the run dir: :mod:`agentrl.rundir.trust`)."""
 
 
 @TRAIN_OPTIONS.command
@@ -145,8 +146,13 @@ def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextl
                 f"--resume continues the run with its own config; drop {', '.join(extra)} "
                 "(only --max-steps may be given)"
             )
-        writer = not print_config and Path(resume).is_dir() and _lock_run_dir(lock, Path(resume))
-        return _resume(resume, given["--max-steps"], writer)
+        try:
+            writer = not print_config and Path(resume).is_dir() and _lock_run_dir(lock, Path(resume))
+            return _resume(resume, given, writer)
+        except OSError as exc:  # a full disk (the lock, the stopped attempt set aside): one line
+            from agentrl.rundir.directory import disk_problem
+
+            raise ConfigError(f"--resume {resume!r}: {disk_problem(Path(resume), exc)}") from None
     flags = TRAIN_OPTIONS.values(given)
     refuse_flag_conflicts(flags, given["--set"])
     cfg = build_config(
@@ -292,15 +298,19 @@ def _lock_run_dir(lock: contextlib.ExitStack, run_dir: Path) -> bool:
     return True
 
 
-def _resume(run_dir: str, max_steps: int | None, writer: bool) -> tuple[Any, Path | None]:
+def _resume(run_dir: str, given: dict[str, Any], writer: bool) -> tuple[Any, Path | None]:
     """``--resume``: the run's config and newest complete checkpoint; or, for a run that stopped
     before its first checkpoint, its config and None: it starts over from step 0, what its stopped
-    attempt wrote moved aside first by the ``writer`` (the process holding the lock)."""
+    attempt wrote moved aside first by the ``writer`` (the process holding the lock). Code its
+    config names inside the run dir runs only when ``--env`` / ``--reward`` name it (:func:`_resumed_code`)."""
     from agentrl.rundir.directory import resume_config, set_aside_unfinished, start_over_config
 
-    cfg = start_over_config(run_dir, max_steps)
+    cfg = start_over_config(run_dir, given["--max-steps"])
+    checkpoint = None
     if cfg is None:
-        cfg, checkpoint = resume_config(run_dir, max_steps)
+        cfg, checkpoint = resume_config(run_dir, given["--max-steps"])
+    _resumed_code(cfg, Path(run_dir), given["--env"], given["--reward"] or [])
+    if checkpoint is not None:
         console.print(f"resuming {run_dir} from {checkpoint.name}", highlight=False)
         return cfg, checkpoint
     if writer:
@@ -312,6 +322,14 @@ def _resume(run_dir: str, max_steps: int | None, writer: bool) -> tuple[Any, Pat
             highlight=False,
         )
     return cfg, None
+
+
+def _resumed_code(cfg: Any, run_dir: Path, env: str | None, rewards: list[str]) -> None:
+    """Code the resumed run's config names runs only when it is the user's, or ``--env`` /
+    ``--reward`` name it (:func:`agentrl.rundir.trust.check_resumed_code`)."""
+    from agentrl.rundir.trust import check_resumed_code
+
+    check_resumed_code(cfg, run_dir, env, parse_rewards(rewards), rewards)
 
 
 def _launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: dict[str, Any]) -> int:

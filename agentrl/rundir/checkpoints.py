@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import CheckpointError, ConfigError, one_line
+from agentrl.rundir.state_schema import state_problem
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"  # the manifest: {"format", "step", "files": {path: {"size", "sha256"}}, "weights_in"?}
@@ -68,6 +69,8 @@ def write_atomically(run_dir: Path, step: int, write: Callable[[Path], None], ke
     if (final / COMPLETE).is_file():
         return final
     tmp = None
+    if final.parent.is_symlink():
+        raise CheckpointError(f"{str(final.parent)!r} is a symbolic link: agentrl never writes checkpoints through one")
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
@@ -202,14 +205,17 @@ def intact_checkpoint(run_dir: Path, say: Callable[[str], None] = say) -> Path:
 
 def damage(run_dir: Path, folder: Path) -> str | None:
     """What is wrong with checkpoint ``folder`` (a file missing, cut short or changed since it was
-    written, or an unreadable manifest); None when every file matches the manifest. A slimmed
-    checkpoint's weights are checked in ``run_dir``'s export."""
+    written, or an unreadable manifest; a value in its JSON state files that a resume could not
+    use: :func:`agentrl.rundir.state_schema.state_problem`); None when every file matches the
+    manifest and its values check out. A slimmed checkpoint's weights are checked in ``run_dir``'s export."""
     try:
         manifest = read_manifest(folder)
     except CheckpointError as exc:
         return str(exc)
     if manifest is None:
         return _legacy_damage(folder)
+    if manifest["step"] != _step_of(folder):
+        return f"{COMPLETE} key 'step': {manifest['step']!r}, but the folder is {folder.name}"
     checks = [(name, folder / name, want) for name, want in manifest["files"].items()]
     moved = manifest.get("weights_in")
     if moved:
@@ -225,7 +231,13 @@ def damage(run_dir: Path, folder: Path) -> str | None:
             return f"{name} is {size} bytes, but {want['size']} were written"
         if _sha256(path) != want["sha256"]:
             return f"{name} has changed since it was written (its sha256 differs)"
-    return None
+    return state_problem(folder, _step_of(folder))
+
+
+def _step_of(folder: Path) -> int | None:
+    """The step in a checkpoint folder's name (``step-000003``: 3)."""
+    found = _NAME.match(folder.name)
+    return int(found.group(1)) if found else None
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
@@ -262,7 +274,7 @@ def _legacy_damage(folder: Path) -> str | None:
         read_json(folder / STATE)
     except CheckpointError as exc:
         return str(exc)
-    return None
+    return state_problem(folder, _step_of(folder))
 
 
 def set_aside_after(run_dir: Path, step: int) -> list[Path]:

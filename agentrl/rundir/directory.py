@@ -9,7 +9,9 @@ A run dir holds ``config.yaml``, ``metrics.jsonl``, ``completions.jsonl``, ``che
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import tempfile
 from collections.abc import Callable
 from datetime import datetime
@@ -20,6 +22,7 @@ from agentrl.config.train import TrainConfig, build_config
 from agentrl.config.yaml_text import load_yaml
 from agentrl.errors import ConfigError
 from agentrl.rundir import checkpoints as ckpt
+from agentrl.rundir.links import open_nofollow, refuse_links
 from agentrl.rundir.lock import LOCK_FILE
 from agentrl.rundir.metrics import read_rows
 from agentrl.rundir.paths import folder_problem
@@ -39,7 +42,7 @@ def refuse_existing_run(run_dir: Path) -> None:
     if held and _finished_without_checkpoint(run_dir):
         raise ConfigError(
             f"output_dir {str(run_dir)!r} already holds a finished run ({', '.join(held)}) with no "
-            "checkpoint to continue from (checkpoint_every: 0): pick another --output-dir"
+            f"checkpoint to continue from ({_why_no_checkpoint(run_dir)}): pick another --output-dir"
         )
     if held:  # --resume continues it, or starts it over when it stopped before its first checkpoint
         raise ConfigError(
@@ -52,6 +55,18 @@ def _finished_without_checkpoint(run_dir: Path) -> bool:
     return (run_dir / "eval.json").is_file() and not ckpt.complete_checkpoints(run_dir)
 
 
+def _why_no_checkpoint(run_dir: Path) -> str:
+    """Why a finished run has no checkpoint: its config wrote none, or they were removed since."""
+    try:
+        every = (load_yaml((run_dir / "config.yaml").read_text()) or {}).get("checkpoint_every")
+    except (OSError, UnicodeDecodeError, ConfigError, AttributeError):
+        every = None
+    if every == 0:
+        return "checkpoint_every: 0"
+    setting = f"checkpoint_every: {every}" if isinstance(every, int) else "its config.yaml is unreadable"
+    return f"{setting}, but none is left under {ckpt.CHECKPOINTS}/: they were removed"
+
+
 def start_over_config(run_dir: str | Path, max_steps: int | None = None) -> TrainConfig | None:
     """For ``--resume`` of a run that stopped before its first complete checkpoint: the config it
     was started with (``max_steps`` changed if given), to train it again from step 0 after
@@ -61,9 +76,10 @@ def start_over_config(run_dir: str | Path, max_steps: int | None = None) -> Trai
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file() or ckpt.complete_checkpoints(run_dir):
         return None
+    refuse_links(run_dir, f"--resume {str(run_dir)!r}")
     if _finished_without_checkpoint(run_dir):
         raise ConfigError(
-            f"--resume {str(run_dir)!r}: the run finished without a checkpoint (checkpoint_every: 0), "
+            f"--resume {str(run_dir)!r}: the run finished without a checkpoint ({_why_no_checkpoint(run_dir)}), "
             "so there is nothing to continue: train a new run with another --output-dir"
         )
     data = load_yaml((run_dir / "config.yaml").read_text(), where=str(run_dir / "config.yaml"))
@@ -103,6 +119,8 @@ def resume_config(
     newest intact checkpoint (``say``: the notes on damaged newer ones); a ConfigError when the
     two disagree, the run dir cannot be written, or nothing can be resumed."""
     run_dir = Path(run_dir)
+    if run_dir.is_dir():
+        refuse_links(run_dir, f"--resume {str(run_dir)!r}")
     folder = ckpt.intact_checkpoint(run_dir, say)
     problem = folder_problem(run_dir) or _log_problem(run_dir)
     if problem is not None:
@@ -131,17 +149,37 @@ def resume_config(
     return config, folder
 
 
+ROOM = 1 << 20
+"""Bytes a resume writes (and removes) first, to find a full disk before anything is loaded."""
+
+
 def _log_problem(run_dir: Path) -> str | None:
-    """Why the run's logs (or its checkpoints folder) cannot be appended to, None if they can."""
+    """Why the run's logs (or its checkpoints folder) cannot be appended to, None if they can;
+    a disk without :data:`ROOM` bytes free says so (free disk space)."""
     for path in (run_dir / "metrics.jsonl", run_dir / "completions.jsonl", run_dir / ckpt.CHECKPOINTS):
         try:
             if path.is_file():
-                path.open("ab").close()
+                open_nofollow(path, "a").close()
             elif path.is_dir():
                 tempfile.TemporaryFile(dir=path).close()
         except OSError as exc:
             return f"{str(path)!r} is not writable ({exc.strerror or exc})"
+    try:
+        with tempfile.TemporaryFile(dir=run_dir) as probe:
+            probe.write(bytes(ROOM))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        return disk_problem(run_dir, exc)
     return None
+
+
+def disk_problem(run_dir: Path, exc: OSError) -> str:
+    """``exc`` (a write in ``run_dir`` that failed) in words, with the fix when the disk is full."""
+    cause = (exc.strerror or str(exc)).lower()
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{str(run_dir)!r} has no room ({cause}: free disk space)"
+    return f"{str(run_dir)!r} is not writable ({exc.strerror or exc})"
 
 
 def truncate(path: Path, size: int) -> str | None:
@@ -151,14 +189,14 @@ def truncate(path: Path, size: int) -> str | None:
     have = file_size(path)
     if have >= size:
         if have > size:
-            with path.open("r+b") as f:
+            with open_nofollow(path, "r+b") as f:
                 f.truncate(size)
         return None
     data = path.read_bytes() if path.is_file() else b""
     whole = data.rfind(b"\n") + 1
     torn = ""
     if whole < len(data):
-        with path.open("r+b") as f:
+        with open_nofollow(path, "r+b") as f:
             f.truncate(whole)
         torn = f"; its torn last line ({len(data) - whole} bytes) was dropped"
     return (
@@ -183,7 +221,7 @@ def read_history(path: Path) -> list[dict[str, float]]:
 
 def log_completions(run_dir: Path, step: int, trajectories: list[Any], rewards: list[float]) -> None:
     """Append the step's episodes (messages, reward, answer) to ``completions.jsonl``."""
-    with (run_dir / "completions.jsonl").open("a") as f:
+    with open_nofollow(run_dir / "completions.jsonl", "a") as f:
         for traj, reward in zip(trajectories, rewards):
             f.write(
                 json.dumps(

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.errors import EnvError, TrainingError
+from agentrl.rundir.links import open_nofollow
 from agentrl.trajectory import Trajectory
 
 
@@ -36,7 +37,7 @@ class MetricsWriter:
         line = json.dumps({"step": step, **clean}) + "\n"
         size = self.path.stat().st_size if self.path.is_file() else 0
         try:
-            with self.path.open("a") as f:  # one write of a whole line, flushed to disk before the next step
+            with open_nofollow(self.path, "a") as f:  # one write of a whole line, flushed to disk before the next step
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,14 +194,22 @@ def _draw(ax: Any, rows: list[dict[str, Any]], keys: tuple[str, ...], first_colo
 
 
 def plot_run(run_dir: str | Path) -> Path:
-    """Write ``<run_dir>/training.png`` (:func:`run_figure`) and return its path."""
+    """Write ``<run_dir>/training.png`` (:func:`run_figure`) and return its path. It is written
+    beside and renamed over the old one: a symbolic link there is replaced, never written through."""
     import matplotlib.pyplot as plt
 
     fig = run_figure(run_dir)
     out = Path(run_dir) / "training.png"
+    tmp = out.with_name(f".{out.name}-{os.getpid()}.png")
     try:
-        fig.savefig(out, dpi=90)
+        if out.parent.is_symlink():
+            raise ConfigError(
+                f"could not write {out}: {str(out.parent)!r} is a symbolic link; agentrl never writes through one"
+            )
+        fig.savefig(tmp, dpi=90)
+        os.replace(tmp, out)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise ConfigError(f"could not write {out}: {exc}") from None
     finally:
         plt.close(fig)

@@ -18,7 +18,21 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.errors import one_line
+
+
+class _BestInfo(BaseModel):
+    """``best.json``: which step's policy ``best/`` holds and how it scored."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    step: Annotated[int, Field(ge=0)]
+    score: float
+    metrics: dict[str, float | None]
+
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
@@ -40,12 +54,12 @@ class BestModel:
         if score is None or not score >= self.score:
             return False
         tmp = self.folder.with_name(f".tmp-{BEST_DIR}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
         save(tmp)
         (tmp / BEST_FILE).write_text(
             json.dumps({"step": step, "score": score, "metric": self.metric, "metrics": metrics}, indent=1)
         )
-        shutil.rmtree(self.folder, ignore_errors=True)
+        _remove(self.folder)
         tmp.rename(self.folder)  # a kill leaves the old best or the new one, never half of one
         self.step, self.score, self.metrics = step, float(score), dict(metrics)
         return True
@@ -53,16 +67,29 @@ class BestModel:
     def resume(self, completed_step: int) -> None:
         """Pick up the best saved before a resumed checkpoint; one saved after it (by steps the
         resumed run does again) is dropped."""
-        shutil.rmtree(self.folder.with_name(f".tmp-{BEST_DIR}"), ignore_errors=True)
+        _remove(self.folder.with_name(f".tmp-{BEST_DIR}"))
         info_path = self.folder / BEST_FILE
         if not info_path.is_file():
             return
-        info: dict[str, Any] = json.loads(info_path.read_text())
-        if info["step"] > completed_step:
-            shutil.rmtree(self.folder, ignore_errors=True)
+        try:
+            info = _BestInfo.model_validate_json(info_path.read_text())
+        except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+            print(f"note: {info_path} is unreadable ({one_line(exc)}): the best policy so far is forgotten", flush=True)
+            _remove(self.folder)
             return
-        self.step, self.score, self.metrics = info["step"], float(info["score"]), info["metrics"]
+        if info.step > completed_step:
+            _remove(self.folder)
+            return
+        self.step, self.score, self.metrics = info.step, info.score, info.metrics
 
     def summary(self) -> dict[str, Any]:
         """What ``eval.json`` records about the best policy."""
         return {"step": self.step, "metric": self.metric, "score": self.score, "metrics": self.metrics}
+
+
+def _remove(folder: Path) -> None:
+    """Delete ``folder``; a symbolic link there goes itself (what it points to is never written)."""
+    if folder.is_symlink():
+        folder.unlink()
+    else:
+        shutil.rmtree(folder, ignore_errors=True)

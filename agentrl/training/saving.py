@@ -11,6 +11,7 @@ layout and file formats are :mod:`agentrl.rundir.checkpoints`'s.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,10 @@ from agentrl.errors import CheckpointError, ConfigError, one_line
 from agentrl.model import distributed, lora, sharding
 from agentrl.rundir import checkpoints as ckpt
 from agentrl.rundir.directory import file_size
-from agentrl.rundir.saved import read_checkpoint, weights_folder
+from agentrl.rundir.saved import Saved, read_checkpoint, weights_folder
 from agentrl.rundir.state_files import save_json, save_tensors
+from agentrl.rundir.state_schema import module_problem, optimizer_problem, structure_problem
+from agentrl.training.async_rollouts import Collected
 from agentrl.training.build import Run, Trained
 from agentrl.training.rng import rng_states, set_rng_states
 from agentrl.training.schedules import reapply_schedule
@@ -180,6 +183,7 @@ class RunCheckpoints:
                 f"checkpoint {str(folder)!r} was written by {len(processes)} process(es); resume it with "
                 f"the same count, not {run.num_processes} (each process's sampling state is in it)"
             )
+        self.check(folder, saved)  # every value fits before anything is loaded: a CheckpointError naming file and key
         if run.is_main and any(moments is None for moments in optim.values()):  # slimmed (a finished run's)
             print(
                 f"note: {folder.name} is a finished run's checkpoint without optimizer state: the AdamW moments "
@@ -203,6 +207,72 @@ class RunCheckpoints:
         run.hook.agentrl_load_state(state=saved.plugins)
         set_rng_states(own["rng"])
         return {**state, "async": own.get("async")}
+
+    def load_intact(self, folder: Path, say: Callable[[str], None] = ckpt.say) -> dict[str, Any]:
+        """:meth:`load` ``folder``, or when a value in it does not fit the run (a CheckpointError),
+        the newest older intact checkpoint, ``say`` naming what was wrong with each one passed
+        over; a CheckpointError in one line when none can be loaded."""
+        step = int(folder.name.removeprefix("step-"))
+        older = [f for f in reversed(ckpt.complete_checkpoints(self.run_dir)) if int(f.name[5:]) < step]
+        problems: list[tuple[str, str]] = []
+        for candidate in [folder, *older]:
+            problem = ckpt.damage(self.run_dir, candidate) if candidate is not folder else None
+            if problem is None:
+                try:
+                    state = self.load(candidate)
+                except CheckpointError as exc:
+                    problem = str(exc)
+                else:
+                    for name, line in problems:
+                        say(
+                            f"note: checkpoint {name} cannot be resumed: {line}; resuming from {candidate.name}, "
+                            f"the newest intact one ({name} is moved to {ckpt.CHECKPOINTS}/damaged-{name})"
+                        )
+                    return state
+            problems.append((candidate.name, problem))
+        found = "; ".join(f"{name}: {line}" for name, line in problems)
+        raise CheckpointError(
+            f"--resume {str(self.run_dir)!r}: no intact checkpoint ({found}): nothing can be resumed; "
+            "train the run again with another --output-dir"
+        )
+
+    def check(self, folder: Path, saved: Saved) -> None:
+        """A CheckpointError naming the file and key of the first value of ``saved`` (read from
+        ``folder``) that does not fit the run: optimizer states, modules, schedules, engine,
+        algorithm and asynchronous state, checked against the live objects (nothing is loaded)."""
+        run, processes = self.run, saved.processes
+        problems = (
+            *(
+                optimizer_problem(
+                    saved.optimizers[name], t.optimizer, f"{ckpt.OPTIMIZERS} key {name!r}", not self.weights.sharded
+                )
+                for name, t in run.trained.items()
+                if saved.optimizers.get(name) is not None
+            ),
+            *(
+                module_problem(
+                    saved.modules.get(name), run.accelerator.unwrap_model(t.module), f"{ckpt.MODULES} key {name!r}"
+                )
+                for name, t in run.trained.items()
+                if name != "policy" and not self.weights.sharded
+            ),
+            *(
+                structure_problem(
+                    saved.schedules.get(name), t.scheduler.state_dict(), f"{ckpt.EXTRA} key 'schedules.{name}'"
+                )
+                for name, t in run.trained.items()
+            ),
+            structure_problem(
+                processes[run.accelerator.process_index]["engine"],
+                run.engine.state_dict(),
+                f"{ckpt.EXTRA} key 'engine'",
+            ),
+            structure_problem(saved.algorithm, run.algorithm.state_dict(), f"{ckpt.EXTRA} key 'algorithm'"),
+            _async_problem(processes[run.accelerator.process_index].get("async")),
+        )
+        problem = next((p for p in problems if p), None)
+        if problem is not None:
+            raise CheckpointError(f"{problem}: the checkpoint does not fit this run") from None
 
     def finish(self, completed_step: int, exported: str | None) -> None:
         """At the end of a run that finished normally: keep only the checkpoint of its last step
@@ -266,6 +336,13 @@ def load_weights(model: torch.nn.Module, folder: Path) -> None:
             raise CheckpointError(
                 f"{file} is unreadable ({one_line(exc)}): resume from another checkpoint, or start the run again"
             ) from None
+    own = model.state_dict()
+    for key, value in weights.items():
+        if key in own and value.shape != own[key].shape:
+            raise CheckpointError(
+                f"{folder} key {key!r}: shape {list(value.shape)}, but the model's is {list(own[key].shape)}: "
+                "the weights do not fit the model"
+            )
     missing, unexpected = model.load_state_dict(weights, strict=False)
     loaded = {p.data_ptr() for name, p in model.named_parameters(remove_duplicate=False) if name in weights}
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -274,6 +351,16 @@ def load_weights(model: torch.nn.Module, folder: Path) -> None:
         raise ConfigError(
             f"checkpoint {str(folder)!r} does not fit the model: missing {untied[:5]}, unexpected {unexpected[:5]}"
         )
+
+
+def _async_problem(state: Any) -> str | None:
+    """What keeps an asynchronous run's collected batches from being taken over, None if nothing."""
+    for i, ready in enumerate((state or {}).get("ready") or []):
+        try:
+            Collected.from_state(ready)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            return f"{ckpt.EXTRA} key 'processes.async.ready.{i}': {one_line(exc)}"
+    return None
 
 
 def save_module(module: torch.nn.Module, folder: Path) -> None:

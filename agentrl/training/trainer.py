@@ -39,6 +39,7 @@ from agentrl.model import distributed
 from agentrl.plugins import PluginManager
 from agentrl.rewards.schemes import with_absolute_paths
 from agentrl.rundir import checkpoints as ckpt
+from agentrl.rundir import links
 from agentrl.rundir.directory import log_completions, read_history, refuse_existing_run, run_dir_for, truncate
 from agentrl.rundir.metrics import MetricsWriter
 from agentrl.rundir.paths import check_output_dir
@@ -216,7 +217,7 @@ class Trainer:
             return _NoWriter()
         run_dir.mkdir(parents=True, exist_ok=True)
         if resumed is None:
-            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            links.write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         else:  # drop what was written after the checkpoint (and a line torn by a kill)
             for log in ("metrics", "completions"):
                 if lost := truncate(run_dir / f"{log}.jsonl", resumed[f"{log}_bytes"]):
@@ -266,7 +267,7 @@ class Trainer:
         record: dict[str, Any] = {"before": self.eval_before, "after": eval_after}
         if self.best is not None and self.best.step is not None:
             record["best"] = self.best_record = {**self.best.summary(), "saved_as_model": bool(kept_best)}
-        (run_dir / "eval.json").write_text(json.dumps(record, indent=2))
+        links.write_text(run_dir / "eval.json", json.dumps(record, indent=2))
         if cfg.save_model:
             self.checkpoints.export("last" if kept_best else "model", owned_states)
         if kept_best:  # the best evaluated policy is the run's model; the last one is in last/
@@ -298,7 +299,7 @@ class Trainer:
 
     def load_checkpoint(self, folder: Path) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save_checkpoint`; returns its trainer state."""
-        state = self.checkpoints.load(folder)
+        state = self.checkpoints.load_intact(folder)  # or an older one, when a value in it does not fit
         self.rollouts.cursor.position = state["task_cursor"]
         self.learner.nonfinite_skips, self.learner.skipped_in_a_row = (
             state["nonfinite_skips"],
