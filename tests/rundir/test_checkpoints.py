@@ -221,19 +221,20 @@ class _Payload:
 @pytest.mark.parametrize(
     "name", ["optimizers.pt", "modules.pt", "state.json", "trainer_state.json", "model/model.safetensors"]
 )
-def test_a_pickle_payload_in_any_checkpoint_file_never_runs(run, tmp_path, name, form):
+def test_a_pickle_payload_in_any_checkpoint_file_never_runs(run, tmp_path, name, form, capsys):
+    """The payload is refused by name, and the resume falls back to the older checkpoint."""
     marker = tmp_path / "payload-ran"
     payload = {"policy": _Payload(marker)}
     path = run / NEWEST / name
     torch.save(payload, path) if form == "torch.save" else path.write_bytes(pickle.dumps(payload))
     _rehash(run / NEWEST)  # the manifest agrees: whoever swapped the file rewrote it too
-    with pytest.raises(CheckpointError, match=re.escape(Path(name).name)) as info:
-        config, folder = resume_config(run, max_steps=4)
-        Trainer(config, load_plugins(), resume=folder)
+    config, folder = resume_config(run, max_steps=4)
+    assert Trainer(config, load_plugins(), resume=folder).resumed["step"] == 2
+    (note,) = [line for line in capsys.readouterr().out.splitlines() if "step-000003" in line]
     assert not marker.exists()
-    assert "\n" not in str(info.value)
+    assert Path(name).name in note and "resuming from step-000002" in note
     if name.endswith(".pt"):
-        assert "refused it" in str(info.value) and "weights_only=True" in str(info.value)
+        assert "refused it" in note and "weights_only=True" in note
 
 
 def _to_legacy(folder: Path) -> None:
@@ -274,14 +275,14 @@ def test_an_earlier_agentrls_checkpoint_loads_safely_and_resumes_exactly(run, st
     _assert_same_run(run, straight)
 
 
-def test_a_payload_in_an_earlier_agentrls_state_pt_never_runs(run, tmp_path):
+def test_a_payload_in_an_earlier_agentrls_state_pt_never_runs(run, tmp_path, capsys):
     _to_legacy(run / NEWEST)
     marker = tmp_path / "payload-ran"
     torch.save({"rng": _Payload(marker)}, run / NEWEST / "state.pt")
     config, folder = resume_config(run, max_steps=4)
+    assert Trainer(config, load_plugins(), resume=folder).resumed["step"] == 2  # the older one
     refused = r"state\.pt holds pickled objects beyond tensors .*\((builtins\.)?exec\)"
-    with pytest.raises(CheckpointError, match=refused):
-        Trainer(config, load_plugins(), resume=folder)
+    assert re.search(refused, capsys.readouterr().out)
     assert not marker.exists()
 
 
