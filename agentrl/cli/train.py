@@ -80,7 +80,8 @@ def train(
         None,
         "--resume",
         help="Continue RUN_DIR from its newest checkpoint, with its own config "
-        "(only --max-steps may be given, to train longer; --plugin as the run had them).",
+        "(only --max-steps may be given, to train longer; --plugin as the run had them; --env/--reward "
+        "only to name the run's own code).",
     ),
     num_processes: int | None = typer.Option(
         None,
@@ -144,7 +145,7 @@ def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextl
         if extra:  # 0 is a value too
             raise ConfigError(
                 f"--resume continues the run with its own config; drop {', '.join(extra)} "
-                "(only --max-steps may be given)"
+                "(only --max-steps may be given; --env/--reward only to name the run's own code)"
             )
         try:
             writer = not print_config and Path(resume).is_dir() and _lock_run_dir(lock, Path(resume))

@@ -116,7 +116,8 @@ def test_train_flags_refused_in_one_line(args, message, tmp_path):
 def test_resume_refuses_every_given_run_setting_alike(flag, tmp_path):
     assert_one_line(
         cli("train", "--resume", str(tmp_path / "run"), *flag),
-        f"--resume continues the run with its own config; drop {flag[0]} (only --max-steps may be given)",
+        f"--resume continues the run with its own config; drop {flag[0]} (only --max-steps may be given; "
+        "--env/--reward only to name the run's own code)",
     )
 
 
