@@ -44,6 +44,8 @@ class RequestError(Exception):
     def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.param, self.code = status, param, code
+        self.episode: int | None = None
+        """The episode that made the request when it is not the URL's (its client's api key says so)."""
 
 
 class _Strict(BaseModel):

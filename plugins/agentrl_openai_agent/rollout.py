@@ -272,8 +272,9 @@ class OpenAIAgentRollout:
         return completion_body(options["model"], choices, len(context), sum(len(reply[0]) for reply in replies))
 
     def refused(self, step: _Step, key: str, error: RequestError) -> None:
-        """Count a refused request in its episode's metrics (a URL no episode has: not counted)."""
-        index = step.keys.get(key)
+        """Count a refused request in the metrics of the episode that made it: the URL's, or the
+        one whose api key it bore (a URL no episode has, with no api key of ours: not counted)."""
+        index = step.keys.get(key) if error.episode is None else error.episode
         if index is not None:
             with step.counts_lock:
                 step.records[index].count_refused(error.status)

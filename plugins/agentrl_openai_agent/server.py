@@ -77,12 +77,14 @@ def caller_episode(keys: dict[str, int], api_keys: list[str], finished: Any, key
         and api_key.startswith(API_KEY_PREFIX)
         and not secrets.compare_digest(api_key, api_keys[index])
     ):
-        raise RequestError(
+        error = RequestError(
             "this api key was issued to another episode's client: an episode's client may call only its own base_url",
             401,
             None,
             "invalid_api_key",
         )
+        error.episode = api_keys.index(api_key) if api_key in api_keys else None  # the caller, counted
+        raise error
     if index in finished:
         raise RequestError(
             f"episode {index}'s agent has returned: its endpoint takes no more calls (a thread the agent left "
@@ -236,10 +238,11 @@ class OneLineFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Flatten ``record``'s exception; False for a line said before."""
+        line = " ".join(record.getMessage().split())
         if record.exc_info and record.exc_info[1] is not None:
-            record.msg, record.args = f"{record.getMessage()}: {one_line(record.exc_info[1])}", ()
+            line = f"{line}: {one_line(record.exc_info[1])}"
+        record.msg, record.args = line, ()
         record.exc_info, record.exc_text, record.stack_info = None, None, None
-        line = record.getMessage()
         if ("uvicorn", line) in _said:
             return False
         _said.add(("uvicorn", line))
