@@ -137,11 +137,14 @@ class AssistantMessage(_Strict):
 
 
 class ToolMessage(_Strict):
-    """``{"role": "tool", "tool_call_id": ..., "content": ...}``: a tool's result."""
+    """``{"role": "tool", "tool_call_id": ..., "content": ...}``: a tool's result. ``tool_call_id``
+    may be left out and a ``name`` given: hand-written few-shot examples (an env's worked
+    examples) carry the tool's name instead of a call id, and chat templates render either."""
 
     role: Literal["tool"]
     content: Text | Parts
-    tool_call_id: str
+    tool_call_id: str | None = None
+    name: str | None = None
     _parts = field_validator("content", mode="before")(_text_parts_only)
 
 

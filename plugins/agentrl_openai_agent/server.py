@@ -41,13 +41,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from agentrl import one_line
-from agentrl_openai_agent.request import MAX_CHOICES, RequestError, parse_request, request_options
-
-__all__ = ["MAX_CHOICES", "RequestError", "BackgroundServer", "make_app"]
+from agentrl_openai_agent.request import RequestError, parse_request, request_options
 
 API_KEY_PREFIX = "agentrl-episode-"
 """How the api keys the endpoint issues begin: a request bearing one must use its episode's URL."""
@@ -63,7 +61,9 @@ def episode_credentials(count: int) -> tuple[dict[str, int], list[str]]:
     return keys, [f"{API_KEY_PREFIX}{i}-{secrets.token_urlsafe(24)}" for i in range(count)]
 
 
-def caller_episode(keys: dict[str, int], api_keys: list[str], finished: Any, key: str, api_key: str | None) -> int:
+def caller_episode(
+    keys: dict[str, int], api_keys: list[str], finished: Container[int], key: str, api_key: str | None
+) -> int:
     """The episode a request to URL ``key`` bearing ``api_key`` may write, else RequestError: 404
     for a URL no episode has, 401 for an issued api key of another episode, 410 once the episode's
     agent has returned."""
@@ -75,7 +75,7 @@ def caller_episode(keys: dict[str, int], api_keys: list[str], finished: Any, key
     if (
         api_key is not None
         and api_key.startswith(API_KEY_PREFIX)
-        and not secrets.compare_digest(api_key, api_keys[index])
+        and not secrets.compare_digest(api_key.encode(), api_keys[index].encode())
     ):
         error = RequestError(
             "this api key was issued to another episode's client: an episode's client may call only its own base_url",

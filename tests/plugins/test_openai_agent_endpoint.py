@@ -51,10 +51,11 @@ MALFORMED = [  # (what, body: a JSON text or an object, the field the 400 must n
         "messages[0].tool_calls[0].id",
     ),
     (
-        "a tool result without tool_call_id",
-        {"messages": [{"role": "tool", "content": "5"}]},
+        "a tool result's tool_call_id an int",
+        {"messages": [{"role": "tool", "content": "5", "tool_call_id": 7}]},
         "messages[0].tool_call_id",
     ),
+    ("a tool result without content", {"messages": [{"role": "tool", "tool_call_id": "a"}]}, "messages[0].content"),
     ("an assistant message saying nothing", {"messages": [*M, {"role": "assistant"}]}, "messages[1]"),
     ("tools not a list", {"messages": M, "tools": TOOL}, "tools"),
     ("a tool without function", {"messages": M, "tools": [{"type": "function"}]}, "tools[0].function"),
