@@ -11,6 +11,10 @@ concurrently (a thread pool), each with its own client:
 * a function whose second parameter is named ``base_url`` gets the episode's base URL instead
   (for frameworks that build their own client; any api key works).
 
+Every request body is validated (:mod:`agentrl_openai_agent.request`: a 400 in OpenAI's error
+shape naming the field), an episode's URL and its client's api key are its own, and its URL
+answers 410 once its agent has returned (:mod:`agentrl_openai_agent.server`).
+
 ``task`` is the env's task dict (the run's ``--env`` supplies the tasks and default rewards).
 The function returns a reward (a number: the episode's env return), the final messages (a list:
 the run's reward functions score them; ``completion_text`` is the last assistant message), or

@@ -9,7 +9,8 @@ import json
 import uuid
 from typing import Any
 
-from agentrl import ChatTokenizer, ToolCallFormat, type_arguments
+from agentrl import ChatTokenizer, ToolCallFormat, one_line, type_arguments
+from agentrl_openai_agent.request import RequestError
 
 Message = dict[str, Any]
 _CALL_OPENERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<function=")
@@ -27,6 +28,32 @@ def cut_at_stop(chat: ChatTokenizer, ids: list[int], stop: list[str]) -> tuple[i
         if any(s in chat.decode(ids[:keep]) for s in stop):
             return keep, text[:at]
     return len(ids), text[:at]
+
+
+def check_roles(messages: list[Message], chat: ChatTokenizer) -> None:
+    """RequestError naming the first message whose role the chat template does not know: the
+    request model takes the API's roles; ``developer`` only where the template mentions it (most
+    open models' templates know ``system`` and no ``developer``)."""
+    template = getattr(chat.tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):  # named templates (default, tool_use...)
+        template = "\n".join(str(t) for t in template.values())
+    for i, message in enumerate(messages):
+        if message.get("role") == "developer" and "developer" not in template:
+            raise RequestError(
+                f"messages[{i}].role 'developer' is not a role this model's chat template knows; use 'system'",
+                param=f"messages[{i}].role",
+            )
+
+
+def render(chat: ChatTokenizer, messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+    """The prompt text of ``messages`` (the generation prompt added), or a 400 when the chat
+    template refuses them (a template's own check: alternating roles, a missing system message)."""
+    try:
+        return chat.render(messages, True, tools=tools)
+    except Exception as exc:  # the template is the model's code; what it raises is about these messages
+        raise RequestError(
+            f"the model's chat template cannot render these messages: {one_line(exc)}", param="messages"
+        ) from None
 
 
 def normalized(messages: list[Message], raw_texts: dict[str, str]) -> list[Message]:

@@ -27,6 +27,9 @@ from typing import Any
 from agentrl import ChatTokenizer, Turn
 
 Message = dict[str, Any]
+REFUSALS = ("bad_requests", "refused_calls", "server_errors")
+"""Kinds of refused requests an episode counts: invalid bodies (400, 413); calls its URL may not
+take (401 another episode's api key, 410 after its agent returned); errors answering (500)."""
 
 
 @dataclass
@@ -55,6 +58,17 @@ class EpisodeRecord:
     choices: list[tuple[Segment, Segment]] = field(default_factory=list)
     """The last call's choices when it had ``n > 1``, each (merged, as a segment of its own): the
     last segments are the others' own segments and then the chosen one merged."""
+    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSALS, 0))
+    """Requests to this episode's URL the endpoint refused, by kind (:data:`REFUSALS`)."""
+
+    def count_refused(self, status: int) -> None:
+        """Count a request answered with HTTP ``status`` (4xx or 5xx)."""
+        kind = "bad_requests" if status in (400, 413) else "server_errors" if status >= 500 else "refused_calls"
+        self.refused[kind] += 1
+
+    def metrics(self) -> dict[str, float]:
+        """The episode's ``info["metrics"]``: its refused requests by kind (``env/agent/...`` in the step's log)."""
+        return {f"agent/{kind}": float(n) for kind, n in self.refused.items()}
 
     @property
     def length(self) -> int:
@@ -83,6 +97,28 @@ class EpisodeRecord:
             self.segments += [alone for i, (_, alone) in enumerate(self.choices) if i != number]
             self.segments.append(self.choices[number][0])
             self.choices = []
+
+    def add_call(
+        self,
+        prompt: list[int],
+        extends: bool,
+        sampled: list[tuple[list[int], list[float], str, list[Message]]],
+        tools: list[dict[str, Any]] | None,
+        counts: list[tuple[int, int]],
+        generations: list[Any],
+    ) -> None:
+        """Record one answered call: :meth:`add` for one choice, :meth:`add_choices` for several;
+        each choice's turn gets its generation's policy versions (of the ids kept)."""
+        if len(sampled) == 1:
+            self.add(prompt, extends, *sampled[0], tools, counts[0])
+            turns = [self.segments[-1].turns[-1]]
+        else:  # n > 1: the choice the agent continues with is merged, the others are segments of their own
+            self.add_choices(prompt, extends, sampled, tools, counts)
+            turns = [alone.turns[-1] for _, alone in self.choices]
+        for turn, generation in zip(turns, generations):  # the kept ids are the first ones sampled
+            turn.policy_version = generation.policy_version
+            if generation.token_versions is not None:
+                turn.token_versions = list(generation.token_versions[: turn.end - turn.start])
 
     def add(
         self,

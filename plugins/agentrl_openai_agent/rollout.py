@@ -8,7 +8,6 @@ import importlib
 import importlib.util
 import inspect
 import threading
-import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,13 +39,22 @@ from agentrl_openai_agent.config import SECTION, OpenAIAgentConfig, load_agent
 from agentrl_openai_agent.messages import (
     assistant_message,
     call_format,
+    check_roles,
     cut_at_stop,
     normalized,
+    render,
     with_tool_prompt,
 )
 from agentrl_openai_agent.record import EpisodeRecord, count_calls
 from agentrl_openai_agent.scoring import score_with_env
-from agentrl_openai_agent.server import BackgroundServer, RequestError, completion_body, make_app
+from agentrl_openai_agent.server import (
+    BackgroundServer,
+    RequestError,
+    caller_episode,
+    completion_body,
+    episode_credentials,
+    make_app,
+)
 from agentrl_openai_agent.tools import call_opener, resolve_tool_parser_name
 
 INSTALL = "the openai_agent rollout needs fastapi, uvicorn and openai: pip install 'agentrl[agents]'"
@@ -71,6 +79,10 @@ class _Step:
     engine_errors: list[BaseException] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
     """Episodes whose agent returned (no more calls from them)."""
+    api_keys: list[str] = field(default_factory=list)
+    """Each episode's api key (its client's: :mod:`agentrl_openai_agent.server`, whose call is it)."""
+    counts_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Guards the records' refused-request counts (counted outside the episodes' locks)."""
 
 
 class OpenAIAgentRollout:
@@ -108,7 +120,12 @@ class OpenAIAgentRollout:
             seeds = [None if sampling.seed is None else sampling.seed * 1_000_003 + i for i in range(len(tasks))]
         workers = max(1, self.options.max_concurrency or len(tasks))
         step = self._open_step(tasks, seeds, sampling, workers)
-        server = BackgroundServer(make_app(lambda key, options: self.complete(step, key, options)))
+        server = BackgroundServer(
+            make_app(
+                lambda key, options: self.complete(step, key, options),
+                lambda key, error: self.refused(step, key, error),
+            )
+        )
         try:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentrl-agent") as pool:
                 outcomes = list(
@@ -129,8 +146,10 @@ class OpenAIAgentRollout:
         self, tasks: list[dict[str, Any]], seeds: list[int | None], sampling: SamplingParams, workers: int
     ) -> _Step:
         """The step's shared state, its request queue open: a batch waits for the agents running now
-        or about to (at most ``workers``), each episode keyed by a fresh name in its base URL."""
+        or about to (at most ``workers``), each episode keyed by fresh credentials (its base URL's
+        key, its client's api key)."""
         finished: list[int] = []
+        keys, api_keys = episode_credentials(len(tasks))
         batcher = request_queue(
             self.engine, self.options.batch_wait_s, lambda: min(workers, len(tasks) - len(finished))
         )
@@ -139,11 +158,12 @@ class OpenAIAgentRollout:
             list(seeds),
             sampling,
             batcher,
-            {f"episode-{i}-{uuid.uuid4().hex[:12]}": i for i in range(len(tasks))},
+            keys,
             [EpisodeRecord() for _ in tasks],
             [threading.Lock() for _ in tasks],
             ModelWaits(len(tasks)),
             finished=finished,
+            api_keys=api_keys,
         )
 
     def _raise_engine_failure(self, exc: BaseException) -> NoReturn:
@@ -180,7 +200,7 @@ class OpenAIAgentRollout:
         else:
             openai = importlib.import_module("openai")
             make = openai.AsyncOpenAI if is_async else openai.OpenAI
-            client = make(base_url=base_url, api_key="agentrl", max_retries=0)
+            client = make(base_url=base_url, api_key=step.api_keys[index], max_retries=0)
 
         def call() -> Any:
             return asyncio.run(fn(task, client)) if is_async else fn(task, client)
@@ -215,22 +235,15 @@ class OpenAIAgentRollout:
         return result, None
 
     def complete(self, step: _Step, key: str, options: dict[str, Any]) -> dict[str, Any]:
-        """Answer one call of episode ``key``: render, sample, record, build the response body."""
-        index = step.keys.get(key)
-        if index is None:
-            raise RequestError(f"no episode {key!r} on this endpoint: use the base_url the agent was given", 404)
+        """Answer one call of episode ``key``: render, sample, record, build the response body. A
+        call its URL may not take (:func:`agentrl_openai_agent.server.caller_episode`) is refused,
+        and so is one whose episode finished while it was sampled: nothing of it is recorded."""
+        index = caller_episode(step.keys, step.api_keys, step.finished, key, options.get("api_key"))
+        check_roles(options["messages"], self.chat)
         record = step.records[index]
         with step.locks[index]:
             tools = options["tools"] if options["tool_choice"] != "none" else None
-            messages = normalized(options["messages"], record.raw_texts)
-            native = bool(options["tools"]) and self.chat.renders_tools
-            if options["tools"] and not native:
-                messages = with_tool_prompt(
-                    messages, render_tools_system_prompt(options["tools"], call_format(self.parser))
-                )
-            rendered_tools = options["tools"] if native else None
-            opener = call_opener(self.parser_name, options["tool_choice"])  # a call's start, prefilled and masked
-            rendered = self.chat.render(messages, True, tools=rendered_tools) + opener
+            messages, rendered, rendered_tools, opener = self._render(options, record)
             prompt, extends = record.prompt_ids(self.chat, rendered)
             context = (record.segments[-1].token_ids if extends else []) + prompt
             cap = min(
@@ -244,27 +257,42 @@ class OpenAIAgentRollout:
                     f"{self.config.max_total_tokens}",
                     param="messages",
                 )
-            generations = self._generate(step, index, record, context, cap, options["temperature"], options["n"])
+            generations = self._generate(step, index, record, context, cap, options)
+            caller_episode(step.keys, step.api_keys, step.finished, key, None)  # finished meanwhile: 410
             replies = [self._reply(g, options["stop"], opener, tools, record) for g in generations]
             sampled = [
                 (ids, logprobs, reason, messages + [{"role": "assistant", "content": text}])
                 for ids, logprobs, reason, text, _ in replies
             ]
             counts = [count_calls(text, self.parser, tools) for _, _, _, text, _ in replies]
-            if len(sampled) == 1:
-                record.add(prompt, extends, *sampled[0], rendered_tools, counts[0])
-                turns = [record.segments[-1].turns[-1]]
-            else:  # n > 1: the choice the agent continues with is merged, the others are segments of their own
-                record.add_choices(prompt, extends, sampled, rendered_tools, counts)
-                turns = [alone.turns[-1] for _, alone in record.choices]
-            for turn, generation in zip(turns, generations):  # the kept ids are the first ones sampled
-                turn.policy_version = generation.policy_version
-                if generation.token_versions is not None:
-                    turn.token_versions = list(generation.token_versions[: turn.end - turn.start])
+            record.add_call(prompt, extends, sampled, rendered_tools, counts, generations)
         choices = [
             (message, "tool_calls" if message.get("tool_calls") else reason) for _, _, reason, _, message in replies
         ]
         return completion_body(options["model"], choices, len(context), sum(len(reply[0]) for reply in replies))
+
+    def refused(self, step: _Step, key: str, error: RequestError) -> None:
+        """Count a refused request in the metrics of the episode that made it: the URL's, or the
+        one whose api key it bore (a URL no episode has, with no api key of ours: not counted)."""
+        index = step.keys.get(key) if error.episode is None else error.episode
+        if index is not None:
+            with step.counts_lock:
+                step.records[index].count_refused(error.status)
+
+    def _render(
+        self, options: dict[str, Any], record: EpisodeRecord
+    ) -> tuple[list[dict[str, Any]], str, list[dict[str, Any]] | None, str]:
+        """The call's conversation as rendered, its prompt text (the ``tool_choice`` prefill
+        last), the tools the template rendered (None: described in the system message) and the prefill."""
+        messages = normalized(options["messages"], record.raw_texts)
+        native = bool(options["tools"]) and self.chat.renders_tools
+        if options["tools"] and not native:
+            messages = with_tool_prompt(
+                messages, render_tools_system_prompt(options["tools"], call_format(self.parser))
+            )
+        rendered_tools = options["tools"] if native else None
+        opener = call_opener(self.parser_name, options["tool_choice"])  # a call's start, prefilled and masked
+        return messages, render(self.chat, messages, rendered_tools) + opener, rendered_tools, opener
 
     def _reply(
         self, generation: Any, stop: list[str], opener: str, tools: list[dict[str, Any]] | None, record: EpisodeRecord
@@ -287,27 +315,29 @@ class OpenAIAgentRollout:
         record: EpisodeRecord,
         context: list[int],
         cap: int,
-        temperature: float | None,
-        n: int = 1,
+        options: dict[str, Any],
     ) -> list[Any]:
         """Sample one call's ``n`` choices through the batcher, choice k with the call's seed mixed
         with k (choice 0: the call's seed); an engine failure is kept for :meth:`run` and answered 500."""
-        if temperature is not None and temperature != step.sampling.temperature:
-            self.guard.warn_once(
-                "agent:temperature",
-                f"the agent asked for temperature={temperature} but the run "
-                f"trains at temperature={step.sampling.temperature}: its sampler logprobs then differ "
-                "from the trainer's; leave temperature out of the agent's calls",
-            )
+        asked = {name: options.get(name) for name in ("temperature", "top_p")}
+        for name, value in asked.items():
+            if value is not None and value != getattr(step.sampling, name):
+                self.guard.warn_once(
+                    f"agent:{name}",
+                    f"the agent asked for {name}={value} but the run trains at {name}="
+                    f"{getattr(step.sampling, name)}: its sampler logprobs then differ from the trainer's; "
+                    f"leave {name} out of the agent's calls",
+                )
         seed = turn_seed(step.seeds[index], record.calls)
         sampling = SamplingParams(
             max_new_tokens=cap,
-            temperature=step.sampling.temperature if temperature is None else temperature,
-            top_p=step.sampling.top_p,
+            temperature=step.sampling.temperature if asked["temperature"] is None else asked["temperature"],
+            top_p=step.sampling.top_p if asked["top_p"] is None else asked["top_p"],
             top_k=step.sampling.top_k,
         )
         requests = [
-            GenerationRequest(context, sampling, seed=turn_seed(seed, choice), order=index) for choice in range(n)
+            GenerationRequest(context, sampling, seed=turn_seed(seed, choice), order=index)
+            for choice in range(options["n"])
         ]
         try:
             futures = [step.batcher.submit(request) for request in requests]  # n > 1: sampled in one batch
@@ -321,7 +351,11 @@ class OpenAIAgentRollout:
         self, record: EpisodeRecord, task: dict[str, Any], group: int, result: Any, error: dict[str, Any] | None
     ) -> Trajectory:
         """The episode's last segment as its trajectory, the earlier ones in ``segments``."""
-        info: dict[str, Any] = {"agent_calls": record.calls, "agent_segments": len(record.segments)}
+        info: dict[str, Any] = {
+            "agent_calls": record.calls,
+            "agent_segments": len(record.segments),
+            "metrics": record.metrics(),
+        }
         if error is not None:
             info["error"] = error
         rows = [

@@ -63,7 +63,10 @@ def score_with_env(envs: list[Any], trajectories: list[Trajectory], guard: CallG
         _, reward, _, _, info = check_step_result(envs[i], result)
         trajectory = trajectories[i]
         trajectory.turns[-1].reward = float(reward)
-        trajectory.info = {**trajectory.info, **dict(info), "env_scored": True}
+        merged = {**trajectory.info, **dict(info), "env_scored": True}
+        if isinstance(info.get("metrics"), dict):  # the env's figures beside the episode's own (agent/...)
+            merged["metrics"] = {**trajectory.info.get("metrics", {}), **info["metrics"]}
+        trajectory.info = merged
         scored += 1
     return scored
 

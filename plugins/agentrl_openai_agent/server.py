@@ -1,130 +1,99 @@
 """The OpenAI-compatible ``POST /{episode}/v1/chat/completions`` endpoint of the ``openai_agent`` rollout.
 
 A FastAPI app served by uvicorn on 127.0.0.1 (a free port) in a background thread, for one
-rollout. Each episode has its own base URL (``http://127.0.0.1:PORT/<episode key>/v1``); a
-request checks its fields (a 400 names any field the endpoint does not support), and the rollout
-answers it (:meth:`agentrl_openai_agent.rollout.OpenAIAgentRollout.complete`) in a worker thread
-while the server keeps taking other episodes' requests, so calls that arrive together are sampled
-in one batch. With
-``stream: true`` the finished reply is sent as OpenAI ``chat.completion.chunk`` server-sent
-events (:func:`completion_chunks`): sampled whole, then streamed.
+rollout step. A request body is validated against the declared Chat Completions request
+(:mod:`agentrl_openai_agent.request`): any body that is not valid gets a 400 in OpenAI's error
+shape, ``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``, ``param``
+naming the field (``messages[0].role``). The rollout answers a valid one
+(:meth:`agentrl_openai_agent.rollout.OpenAIAgentRollout.complete`) in a worker thread while the
+server keeps taking other episodes' requests, so calls that arrive together are sampled in one
+batch. With ``stream: true`` the finished reply is sent as OpenAI ``chat.completion.chunk``
+server-sent events (:func:`completion_chunks`): sampled whole, then streamed.
+
+No traceback reaches the run's log: an unexpected exception while answering is a 500 in the same
+shape and one line on stderr per distinct error; a refused request is one line per kind
+(status and field), said once per process; uvicorn's own loggers go through a filter that
+flattens any exception to one line (:func:`uvicorn_log_config`). The rollout counts each
+episode's refused requests in its metrics (``on_error``).
+
+Whose call is it. Each episode has its own base URL, ``http://127.0.0.1:PORT/episode-<i>-<key>/v1``,
+``key`` 128 random bits (``secrets``): a URL cannot be guessed, only handed on. The OpenAI client
+the rollout builds for an episode carries that episode's own api key, ``agentrl-episode-<i>-<key>``
+(another 192 random bits): a request bearing an api key of this form must come with the URL of the
+episode it was issued to, else it is a 401 (``invalid_api_key``): a client of one episode pointed
+at another episode's URL (a URL leaked through a global, an environment variable, a shared cache)
+cannot write that episode's record. A request with any other api key (an agent given a bare
+``base_url`` that builds its own client: ``"EMPTY"``, ``"sk-..."``) is taken on the URL's word.
+Once an episode's agent has returned (or timed out), its URL answers 410 (``episode_finished``)
+and records nothing: a thread the agent left running cannot add calls to a finished trajectory.
+The agent runs in the trainer's process, so this guards against mistakes, not against a program
+that reads the rollout's memory.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the endpoint's annotations at definition time.
 
 import asyncio
 import json
+import logging
+import secrets
 import socket
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
-SUPPORTED = (
-    "messages",
-    "model",
-    "tools",
-    "tool_choice",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "stop",
-    "n",
-    "stream",
-    "stream_options",
-)
-"""Request fields the endpoint takes; any other is refused with a 400 naming it."""
-MAX_CHOICES = 16
-"""The most choices (``n``) one call may ask for."""
+from agentrl import one_line
+from agentrl_openai_agent.request import RequestError, parse_request, request_options
+
+API_KEY_PREFIX = "agentrl-episode-"
+"""How the api keys the endpoint issues begin: a request bearing one must use its episode's URL."""
+MAX_BODY_BYTES = 16 * 1024 * 1024
+"""The largest request body taken (413 above)."""
+_said: set[Any] = set()
+"""The endpoint lines already printed in this process (each kind once)."""
 
 
-class RequestError(Exception):
-    """A request the endpoint refuses: an HTTP status and a one-line message."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param = status, param
+def episode_credentials(count: int) -> tuple[dict[str, int], list[str]]:
+    """Fresh credentials of ``count`` episodes: URL key -> episode, and each episode's api key."""
+    keys = {f"episode-{i}-{secrets.token_urlsafe(16)}": i for i in range(count)}
+    return keys, [f"{API_KEY_PREFIX}{i}-{secrets.token_urlsafe(24)}" for i in range(count)]
 
 
-def check_request(body: Any) -> dict[str, Any]:
-    """The request's options, or RequestError naming the first field or value not supported."""
-    if not isinstance(body, dict):
-        raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
-    for name in body:
-        if name not in SUPPORTED:
-            raise RequestError(
-                f"unsupported field {name!r}; this endpoint supports: {', '.join(SUPPORTED)}", param=name
-            )
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise RequestError("'messages' must be a non-empty list of message objects", param="messages")
-    n = body.get("n") or 1
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
-        raise RequestError(f"'n' must be an integer from 1 to {MAX_CHOICES}, got {body['n']!r}", param="n")
-    stream, stream_options = body.get("stream") or False, body.get("stream_options") or {}
-    if not isinstance(stream, bool) or not isinstance(stream_options, dict):
+def caller_episode(
+    keys: dict[str, int], api_keys: list[str], finished: Container[int], key: str, api_key: str | None
+) -> int:
+    """The episode a request to URL ``key`` bearing ``api_key`` may write, else RequestError: 404
+    for a URL no episode has, 401 for an issued api key of another episode, 410 once the episode's
+    agent has returned."""
+    index = keys.get(key)
+    if index is None:
         raise RequestError(
-            f"'stream' must be true or false and 'stream_options' an object, got {stream!r} and {stream_options!r}",
-            param="stream",
+            f"no episode {key[:60]!r} on this endpoint: use the base_url the agent was given", 404, None, "not_found"
         )
-    tools = body.get("tools") or None
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise RequestError("'tools' must be a list of tool objects", param="tools")
-    choice = check_tool_choice(body.get("tool_choice", "auto"), tools)
-    stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+    if (
+        api_key is not None
+        and api_key.startswith(API_KEY_PREFIX)
+        and not secrets.compare_digest(api_key.encode(), api_keys[index].encode())
+    ):
+        error = RequestError(
+            "this api key was issued to another episode's client: an episode's client may call only its own base_url",
+            401,
+            None,
+            "invalid_api_key",
+        )
+        error.episode = api_keys.index(api_key) if api_key in api_keys else None  # the caller, counted
+        raise error
+    if index in finished:
         raise RequestError(
-            f"'stop' must be a string or a list of non-empty strings, got {body['stop']!r}", param="stop"
+            f"episode {index}'s agent has returned: its endpoint takes no more calls (a thread the agent left "
+            "running?)",
+            410,
+            None,
+            "episode_finished",
         )
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise RequestError(f"'max_tokens' must be an integer >= 1, got {limit!r}", param="max_tokens")
-    temperature = body.get("temperature")
-    if temperature is not None and (not isinstance(temperature, (int, float)) or temperature < 0):
-        raise RequestError(f"'temperature' must be a number >= 0, got {temperature!r}", param="temperature")
-    return {
-        "messages": messages,
-        "tools": tools,
-        "tool_choice": choice,
-        "stop": stop,
-        "max_tokens": limit,
-        "temperature": None if temperature is None else float(temperature),
-        "model": body.get("model") or "agentrl",
-        "stream": stream,
-        "include_usage": bool(stream_options.get("include_usage")),
-        "n": n,
-    }
-
-
-def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
-    """``choice`` when valid for ``tools``, else RequestError naming what is wrong and what is allowed."""
-    if choice in ("auto", "none"):
-        return choice
-    named = (
-        isinstance(choice, dict)
-        and choice.get("type") == "function"
-        and isinstance(choice.get("function"), dict)
-        and isinstance(choice["function"].get("name"), str)
-    )
-    if choice != "required" and not named:
-        raise RequestError(
-            "'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
-            f"{{'name': NAME}}}}, got {json.dumps(choice)}",
-            param="tool_choice",
-        )
-    given = [str((t["function"] if isinstance(t.get("function"), dict) else t).get("name")) for t in tools or []]
-    what = "'required'" if choice == "required" else f"function {choice['function']['name']!r}"
-    if not given:
-        raise RequestError(f"'tool_choice' {what} needs 'tools'; none were given", param="tool_choice")
-    if named and choice["function"]["name"] not in given:
-        raise RequestError(
-            f"'tool_choice' names function {choice['function']['name']!r}, which is not among the "
-            f"tools given: {', '.join(given)}",
-            param="tool_choice",
-        )
-    return choice
+    return index
 
 
 def completion_body(
@@ -178,39 +147,130 @@ def completion_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[st
     return chunks
 
 
-def _error(status: int, message: str, param: str | None) -> Any:
-    from fastapi.responses import JSONResponse
-
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse(
-        status_code=status, content={"error": {"message": message, "type": kind, "param": param, "code": None}}
-    )
+def error_body(exc: RequestError) -> dict[str, Any]:
+    """OpenAI's error object for ``exc``."""
+    kind = "invalid_request_error" if exc.status < 500 else "server_error"
+    return {"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.code}}
 
 
-def make_app(answer: Callable[[str, dict[str, Any]], dict[str, Any]]) -> Any:
-    """The FastAPI app: ``answer(episode_key, options)`` gives the response body or raises RequestError."""
+def say_once(kind: Any, line: str) -> None:
+    """Print the endpoint's ``line`` on stderr unless a line of this ``kind`` was said in this process."""
+    if kind not in _said and len(_said) < 10_000:
+        _said.add(kind)
+        print(f"openai_agent endpoint: {line}", file=sys.stderr, flush=True)
+
+
+async def _read_json(request: Any) -> Any:
+    """The request's JSON body, or RequestError: 413 past :data:`MAX_BODY_BYTES`, 400 when not JSON."""
+    length = request.headers.get("content-length", "")
+    too_big = RequestError(f"the request body is over {MAX_BODY_BYTES} bytes", 413, None, "request_too_large")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_big
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise too_big
+    try:
+        return json.loads(bytes(raw))
+    except (ValueError, RecursionError) as exc:
+        raise RequestError(f"the request body is not JSON: {one_line(exc)}") from None
+
+
+def _bearer(request: Any) -> str | None:
+    """The api key of an ``Authorization: Bearer KEY`` header (None without one)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def make_app(
+    answer: Callable[[str, dict[str, Any]], dict[str, Any]],
+    on_error: Callable[[str, RequestError], None] | None = None,
+) -> Any:
+    """The FastAPI app: ``answer(episode_key, options)`` gives the response body or raises
+    RequestError (``options``: :func:`agentrl_openai_agent.request.request_options` and the
+    request's ``api_key``); ``on_error(episode_key, error)`` hears of every error answered."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import StreamingResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
 
     app = FastAPI(title="agentrl openai_agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def refuse(episode: str, exc: RequestError) -> Any:
+        if on_error is not None:
+            on_error(episode, exc)
+        if exc.status < 500:
+            say_once(
+                (exc.status, exc.param, exc.code),
+                f"answered {exc.status} ({exc.param or exc.code or 'request'}): {exc} [said once per kind; the "
+                "rollout counts them in env/agent/*]",
+            )
+        return JSONResponse(status_code=exc.status, content=error_body(exc))
+
+    @app.exception_handler(HTTPException)
+    async def other_paths(request: Request, exc: HTTPException) -> Any:
+        message = f"{request.method} {request.url.path}: this endpoint serves POST /<episode>/v1/chat/completions"
+        return JSONResponse(status_code=exc.status_code, content=error_body(RequestError(message, exc.status_code)))
 
     @app.post("/{episode}/v1/chat/completions")
     async def chat_completions(episode: str, request: Request) -> Any:
         try:
-            try:
-                body = await request.json()
-            except ValueError as exc:
-                raise RequestError(f"the request body is not JSON: {exc}") from exc
-            options = check_request(body)
+            options = request_options(parse_request(await _read_json(request)))
+            options["api_key"] = _bearer(request)
             reply = await asyncio.to_thread(answer, episode, options)
+            if not options["stream"]:
+                return JSONResponse(reply)
+            chunks = completion_chunks(reply, options["include_usage"])
         except RequestError as exc:
-            return _error(exc.status, str(exc), exc.param)
-        if not options["stream"]:
-            return reply
-        events = [f"data: {json.dumps(c)}\n\n" for c in completion_chunks(reply, options["include_usage"])]
-        return StreamingResponse(iter(events + ["data: [DONE]\n\n"]), media_type="text/event-stream")
+            return refuse(episode, exc)
+        except Exception as exc:  # a bug or a failure while answering: a 500, not a traceback
+            say_once(("500", type(exc).__name__, str(exc)[:200]), f"answered 500: {one_line(exc)}")
+            return refuse(episode, RequestError(f"internal error: {one_line(exc)}", 500, None, "internal_error"))
+        events = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+        return StreamingResponse(iter(events), media_type="text/event-stream")
 
     return app
+
+
+class OneLineFilter(logging.Filter):
+    """Lets a uvicorn record through as one line: an exception it carries is flattened into its
+    message (no traceback), and a line already let through in this process is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Flatten ``record``'s exception; False for a line said before."""
+        line = " ".join(record.getMessage().split())
+        if record.exc_info and record.exc_info[1] is not None:
+            line = f"{line}: {one_line(record.exc_info[1])}"
+        record.msg, record.args = line, ()
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        if ("uvicorn", line) in _said:
+            return False
+        _said.add(("uvicorn", line))
+        return True
+
+
+def uvicorn_log_config() -> dict[str, Any]:
+    """uvicorn's logging: warnings and errors only, one line each through :class:`OneLineFilter`,
+    no access log, nothing passed on to the root logger."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"one_line": {"()": OneLineFilter}},
+        "formatters": {"plain": {"format": "openai_agent endpoint (uvicorn %(levelname)s): %(message)s"}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "plain",
+                "filters": ["one_line"],
+            }
+        },
+        "loggers": {
+            "uvicorn": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
+            "uvicorn.error": {"level": "WARNING", "propagate": True},
+            "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
+        },
+    }
 
 
 class BackgroundServer:
@@ -223,7 +283,9 @@ class BackgroundServer:
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind(("127.0.0.1", 0))
         self.port = int(self.socket.getsockname()[1])
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(
+            app, log_config=uvicorn_log_config(), log_level="warning", access_log=False, lifespan="off"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.socket]}, name="agentrl-openai-endpoint", daemon=True

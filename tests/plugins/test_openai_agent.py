@@ -237,7 +237,7 @@ def test_a_history_rewrite_starts_a_second_segment_sharing_reward_and_group(toke
 BAD_FIELD = """
 def solve(task, client):
     try:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], presence_penalty=1.0)
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], reasoning_effort="low")
     except openai.BadRequestError as exc:
         return [{"role": "assistant", "content": str(exc)}]
     return None
@@ -248,7 +248,7 @@ def test_an_unsupported_field_is_a_400_naming_it(tokenizer, tmp_path):
     rollout = _rollout(_hf(tokenizer), tokenizer, _agent_file(tmp_path, BAD_FIELD))
     [trajectory] = rollout.run([None], [{}], [0], SamplingParams(seed=0))
     assert "Error code: 400" in trajectory.completion_text or "400" in trajectory.messages[-1]["content"]
-    assert "unsupported field 'presence_penalty'" in trajectory.messages[-1]["content"]
+    assert "unsupported field 'reasoning_effort'" in trajectory.messages[-1]["content"]
     assert trajectory.info["agent_calls"] == 0 and not trajectory.turns
 
 
@@ -592,8 +592,8 @@ def test_tool_choice_mistakes_are_400s_naming_them(tokenizer, tmp_path):
     assert trajectory.messages[-1]["content"].splitlines() == [  # no call reached the model: no completion
         "'tool_choice' names function 'clock', which is not among the tools given: calculator",
         "'tool_choice' 'required' needs 'tools'; none were given",
-        "'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': NAME}}, "
-        'got "any"',
+        "tool_choice: must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': NAME}} "
+        "(got 'any')",
     ]
     assert trajectory.info["agent_calls"] == 0
 
@@ -710,6 +710,6 @@ def test_n_choices_the_continued_one_is_merged_the_others_are_segments_of_their_
 
 
 def test_n_out_of_range_is_a_400(tokenizer, tmp_path):
-    agent = _agent_file(tmp_path, BAD_FIELD.replace("presence_penalty=1.0", "n=17"))
+    agent = _agent_file(tmp_path, BAD_FIELD.replace('reasoning_effort="low"', "n=17"))
     [trajectory] = _rollout(_hf(tokenizer), tokenizer, agent).run([None], [{}], [0], SamplingParams(seed=0))
-    assert "'n' must be an integer from 1 to 16, got 17" in trajectory.messages[-1]["content"]
+    assert "n: Input should be less than or equal to 16 (got 17)" in trajectory.messages[-1]["content"]
