@@ -81,7 +81,7 @@ def test_a_rubric_placeholder_no_episode_has_is_refused(tmp_path):
         judge_scheme("policy", context(rubric="/nope.txt"))
     with pytest.raises(ConfigError, match="judge:openai needs plugins.judge.base_url and plugins.judge.model"):
         judge_scheme("openai", context())
-    with pytest.raises(ConfigError, match="judge model '/no/such/judge' is not a model folder"):
+    with pytest.raises(ConfigError, match="judge: /no/such/judge does not exist; judge:PATH takes a causal LM folder"):
         judge_scheme("/no/such/judge", context())
     with pytest.raises(ConfigError, match="judge:openai cannot take plugins.judge.reply_prefix='Score:'"):
         judge_scheme("openai", context(base_url="http://localhost:1/v1", model="m", reply_prefix="Score:"))

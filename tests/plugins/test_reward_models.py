@@ -4,6 +4,7 @@ a scheme argument declared a path is stored absolute, so a run resumes from any 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -161,7 +162,9 @@ def test_a_tokenizer_without_chat_template_reads_role_content_blocks(tmp_path, t
 
 def test_num_labels_other_than_one_is_refused(tmp_path, tokenizer):
     tiny_reward_model(len(tokenizer), num_labels=2).save_pretrained(tmp_path)
-    with pytest.raises(ConfigError, match=f"reward model '{tmp_path}' has num_labels=2: a reward model must have"):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"rm: {tmp_path} has num_labels=2: expected 1 (one score); give a")
+    ):
         RewardModel(str(tmp_path), RewardModelConfig())
 
 
@@ -216,7 +219,9 @@ def test_cli_bad_reward_model_path_is_one_line_naming_it(spec, tiny_model_dir, t
         "train", "--model", str(tiny_model_dir), "--reward", spec, "--output-dir", str(tmp_path / "r"), *TINY
     )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "reward model '/nonexistent/reward-model' is not a model folder" in " ".join(result.stderr.split())
+    assert "rm: /nonexistent/reward-model does not exist; give a sequence-classification reward model" in " ".join(
+        result.stderr.split()
+    )
     assert "Traceback" not in result.stderr
 
 
