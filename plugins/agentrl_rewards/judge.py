@@ -6,8 +6,9 @@
   ``generate`` for every episode of the call that is not cached;
 * ``openai``: an OpenAI-compatible endpoint (``base_url``, ``model``, the key read from the
   environment variable ``api_key_env``), ``max_concurrency`` requests at once, each at most
-  ``timeout_s``;
-* anything else: a local causal-LM folder, loaded once per run and sampled greedily with
+  ``timeout_s`` from start to finished reply (:mod:`agentrl_rewards.judge_endpoint`);
+* anything else: a local causal-LM folder (checked for the role, :mod:`agentrl.model.roles`),
+  loaded once per run and sampled greedily with
   ``transformers``' ``generate`` (``batch_size`` prompts at a time, left-padded).
 
 The rubric is a ``str.format`` template (the default, or the file ``rubric`` names) sent as one
@@ -18,7 +19,9 @@ and any task column (``{question}``, ``{answer}``, ...); literal braces are doub
 read by :func:`parse_score`: the number after the last ``Score:``, else the last number (counted
 in ``judge/unformatted``: a judge that ignores the format often just repeats a number from the
 task), which must lie in ``[0, max_score]``; it is mapped to ``[0, 1]``. A reply that gives none is
-a parse failure: the episode is not scored (None) and counted. ``reply_prefix`` (for example
+a parse failure: the episode is not scored (None) and counted; a call in which no reply parses
+warns, naming the judge, and when the judge is the run's only reward ``max_nonfinite_steps`` such
+calls in a row stop the run with that line. ``reply_prefix`` (for example
 ``Score:``) writes the start of a local judge's reply for it. Replies are cached by judge prompt (the episode's
 prompt, completion and task) for the whole run.
 
@@ -84,7 +87,8 @@ class JudgeConfig:
     api_key_env: str = "OPENAI_API_KEY"
     """``judge:openai``: the environment variable holding the API key (unset: ``EMPTY``)."""
     timeout_s: Annotated[float, Field(gt=0)] = 60.0
-    """``judge:openai``: seconds one request may take; past it, ``on_call_error``."""
+    """``judge:openai``: seconds one request may take, from start to finished reply (however slowly the
+    server sends it: it is then cancelled); past it, ``on_call_error``."""
     max_concurrency: Annotated[int, Field(ge=1)] = 8
     """``judge:openai``: requests in flight at once."""
     reply_prefix: str = ""

@@ -61,11 +61,11 @@ class EndpointBackend:
         async with slots:
             try:
                 response = await asyncio.wait_for(self._request(prompt), self.options.timeout_s)
+                return response.choices[0].message.content or ""
             except TimeoutError:
                 return self._timeout()
-            except Exception as exc:  # the request's failure: on_call_error decides
+            except Exception as exc:  # the request's failure (a malformed reply too): on_call_error decides
                 return exc
-        return response.choices[0].message.content or ""
 
     def _request(self, prompt: str) -> Any:
         return self.client.chat.completions.create(

@@ -220,3 +220,15 @@ def test_a_role_error_is_a_config_error_and_a_model_error():
     assert issubclass(ModelFolderError, ConfigError) and issubclass(ModelFolderError, ModelError)
     assert architecture_kind("Qwen2ForTokenClassification") == TOKEN and architecture_kind("LlamaModel") is None
     assert architecture_kind("GPT2LMHeadModel") == CAUSAL == architecture_kind("Gemma3ForConditionalGeneration")
+
+
+def test_cli_a_policy_with_missing_weights_is_refused_in_one_line(tmp_path, tokenizer):
+    from cli_in_process import agentrl_in_process
+
+    gap = _missing_layer(tmp_path / "gap", tokenizer)
+    result = agentrl_in_process(
+        "train", "--model", str(gap), "--max-steps", "1", "--output-dir", str(tmp_path / "run"), "--set", "eval_tasks=0"
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    err = " ".join(result.stderr.split())
+    assert f"error: policy: {gap} lacks trained weights for model.layers.2." in err and "Traceback" not in err

@@ -560,3 +560,31 @@ def test_cli_judge_only_run_whose_replies_never_parse_names_the_judge(server, ti
     )
     assert "The judge is the run's only reward (env_reward_weight=0), so no episode was scored" in err
     assert "non-finite loss" not in err and "Traceback" not in result.stderr
+
+
+def test_a_sequence_classification_folder_is_no_judge(tmp_path, tokenizer):
+    """judge:PATH on a reward model's folder is refused, not loaded as a causal LM with a new head
+    whose replies would never parse."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=1,
+        tie_word_embeddings=True,  # its LM head would be the embeddings: no key missing, still no LM
+        pad_token_id=2,
+    )
+    LlamaForSequenceClassification(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            f"judge: {tmp_path} is a sequence-classification model (LlamaForSequenceClassification), not a causal "
+            "LM: judge:PATH takes a causal LM folder"
+        ),
+    ):
+        judge_scheme(str(tmp_path), context())

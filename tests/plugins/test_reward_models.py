@@ -307,3 +307,22 @@ def test_cli_run_with_a_relative_rm_path_resumes_from_another_directory(rm_dir, 
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in steps if "reward/rm_mean" in row] == [1, 2]
+
+
+def test_cli_a_causal_lm_as_reward_model_is_refused_in_one_line(tiny_model_dir, tmp_path):
+    """A causal LM whose config says num_labels 1 would train against a random score head: refused
+    before training, naming the folder, the architecture and the head's weight."""
+    folder = tmp_path / "lm-as-rm"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_labels": 1, "id2label": {"0": "LABEL_0"}}))
+    result = agentrl_in_process(
+        "train", "--model", str(tiny_model_dir), "--reward", f"rm:{folder}", "--output-dir", str(tmp_path / "r"), *TINY
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (
+        f"error: rm: {folder} is a causal LM (LlamaForCausalLM) with no trained score head: score.weight would be "
+        "freshly initialised; give a sequence-classification reward model (AutoModelForSequenceClassification, "
+        "num_labels 1)"
+    ) in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr and not (tmp_path / "r" / "metrics.jsonl").exists()
