@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from agentrl.errors import ModelError
+from agentrl.model.roles import check_folder, load_for_role, load_tokenizer_for_role
 from agentrl.rundir.paths import folder_problem
 
 if TYPE_CHECKING:  # transformers loads with the first model or tokenizer (seconds), not with this module
@@ -80,24 +81,28 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     where = resolve_model(name)
+    if Path(where).is_dir():  # a local folder: checked for the policy's role first (no weights loaded)
+        check_folder("policy", where)
+        return _with_pad(load_tokenizer_for_role("policy", where))
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
     except Exception as exc:
         raise ModelError(f"could not load the tokenizer of {name!r} ({where}): {exc}") from exc
+    return _with_pad(tokenizer)
+
+
+def _with_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """``tokenizer`` with a pad token (its EOS when it has none)."""
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """The causal LM ``name`` in eval mode (dropout off: ratios must be 1 at step 0)."""
-    from transformers import AutoModelForCausalLM
-
+    """The causal LM ``name`` in eval mode (dropout off: ratios must be 1 at step 0), checked for
+    the policy's role (:mod:`agentrl.model.roles`: no weight freshly initialised, a causal LM)."""
     where = resolve_model(name)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
-    except Exception as exc:
-        raise ModelError(f"could not load model {name!r} ({where}): {exc}") from exc
+    model = load_for_role("policy", where, local=Path(where).is_dir(), dtype=dtype)
     model.eval()
     return model
 

@@ -6,8 +6,9 @@
   ``generate`` for every episode of the call that is not cached;
 * ``openai``: an OpenAI-compatible endpoint (``base_url``, ``model``, the key read from the
   environment variable ``api_key_env``), ``max_concurrency`` requests at once, each at most
-  ``timeout_s``;
-* anything else: a local causal-LM folder, loaded once per run and sampled greedily with
+  ``timeout_s`` from start to finished reply (:mod:`agentrl_rewards.judge_endpoint`);
+* anything else: a local causal-LM folder (checked for the role, :mod:`agentrl.model.roles`),
+  loaded once per run and sampled greedily with
   ``transformers``' ``generate`` (``batch_size`` prompts at a time, left-padded).
 
 The rubric is a ``str.format`` template (the default, or the file ``rubric`` names) sent as one
@@ -18,7 +19,9 @@ and any task column (``{question}``, ``{answer}``, ...); literal braces are doub
 read by :func:`parse_score`: the number after the last ``Score:``, else the last number (counted
 in ``judge/unformatted``: a judge that ignores the format often just repeats a number from the
 task), which must lie in ``[0, max_score]``; it is mapped to ``[0, 1]``. A reply that gives none is
-a parse failure: the episode is not scored (None) and counted. ``reply_prefix`` (for example
+a parse failure: the episode is not scored (None) and counted; a call in which no reply parses
+warns, naming the judge, and when the judge is the run's only reward ``max_nonfinite_steps`` such
+calls in a row stop the run with that line. ``reply_prefix`` (for example
 ``Score:``) writes the start of a local judge's reply for it. Replies are cached by judge prompt (the episode's
 prompt, completion and task) for the whole run.
 
@@ -31,12 +34,10 @@ Metrics after each rollout: ``judge/judged`` (replies asked for), ``judge/cache_
 
 from __future__ import annotations
 
-import os
 import re
 import string
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -45,6 +46,8 @@ import torch
 from pydantic import Field
 
 from agentrl import ConfigError, RewardContext, RewardError, SamplingParams, Trajectory, import_extra, one_line
+from agentrl.model.roles import load_for_role, load_tokenizer_for_role
+from agentrl_rewards.judge_endpoint import EndpointBackend
 
 SECTION = "judge"
 DEFAULT_RUBRIC = """You are grading a reply to a task.
@@ -84,7 +87,8 @@ class JudgeConfig:
     api_key_env: str = "OPENAI_API_KEY"
     """``judge:openai``: the environment variable holding the API key (unset: ``EMPTY``)."""
     timeout_s: Annotated[float, Field(gt=0)] = 60.0
-    """``judge:openai``: seconds one request may take; past it, ``on_call_error``."""
+    """``judge:openai``: seconds one request may take, from start to finished reply (however slowly the
+    server sends it: it is then cancelled); past it, ``on_call_error``."""
     max_concurrency: Annotated[int, Field(ge=1)] = 8
     """``judge:openai``: requests in flight at once."""
     reply_prefix: str = ""
@@ -107,24 +111,35 @@ def parse_score(reply: str, max_score: float = 10.0) -> float | None:
 class Judge:
     """An LLM judge as a reward function ``fn(trajectories)``, cached per judge prompt."""
 
-    def __init__(self, name: str, backend: Backend, template: str, options: JudgeConfig, skips: bool) -> None:
+    def __init__(
+        self, name: str, backend: Backend, template: str, options: JudgeConfig, skips: bool, patience: int = 0
+    ) -> None:
         self.name, self.backend, self.template, self.options, self.skips = name, backend, template, options, skips
+        self.patience = patience
+        """Calls in a row in which no reply parsed after which the judge stops the run (0: never); set
+        when the judge is the run's only reward, where such a call leaves every episode unscored."""
         self.cache: dict[str, float | None] = {}
         self.counts = dict.fromkeys(("judged", "cache_hits", "parse_failures", "unformatted", "errors"), 0)
         self.warned = False
+        self.unparsed: list[str] = []
+        """The replies of the calls in a row so far in which no reply parsed."""
+        self.unparsed_calls = 0
 
     def __call__(self, trajectories: list[Trajectory]) -> list[float | None]:
         """One score in [0, 1] (None: parse failure or failed request) per episode."""
         prompts = [render(self.template, t) for t in trajectories]
         todo = [p for p in dict.fromkeys(prompts) if p not in self.cache]
         failed: set[str] = set()
+        replies: list[str] = []
         for index, (prompt, reply) in enumerate(zip(todo, self.backend(todo) if todo else [])):
             if isinstance(reply, Exception):
                 self._failed(index, reply)
                 failed.add(prompt)
             else:
+                replies.append(reply)
                 self.cache[prompt] = parse_score(reply, self.options.max_score)
                 self.counts["unformatted"] += self.cache[prompt] is not None and not SCORE.search(reply)
+        self._watch_parsing(replies, [self.cache[p] for p in todo if p not in failed])
         self.counts["judged"] += len(todo)
         self.counts["cache_hits"] += len(prompts) - len(todo)
         scores = [None if p in failed else self.cache[p] for p in prompts]
@@ -143,6 +158,36 @@ class Judge:
             warnings.warn(
                 f"{what}; such episodes are left unscored (on_call_error=skip) and counted in "
                 "judge/errors; later failures are not warned about",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def _watch_parsing(self, replies: list[str], scores: list[float | None]) -> None:
+        """Warn at the first call in which no reply parsed, naming the judge and a reply; stop the
+        run after ``patience`` such calls in a row (a call with a parsed reply ends the streak)."""
+        if not replies:
+            return
+        if any(score is not None for score in scores):
+            self.unparsed, self.unparsed_calls = [], 0
+            return
+        self.unparsed += replies
+        self.unparsed_calls += 1
+        what = (
+            f"{self.name}: 0 of {len(self.unparsed)} replies parsed"
+            + (f" in the last {self.unparsed_calls} calls" if self.unparsed_calls > 1 else "")
+            + f" (first: {self.unparsed[0][:80]!r}); a reply needs 'Score: N' or a last number N in "
+            f"[0, {self.options.max_score:g}]"
+        )
+        advice = (
+            f"check the judge's replies against plugins.{SECTION}.rubric, reply_prefix, max_new_tokens and max_score"
+        )
+        if self.patience and self.unparsed_calls >= self.patience:
+            raise RewardError(
+                f"{what}. The judge is the run's only reward (env_reward_weight=0), so no episode was scored; {advice}"
+            )
+        if self.unparsed_calls == 1:
+            warnings.warn(
+                f"{what}; those episodes are not scored by the judge (counted in judge/parse_failures); {advice}",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -233,15 +278,10 @@ def chat_ids(tokenizer: Any, prompt: str, reply_prefix: str = "") -> list[int]:
 
 def local_backend(path: str, options: JudgeConfig, device: Any) -> Backend:
     """Replies from the causal LM at ``path``, loaded once, greedy, ``batch_size`` prompts per generate."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if not (Path(path).expanduser() / "config.json").is_file():
-        raise ConfigError(
-            f"judge model {path!r} is not a model folder (no config.json there): use judge:policy, "
-            "judge:openai or judge:PATH to a saved causal LM"
-        )
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+    # Checked for the role first (agentrl.model.roles): a causal LM with its tokenizer, no weight
+    # freshly initialised; a sequence-classification folder is refused, not given a new LM head.
+    model = load_for_role("judge", path).to(device).eval()
+    tokenizer = load_tokenizer_for_role("judge", path)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     @torch.no_grad()
@@ -278,30 +318,7 @@ def openai_backend(options: JudgeConfig) -> Backend:
             "endpoint writes its reply from the start (use a rubric that asks for 'Score: N' instead)"
         )
     openai = import_extra("openai", "judge:openai needs the openai package: pip install openai", ConfigError)
-    client = openai.OpenAI(
-        base_url=options.base_url,
-        api_key=os.environ.get(options.api_key_env) or "EMPTY",
-        timeout=options.timeout_s,
-        max_retries=0,
-    )
-
-    def ask(prompt: str) -> str | Exception:
-        try:
-            response = client.chat.completions.create(
-                model=options.model,
-                messages=[{"role": "user", "content": prompt}],
-                temperature=0.0,
-                max_tokens=options.max_new_tokens,
-            )
-            return response.choices[0].message.content or ""
-        except Exception as exc:  # the request's failure: on_call_error decides
-            return exc
-
-    def judge(prompts: list[str]) -> list[str | Exception]:
-        with ThreadPoolExecutor(max_workers=options.max_concurrency) as pool:
-            return list(pool.map(ask, prompts))
-
-    return judge
+    return EndpointBackend(openai, options)
 
 
 def is_model_path(argument: str) -> bool:
@@ -319,5 +336,9 @@ def judge_scheme(argument: str, context: RewardContext) -> Judge:
         backend = openai_backend(options)
     else:
         backend = local_backend(argument, options, context.device)
-    skips = getattr(context.config, "on_call_error", "fail") == "skip"
-    return Judge(f"judge:{argument}", backend, template, options, skips)
+    config = context.config
+    skips = getattr(config, "on_call_error", "fail") == "skip"
+    rewards = list(getattr(config, "rewards", None) or [])
+    only = getattr(config, "env_reward_weight", 1.0) == 0 and len(rewards) == 1 and rewards[0].startswith("judge:")
+    patience = int(getattr(config, "max_nonfinite_steps", 3)) if only else 0
+    return Judge(f"judge:{argument}", backend, template, options, skips, patience)

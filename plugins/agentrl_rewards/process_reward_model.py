@@ -45,9 +45,9 @@ from agentrl import (
     StepRewards,
     Trajectory,
     check_declared,
-    one_line,
     step_ends,
 )
+from agentrl.model.roles import load_for_role, load_tokenizer_for_role
 
 SECTION = "process_reward_model"
 
@@ -117,28 +117,13 @@ class ProcessRewardModel:
         """Load the PRM and its tokenizer (once); a one-line error naming the folder when it holds none."""
         if self.model is not None:
             return
-        from transformers import AutoModelForTokenClassification, AutoTokenizer
-
-        folder = Path(self.path).expanduser()
-        if not (folder / "config.json").is_file():
-            raise ProcessRewardModelError(
-                f"process reward model {self.path!r} is not a model folder (no config.json there): prm:PATH takes a "
-                "local folder saved by AutoModelForTokenClassification.save_pretrained (num_labels=1, a causal "
-                "decoder) with its tokenizer"
-            )
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-            model = AutoModelForTokenClassification.from_pretrained(folder)
-        except (OSError, ValueError, KeyError) as exc:
-            raise ProcessRewardModelError(
-                f"process reward model {self.path!r} could not be loaded as an AutoModelForTokenClassification "
-                f"with its tokenizer: {one_line(exc)}"
-            ) from None
+        # Checked for the role first (agentrl.model.roles): a folder, a readable config, weights and a
+        # tokenizer, a token-classification head of one output, no weight freshly initialised.
+        model = load_for_role("prm", self.path, error=ProcessRewardModelError)
+        tokenizer = load_tokenizer_for_role("prm", self.path, error=ProcessRewardModelError)
         if not tokenizer.is_fast:
-            raise ProcessRewardModelError(f"PRM {self.path!r} has a slow tokenizer: character offsets need a fast one")
-        if model.config.num_labels != 1:
             raise ProcessRewardModelError(
-                f"PRM {self.path!r} has num_labels={model.config.num_labels}: expected 1 (a score per token)"
+                f"prm: {self.path} has a slow tokenizer: character offsets need a fast one (tokenizer.json)"
             )
         self.tokenizer, self.model = tokenizer, model.to(device=self.device, dtype=torch.float32).eval()
 

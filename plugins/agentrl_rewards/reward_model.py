@@ -18,7 +18,6 @@ metric ``rm/truncated``. Options: the ``plugins.reward_model`` settings section.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
@@ -26,6 +25,7 @@ import torch
 from pydantic import Field
 
 from agentrl import ConfigError, OneOf, RewardContext, Trajectory
+from agentrl.model.roles import load_for_role, load_tokenizer_for_role
 
 SECTION = "reward_model"
 
@@ -53,23 +53,12 @@ class RewardModel:
     """A sequence-classification reward model as a reward function ``fn(trajectories)``."""
 
     def __init__(self, path: str, options: RewardModelConfig, device: Any = "cpu", bf16: bool = False) -> None:
-        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-
-        folder = Path(path).expanduser()
-        if not (folder / "config.json").is_file():
-            raise ConfigError(
-                f"reward model {path!r} is not a model folder (no config.json there): rm:PATH takes "
-                "a local folder saved by AutoModelForSequenceClassification.save_pretrained"
-            )
-        num_labels = AutoConfig.from_pretrained(folder).num_labels
-        if num_labels != 1:
-            raise ConfigError(
-                f"reward model {path!r} has num_labels={num_labels}: a reward model must have "
-                "num_labels=1 (one score per conversation)"
-            )
+        # Checked for the role first: a folder, a readable config, weights and a tokenizer, a
+        # sequence-classification head of one output, no weight freshly initialised.
+        # (a ModelFolderError, a ConfigError too: one line naming the folder).
+        model = load_for_role("rm", path)
+        self.tokenizer = load_tokenizer_for_role("rm", path)
         self.path, self.options, self.device, self.bf16 = path, options, torch.device(device), bf16
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForSequenceClassification.from_pretrained(folder)
         self.model = model.to(device=self.device, dtype=torch.float32).eval()
         self.max_length = options.max_length or own_limit(self.tokenizer, self.model.config, path)
         self.truncated = 0

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import threading
 import time
+import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -81,7 +85,7 @@ def test_a_rubric_placeholder_no_episode_has_is_refused(tmp_path):
         judge_scheme("policy", context(rubric="/nope.txt"))
     with pytest.raises(ConfigError, match="judge:openai needs plugins.judge.base_url and plugins.judge.model"):
         judge_scheme("openai", context())
-    with pytest.raises(ConfigError, match="judge model '/no/such/judge' is not a model folder"):
+    with pytest.raises(ConfigError, match="judge: /no/such/judge does not exist; judge:PATH takes a causal LM folder"):
         judge_scheme("/no/such/judge", context())
     with pytest.raises(ConfigError, match="judge:openai cannot take plugins.judge.reply_prefix='Score:'"):
         judge_scheme("openai", context(base_url="http://localhost:1/v1", model="m", reply_prefix="Score:"))
@@ -165,8 +169,8 @@ def test_a_judge_reply_that_gives_no_score_is_a_counted_parse_failure(policy_eng
 
 
 class JudgeServer:
-    """A real HTTP server speaking chat.completions: ``Score: 7`` unless the prompt says SLOW (sleeps)
-    or OUT (``Score: 15``)."""
+    """A real HTTP server speaking chat.completions: ``Score: 7`` unless the prompt says SLOW (sleeps),
+    OUT (``Score: 15``) or NOSCORE (a reply with no number)."""
 
     def __init__(self) -> None:
         self.received: list[dict] = []
@@ -179,7 +183,13 @@ class JudgeServer:
                 prompt = body["messages"][-1]["content"]
                 if "SLOW" in prompt:
                     time.sleep(1.5)
-                reply = "Score: 15" if "OUT" in prompt else "Fine. Score: 7"
+                reply = (
+                    "Score: 15"
+                    if "OUT" in prompt
+                    else "I cannot grade this."
+                    if "NOSCORE" in prompt
+                    else "Fine. Score: 7"
+                )
                 data = json.dumps(
                     {
                         "id": "x",
@@ -329,3 +339,252 @@ def test_cli_trains_with_the_policy_as_its_own_judge(tiny_model_dir, tmp_path):
     for line in train:  # the held-out episodes the judge scored before step 1 are not counted in it
         assert line["judge/judged"] + line["judge/cache_hits"] == 4.0
         assert 0 <= line["judge/parse_failures"] <= 4.0 and line["judge/errors"] == 0.0
+
+
+class StallingServer:
+    """A real HTTP server that never finishes a reply: ``trickle`` sends the status line and headers,
+    then one byte of a 100 kB body every ``every`` seconds (each byte resets an HTTP client's read
+    timeout); ``silent`` reads the request and never answers. Counts the bytes it trickled."""
+
+    def __init__(self, mode: str, every: float = 0.5) -> None:
+        self.mode, self.sent = mode, 0
+        self.stop = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers["Content-Length"]))
+                if mode == "silent":
+                    server.stop.wait(120)
+                    return
+                try:
+                    self.wfile.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                    )
+                    self.wfile.flush()
+                    while not server.stop.wait(every):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        server.sent += 1
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up: the deadline worked
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.httpd.shutdown()
+
+
+@pytest.fixture(params=["trickle", "silent"])
+def stalling(request):
+    stalling_server = StallingServer(request.param)
+    yield stalling_server
+    stalling_server.close()
+
+
+def test_a_stalling_endpoint_is_cut_at_the_deadline_whatever_it_sends(stalling):
+    """A server trickling a byte every 0.5 s never trips a 2 s read timeout; the whole-request deadline
+    (timeout_s) ends both requests, running at once, in about 2 s, each counted as an error."""
+    judge = judge_scheme("openai", context(base_url=stalling.url, model="grader", timeout_s=2.0, on_call_error="skip"))
+    start = time.monotonic()
+    with pytest.warns(RuntimeWarning, match=r"no complete reply from .* within plugins.judge.timeout_s=2 s"):
+        scores = judge([episode("2+2?", "4"), episode("3+3?", "6")])
+    elapsed = time.monotonic() - start
+    assert scores == [None, None] and 1.9 < elapsed < 6.0, elapsed
+    assert judge.pop_metrics()["errors"] == 2.0
+    time.sleep(1.2)
+    sent = stalling.sent
+    time.sleep(1.2)
+    assert stalling.sent == sent  # the requests were cancelled: their connections are closed, nothing trickles on
+    assert sent >= 2 if stalling.mode == "trickle" else sent == 0  # it did trickle, within the deadline
+
+
+SCORE_THEN_EXIT = """
+import time, warnings
+warnings.simplefilter("ignore")
+from agentrl.config.train import TrainConfig
+from agentrl.env import CallGuard
+from agentrl.plugins import load_plugins
+from agentrl.rewards.scoring import score
+from agentrl.rewards.specs import resolve_rewards
+from agentrl.testing import make_trajectory
+from agentrl_math import MathEnv
+
+config = TrainConfig(
+    rewards={{"judge:openai": 1.0}},
+    plugins={{"judge": {{"base_url": {url!r}, "model": "grader", "timeout_s": 2.0}}}},
+)
+fns = resolve_rewards(config, load_plugins().registry, MathEnv())
+episodes = [
+    make_trajectory([{{"role": "user", "content": f"{{i}}+1?"}}, {{"role": "assistant", "content": "2"}}], {{"answer": "2"}})
+    for i in range(3)
+]
+start = time.monotonic()
+totals, parts = score(episodes, fns, 1.0, guard=CallGuard.from_config(config))
+print(f"scored in {{time.monotonic() - start:.1f}} s: judge {{parts['judge'].tolist()}}", flush=True)
+"""
+
+
+def test_a_process_whose_judge_server_stalls_scores_and_exits(stalling, tmp_path):
+    """End to end through the real plugin and the scorer, in a process of its own: the judge's
+    requests end at their deadline and the interpreter exits at once after (no thread is joined)."""
+    script = tmp_path / "score_then_exit.py"
+    script.write_text(SCORE_THEN_EXIT.format(url=stalling.url))
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = result.stdout.strip().splitlines()[-1]
+    assert line.startswith("scored in ") and line.endswith("judge [nan, nan, nan]"), line
+    assert float(line.split()[2]) < 6.0
+    assert time.monotonic() - start < 60  # imports included; a joined thread would hang for the server's 120 s
+
+
+def test_cli_run_with_a_trickling_judge_server_finishes_and_exits(tiny_model_dir, tmp_path):
+    """``agentrl train`` whose judge endpoint trickles forever: each step's judge requests end at the
+    deadline, the run saves, and the process exits."""
+    trickle = StallingServer("trickle")
+    try:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agentrl.cli.app",
+                "train",
+                "--model",
+                str(tiny_model_dir),
+                "--reward",
+                "judge:openai:0.5",
+                "--reward",
+                "format",
+                "--set",
+                f"plugins.judge.base_url={trickle.url}",
+                "--set",
+                "plugins.judge.model=grader",
+                "--set",
+                "plugins.judge.timeout_s=1.5",
+                "--max-steps",
+                "2",
+                "--num-generations",
+                "2",
+                "--prompts-per-step",
+                "2",
+                "--set",
+                "eval_tasks=0",
+                "--set",
+                "max_new_tokens=8",
+                "--output-dir",
+                str(tmp_path / "run"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        trickle.close()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "run saved to" in result.stdout and trickle.sent >= 2
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["judge/errors"] for line in lines if "judge/errors" in line] == [4.0, 4.0]
+
+
+def test_a_judge_whose_replies_never_parse_says_so_and_stops_a_run_it_alone_scores(server, tmp_path):
+    """Every reply unparsed: the first such call warns naming the judge, the replies and one of them;
+    when the judge is the run's only reward, max_nonfinite_steps such calls in a row stop the run with
+    that line instead of a generic non-finite-loss one. Beside another reward it only warns."""
+    (tmp_path / "rubric.txt").write_text("NOSCORE {prompt} {completion}")
+    settings = dict(base_url=server.url, model="grader", rubric=str(tmp_path / "rubric.txt"))
+    batch = [episode(f"{i}+1?", str(i + 1)) for i in range(4)]
+    only = TrainConfig(rewards={"judge:openai": 1.0}, env_reward_weight=0.0, max_nonfinite_steps=2)
+    judge = judge_scheme("openai", RewardContext(config=only, settings={"judge": JudgeConfig(**settings)}))
+    with pytest.warns(RuntimeWarning, match=re.escape("judge:openai: 0 of 4 replies parsed (first: 'I cannot grade")):
+        assert judge(batch) == [None] * 4
+    with pytest.raises(
+        RewardError,
+        match=re.escape(
+            "judge:openai: 0 of 8 replies parsed in the last 2 calls (first: 'I cannot grade this.'); a reply needs "
+            "'Score: N' or a last number N in [0, 10]. The judge is the run's only reward (env_reward_weight=0)"
+        ),
+    ):
+        judge([episode(f"{i}+2?", str(i + 2)) for i in range(4)])
+    beside = TrainConfig(rewards={"judge:openai": 1.0, "format": 1.0}, env_reward_weight=0.0, max_nonfinite_steps=2)
+    judge = judge_scheme("openai", RewardContext(config=beside, settings={"judge": JudgeConfig(**settings)}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for start in range(0, 12, 4):
+            assert judge([episode(f"{i}*3?", str(i * 3)) for i in range(start, start + 4)]) == [None] * 4
+    assert [str(w.message)[:40] for w in caught] == ["judge:openai: 0 of 4 replies parsed (fir"]  # once per streak
+    assert judge.pop_metrics()["parse_failures"] == 12.0
+
+
+def test_cli_judge_only_run_whose_replies_never_parse_names_the_judge(server, tiny_model_dir, tmp_path):
+    (tmp_path / "rubric.txt").write_text("NOSCORE {prompt} {completion}")
+    result = agentrl_in_process(
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--reward",
+        "judge:openai",
+        "--set",
+        "env_reward_weight=0",
+        "--set",
+        f"plugins.judge.base_url={server.url}",
+        "--set",
+        "plugins.judge.model=grader",
+        "--set",
+        f"plugins.judge.rubric={tmp_path / 'rubric.txt'}",
+        "--max-steps",
+        "5",
+        "--num-generations",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--set",
+        "eval_tasks=0",
+        "--set",
+        "max_new_tokens=8",
+        "--output-dir",
+        str(tmp_path / "run"),
+    )
+    err = " ".join(result.stderr.split())
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (
+        "error: judge:openai: 0 of" in err
+        and "replies parsed in the last 3 calls (first: 'I cannot grade this.')" in err
+    )
+    assert "The judge is the run's only reward (env_reward_weight=0), so no episode was scored" in err
+    assert "non-finite loss" not in err and "Traceback" not in result.stderr
+
+
+def test_a_sequence_classification_folder_is_no_judge(tmp_path, tokenizer):
+    """judge:PATH on a reward model's folder is refused, not loaded as a causal LM with a new head
+    whose replies would never parse."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=1,
+        tie_word_embeddings=True,  # its LM head would be the embeddings: no key missing, still no LM
+        pad_token_id=2,
+    )
+    LlamaForSequenceClassification(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            f"judge: {tmp_path} is a sequence-classification model (LlamaForSequenceClassification), not a causal "
+            "LM: judge:PATH takes a causal LM folder"
+        ),
+    ):
+        judge_scheme(str(tmp_path), context())

@@ -215,16 +215,17 @@ def test_bad_settings_are_refused_naming_the_key(options, message):
 
 def test_a_folder_that_is_no_token_classification_prm_is_refused(tmp_path, tokenizer):
     two = _prm_dir(tmp_path, tokenizer, num_labels=2)
-    with pytest.raises(ConfigError, match=re.escape(f"PRM '{two}' has num_labels=2: expected 1 (a score per token)")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"prm: {two} has num_labels=2: expected 1 (one score); give a token-")
+    ):
         _resolve(TrainConfig(rewards={f"prm:{two}": 1.0}))
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(
         ConfigError,
         match=re.escape(
-            f"process reward model '{empty}' is not a model folder (no "
-            "config.json there): prm:PATH takes a local folder saved by "
-            "AutoModelForTokenClassification.save_pretrained"
+            f"prm: {empty} has no config.json: not a saved model folder; give a token-classification process "
+            "reward model (AutoModelForTokenClassification, num_labels 1, a causal decoder)"
         ),
     ):
         _resolve(TrainConfig(rewards={f"prm:{empty}": 1.0}))
@@ -243,7 +244,7 @@ def test_cli_bad_prm_folder_is_one_line_naming_it(tiny_model_dir, tmp_path):
     )
     assert result.returncode == 2, result.stdout + result.stderr
     err = " ".join(result.stderr.split())
-    assert "process reward model '/nonexistent/prm' is not a model folder (no config.json there)" in err
+    assert "prm: /nonexistent/prm does not exist; give a token-classification process reward model" in err
     assert "Traceback" not in result.stderr
 
 

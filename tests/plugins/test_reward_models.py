@@ -4,6 +4,7 @@ a scheme argument declared a path is stored absolute, so a run resumes from any 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -161,7 +162,9 @@ def test_a_tokenizer_without_chat_template_reads_role_content_blocks(tmp_path, t
 
 def test_num_labels_other_than_one_is_refused(tmp_path, tokenizer):
     tiny_reward_model(len(tokenizer), num_labels=2).save_pretrained(tmp_path)
-    with pytest.raises(ConfigError, match=f"reward model '{tmp_path}' has num_labels=2: a reward model must have"):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"rm: {tmp_path} has num_labels=2: expected 1 (one score); give a")
+    ):
         RewardModel(str(tmp_path), RewardModelConfig())
 
 
@@ -216,7 +219,9 @@ def test_cli_bad_reward_model_path_is_one_line_naming_it(spec, tiny_model_dir, t
         "train", "--model", str(tiny_model_dir), "--reward", spec, "--output-dir", str(tmp_path / "r"), *TINY
     )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "reward model '/nonexistent/reward-model' is not a model folder" in " ".join(result.stderr.split())
+    assert "rm: /nonexistent/reward-model does not exist; give a sequence-classification reward model" in " ".join(
+        result.stderr.split()
+    )
     assert "Traceback" not in result.stderr
 
 
@@ -302,3 +307,22 @@ def test_cli_run_with_a_relative_rm_path_resumes_from_another_directory(rm_dir, 
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in steps if "reward/rm_mean" in row] == [1, 2]
+
+
+def test_cli_a_causal_lm_as_reward_model_is_refused_in_one_line(tiny_model_dir, tmp_path):
+    """A causal LM whose config says num_labels 1 would train against a random score head: refused
+    before training, naming the folder, the architecture and the head's weight."""
+    folder = tmp_path / "lm-as-rm"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_labels": 1, "id2label": {"0": "LABEL_0"}}))
+    result = agentrl_in_process(
+        "train", "--model", str(tiny_model_dir), "--reward", f"rm:{folder}", "--output-dir", str(tmp_path / "r"), *TINY
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (
+        f"error: rm: {folder} is a causal LM (LlamaForCausalLM) with no trained score head: score.weight would be "
+        "freshly initialised; give a sequence-classification reward model (AutoModelForSequenceClassification, "
+        "num_labels 1)"
+    ) in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr and not (tmp_path / "r" / "metrics.jsonl").exists()
