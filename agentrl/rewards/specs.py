@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -129,7 +130,8 @@ def _completion_start(trajectory: Trajectory) -> int:
 
 
 def _await(awaitable: Any) -> Any:
-    """Run an async reward's coroutine to completion (in a worker thread if a loop is running)."""
+    """Run an async reward's coroutine to completion (in a daemon thread if a loop is running: a
+    reward that never finishes is abandoned with the call guard's thread, never joined at exit)."""
 
     async def wrapped() -> Any:
         return await awaitable
@@ -138,8 +140,16 @@ def _await(awaitable: Any) -> Any:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(wrapped())
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, wrapped()).result()
+    outcome: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def target() -> None:
+        try:
+            outcome.set_result(asyncio.run(wrapped()))
+        except BaseException as exc:  # handed to the caller
+            outcome.set_exception(exc)
+
+    threading.Thread(target=target, name="agentrl-async-reward", daemon=True).start()
+    return outcome.result()
 
 
 def find_reward(name: str, registry: Any) -> tuple[Callable[..., Any], str]:

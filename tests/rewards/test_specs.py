@@ -210,3 +210,27 @@ def test_an_episode_with_no_reply_gets_an_empty_assistant_message_as_trl_would()
 
     no_reply = make_trajectory([SYSTEM, {"role": "user", "content": "long prompt"}], {"question": "q"})
     assert TRLReward(last_content, "last")([no_reply, single_turn("q", "abc")]) == [0.0, 3.0]
+
+
+def test_an_async_reward_awaited_under_a_running_loop_runs_in_a_daemon_thread():
+    """A reward coroutine awaited while a loop runs goes to a daemon thread (one that never
+    finishes cannot hold the interpreter's exit); its value and its error come back."""
+    import asyncio
+
+    from agentrl.rewards.specs import _await
+
+    async def daemon_flag():
+        import threading
+
+        return threading.current_thread().daemon
+
+    async def fails():
+        raise ValueError("bad reward")
+
+    async def under_a_loop():
+        flag = _await(daemon_flag())
+        with pytest.raises(ValueError, match="bad reward"):
+            _await(fails())
+        return flag
+
+    assert asyncio.run(under_a_loop()) is True
