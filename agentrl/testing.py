@@ -149,14 +149,14 @@ class GoldUncheckedWarning(UserWarning):
     did not check that the env pays a right episode the max reward there."""
 
 
-def check_gold_answer(env: Env, max_reward: float = 1.0) -> int:
+def check_gold_answer(env: Env, max_reward: float = 1.0, stacklevel: int = 2) -> int:
     """The gold episode of ``env.gold_reply(task)`` earns ``max_reward`` (first train and eval tasks).
 
     The gold is one reply, a list of replies (one per assistant turn) or a function that plays
     the episode (:data:`agentrl.env.checks.GoldReply`); it is stepped through the env's real
     ``reset``/``step``, tool calls run by the env. Raises EnvError naming the turn where the
     episode went wrong. Tasks whose gold is None are not played: a :class:`GoldUncheckedWarning`
-    says which. Returns the number of gold episodes played.
+    says which (``stacklevel`` as in :func:`warnings.warn`). Returns the number of gold episodes played.
     """
     name, played, unchecked = type(env).__name__, 0, []
     tasks = first_tasks(env.train_tasks(), 2) + first_tasks(env.eval_tasks(), 2)
@@ -174,7 +174,7 @@ def check_gold_answer(env: Env, max_reward: float = 1.0) -> int:
             f"checked that a right episode earns the max reward {max_reward!r} there. Return a reply, a "
             "list of replies (one per turn) or a function messages -> reply that plays the episode",
             GoldUncheckedWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,  # the warning points at the caller's line
         )
     return played
 
@@ -269,7 +269,7 @@ def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.E
     check_reset_uses_task(inner)
     check_tasks_disjoint(inner)
     check_step_types(inner)
-    check_gold_answer(inner, max_reward=max_reward)
+    check_gold_answer(inner, max_reward=max_reward, stacklevel=3)
 
 
 # -- rewards ---------------------------------------------------------------------------------------
