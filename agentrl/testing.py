@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from agentrl.env import (
     describe,
     task_label,
 )
+from agentrl.env.checks import play_gold_episode
 from agentrl.env.loading import unwrapped_env
 from agentrl.env.tasks import first_tasks, task_key
 from agentrl.errors import AgentRLError, EnvError, RewardError, one_line
@@ -39,9 +41,13 @@ RewardFn = Callable[..., list[float | None]]
 
 
 def gold_text(task: Task, env: Env | None = None) -> str | None:
-    """The reply a perfect model gives to ``task``: ``env.gold_reply(task)`` when an env is given,
-    else ``\\boxed{answer}`` (None when the task has no answer)."""
-    return env.gold_reply(task) if env is not None else boxed_reply(task)
+    """The final reply a perfect model gives to ``task``: ``env.gold_reply(task)`` (its last reply
+    when it is a list; None for a function) when an env is given, else ``\\boxed{answer}`` (None
+    when the task has no answer)."""
+    gold = env.gold_reply(task) if env is not None else boxed_reply(task)
+    if isinstance(gold, Sequence) and not isinstance(gold, str):
+        return gold[-1] if gold else None
+    return gold if isinstance(gold, str) else None
 
 
 def make_trajectory(messages: list[dict[str, Any]], task: Task, **fields: Any) -> Trajectory:
@@ -138,27 +144,39 @@ def check_tasks_disjoint(env: Env, sample: int = 256) -> None:
         )
 
 
-def check_gold_answer(env: Env, max_reward: float = 1.0) -> None:
-    """``env.gold_reply(task)`` earns ``max_reward`` in one step (first train and eval tasks).
+class GoldUncheckedWarning(UserWarning):
+    """``check_env`` could not play a gold episode on some tasks (``gold_reply`` gave None), so it
+    did not check that the env pays a right episode the max reward there."""
 
-    Tasks whose gold reply is None (no single right reply, e.g. games) are skipped.
+
+def check_gold_answer(env: Env, max_reward: float = 1.0, stacklevel: int = 2) -> int:
+    """The gold episode of ``env.gold_reply(task)`` earns ``max_reward`` (first train and eval tasks).
+
+    The gold is one reply, a list of replies (one per assistant turn) or a function that plays
+    the episode (:data:`agentrl.env.checks.GoldReply`); it is stepped through the env's real
+    ``reset``/``step``, tool calls run by the env. Raises EnvError naming the turn where the
+    episode went wrong. Tasks whose gold is None are not played: a :class:`GoldUncheckedWarning`
+    says which (``stacklevel`` as in :func:`warnings.warn`). Returns the number of gold episodes played.
     """
-    for task in first_tasks(env.train_tasks(), 2) + first_tasks(env.eval_tasks(), 2):
-        reply = env.gold_reply(task)
-        if reply is None:
+    name, played, unchecked = type(env).__name__, 0, []
+    tasks = first_tasks(env.train_tasks(), 2) + first_tasks(env.eval_tasks(), 2)
+    for task in tasks:
+        gold = env.gold_reply(task)
+        if gold is None:
+            unchecked.append(task)
             continue
-        if not isinstance(reply, str):
-            raise EnvError(
-                f"{type(env).__name__}.gold_reply must return a str or None; got "
-                f"{type(reply).__name__} for task {task!r}"
-            )
-        env.reset(options={"task": dict(task)})
-        _, reward, _, _, _ = env.step(reply)
-        if not math.isclose(float(reward), max_reward, abs_tol=1e-6):
-            raise EnvError(
-                f"{type(env).__name__}: the gold reply {reply!r} earned "
-                f"{reward!r}, expected the max reward {max_reward!r} (task {task!r})"
-            )
+        play_gold_episode(env, task, gold).check_return(max_reward)
+        played += 1
+    if unchecked:
+        warnings.warn(
+            f"check_env: {name}.gold_reply is None for {len(unchecked)} of the {len(tasks)} tasks tried "
+            f"(e.g. {task_label(unchecked[0])}), so no gold episode was played on them: nothing "
+            f"checked that a right episode earns the max reward {max_reward!r} there. Return a reply, a "
+            "list of replies (one per turn) or a function messages -> reply that plays the episode",
+            GoldUncheckedWarning,
+            stacklevel=stacklevel,  # the warning points at the caller's line
+        )
+    return played
 
 
 def check_step_types(env: Env) -> None:
@@ -240,7 +258,9 @@ def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.E
     """Run every environment check; raise EnvError naming the first broken rule.
 
     Accepts an env instance (wrapped by ``gymnasium.make`` or not), an Env class, or a
-    zero-argument factory. ``max_reward`` is what the env's ``gold_reply(task)`` must earn.
+    zero-argument factory. ``max_reward`` is what the gold episode of ``gold_reply(task)`` (one
+    reply, one per turn, or a function that plays it) must earn; a task without a gold is named in
+    a :class:`GoldUncheckedWarning`, never skipped silently.
     """
     inner = unwrapped_env(env_factory_or_env, "check_env")
     check_env_startup(inner, need_eval=False)
@@ -249,7 +269,7 @@ def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.E
     check_reset_uses_task(inner)
     check_tasks_disjoint(inner)
     check_step_types(inner)
-    check_gold_answer(inner, max_reward=max_reward)
+    check_gold_answer(inner, max_reward=max_reward, stacklevel=3)
 
 
 # -- rewards ---------------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ member of a group the same task through ``reset(options={"task": task})``; witho
 draws a training task from its own seeded RNG. ``train_tasks`` / ``eval_tasks`` expose the
 task source and the held-out split.
 
-``gold_reply(task)`` is the reply that earns the maximum reward (``\\boxed{answer}`` by default;
-None where no single reply is right, e.g. games): ``agentrl.testing.check_env`` steps it.
+``gold_reply(task)`` is the gold episode that earns the maximum reward (``\\boxed{answer}`` by
+default; a list of replies, one per turn, or a function that plays the episode for multi-turn and
+tool envs; None where none can be given): ``agentrl.testing.check_env`` steps it.
 
 ``reset`` and ``step`` check what ``train_tasks``, ``start`` and ``respond`` return (cheap checks)
 and raise :class:`agentrl.EnvError` naming the env, the method, what it returned and the shape

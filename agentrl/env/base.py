@@ -10,7 +10,7 @@ from typing import Any, SupportsFloat
 
 import gymnasium
 
-from agentrl.env.checks import ROLES, Message, check_flag, check_info, check_messages, check_reward, describe
+from agentrl.env.checks import ROLES, GoldReply, Message, check_flag, check_info, check_messages, check_reward, describe
 from agentrl.env.tasks import Task
 from agentrl.errors import EnvError
 
@@ -108,13 +108,16 @@ class Env(gymnasium.Env, abc.ABC):
     def respond(self, text: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
         """React to the assistant's ``text``: (messages to append, reward, terminated, info)."""
 
-    def gold_reply(self, task: Task) -> str | None:
-        """The reply that earns the maximum reward on ``task`` in one step, or None if none can.
+    def gold_reply(self, task: Task) -> GoldReply:
+        """What a perfect model replies on ``task``: the gold episode that earns the maximum reward.
 
-        ``agentrl.testing.check_env`` resets on a few tasks, steps this reply and expects the max
-        reward. The default is ``\\boxed{answer}`` when the task has an ``answer``; override it for
-        another answer format (``<answer>42</answer>``), or return None where no single reply is
-        right (games, open-ended tasks) so the check skips the task.
+        One reply (a str), a list of replies (one per assistant turn: tool calls, then the answer),
+        or a function that plays the episode (given the conversation so far it returns the next
+        reply; it can read tool results), or None where no gold can be given (open-ended tasks).
+        ``agentrl.testing.check_env`` resets on a few tasks, steps the gold episode through
+        ``step`` and expects the max reward, naming the turn where it went wrong (None: a warning
+        says the task was not checked). The default is ``\\boxed{answer}`` when the task has an
+        ``answer``; override it for another format (``<answer>42</answer>``) or a multi-turn env.
         """
         return boxed_reply(task)
 

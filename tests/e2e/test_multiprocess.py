@@ -1,5 +1,7 @@
 """Several processes (``agentrl train --num-processes 2``: accelerate launch, gloo on this CPU)
-train exactly like one: the same global batch gives the same weights, metrics and completions.
+train exactly like one in fp32 (``precision=fp32``, as every run here sets): the same global batch
+gives the same weights, metrics and completions. In bf16 only to bf16 rounding: native bf16
+kernels round other batch shapes differently (docs/guides/scaling.md has the measured figures).
 
 Each process rolls out whole groups (its share of ``prompts_per_step``), episodes sample from
 per-episode seeds (so an episode's tokens do not depend on its process), gradients are summed

@@ -18,7 +18,7 @@ from faulty_plugin import run_config, unclipped_run_config
 from agentrl import Env, EnvError
 from agentrl.env import PrivateGlobalRandom, boxed_reply
 from agentrl.plugins import load_plugins
-from agentrl.testing import check_env, check_gold_answer, gold_text
+from agentrl.testing import GoldUncheckedWarning, check_env, check_gold_answer, gold_text
 from agentrl.training.trainer import Trainer
 
 CACHED_TASKS = [
@@ -87,7 +87,8 @@ def test_gold_reply_default_and_opt_out() -> None:
     assert CachedTasksEnv().gold_reply({"answer": 7}) == boxed_reply({"answer": 7}) == "\\boxed{7}"
     assert CachedTasksEnv().gold_reply({"question": "open-ended"}) is None
     assert gold_text({"answer": 7}) == "\\boxed{7}"
-    check_gold_answer(NoGoldEnv())  # nothing to check, nothing raised
+    with pytest.warns(GoldUncheckedWarning, match="NoGoldEnv.gold_reply is None for 4 of the 4 tasks tried"):
+        assert check_gold_answer(NoGoldEnv()) == 0  # nothing played: said, not skipped silently
     with pytest.raises(
         EnvError,
         match=re.escape("WrongGoldEnv: the gold reply '<answer>0!</answer>' earned 0.0, expected the max reward 1.0"),

