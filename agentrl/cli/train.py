@@ -120,10 +120,11 @@ def run_train(
     lock: contextlib.ExitStack,
 ) -> None:
     """The body of ``agentrl train`` (``given``: flag -> value, None where not given)."""
-    from agentrl.model.launch import inside_launch
+    from agentrl.model.launch import inside_launch, resume_flags
 
     if num_processes is not None and num_processes < 1:
         raise ConfigError(f"--num-processes must be >= 1, got {num_processes}")
+    lock.enter_context(resume_flags(given, num_processes, accelerate_config))  # what "continue with" names
     cfg, checkpoint = _config_from_flags(given, print_config, lock)
     manager = plugin_manager(given["--disable-plugin"], given["--plugin"])
     if (num_processes or accelerate_config) and not inside_launch() and not print_config:
@@ -245,8 +246,11 @@ def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
         with progress.bar:
             result = trainer.train(progress=progress)
     except TrainingInterrupted as exc:
+        from agentrl.model.launch import process_rank
+
         with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
-            error_console.print(f"[bold yellow]interrupted:[/] {escape(str(exc))}", highlight=False)
+            if process_rank() == 0:  # one line for the run
+                error_console.print(f"[bold yellow]interrupted:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=128 + exc.signum) from None  # the shell's code for death by that signal
     _report(result)
 
@@ -287,11 +291,14 @@ def _new_run_dir(lock: contextlib.ExitStack, cfg: Any) -> Any:
 def _lock_run_dir(lock: contextlib.ExitStack, run_dir: Path) -> bool:
     """Hold ``run_dir``'s lock in ``lock`` when this process writes the run (the top process, or
     process 0 of an ``accelerate launch`` started by hand; processes agentrl's launcher started
-    leave it to that launcher); whether it does."""
-    from agentrl.model.launch import LAUNCHED, process_rank
+    hold that launcher's lock with it, and end with it); whether it does."""
+    from agentrl.model.launch import LAUNCHED, join_launched_run, process_rank
     from agentrl.rundir.lock import RunLock
 
-    if os.environ.get(LAUNCHED) or process_rank() > 0:
+    if os.environ.get(LAUNCHED):
+        join_launched_run(run_dir)
+        return False
+    if process_rank() > 0:
         return False
     held = lock.enter_context(RunLock(run_dir))
     if held.note:
@@ -354,7 +361,7 @@ def _launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: 
                 args += [flag, str(item)]
     command = launch_command(num_processes, accelerate_config, args, cpu=not torch.cuda.is_available())
     console.print(f"launching {num_processes} processes: {' '.join(command[1:4])} ...", highlight=False)
-    return run_launched(command)
+    return run_launched(command, Path(given["--resume"] or given["--output-dir"]))
 
 
 def _rewards_line(cfg: Any, trainer: Any) -> str:

@@ -2,31 +2,55 @@
 
 The parent process checks the config and prepares the model once (an alias is converted into the
 cache before N processes would race to do it), then runs
-``python -m accelerate.commands.launch --num_processes N --multi_gpu [--config_file F] -m agentrl train ...``
-(``--multi_gpu`` is accelerate's torchrun launcher; without a GPU the processes use gloo)
-with the same options and waits for it. ``accelerate launch -m agentrl train ...`` by hand works too.
+``python -m agentrl.model.launcher --num_processes N --multi_gpu [--config_file F] -m agentrl train ...``
+(accelerate's own launcher, :mod:`agentrl.model.launcher`; ``--multi_gpu`` is its torchrun launcher;
+without a GPU the processes use gloo) with the same options and waits for it.
+``accelerate launch -m agentrl train ...`` by hand works too.
+
+No process outlives the run. The launcher and each training process ask the kernel for SIGKILL when
+their parent ends (Linux's ``PR_SET_PDEATHSIG``, :func:`die_with_parent`), then check that the
+parent they were started by is still theirs (it may have ended before they asked); a thread in
+each also watches its parent id (the same where ``prctl`` is missing). So ``kill -9`` of the
+``agentrl train`` a user sees ends the launcher at once, and the launcher's end the training
+processes (each of which torchrun starts in a session of its own, out of reach of a process
+group's signal). A kill leaves no time to save (as for one process): ``--resume`` continues from
+the newest checkpoint. The run dir's lock is held by every process of the run
+(:meth:`agentrl.rundir.lock.RunLock.share`) and goes with the last of them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import termios
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import ConfigError, one_line
+from agentrl.rundir import lock as run_lock
 
 if TYPE_CHECKING:
     from agentrl.config.train import TrainConfig
 
 LAUNCHED = "AGENTRL_LAUNCHED"
 """Set in the launched processes, so they train instead of launching again."""
+PARENT_PID = "AGENTRL_PARENT_PID"
+"""The pid of the process that started this one (the top one for the launcher, the launcher for a
+training process): :func:`die_with_parent` ends this one when that one ends."""
+RESUME_FLAGS = "AGENTRL_RESUME_FLAGS"
+"""The flags ``agentrl train --resume RUN_DIR`` of this run needs (:func:`resume_command`)."""
+WATCH_INTERVAL_S = 1.0
+"""How often the thread of :func:`die_with_parent` looks at the parent's id."""
 
 
 def inside_launch() -> bool:
@@ -56,7 +80,7 @@ def launch_command(num_processes: int, accelerate_config: str | None, train_args
     command = [
         sys.executable,
         "-m",
-        "accelerate.commands.launch",
+        "agentrl.model.launcher",
         "--num_processes",
         str(num_processes),
         "--main_process_port",
@@ -135,19 +159,24 @@ def detach_hung_up_terminal() -> None:
                 os.close(null)
 
 
-def run_launched(command: list[str]) -> int:
+def run_launched(command: list[str], run_dir: Path | None = None) -> int:
     """Run ``command`` with :data:`LAUNCHED` set; its exit status, or 128 + the signal that
     stopped the run (130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP).
 
-    The launcher (torchrun, inside ``accelerate launch``) runs in a session of its own and gets the
-    first stop signal from here, once, whether it was sent to this process alone (a scheduler,
-    ``kill``, ``timeout``) or to its whole group (a terminal's Ctrl-C or hang-up). It passes the
-    signal on to the training processes (each in a session of its own) and waits for them to stop
-    at one step boundary and save; this process waits with it (Python's default would kill this
-    process and leave them running). Later signals are not passed on: the processes are already
-    stopping, and a second one would break torchrun's own shutdown, leaving them orphaned."""
-    env = {**os.environ, LAUNCHED: "1"}
+    The launcher runs in a session of its own and gets the first stop signal from here, once
+    (sent to its process group: the launcher and, for one process, accelerate's simple launcher's
+    child), whether it was sent to this process alone (a scheduler, ``kill``, ``timeout``) or to its
+    whole group (a terminal's Ctrl-C or hang-up). torchrun passes the signal on to the training
+    processes (each in a session of its own) and waits for them to stop at one step boundary and
+    save; this process waits with it (Python's default would kill this process, and with it the
+    rest of the run). Later signals are not passed on: the processes are already stopping, and a
+    second one would break torchrun's own shutdown. The lock this process holds on ``run_dir`` is
+    shared with every process of the run (:meth:`agentrl.rundir.lock.RunLock.share`)."""
+    env = {**os.environ, LAUNCHED: "1", PARENT_PID: str(os.getpid())}
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
+    held = run_lock.held_lock(run_dir) if run_dir is not None else None
+    if held is not None:
+        env[run_lock.SHARED_LOCK] = held.share()
     received: list[int] = []
 
     def note(signum: int, frame: object) -> None:
@@ -158,11 +187,12 @@ def run_launched(command: list[str]) -> int:
     main = threading.current_thread() is threading.main_thread()
     previous = {signum: signal.signal(signum, note) for signum in STOP_SIGNALS} if main else {}
     try:
-        proc = subprocess.Popen(command, env=env, start_new_session=main)
+        fds = (held.fileno(),) if held is not None else ()  # the launcher holds the lock too
+        proc = subprocess.Popen(command, env=env, start_new_session=main, pass_fds=fds)
         forwarded = False
         while True:
             if received and not forwarded:
-                proc.send_signal(received[0])
+                _signal_group(proc, received[0])
                 forwarded = True
             try:
                 returncode = proc.wait(timeout=0.2)
@@ -172,7 +202,100 @@ def run_launched(command: list[str]) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if returncode < 0:  # the launcher itself was killed
+        returncode = 128 - returncode
     return 128 + received[0] if received and returncode != 0 else returncode
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    """``signum`` to ``proc``'s process group when it leads one, else to ``proc`` alone."""
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signum)
+            return
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        proc.send_signal(signum)
+
+
+def die_with_parent() -> None:
+    """End this process (SIGKILL) when the process :data:`PARENT_PID` names ends, or at once when it
+    has ended already (nothing when the variable is unset: not started by agentrl's launcher).
+
+    Linux's ``PR_SET_PDEATHSIG`` has the kernel send the signal as the parent exits, however it
+    exits; a thread that looks at :func:`os.getppid` every :data:`WATCH_INTERVAL_S` does the same
+    where ``prctl`` is missing (an orphan gets a new parent: init or a subreaper)."""
+    expected = os.environ.get(PARENT_PID)
+    if not expected or not expected.isdigit():
+        return
+    parent = int(expected)
+    _parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent:  # it ended before the line above took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=_watch_parent, args=(parent,), name="agentrl-parent-watch", daemon=True).start()
+
+
+def _parent_death_signal(signum: int) -> bool:
+    """Ask Linux to send ``signum`` to this process when its parent ends; whether it did."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(1, int(signum), 0, 0, 0)) == 0  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(WATCH_INTERVAL_S)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def join_launched_run(run_dir: Path) -> None:
+    """In a training process agentrl's launcher started: end with the launcher
+    (:func:`die_with_parent`) and hold ``run_dir``'s lock with the top process until this one exits
+    (:func:`agentrl.rundir.lock.join`)."""
+    die_with_parent()
+    address = os.environ.get(run_lock.SHARED_LOCK)
+    if address:
+        run_lock.join(run_dir, address)
+
+
+@contextlib.contextmanager
+def resume_flags(given: dict[str, Any], num_processes: int | None, accelerate_config: str | None) -> Iterator[None]:
+    """While it is open, :func:`resume_command` names the flags besides ``--resume`` that this
+    command's run needs to continue (``given``: flag -> value, as ``agentrl train`` got them):
+    ``--num-processes``, ``--accelerate-config``, ``--plugin``, ``--disable-plugin``, and a
+    resume's ``--max-steps`` (a run dir's config.yaml keeps the first one). The processes this one
+    launches inherit them; in one of those, the launcher's stay."""
+    if RESUME_FLAGS in os.environ:
+        yield
+        return
+    flags: list[str] = []
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # processes started by hand: as many again
+    if num_processes is not None or world > 1:
+        flags += ["--num-processes", str(num_processes or world)]
+    if accelerate_config is not None:
+        flags += ["--accelerate-config", accelerate_config]
+    for flag in ("--plugin", "--disable-plugin"):
+        for value in given.get(flag) or []:
+            flags += [flag, str(value)]
+    if given.get("--resume") is not None and given.get("--max-steps") is not None:
+        flags += ["--max-steps", str(given["--max-steps"])]
+    os.environ[RESUME_FLAGS] = shlex.join(flags)
+    try:
+        yield
+    finally:
+        os.environ.pop(RESUME_FLAGS, None)
+
+
+def resume_command(run_dir: str | Path) -> str:
+    """The shell command that continues the run in ``run_dir``: ``agentrl train --resume RUN_DIR``
+    with the flags :func:`resume_flags` names."""
+    flags = os.environ.get(RESUME_FLAGS, "")
+    return " ".join(["agentrl train --resume", shlex.quote(str(run_dir)), flags]).strip()
 
 
 def _free_port() -> int:

@@ -2,7 +2,8 @@
 
 :class:`InterruptGuard` turns the signals into a stop at a safe point (at once during a rollout,
 after the step's update and checkpoint during one); :func:`interruption` saves the last complete
-step and says how to continue.
+step and says how to continue (:func:`agentrl.model.launch.resume_command`: with the flags the
+run needs, ``--num-processes`` among them).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from agentrl.errors import TrainingInterrupted
 from agentrl.model import distributed
-from agentrl.model.launch import STOP_SIGNALS, detach_hung_up_terminal
+from agentrl.model.launch import STOP_SIGNALS, detach_hung_up_terminal, resume_command
 from agentrl.rundir import checkpoints as ckpt
 
 
@@ -67,7 +68,7 @@ class InterruptGuard:
         if self.signum is None:
             self.signum = signum
         if self.collective:
-            if not self.requested:
+            if not self.requested and distributed.is_main():  # one notice for the run
                 warnings.warn(
                     f"{name}: every process stops at the end of this step's rollout or update, then saves a checkpoint",
                     RuntimeWarning,
@@ -100,7 +101,7 @@ def interruption(guard: InterruptGuard, step: int, run_dir: Path, save: Callable
     signal broke into an update or its checkpoint: then the newest complete checkpoint is what stays)."""
     signum = guard.signum or signal.SIGINT
     name = signal.Signals(signum).name
-    resume = f"`agentrl train --resume {run_dir}`"
+    resume = f"`{resume_command(run_dir)}`"
     if guard.broke_unit:
         how = f"stopped at once by a second signal ({name} first), before the step in progress was saved"
     elif step == 0:

@@ -2,7 +2,9 @@
 checkpoint) or rewound (rollout), the last complete step is checkpointed, the exit status is
 128 + the signal, and ``--resume`` continues to the uninterrupted run bit for bit. A second
 signal during a checkpoint write leaves the older checkpoint intact. In a run of two processes a
-SIGTERM to the top process stops every process at one step boundary (none left running).
+SIGTERM to the top process stops every process at one step boundary (none left running, no
+torchrun traceback) and the command it prints continues the run; a SIGKILL to it ends every
+process within seconds, and the run dir stays locked until the last one has ended.
 A run that stopped before its first checkpoint starts over with ``--resume``."""
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -25,10 +29,11 @@ import torch
 from safetensors.torch import load_file
 
 from agentrl.config.train import TrainConfig
-from agentrl.errors import ConfigError, TrainingInterrupted
+from agentrl.errors import ConfigError, RunDirBusyError, TrainingInterrupted
 from agentrl.plugins import load_plugins
 from agentrl.rundir.checkpoints import complete_checkpoints
 from agentrl.rundir.directory import refuse_existing_run, resume_config, start_over_config
+from agentrl.rundir.lock import LOCK_FILE, RunLock
 from agentrl.testing import LOCKSTEP_ARGS, lockstep_plugins
 from agentrl.training.trainer import Trainer
 
@@ -340,7 +345,9 @@ def _alive(pid: int) -> bool:
 def test_sigterm_to_the_top_of_a_two_process_run_stops_every_process(tiny_model_dir, tmp_path):
     """``kill -TERM`` to ``agentrl train --num-processes 2`` alone (not its group): the launcher and
     both training processes stop at one step boundary, the last complete step is saved, nothing is
-    left running, the exit status is 143, and --resume continues to the one-process result."""
+    left running, the exit status is 143, the terminal shows one ``interrupted:`` line (no
+    torchrun traceback or notices), and the command it names, run as printed, continues the run
+    in two processes to the one-process result."""
     from test_multiprocess import assert_same_run, common, metric_rows, one_process
 
     args = common(tiny_model_dir, tmp_path, "grpo", "checkpoint_every=0")
@@ -370,9 +377,15 @@ def test_sigterm_to_the_top_of_a_two_process_run_stops_every_process(tiny_model_
     assert top.returncode == 143, err[-3000:]
     step = len(metric_rows(two))
     assert f"interrupted after step {step} (SIGTERM)" in err, err[-3000:]
+    assert "Traceback" not in err and "death signal" not in err and err.count("interrupted:") == 1, err[-3000:]
     assert complete_checkpoints(two)[-1].name == f"step-{step:06d}"
-    resumed = subprocess.run(
-        [*AGENTRL, "train", "--resume", str(two), "--num-processes", "2"],
+    assert not (two / LOCK_FILE).exists()  # every holder ended, the last one deleted it
+    hint = re.search(r"continue with `([^`]+)`", err).group(1)
+    assert hint == f"agentrl train --resume {two} --num-processes 2"
+    program, *hint_args = shlex.split(hint)
+    assert program == "agentrl"
+    resumed = subprocess.run(  # as printed: `agentrl` is this interpreter's
+        [*AGENTRL, *hint_args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -380,3 +393,66 @@ def test_sigterm_to_the_top_of_a_two_process_run_stops_every_process(tiny_model_
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(one, two)
+
+
+def _lock_held(run: Path) -> bool:
+    """Whether a process holds ``run``'s lock (the flock the CLI's RunLock is refused by), found
+    without taking it over: the killed run's stale file stays for the resume below to report."""
+    fd = os.open(run / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # lets the probe's own lock go
+    return False
+
+
+@pytest.mark.timeout(900)
+def test_kill_9_of_the_top_of_a_two_process_run_ends_every_process_and_the_lock_goes_last(tiny_model_dir, tmp_path):
+    """``kill -9`` of ``agentrl train --num-processes 2`` (no handler of it runs): the launcher and
+    both training processes end within seconds (none trains on beside a new run); until the last
+    has ended the run dir is locked (each holds the top process's lock; a --resume is refused),
+    and then a --resume starts it over, taking over the killed run's stale lock."""
+    run = tmp_path / "run"
+    log = tmp_path / "err.txt"
+    with log.open("w") as err:
+        top = subprocess.Popen(
+            [*AGENTRL, "train", "--model", str(tiny_model_dir), "--max-steps", "500", *TINY]
+            + ["--set", "checkpoint_every=0", "--output-dir", str(run), "--num-processes", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, "AGENTRL_LAUNCHED": ""},
+        )
+    family: list[psutil.Process] = []
+    try:
+        _wait_for_steps(top, run, 1, timeout=600)
+        (launcher,) = psutil.Process(top.pid).children()
+        workers = launcher.children()  # torchrun's training processes, each in a session of its own
+        assert "agentrl.model.launcher" in launcher.cmdline() and len(workers) == 2, [p.cmdline() for p in workers]
+        family = [launcher, *workers]
+        for worker in workers:  # each holds the lock file open (the top process's lock, shared)
+            assert str(run / LOCK_FILE) in [f.path for f in worker.open_files()]
+        with pytest.raises(RunDirBusyError, match=f"is in use: pid {top.pid} "):
+            RunLock(run).acquire()
+        top.kill()
+        top.wait()
+        killed = time.monotonic()
+        while alive := [p.pid for p in family if _alive(p.pid)]:
+            # refused while any process of the run lives; free (below) only after they have all ended
+            assert _lock_held(run) or not [p.pid for p in family if _alive(p.pid)], alive
+            assert time.monotonic() - killed < 5, f"still running 5 s after the kill: {alive}"
+            time.sleep(0.02)
+    finally:
+        for p in [top, *family]:
+            if _alive(p.pid):
+                p.kill()
+    while _lock_held(run):  # a process's threads may still be exiting when its main one is a zombie
+        assert time.monotonic() - killed < 10, "the lock stayed held after every process of the run ended"
+        time.sleep(0.02)
+    resumed = subprocess.run(
+        [*AGENTRL, "train", "--resume", str(run), "--max-steps", "1"], capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"took over the stale lock {run / LOCK_FILE} of pid {top.pid}" in resumed.stdout, log.read_text()[-3000:]
+    assert "starting it over from step 0" in resumed.stdout

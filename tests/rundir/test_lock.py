@@ -1,6 +1,8 @@
 """One writer per run dir (``agentrl.rundir.lock``): a second train or resume of a run dir that a live
 process trains in is refused naming it; the lock of a killed holder is taken over with a note;
-a holder on another host is refused with the fix; the lock goes when its holder stops."""
+a holder on another host is refused with the fix; the lock goes when its holder stops. A lock
+shared with launched processes is held until the last of them ends; a ``run.lock`` that is a
+symbolic link is never followed."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import pytest
 from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, RunDirBusyError
 from agentrl.plugins import load_plugins
-from agentrl.rundir.lock import LOCK_FILE, RunLock, read_holder
+from agentrl.rundir.lock import LOCK_FILE, RunLock, join, read_holder
 from agentrl.training.trainer import Trainer
 
 AGENTRL = [sys.executable, "-m", "agentrl"]
@@ -36,6 +38,40 @@ def _holder(run: Path) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "held\n"
     return proc
+
+
+SHARE = """import os, subprocess, sys, time
+from agentrl.rundir.lock import SHARED_LOCK, RunLock, join
+run = sys.argv[1]
+lock = RunLock(run)
+lock.acquire()
+env = {**os.environ, SHARED_LOCK: lock.share()}
+joiner = subprocess.Popen([sys.executable, "-c", JOIN, run], env=env, stdout=subprocess.PIPE, text=True)
+assert joiner.stdout.readline() == "joined\\n"
+print(joiner.pid, flush=True)
+if sys.argv[2] == "release":
+    lock.release()
+    print("released", flush=True)
+time.sleep(600)
+"""
+JOIN = """import os, sys, time
+from agentrl.rundir.lock import SHARED_LOCK, join
+join(sys.argv[1], os.environ[SHARED_LOCK])
+print("joined", flush=True)
+time.sleep(600)
+"""
+"""A process that takes a run dir's lock and shares it with a child of its own (which holds it
+until it is killed); with ``release`` it then lets its own hold go."""
+
+
+def _sharing(run: Path, then: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"JOIN = {JOIN!r}\n" + SHARE, str(run), then], stdout=subprocess.PIPE, text=True
+    )
+    joiner = int(proc.stdout.readline())
+    if then == "release":
+        assert proc.stdout.readline() == "released\n"
+    return proc, joiner
 
 
 def test_the_lock_names_its_holder_and_goes_with_it(tmp_path):
@@ -160,3 +196,113 @@ def test_a_second_resume_or_train_of_a_running_run_is_refused_naming_the_holder(
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, len(steps) + 1))  # one writer: every step once
     assert not (run / LOCK_FILE).exists()
+
+
+def test_a_shared_lock_is_held_until_the_last_process_holding_it_has_ended(tmp_path):
+    """The top process of a run is killed (SIGKILL: nothing of it runs any more) while a process
+    it shared the lock with still runs: the run dir stays locked, named as the ended top
+    process's run, until that process ends too; then the stale file is taken over."""
+    run = tmp_path / "run"
+    top, joiner = _sharing(run, "keep")
+    try:
+        top.kill()
+        top.wait()
+        with pytest.raises(RunDirBusyError, match=re.escape(f"is in use: a process started by pid {top.pid} on host")):
+            RunLock(run).acquire()
+    finally:
+        os.kill(joiner, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while True:  # the joiner is the killed top's child: reparented and reaped by init
+        try:
+            with RunLock(run) as lock:
+                assert lock.note is not None and f"of pid {top.pid}" in lock.note
+            break
+        except RunDirBusyError:
+            assert time.monotonic() < deadline, "the lock stayed held after every holder was killed"
+            time.sleep(0.05)
+
+
+def test_a_shared_lock_released_by_its_taker_stays_with_the_others_and_its_file_too(tmp_path):
+    """The process that took and shared the lock lets it go while the process it shared it with
+    still runs: the lock file stays (naming the taker) and a second train is refused; once that
+    process ends, the lock is free."""
+    run = tmp_path / "run"
+    top, joiner = _sharing(run, "release")
+    try:
+        assert read_holder(run / LOCK_FILE).pid == top.pid  # not deleted: another holder remains
+        with pytest.raises(RunDirBusyError, match="is in use"):
+            RunLock(run).acquire()
+        os.kill(joiner, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while psutil_alive(joiner):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with RunLock(run) as lock:
+            assert lock.note is not None and "whose pid is now another process's" in lock.note  # top runs on
+    finally:
+        top.kill()
+        top.wait()
+
+
+def psutil_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has closed its files: it holds no lock)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_lock_shared_for_another_run_dir_is_refused(tmp_path):
+    with RunLock(tmp_path / "one") as lock:
+        address = lock.share()
+        (tmp_path / "two").mkdir()
+        (tmp_path / "two" / LOCK_FILE).write_text("")
+        with pytest.raises(ConfigError, match="belongs to another run dir"):
+            join(tmp_path / "two", address)
+    with pytest.raises(ConfigError, match="with the process that launched this one .*: it has ended"):
+        join(tmp_path / "one", address)  # no longer shared
+
+
+def test_a_symlinked_lock_file_is_never_followed(tmp_path):
+    """``run.lock`` pointing at a file elsewhere (or at one that does not exist): one line naming
+    the link; the file it points to is neither written, truncated nor created."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_FILE).symlink_to(precious)
+    with pytest.raises(
+        ConfigError, match=re.escape(f"lock file '{run / LOCK_FILE}' is a symbolic link (to '{precious}')")
+    ):
+        RunLock(run).acquire()
+    assert precious.read_text() == "keep me\n"
+    assert read_holder(run / LOCK_FILE) is None  # nor read through
+    (run / LOCK_FILE).unlink()
+    (run / LOCK_FILE).symlink_to(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        RunLock(run).acquire()
+    assert not (tmp_path / "missing").exists()
+
+
+def test_resume_of_a_run_dir_whose_lock_is_a_symlink_leaves_the_target_alone(tmp_path):
+    """``agentrl train --resume`` of such a run dir: exit 2, one line, the target untouched."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_FILE).symlink_to(precious)
+    done = subprocess.run([*AGENTRL, "train", "--resume", str(run)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "is a symbolic link" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert precious.read_text() == "keep me\n"
+
+
+def test_a_lock_file_that_is_a_fifo_is_refused_without_waiting(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / LOCK_FILE)
+    assert read_holder(run / LOCK_FILE) is None
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        RunLock(run).acquire()
