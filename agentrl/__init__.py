@@ -64,6 +64,7 @@ from agentrl.hookspecs import hookimpl
 from agentrl.imports import import_extra
 from agentrl.model.distributed import all_sum
 from agentrl.model.precision import Precision, resolve_precision
+from agentrl.model.roles import ModelFolderError, load_for_role, load_tokenizer_for_role
 from agentrl.plugins import PluginManager, load_plugins
 from agentrl.rewards.process import StepRewards, process_advantages, step_ends
 from agentrl.rewards.schemes import RewardContext
@@ -104,6 +105,9 @@ __all__ = [
     "SeedTasks",
     "describe",
     "import_extra",
+    "load_for_role",
+    "load_tokenizer_for_role",
+    "ModelFolderError",
     "library_call",
     "parse_xml_json",
     "render_tools_system_prompt",

@@ -45,8 +45,17 @@ from typing import Annotated, Any
 import torch
 from pydantic import Field
 
-from agentrl import ConfigError, RewardContext, RewardError, SamplingParams, Trajectory, import_extra, one_line
-from agentrl.model.roles import load_for_role, load_tokenizer_for_role
+from agentrl import (
+    ConfigError,
+    RewardContext,
+    RewardError,
+    SamplingParams,
+    Trajectory,
+    import_extra,
+    load_for_role,
+    load_tokenizer_for_role,
+    one_line,
+)
 from agentrl_rewards.judge_endpoint import EndpointBackend
 
 SECTION = "judge"

@@ -45,9 +45,10 @@ from agentrl import (
     StepRewards,
     Trajectory,
     check_declared,
+    load_for_role,
+    load_tokenizer_for_role,
     step_ends,
 )
-from agentrl.model.roles import load_for_role, load_tokenizer_for_role
 
 SECTION = "process_reward_model"
 

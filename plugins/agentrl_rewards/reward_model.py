@@ -24,8 +24,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from agentrl import ConfigError, OneOf, RewardContext, Trajectory
-from agentrl.model.roles import load_for_role, load_tokenizer_for_role
+from agentrl import ConfigError, OneOf, RewardContext, Trajectory, load_for_role, load_tokenizer_for_role
 
 SECTION = "reward_model"
 
