@@ -121,11 +121,12 @@ def test_a_multi_turn_env_whose_reward_is_nan_fails_in_one_line(tiny_model_dir, 
     assert "NanReward.respond must return a finite number as its reward (2nd value); got a float nan" in line
 
 
-def _reward(tmp_path: Path, body: str) -> list[str]:
-    """A reward function file (``scores(trajectories)``) as the only reward, the env's return weighted 0."""
+def _reward(tmp_path: Path, body: str, eval_tasks: int = 0) -> list[str]:
+    """A reward function file (``scores(trajectories)``, ``CALLS``: one item per call so far) as the
+    only reward, the env's return weighted 0."""
     path = tmp_path / "scores.py"
     path.write_text("CALLS = []\n\n\ndef scores(trajectories):\n    CALLS.append(1)\n" + body)
-    return ["--reward", f"{path}:scores", "--set", "env_reward_weight=0", "--set", "eval_tasks=0"]
+    return ["--reward", f"{path}:scores", "--set", "env_reward_weight=0", "--set", f"eval_tasks={eval_tasks}"]
 
 
 def test_reward_functions_that_score_nothing_end_the_run_non_zero(tiny_model_dir, tmp_path):
@@ -152,18 +153,20 @@ def test_steps_in_a_row_that_train_nothing_stop_the_run_mid_way(tiny_model_dir, 
 
 
 def test_a_run_some_of_whose_steps_trained_ends_normally_counting_the_unscored(tiny_model_dir, tmp_path):
+    # Calls: the evaluation before, steps 1-3, the evaluation after; every other one scores nothing.
     out = tmp_path / "run"
-    body = "    return [None if len(CALLS) == 2 else 1.0 for _ in trajectories]\n"
+    body = "    return [None if len(CALLS) % 2 else 1.0 for _ in trajectories]\n"
     with pytest.warns(RuntimeWarning, match="step 2: no episode of the batch has a finite reward"):
-        result = _train(tiny_model_dir, out, *_reward(tmp_path, body), "--set", "save_model=false", steps=3)
+        result = _train(tiny_model_dir, out, *_reward(tmp_path, body, eval_tasks=2), steps=3)
     assert result.returncode == 0, result.stdout + result.stderr
     text = " ".join(result.stdout.split())
-    assert "episodes: 8 scored, 4 unscored (4 got no finite reward from any reward function) over 3 steps" in text
-    assert [r["train/episodes_unscored"] for r in _rows(out) if "step" in r and "train/episodes_unscored" in r] == [
-        0.0,
-        4.0,
-        0.0,
-    ]
+    nothing = "got no finite reward from any reward function"
+    assert f"eval before: 0 of 2 scored (2 {nothing}), no accuracy" in text
+    assert f"held-out accuracy: 0 of 2 scored (2 {nothing}) -> 0 of 2 scored (2 {nothing})" in text
+    assert f"episodes: 8 scored, 4 unscored (4 {nothing}) over 3 steps" in text
+    rows = [r for r in _rows(out) if "train/episodes_unscored" in r]
+    assert [r["train/episodes_unscored"] for r in rows] == [0.0, 4.0, 0.0]
+    assert (out / "model").is_dir()  # steps 1 and 3 trained
 
 
 def test_eval_that_scored_no_episode_says_0_of_n_scored(tiny_model_dir, tmp_path):
