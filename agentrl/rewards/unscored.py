@@ -49,6 +49,8 @@ class Unscored:
     """The first unscored episode's failure in words ("" when none was seen)."""
     reward_notes: dict[str, int] = field(default_factory=dict)
     """Per reward function, the samples it failed on or gave a non-finite value (``'name failed'``)."""
+    returns: dict[str, int] = field(default_factory=dict)
+    """The non-finite returns seen (``'nan'``, ``'inf'``, ``'-inf'``) and how many of each."""
 
     @property
     def unscored(self) -> int:
@@ -60,8 +62,9 @@ class Unscored:
         for name in ("episodes", "scored", *CAUSES):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.first = self.first or other.first
-        for note, n in other.reward_notes.items():
-            self.reward_notes[note] = self.reward_notes.get(note, 0) + n
+        for mine, theirs in ((self.reward_notes, other.reward_notes), (self.returns, other.returns)):
+            for key, n in theirs.items():
+                mine[key] = mine.get(key, 0) + n
         return self
 
     def metrics(self, prefix: str) -> dict[str, float]:
@@ -88,10 +91,13 @@ class Unscored:
 
     def causes(self) -> str:
         """The unscored episodes by cause: ``16 raised, 2 timed out`` ("" when all were scored)."""
-        parts = [f"{getattr(self, cause)} {_WORDS[cause]}" for cause in CAUSES if getattr(self, cause)]
-        if self.no_reward and self.reward_notes:
-            notes = ", ".join(f"{note} on {n}" for note, n in sorted(self.reward_notes.items()))
-            parts[-1] += f" ({notes})"
+        parts = []
+        for cause in (c for c in CAUSES if getattr(self, c)):
+            parts.append(f"{getattr(self, cause)} {_WORDS[cause]}")
+            if cause == "nonfinite_return" and self.returns:
+                parts[-1] += f" ({', '.join(f'{n} {value}' for value, n in sorted(self.returns.items()))})"
+            if cause == "no_reward" and self.reward_notes:
+                parts[-1] += f" ({', '.join(f'{note} on {n}' for note, n in sorted(self.reward_notes.items()))})"
         return ", ".join(parts)
 
     def describe(self) -> str:
@@ -118,6 +124,8 @@ def why_unscored(
             continue
         cause, words = _cause(index, trajectory)
         setattr(out, cause, getattr(out, cause) + 1)
+        if cause == "nonfinite_return":
+            out.returns[str(trajectory.env_return)] = out.returns.get(str(trajectory.env_return), 0) + 1
         out.first = out.first or words
     for notes, what in ((errors, "failed"), (nonfinite, "non-finite")):
         for name, n in (notes or {}).items():

@@ -68,7 +68,7 @@ def _rows(out: Path) -> list[dict]:
     [
         (RAISES, [], "8 raised", "agent raised on sample 0"),
         (HANGS, ["--set", "plugins.openai_agent.timeout_s=0.2"], "8 timed out", "agent timed out on sample 0"),
-        (NAN, ["--set", "rewards={}"], "8 returned a non-finite reward", "returned reward nan"),
+        (NAN, ["--set", "rewards={}"], "8 returned a non-finite reward (8 nan)", "returned reward nan"),
     ],
     ids=["raises", "hangs", "nan"],
 )

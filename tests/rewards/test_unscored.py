@@ -36,7 +36,7 @@ def test_each_cause_is_counted_and_the_first_failure_named():
     assert (why.raised, why.timed_out, why.nonfinite_return, why.no_reward) == (2, 1, 2, 1)
     assert why.first == "agent raised on sample 1 (task 1: 'Q1'): KeyError: 'x'"
     assert why.describe() == (
-        "7 episodes: 2 raised, 1 timed out, 2 returned a non-finite reward, 1 got no finite reward from any "
+        "7 episodes: 2 raised, 1 timed out, 2 returned a non-finite reward (1 inf, 1 nan), 1 got no finite reward from any "
         "reward function (judge failed on 1); first: agent raised on sample 1 (task 1: 'Q1'): KeyError: 'x'"
     )
 
