@@ -145,7 +145,7 @@ def _print_metrics(metrics: dict[str, float]) -> None:
     why = unscored_of(metrics, "eval/")
     for key, value in metrics.items():
         if key == "eval/accuracy" and why is not None and not why.scored:
-            console.print(f"{key}: {scored_text(metrics)}", highlight=False)
+            console.print(f"{key}: {scored_text(why)}", highlight=False)
         elif key == "eval/accuracy" and why is not None and why.unscored:
             note = f"{why.unscored} of {why.episodes} unscored, counted unsolved: {why.causes()}"
             console.print(f"{key}: {value:.4f} ({note})", highlight=False)

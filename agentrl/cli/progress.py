@@ -52,7 +52,7 @@ class TrainProgress:
             return
         n, why = int(metrics["eval/num_tasks"]), unscored_of(metrics, "eval/")
         if why is not None and not why.scored:
-            self.bar.console.print(f"{label}: {scored_text(metrics)}, no accuracy", highlight=False)
+            self.bar.console.print(f"{label}: {scored_text(why)}, no accuracy", highlight=False)
             return
         sampled = metrics.get("eval/accuracy_sampled")
         extra = f" (sampled {sampled:.3f})" if sampled is not None else ""
@@ -73,16 +73,15 @@ def unscored_of(metrics: dict[str, float], prefix: str) -> Unscored | None:
     return Unscored.from_metrics([metrics], prefix)
 
 
-def scored_text(metrics: dict[str, float]) -> str:
+def scored_text(why: Unscored) -> str:
     """An evaluation that scored no episode in words: ``0 of 8 scored (8 raised)``."""
-    why = unscored_of(metrics, "eval/")
-    return f"0 of {why.episodes if why else int(metrics['eval/num_tasks'])} scored ({why.causes() if why else ''})"
+    return f"0 of {why.episodes} scored ({why.causes()})"
 
 
 def accuracy_text(metrics: dict[str, float]) -> str:
     """An evaluation's accuracy (``0.500``), or ``0 of 8 scored (8 raised)`` when it scored no episode."""
     why = unscored_of(metrics, "eval/")
-    return scored_text(metrics) if why is not None and not why.scored else f"{metrics['eval/accuracy']:.3f}"
+    return scored_text(why) if why is not None and not why.scored else f"{metrics['eval/accuracy']:.3f}"
 
 
 def standard_error(accuracy: float, n: int) -> float:
