@@ -134,7 +134,22 @@ def run_eval(given: dict[str, Any], as_json: bool, plugin: list[str] | None, dis
             )
         )
     else:
-        for key, value in metrics.items():
+        _print_metrics(metrics)
+
+
+def _print_metrics(metrics: dict[str, float]) -> None:
+    """One ``key: value`` line per metric; the accuracy of an evaluation that scored no episode
+    reads ``0 of N scored (why)``, one with unscored episodes says how many (counted unsolved)."""
+    from agentrl.cli.progress import scored_text, unscored_of
+
+    why = unscored_of(metrics, "eval/")
+    for key, value in metrics.items():
+        if key == "eval/accuracy" and why is not None and not why.scored:
+            console.print(f"{key}: {scored_text(why)}", highlight=False)
+        elif key == "eval/accuracy" and why is not None and why.unscored:
+            note = f"{why.unscored} of {why.episodes} unscored, counted unsolved: {why.causes()}"
+            console.print(f"{key}: {value:.4f} ({note})", highlight=False)
+        else:
             console.print(f"{key}: {value:.4f}", highlight=False)
 
 

@@ -8,6 +8,7 @@ import math
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agentrl.cli.support import console
+from agentrl.rewards.unscored import Unscored
 
 
 class TrainProgress:
@@ -33,8 +34,10 @@ class TrainProgress:
         self.bar.update(self.task, phase=label)
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
+        why = unscored_of(metrics, "train/")
+        unscored = f" ({why.unscored} of {why.episodes} unscored)" if why and why.unscored else ""
         info = (
-            f"reward {metrics.get('reward/total_mean', float('nan')):.3f} "
+            f"reward {metrics.get('reward/total_mean', float('nan')):.3f}{unscored} "
             f"len {metrics.get('rollout/sampled_tokens_mean', 0):.0f} "
             f"{metrics.get('perf/step_seconds', 0):.1f}s/step"
         )
@@ -43,17 +46,42 @@ class TrainProgress:
             console.print(f"step {step}/{self.total}: {info}", highlight=False)
 
     def report(self, label: str, metrics: dict[str, float]) -> None:
-        """One line per evaluation: accuracy with its standard error and the task count."""
-        if metrics:
-            sampled = metrics.get("eval/accuracy_sampled")
-            extra = f" (sampled {sampled:.3f})" if sampled is not None else ""
-            n = int(metrics["eval/num_tasks"])
-            self.bar.console.print(
-                f"{label}: accuracy {metrics['eval/accuracy']:.3f} "
-                f"+/- {standard_error(metrics['eval/accuracy'], n):.3f}{extra} on {n} held-out "
-                f"tasks, mean env return {metrics['eval/env_return_mean']:.3f}",
-                highlight=False,
-            )
+        """One line per evaluation: accuracy with its standard error and the task count (``0 of N
+        scored`` and why instead when no episode was scored; the unscored count when some were not)."""
+        if not metrics:
+            return
+        n, why = int(metrics["eval/num_tasks"]), unscored_of(metrics, "eval/")
+        if why is not None and not why.scored:
+            self.bar.console.print(f"{label}: {scored_text(why)}, no accuracy", highlight=False)
+            return
+        sampled = metrics.get("eval/accuracy_sampled")
+        extra = f" (sampled {sampled:.3f})" if sampled is not None else ""
+        unscored = f" ({why.unscored} unscored, counted unsolved: {why.causes()})" if why and why.unscored else ""
+        self.bar.console.print(
+            f"{label}: accuracy {metrics['eval/accuracy']:.3f} "
+            f"+/- {standard_error(metrics['eval/accuracy'], n):.3f}{extra} on {n} held-out "
+            f"tasks{unscored}, mean env return {metrics['eval/env_return_mean']:.3f}",
+            highlight=False,
+        )
+
+
+def unscored_of(metrics: dict[str, float], prefix: str) -> Unscored | None:
+    """The scored and unscored episode counts in an evaluation's (``eval/``) or a step's (``train/``)
+    ``metrics``; None when they hold none (written before they were counted)."""
+    if f"{prefix}episodes_scored" not in metrics:
+        return None
+    return Unscored.from_metrics([metrics], prefix)
+
+
+def scored_text(why: Unscored) -> str:
+    """An evaluation that scored no episode in words: ``0 of 8 scored (8 raised)``."""
+    return f"0 of {why.episodes} scored ({why.causes()})"
+
+
+def accuracy_text(metrics: dict[str, float]) -> str:
+    """An evaluation's accuracy (``0.500``), or ``0 of 8 scored (8 raised)`` when it scored no episode."""
+    why = unscored_of(metrics, "eval/")
+    return scored_text(why) if why is not None and not why.scored else f"{metrics['eval/accuracy']:.3f}"
 
 
 def standard_error(accuracy: float, n: int) -> float:

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from agentrl.cli.options import ConfigOption, ConfigOptions
-from agentrl.cli.progress import TrainProgress, noise_note
+from agentrl.cli.progress import TrainProgress, accuracy_text, noise_note, unscored_of
 from agentrl.cli.support import (
     DisablePluginOption,
     PluginOption,
@@ -25,6 +25,7 @@ from agentrl.cli.support import (
     run_guarded,
 )
 from agentrl.errors import ConfigError, TrainingInterrupted
+from agentrl.rewards.unscored import Unscored
 
 REWARD_HELP = (
     "Reward NAME[:WEIGHT], SCHEME:ARGUMENT[:WEIGHT] (rm:MODEL_DIR, judge:policy), path/file.py:func[:WEIGHT] "
@@ -256,13 +257,22 @@ def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
 
 
 def _report(result: Any) -> None:
-    """Held-out accuracy before -> after, which policy model/ holds, and where the run is."""
-    before = result.eval_before.get("eval/accuracy")
-    after = result.eval_after.get("eval/accuracy")
-    if before is not None and after is not None:
-        n = int(result.eval_after["eval/num_tasks"])
+    """Held-out accuracy before -> after (``0 of N scored`` for an evaluation that scored no
+    episode), the episodes scored over the run, which policy model/ holds, and where the run is."""
+    before, after = result.eval_before, result.eval_after
+    if "eval/accuracy" in before and "eval/accuracy" in after:
+        n = int(after["eval/num_tasks"])
+        both = all((unscored_of(m, "eval/") or Unscored(scored=1)).scored for m in (before, after))
+        note = noise_note(before["eval/accuracy"], after["eval/accuracy"], n) if both else ""
         console.print(
-            f"[bold]held-out accuracy: {before:.3f} -> {after:.3f}[/]{noise_note(before, after, n)}", highlight=False
+            f"[bold]held-out accuracy: {accuracy_text(before)} -> {accuracy_text(after)}[/]{note}", highlight=False
+        )
+    episodes = Unscored.from_metrics(result.history, "train/")
+    if episodes.episodes:
+        why = f" ({episodes.causes()})" if episodes.unscored else ""
+        steps = sum("train/episodes_scored" in row for row in result.history)
+        console.print(
+            f"episodes: {episodes.scored} scored, {episodes.unscored} unscored{why} over {steps} steps", highlight=False
         )
     best = result.best
     if best is not None and best["saved_as_model"]:

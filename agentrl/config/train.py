@@ -167,8 +167,9 @@ class TrainConfig:
     ``--resume --max-steps N`` still continues it, its moments afresh. A run stopped by Ctrl-C or
     an error always keeps its checkpoints whole."""
     max_nonfinite_steps: Positive = 3
-    """Stop the run when this many steps in a row were skipped for a non-finite loss, gradient
-    or reward (every episode unscored)."""
+    """Stop the run when this many steps in a row trained nothing: a non-finite loss or gradient,
+    or no scored episode (each episode raised, timed out or got no finite reward); the error names
+    why. A run none of whose steps trained fails at its end the same way, saving no ``model/``."""
     call_timeout_s: Annotated[float, Field(gt=0)] = 60.0
     """Limit on one call of a reward function or an env method (``reset``/``step``), in seconds."""
     on_call_error: Annotated[str, OneOf("skip", "fail")] = "skip"

@@ -12,6 +12,7 @@ import numpy as np
 
 from agentrl.env import CallGuard, Env
 from agentrl.rewards.scoring import RewardFn, score
+from agentrl.rewards.unscored import why_unscored
 from agentrl.rundir.metrics import env_metrics
 from agentrl.sampling.engine import SamplingParams
 from agentrl.sampling.rollout import Rollout
@@ -44,8 +45,10 @@ def evaluate(
 ) -> tuple[dict[str, float], list[Trajectory]]:
     """Accuracy, mean env return, reward-function means and ``eval/reward_mean`` (the mean total
     reward, env return x ``env_weight`` + weighted reward functions: the training objective on
-    held-out tasks) on ``tasks`` (one episode each); ``guard`` (the run's ``call_timeout_s`` /
-    ``on_call_error``) runs the reward functions."""
+    held-out tasks) on ``tasks`` (one episode each), and how many episodes were scored
+    (``eval/episodes_scored``, ``eval/episodes_unscored``, ``eval/unscored_<cause>``:
+    :mod:`agentrl.rewards.unscored`; an unscored episode counts as unsolved in the accuracy);
+    ``guard`` (the run's ``call_timeout_s`` / ``on_call_error``) runs the reward functions."""
     trajectories: list[Trajectory] = []
     for start in range(0, len(tasks), batch_size):
         chunk = tasks[start : start + batch_size]
@@ -60,7 +63,9 @@ def evaluate(
     }
     if any(env.tool_schemas() for env in envs):
         metrics["eval/tool_success_frac"] = float(np.mean([t.num_tool_calls_ok > 0 for t in trajectories]))
-    totals, components = score(trajectories, reward_fns or {}, env_weight=env_weight, guard=guard)
+    errors: dict[str, int] = {}
+    totals, components = score(trajectories, reward_fns or {}, env_weight=env_weight, guard=guard, errors=errors)
+    metrics.update(why_unscored(trajectories, totals, errors).metrics("eval/"))
     if not np.isnan(totals).all():
         metrics["eval/reward_mean"] = float(np.nanmean(totals))
     for name, values in components.items():

@@ -22,12 +22,13 @@ import torch
 from agentrl.algorithms import reference
 from agentrl.algorithms.base import LossContext
 from agentrl.algorithms.objectives import step_totals
-from agentrl.errors import TrainingError
 from agentrl.model import distributed, lora, sharding
 from agentrl.model.policy import TokenLogprobs
+from agentrl.rewards.unscored import Unscored
 from agentrl.training.batching import micro_batch_rows, mini_batch_rows
 from agentrl.training.build import Run
 from agentrl.training.step_stats import StepStats
+from agentrl.training.untrained import UntrainedSteps
 from agentrl.trajectory import TrainBatch
 
 
@@ -40,6 +41,8 @@ class Learner:
         """The longest completion an episode may sample (the ``max_completion_length`` of some losses)."""
         self.nonfinite_skips = 0  # optimizer steps skipped over the run
         self.skipped_in_a_row = 0  # rollout steps in a row whose update was skipped entirely
+        self.untrained = UntrainedSteps()
+        """This session's steps that trained nothing, and why (:mod:`agentrl.training.untrained`)."""
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The run's forward-pass precision (:meth:`agentrl.model.precision.Precision.autocast`)."""
@@ -81,22 +84,19 @@ class Learner:
             out[rows, : lp.shape[1]] = lp
         return out
 
-    def update(self, batch: TrainBatch, metrics: dict[str, float], step: int = 1) -> bool:
+    def update(self, batch: TrainBatch, metrics: dict[str, float], step: int = 1, why: Unscored | None = None) -> bool:
         """All of the algorithm's optimizer steps on one rollout batch (``step`` is 1-based);
         returns whether they trained the policy (False when no episode was scored, or when the
-        algorithm trains only its own modules this step): whether the engine needs new weights."""
+        algorithm trains only its own modules this step): whether the engine needs new weights.
+        ``why``: why the batch's unscored episodes were not scored (the rollout phase's
+        :meth:`~agentrl.training.rollout_phase.RolloutPhase.why`; default: the counts in ``metrics``),
+        named when none was."""
         run, algo = self.run, self.run.algorithm
         batch.to(run.accelerator.device)  # a batch built by a caller may still be on the CPU
         logged_before = set(metrics)
         scored = distributed.all_sum(torch.isfinite(batch.rewards).sum().double())  # over every process
         if not bool(scored > 0):  # nothing scored: no signal, only Adam momentum
-            self.skipped_in_a_row += 1
-            metrics["train/skipped_unscored_batch"] = 1.0
-            warnings.warn(
-                f"step {step}: no episode of the batch has a finite reward; the update was skipped",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            self.skip_unscored(step, metrics, why if why is not None else Unscored.from_metrics([metrics], "train/"))
             return False
         self.add_frozen_logprobs(batch)
         for factor in run.hook.agentrl_adjust_loss_mask(
@@ -111,26 +111,44 @@ class Learner:
             for rows in self.mini_batch_rows(batch, step, epoch):
                 stepped |= self.optimizer_step(batch.select(rows), step, train_policy, stats, metrics)
         self.skipped_in_a_row = 0 if stepped else self.skipped_in_a_row + 1
+        self.untrained.record(step, stepped)
         # What hooks and the algorithm logged here is this process's: combined over processes.
         metrics.update(_combined_over_processes({k: v for k, v in metrics.items() if k not in logged_before}))
         metrics.update(stats.means(combine=distributed.gather_objects))
         metrics["train/nonfinite_skipped_steps"] = float(self.nonfinite_skips)
         return train_policy
 
+    def skip_unscored(self, step: int, metrics: dict[str, float], why: Unscored) -> None:
+        """Skip step ``step``'s update (no episode scored), counted, with a warning saying ``why``."""
+        self.skipped_in_a_row += 1
+        self.untrained.record(step, False, why)
+        metrics["train/skipped_unscored_batch"] = 1.0
+        detail = f" ({why.describe()})" if why.unscored else ""
+        warnings.warn(
+            f"step {step}: no episode of the batch has a finite reward; the update was skipped{detail}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
     def stuck(self) -> bool:
-        """Whether ``max_nonfinite_steps`` updates in a row were skipped: the run stops."""
+        """Whether ``max_nonfinite_steps`` steps in a row trained nothing: the run stops."""
         return self.skipped_in_a_row >= self.run.config.max_nonfinite_steps
 
     def stop_if_stuck(self, step: int, run_dir: Path) -> None:
-        """A TrainingError after ``step`` when the run is :meth:`stuck`, naming the steps and what to check."""
+        """A TrainingError after ``step`` when the run is :meth:`stuck`, naming the steps, why they
+        trained nothing and what to check."""
         if self.stuck():
-            in_a_row, limit = self.skipped_in_a_row, self.run.config.max_nonfinite_steps
-            raise TrainingError(
-                f"steps {step - in_a_row + 1}-{step}: {in_a_row} steps in a row had a non-finite loss or "
-                f"gradient, or no scored episode (max_nonfinite_steps={limit}); stopping. The "
-                f"weights are those after step {step - in_a_row}; {run_dir}/metrics.jsonl shows the steps "
-                "(train/grad_norm, loss/total, reward/*). Lower learning_rate or check the rewards"
-            )
+            raise self.untrained.stuck_error(step, self.skipped_in_a_row, self.run.config.max_nonfinite_steps, run_dir)
+
+    def stop_if_untrained(self, first_step: int, run_dir: Path) -> None:
+        """A TrainingError at the end of a run none of whose steps (from ``first_step``) trained
+        (:meth:`agentrl.training.untrained.UntrainedSteps.untrained_error`): no model is saved."""
+        kept = "metrics.jsonl and the last checkpoint are" if self.run.config.checkpoint_every else "metrics.jsonl is"
+        error = self.untrained.untrained_error(
+            first_step, run_dir, f"no model/ was saved (it would be untrained); {kept}"
+        )
+        if error is not None:
+            raise error
 
     def sync_reference(self, step: int, metrics: dict[str, float]) -> None:
         """After every ``ref_sync_every``-th step (``step`` 1-based), the reference moves to the

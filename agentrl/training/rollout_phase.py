@@ -16,6 +16,7 @@ import numpy as np
 from agentrl.algorithms.dynamic_sampling import GroupSelector, has_spread
 from agentrl.model import distributed
 from agentrl.rewards.scoring import popped_metrics, score
+from agentrl.rewards.unscored import Unscored, why_unscored
 from agentrl.rundir.metrics import reward_metrics, rollout_metrics
 from agentrl.sampling.engine import SamplingParams
 from agentrl.training.build import Run, make_env
@@ -104,6 +105,8 @@ class RolloutPhase:
         self.sampling_version: int | None = None
         """The policy version the engine holds, stamped on every sampled token (an asynchronous run;
         None: not recorded)."""
+        self.unscored: dict[int, Unscored] = {}
+        """Step -> why its unscored episodes were not scored (:meth:`why`), until the learner asks."""
 
     def boundary(self) -> tuple[int, dict[str, Any]]:
         """Where the next step starts (task cursor, RNG states): :meth:`rewind` returns there."""
@@ -137,9 +140,19 @@ class RolloutPhase:
         ).to(self.run.accelerator.device)
         whole = mine.gathered(self.group)  # metrics and hooks see the whole batch
         metrics = self._metrics(whole, rounds)
+        self.unscored[step] = why_unscored(whole.episodes, whole.totals, whole.errors, whole.nonfinite)
+        metrics.update(self.unscored[step].metrics("train/"))
         if self.run.is_main:
             self.run.hook.agentrl_on_rollout_end(trajectories=whole.kept, step=step, metrics=metrics)
         return StepBatch(batch, whole.kept, metrics, list(whole.kept_totals))
+
+    def why(self, step: int, metrics: dict[str, float]) -> Unscored:
+        """Why step ``step``'s unscored episodes were not scored: as :meth:`collect` found it, or (a
+        batch restored from a checkpoint) the counts in its ``metrics`` without the first failure."""
+        for older in [s for s in list(self.unscored) if s < step]:  # batches dropped unused (a rewind)
+            self.unscored.pop(older, None)
+        found = self.unscored.pop(step, None)
+        return found if found is not None else Unscored.from_metrics([metrics], "train/")
 
     def _sample_rounds(self, step: int, first: int, selector: GroupSelector) -> tuple[_Sampled, int]:
         """This process's groups, sampled in rounds until every process has its groups (one round

@@ -117,7 +117,7 @@ class Trainer:
         the reference reset when one is due (:meth:`agentrl.training.learner.Learner.sync_reference`), then
         the new weights to the sampler (:meth:`agentrl.training.batches.Batches.hand_over`; held for the
         step's evaluation or checkpoint when one follows)."""
-        changed = self.learner.update(batch, metrics, step)
+        changed = self.learner.update(batch, metrics, step, self.rollouts.why(step, metrics))
         self.learner.sync_reference(step, metrics)
         evaluate = self.eval_due(step)
         self.batches.hand_over(step, changed, hold=self.save_due(step) or evaluate, evaluate=evaluate)
@@ -230,7 +230,7 @@ class Trainer:
     def run_steps(
         self, writer: Any, guard: InterruptGuard, progress: Any
     ) -> tuple[list[dict[str, float]], dict[str, float]]:
-        """The evaluation before, the steps left, the last checkpoint and the evaluation after."""
+        """The evaluation before, the steps left, the last checkpoint and (when a step trained) the one after."""
         cfg, main = self.config, self.is_main
         if self.resumed is None:
             _phase(progress, "eval")
@@ -247,6 +247,7 @@ class Trainer:
             history.append(self.train_step(step, writer, guard, progress))
         if self.completed_step and cfg.checkpoint_every:
             self.save_checkpoint(self.completed_step)
+        self.learner.stop_if_untrained((self.resumed["step"] if self.resumed else 0) + 1, self.run_dir)
         self.batches.close()  # the engine holds the trained policy
         _phase(progress, "eval")
         return history, self.evaluate() if cfg.eval_tasks and main else {}

@@ -42,9 +42,7 @@ def test_unscored_batches_are_skipped_and_counted_until_the_run_is_stuck(tiny_mo
         assert taken.metrics["train/skipped_unscored_batch"] == 1.0 and learner.skipped_in_a_row == step
         assert learner.stuck() == (step == 2)
     assert all(torch.equal(before[name], p) for name, p in weights(run.model).items())
-    message = (
-        "steps 1-2: 2 steps in a row had a non-finite loss or gradient, or no scored episode (max_nonfinite_steps=2)"
-    )
+    message = "steps 1-2: 2 steps in a row trained nothing (max_nonfinite_steps=2): 2 had no scored episode; stopping"
     with pytest.raises(TrainingError, match=re.escape(message)):
         learner.stop_if_stuck(2, tmp_path)
 

@@ -255,7 +255,10 @@ def test_a_batch_with_no_scored_episode_is_not_an_update(tiny_model_dir, tmp_pat
     )
     trainer = Trainer(config, load_plugins())
     start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    with pytest.warns(RuntimeWarning, match="no episode of the batch has a finite reward"):
+    with (
+        pytest.warns(RuntimeWarning, match="no episode of the batch has a finite reward"),
+        pytest.raises(TrainingError, match="the run trained nothing: 2 of 2 steps had no scored episode"),
+    ):
         trainer.train()
     assert all(torch.equal(v, start[k]) for k, v in trainer.model.state_dict().items())  # Adam momentum never ran
     assert [r.get("train/skipped_unscored_batch") for r in _lines(out)] == [1.0, 1.0]
