@@ -125,6 +125,7 @@ def run_train(
     cfg, checkpoint = _config_from_flags(given, print_config, lock)
     manager = plugin_manager(given["--disable-plugin"], given["--plugin"])
     if (num_processes or accelerate_config) and not inside_launch() and not print_config:
+        _check_launch(cfg, manager.registry, num_processes or 1, accelerate_config)
         raise typer.Exit(code=_launch(cfg, num_processes or 1, accelerate_config, given))
     if print_config:
         _print_config(cfg, manager)
@@ -312,6 +313,19 @@ def _resume(run_dir: str, max_steps: int | None, writer: bool) -> tuple[Any, Pat
             highlight=False,
         )
     return cfg, None
+
+
+def _check_launch(cfg: Any, registry: Any, num_processes: int, accelerate_config: str | None) -> None:
+    """The run's combination with the processes it would launch, refused before any process starts
+    (:mod:`agentrl.config.capabilities`)."""
+    from agentrl.config.capabilities import launch_processes
+    from agentrl.config.train import check_startup
+    from agentrl.config.yaml_text import load_yaml
+    from agentrl.model.launch import config_file
+
+    path = config_file(accelerate_config) if accelerate_config else None
+    settings = load_yaml(path.read_text(encoding="utf-8"), str(path)) if path else None
+    check_startup(cfg, registry, processes=launch_processes(num_processes, settings))
 
 
 def _launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: dict[str, Any]) -> int:
