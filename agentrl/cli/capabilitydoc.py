@@ -21,6 +21,33 @@ DEFAULT_OUTPUT = Path(__file__).resolve().parents[2] / "docs" / "reference" / "c
 """``docs/reference/capabilities.md`` of the source checkout this module lives in."""
 
 
+PLUGINS_SECTION: list[str] = [
+    "",
+    "## Plugins of your own",
+    "",
+    "A third-party engine, rollout or algorithm class declares what it does not support as a class",
+    "attribute, checked at start-up when it is chosen:",
+    "",
+    "```python",
+    "from agentrl import Engine",
+    "from agentrl.config.capabilities import Refused",
+    "",
+    "",
+    "class OneProcessEngine(Engine):",
+    '    """An engine that runs in one process only."""',
+    "",
+    '    unsupported = (Refused(when={"processes": ("n", "sharded")}, because="it runs in one process only"),)',
+    "```",
+    "",
+    "`--engine NAME` with `--num-processes 2` then fails at start-up naming the engine and the reason.",
+    "",
+    "Lifting a refusal means adding a test that runs those values together, then the rule goes and",
+    "the test joins the table (`tests/config/test_capabilities.py` checks both).",
+    "",
+]
+"""The page's last section: refusals a third-party plugin declares."""
+
+
 def counts() -> tuple[int, int]:
     """(supported, refused) combinations of the built-in values."""
     refused = sum(cap.refusal(c) is not None for c in cap.combinations())
@@ -77,30 +104,7 @@ def render() -> str:
         lines.append(f"| {values} | {'yes' if entry.whole_run else 'no'} | {_tests(entry.tests)} | {entry.note} |")
     lines += ["", "## Dimensions that do not meet", "", "| dimensions | because |", "|---|---|"]
     lines += [f"| {pair.first}, {pair.second} | {pair.because} |" for pair in cap.INDEPENDENT]
-    lines += [
-        "",
-        "## Plugins of your own",
-        "",
-        "A third-party engine, rollout or algorithm class declares what it does not support as a class",
-        "attribute, checked at start-up when it is chosen:",
-        "",
-        "```python",
-        "from agentrl import Engine",
-        "from agentrl.config.capabilities import Refused",
-        "",
-        "",
-        "class OneProcessEngine(Engine):",
-        '    """An engine that runs in one process only."""',
-        "",
-        '    unsupported = (Refused(when={"processes": ("n", "sharded")}, because="it runs in one process only"),)',
-        "```",
-        "",
-        "`--engine NAME` with `--num-processes 2` then fails at start-up naming the engine and the reason.",
-        "",
-        "Lifting a refusal means adding a test that runs those values together, then the rule goes and",
-        "the test joins the table (`tests/config/test_capabilities.py` checks both).",
-        "",
-    ]
+    lines += PLUGINS_SECTION
     return "\n".join(lines)
 
 

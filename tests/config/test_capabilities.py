@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_in_process import agentrl_in_process
 
 from agentrl import ConfigError, Engine
 from agentrl.cli.capabilitydoc import counts
 from agentrl.config import capabilities as cap
 from agentrl.config.train import build_config, check_startup, resolve_settings
 from agentrl.plugins import load_plugins
-from cli_in_process import agentrl_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
