@@ -94,8 +94,9 @@ class Independent:
 
 @dataclass(frozen=True)
 class Tested:
-    """``tests`` (``path::function`` node ids) exercise the values of ``when`` together; a
-    ``whole_run`` test runs :data:`DEFAULTS` for the dimensions it does not name."""
+    """``tests`` (``path::function`` node ids; ``path::function[id]`` for one parametrized case)
+    exercise the values of ``when`` together; a ``whole_run`` test runs :data:`DEFAULTS` for the
+    dimensions it does not name."""
 
     tests: tuple[str, ...]
     when: Mapping[str, str] = field(default_factory=dict)
@@ -115,15 +116,10 @@ REFUSED: tuple[Refused, ...] = (
         {"engine": ("vllm", "vllm_server"), "processes": ("n", "sharded")},
         f"{NOT_TESTED} (each process would run its own vLLM beside its trainer; no test launches one)",
     ),
-    Refused({"engine": ("vllm", "vllm_server"), "lora": "on"}, f"{NOT_TESTED} (LoRA runs are tested with --engine hf)"),
-    Refused({"rollout": "openai_agent", "async": "on"}, f"{NOT_TESTED} (agent programs are tested synchronously)"),
+    Refused({"engine": "vllm_server", "lora": "on"}, f"{NOT_TESTED} (LoRA runs are tested with --engine hf and vllm)"),
     Refused({"rollout": "openai_agent", "processes": ("n", "sharded")}, f"{NOT_TESTED} (one endpoint per process)"),
-    Refused({"algorithm": "gspo", "async": "on"}, f"{NOT_TESTED} (asynchronous runs are tested with grpo and ppo)"),
-    Refused({"algorithm": ("gspo", "ppo"), "lora": "on"}, f"{NOT_TESTED} (LoRA runs are tested with grpo)"),
-    Refused({"algorithm": "gspo", "processes": ("n", "sharded")}, f"{NOT_TESTED} (several processes: grpo, ppo)"),
-    Refused({"async": "on", "lora": "on"}, f"{NOT_TESTED} (LoRA runs are tested synchronously)"),
+    Refused({"algorithm": "gspo", "processes": "sharded"}, f"{NOT_TESTED} (sharded runs are tested with grpo and ppo)"),
     Refused({"async": "on", "processes": "sharded"}, f"{NOT_TESTED} (sharded runs are tested synchronously)"),
-    Refused({"lora": "on", "processes": "n"}, f"{NOT_TESTED} (LoRA runs are tested in one process)"),
     Refused(
         {"lora": "on", "processes": "sharded"},
         "LoRA on sharded weights is not implemented yet (the adapter's merged copy needs the whole weights)",
@@ -150,6 +146,7 @@ INDEPENDENT: tuple[Independent, ...] = (
 _MP = "tests/e2e/test_multiprocess.py"
 _VLLM = "tests/plugins/test_vllm_engine.py"
 _AGENT = "tests/plugins/test_openai_agent.py::test_grpo_trains_the_agent_through_the_cli"
+_PAIRS = "tests/e2e/test_combinations.py::test_two_steps_train_the_combination"
 TESTED: tuple[Tested, ...] = (
     Tested(
         ("tests/training/test_trainer.py::test_gradient_does_not_depend_on_micro_batch_size",), {"precision": "fp32"}
@@ -167,8 +164,17 @@ TESTED: tuple[Tested, ...] = (
     Tested(
         ("tests/training/test_lora.py::test_only_the_adapter_trains_and_the_base_stays_bit_identical",), {"lora": "on"}
     ),
+    Tested((f"{_PAIRS}[gspo-async]",), {"algorithm": "gspo", "async": "on", "precision": "fp32"}),
+    Tested((f"{_PAIRS}[ppo-lora]",), {"algorithm": "ppo", "lora": "on", "precision": "fp32"}),
+    Tested((f"{_PAIRS}[gspo-lora]",), {"algorithm": "gspo", "lora": "on", "precision": "fp32"}),
+    Tested((f"{_PAIRS}[async-lora]",), {"async": "on", "lora": "on", "precision": "fp32"}),
+    Tested((f"{_PAIRS}[openai_agent-async]",), {"rollout": "openai_agent", "async": "on", "precision": "fp32"}),
     Tested(
         (f"{_MP}::test_ctrl_c_stops_every_process_at_one_step_and_resumes",), {"processes": "n", "precision": "fp32"}
+    ),
+    Tested(
+        ("tests/e2e/test_multiprocess_combinations.py::test_gspo_with_lora_in_two_processes_equals_one",),
+        {"algorithm": "gspo", "lora": "on", "processes": "n", "precision": "fp32"},
     ),
     Tested(
         (f"{_MP}::test_ppo_async_two_processes_with_resume_equal_one",),
@@ -185,6 +191,10 @@ TESTED: tuple[Tested, ...] = (
     ),
     Tested((f"{_VLLM}::test_train_with_vllm_end_to_end_on_the_default_model",), {"engine": "vllm"}),
     Tested((f"{_VLLM}::test_train_asynchronously_with_vllm_on_the_default_model",), {"engine": "vllm", "async": "on"}),
+    Tested(
+        ("tests/e2e/test_combinations.py::test_lora_with_the_vllm_engine_samples_the_merged_weights",),
+        {"engine": "vllm", "lora": "on", "precision": "fp32"},
+    ),
     Tested(
         (f"{_VLLM}::test_server_engine_samples_over_http_and_takes_pushed_weights",),
         {"engine": "vllm_server", "rollout": "multi_turn", "async": "on", "lora": "off", "processes": "1"},

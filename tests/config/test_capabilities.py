@@ -34,8 +34,13 @@ def functions_in(path: str) -> frozenset[str]:
 
 
 def exists(test_id: str) -> bool:
+    """Whether ``test_id`` (``path::function``, or ``path::function[id]`` of a parametrized case whose
+    id the file spells as a string) names a test function of that file."""
     path, _, name = test_id.partition("::")
-    return (ROOT / path).is_file() and name.startswith("test_") and name in functions_in(path)
+    name, _, case = name.partition("[")
+    if not ((ROOT / path).is_file() and name.startswith("test_") and name in functions_in(path)):
+        return False
+    return not case or (case.endswith("]") and f'"{case[:-1]}"' in (ROOT / path).read_text())
 
 
 def config_for(combination: dict[str, str]):
