@@ -117,7 +117,10 @@ REFUSED: tuple[Refused, ...] = (
         f"{NOT_TESTED} (each process would run its own vLLM beside its trainer; no test launches one)",
     ),
     Refused({"engine": "vllm_server", "lora": "on"}, f"{NOT_TESTED} (LoRA runs are tested with --engine hf and vllm)"),
-    Refused({"rollout": "openai_agent", "processes": ("n", "sharded")}, f"{NOT_TESTED} (one endpoint per process)"),
+    Refused(
+        {"rollout": "openai_agent", "processes": "sharded"},
+        f"{NOT_TESTED} (agent runs in several processes are tested with replicated weights)",
+    ),
     Refused({"algorithm": "gspo", "processes": "sharded"}, f"{NOT_TESTED} (sharded runs are tested with grpo and ppo)"),
     Refused({"async": "on", "processes": "sharded"}, f"{NOT_TESTED} (sharded runs are tested synchronously)"),
     Refused(
@@ -173,8 +176,8 @@ TESTED: tuple[Tested, ...] = (
         (f"{_MP}::test_ctrl_c_stops_every_process_at_one_step_and_resumes",), {"processes": "n", "precision": "fp32"}
     ),
     Tested(
-        ("tests/e2e/test_multiprocess_combinations.py::test_gspo_with_lora_in_two_processes_equals_one",),
-        {"algorithm": "gspo", "lora": "on", "processes": "n", "precision": "fp32"},
+        ("tests/e2e/test_multiprocess_combinations.py::test_gspo_with_lora_and_an_agent_in_two_processes_equals_one",),
+        {"rollout": "openai_agent", "algorithm": "gspo", "lora": "on", "processes": "n", "precision": "fp32"},
     ),
     Tested(
         (f"{_MP}::test_ppo_async_two_processes_with_resume_equal_one",),

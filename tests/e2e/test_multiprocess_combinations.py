@@ -1,5 +1,5 @@
 """Choices of docs/reference/capabilities.md with ``--num-processes 2`` (DDP over gloo on this CPU):
-GSPO with a LoRA adapter in two processes trains like one process."""
+GSPO with a LoRA adapter on an ``openai_agent`` rollout in two processes trains like one process."""
 
 from __future__ import annotations
 
@@ -16,6 +16,13 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
+AGENT = """
+def solve(task, client):
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["question"]}])
+    return float(len(reply.choices[0].message.content) % 2)
+"""
+"""An agent program of one call, rewarded by the parity of its reply's length (a spread in each group)."""
+
 WEIGHT_TOLERANCE = 1e-5
 """Summing gradients over two processes changes float rounding only (the bound tests/e2e/test_multiprocess.py
 measures); a lost or doubled gradient moves an Adam step of lr=1e-2 by ~1e-2."""
@@ -31,10 +38,13 @@ def _rows(run_dir: Path) -> list[dict[str, float]]:
 
 
 @pytest.mark.timeout(900)
-def test_gspo_with_lora_in_two_processes_equals_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_gspo_with_lora_and_an_agent_in_two_processes_equals_one(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Only the adapter is a DDP parameter (the base is frozen), each process's engine samples the
-    merged weights after every update, GSPO's sequence ratios need nothing across processes: the
-    adapter, the merged model, every metric and every completion equal one process's."""
+    merged weights after every update, GSPO's sequence ratios need nothing across processes, each
+    process serves its agents on an endpoint of its own: the adapter, the merged model, every
+    metric and every completion equal one process's."""
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT)
     args = [
         "train",
         "--env",
@@ -61,6 +71,8 @@ def test_gspo_with_lora_in_two_processes_equals_one(tiny_model_dir: Path, tmp_pa
         "log_completions_every=1",
         "lora.r=4",
         "algorithm.mini_batches=1",  # more are shuffled within each process: other mini-batches than one process's
+        "rollout=openai_agent",
+        f"plugins.openai_agent.agent={agent}:solve",
     ):
         args += ["--set", item]
     one, two = tmp_path / "one", tmp_path / "two"
@@ -89,5 +101,6 @@ def test_gspo_with_lora_in_two_processes_equals_one(tiny_model_dir: Path, tmp_pa
         for key in row_one:
             assert row_two[key] == pytest.approx(row_one[key], rel=1e-5, abs=1e-6), (row_one["step"], key)
     assert rows_two[0]["train/grad_norm"] > 0 and "clip/region" in rows_two[0]  # step 1 moved the adapter
+    assert all(row["rollout/turns_mean"] == 1.0 for row in rows_two)  # the agent's one call
     # so step 2 was sampled from the merged weights after step 1, in each process as in one
     assert (one / "completions.jsonl").read_text() == (two / "completions.jsonl").read_text()
