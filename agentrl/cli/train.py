@@ -129,7 +129,10 @@ def run_train(
     cfg, checkpoint = _config_from_flags(given, print_config, lock)
     manager = plugin_manager(given["--disable-plugin"], given["--plugin"])
     if (num_processes or accelerate_config) and not inside_launch() and not print_config:
-        raise typer.Exit(code=_launch(cfg, num_processes or 1, accelerate_config, given))
+        from agentrl.cli.launching import check_launch, launch
+
+        check_launch(cfg, manager.registry, num_processes or 1, accelerate_config)
+        raise typer.Exit(code=launch(cfg, num_processes or 1, accelerate_config, given))
     if print_config:
         _print_config(cfg, manager)
         return
@@ -348,30 +351,6 @@ def _resumed_code(cfg: Any, run_dir: Path, env: str | None, rewards: list[str]) 
     from agentrl.rundir.trust import check_resumed_code
 
     check_resumed_code(cfg, run_dir, env, parse_rewards(rewards), rewards)
-
-
-def _launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: dict[str, Any]) -> int:
-    """Check the split and prepare the model here, then run this command in ``num_processes``
-    processes under ``accelerate launch``; their exit status."""
-    import torch
-
-    from agentrl.model.launch import check_process_split, launch_command, run_launched
-    from agentrl.model.loading import resolve_model
-
-    check_process_split(cfg, num_processes)
-    if not given["--resume"]:  # every process must agree on the run dir
-        from agentrl.rundir.directory import run_dir_for
-
-        given["--output-dir"] = str(run_dir_for(cfg))
-    resolve_model(cfg.model)  # an alias is converted once, here, not by every process at once
-    args: list[str] = []
-    for flag, value in given.items():
-        for item in value if isinstance(value, list) else [value]:
-            if item is not None:
-                args += [flag, str(item)]
-    command = launch_command(num_processes, accelerate_config, args, cpu=not torch.cuda.is_available())
-    console.print(f"launching {num_processes} processes: {' '.join(command[1:4])} ...", highlight=False)
-    return run_launched(command, Path(given["--resume"] or given["--output-dir"]))
 
 
 def _rewards_line(cfg: Any, trainer: Any) -> str:

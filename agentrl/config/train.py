@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints
 
+from agentrl.config.capabilities import check_combination, processes_from_environment
 from agentrl.config.checks import build_plugin_config
 from agentrl.config.lora import lora_options
 from agentrl.config.rules import Allowed, Note, OneOf, first_failure, section_message
@@ -295,10 +296,13 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     _set_dotted(section, rest, value)
 
 
-def check_startup(config: TrainConfig, registry: Any) -> None:
-    """Refuse what the chosen algorithm cannot train: groups smaller than it compares (its class's
-    ``min_group_size``), a warm-up that lasts the whole run, a policy frozen until the last step;
-    build the engine's options (when its class has a ``config_class``) so they fail before any model loads."""
+def check_startup(config: TrainConfig, registry: Any, processes: str | None = None) -> None:
+    """Refuse a combination the capability table refuses (:mod:`agentrl.config.capabilities`;
+    ``processes``: ``1``, ``n`` or ``sharded``, None: as this process was launched), and what the
+    chosen algorithm cannot train: groups smaller than it compares (its class's ``min_group_size``), a
+    warm-up that lasts the whole run, a policy frozen until the last step; build the engine's options
+    (when its class has a ``config_class``) so they fail before any model loads."""
+    check_combination(config, registry, processes or processes_from_environment())
     engine_cls = registry.get("engine", config.engine).factory
     if dataclasses.is_dataclass(getattr(engine_cls, "config_class", None)):
         build_plugin_config(engine_cls.config_class, config.engine_args, "engine_args")

@@ -323,14 +323,13 @@ def check_prompt_room(env: Env, tokenizer: Any, max_total_tokens: int, num_tasks
 
 
 def check_sharded_run(config: TrainConfig, sharded: bool, fsdp: bool) -> None:
-    """What a run with sharded weights (FSDP, ZeRO-3) cannot do yet: a ConfigError naming it."""
+    """What a run with sharded weights (FSDP, ZeRO-3) cannot do yet: a ConfigError naming it (LoRA on
+    them is refused earlier, by the capability table: :mod:`agentrl.config.capabilities`)."""
     if sharded and not fsdp and config.checkpoint_every:
         raise ConfigError(
             f"checkpoint_every={config.checkpoint_every}: checkpoints of DeepSpeed ZeRO-3 runs are not "
             "supported yet; set checkpoint_every=0 (the final model is still saved) or use fsdp / zero2"
         )
-    if sharded and config.lora is not None:
-        raise ConfigError("lora with sharded weights (FSDP, ZeRO-3) is not supported yet: use ddp or zero2")
 
 
 def make_env(manager: PluginManager, config: TrainConfig) -> Env:

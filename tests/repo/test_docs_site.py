@@ -94,7 +94,7 @@ def _section(text: str, heading: str) -> str:
 
 @pytest.mark.parametrize(
     ("args", "algorithm", "engine"),
-    [((), "grpo", "hf"), (("--algo", "ppo", "--set", "lora.r=8"), "ppo", "hf"), (("--algo", "gspo"), "gspo", "hf")],
+    [(("--set", "lora.r=8"), "grpo", "hf"), (("--algo", "ppo"), "ppo", "hf"), (("--algo", "gspo"), "gspo", "hf")],
 )
 def test_config_md_lists_every_key_print_config_prints(args, algorithm, engine):
     text = REFERENCE.read_text()
