@@ -22,6 +22,7 @@ from agentrl.rundir import state_files as statefiles
 from agentrl.rundir.checkpoints import complete_checkpoints
 from agentrl.rundir.directory import resume_config
 from agentrl.rundir.saved import read_checkpoint, weights_folder
+from agentrl.training.rng import rng_states
 from agentrl.training.trainer import Trainer
 
 
@@ -128,10 +129,17 @@ def test_slimming_drops_only_weights_the_export_holds_byte_for_byte(tmp_path):
             statefiles.save_tensors({"policy": {"state": {0: {"exp_avg": torch.ones(4)}}}}, folder / ckpt.OPTIMIZERS)
             statefiles.save_tensors({}, folder / ckpt.MODULES)
             statefiles.save_json(
-                {"schedules": {"policy": {"last_epoch": step}}, "processes": [], "algorithm": {}, "plugins": {}},
+                {
+                    "schedules": {"policy": {"last_epoch": step}},
+                    "processes": [{"rng": rng_states(), "engine": {}}],
+                    "algorithm": {},
+                    "plugins": {},
+                },
                 folder / ckpt.EXTRA,
             )
-            (folder / ckpt.STATE).write_text(json.dumps({"step": step}))
+            counts = ("task_cursor", "metrics_bytes", "completions_bytes", "nonfinite_skips", "skipped_in_a_row")
+            state = {"step": step, **dict.fromkeys(counts, 0), "eval_before": {}, "config": {}}
+            (folder / ckpt.STATE).write_text(json.dumps(state))
 
         ckpt.write_atomically(run_dir, step, write, keep=2)
     (run_dir / "last").mkdir()
