@@ -58,9 +58,9 @@ def load_agent(spec: str) -> Any:
 def check_agent(spec: str, fn: Any, fields: Collection[str] = ()) -> None:
     """ConfigError, with the fix, when agent ``fn`` cannot take ``(task, client)`` (or ``(task,
     base_url)``): it cannot be called with two arguments, or its first parameter expects a task
-    field instead of the whole task dict: it is annotated ``str``, or it is not named ``task`` and
-    is named after one of the tasks' ``fields`` (``def run_agent(question, base_url)``). Any other
-    first parameter (unannotated or a dict, whatever its name) takes the task."""
+    field instead of the whole task dict: it is annotated ``str``, or it is unannotated, not named
+    ``task`` and named after one of the tasks' ``fields`` (``def run_agent(question, base_url)``).
+    Any other first parameter (annotated otherwise, or unannotated under another name) takes it."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin or an extension function: nothing to check
@@ -79,7 +79,8 @@ def check_agent(spec: str, fn: Any, fields: Collection[str] = ()) -> None:
         return
     first, second = positional[0], "base_url" if takes_base_url(fn) else "client"
     is_text = first.annotation in (str, "str")
-    if not is_text and (first.name == "task" or first.name not in fields):
+    typed = first.annotation is not first.empty
+    if not is_text and (typed or first.name == "task" or first.name not in fields):
         return
     field = next((f for f in (first.name, "question", "prompt") if f in fields), first.name)
     rest = "base_url=base_url" if second == "base_url" else "client"

@@ -199,10 +199,10 @@ class OpenAIAgentRollout:
             return None, error
         what = f"agent {spec} {'timed out' if outcome.timed_out else 'failed'} on {sample_label(index, task)}"
         if not self.guard.skips:
-            raise EnvError(
-                f"{what}: {outcome.error} (on_call_error=fail; with 'skip' the episode would end unscored)"
-            )
-        self.guard.warn_once(f"agent:{spec}", f"{what}: {outcome.error}; the episode ends unscored (on_call_error=skip)")
+            raise EnvError(f"{what}: {outcome.error} (on_call_error=fail; with 'skip' the episode would end unscored)")
+        self.guard.warn_once(
+            f"agent:{spec}", f"{what}: {outcome.error}; the episode ends unscored (on_call_error=skip)"
+        )
         return None, error
 
     def _checked(self, outcome: Outcome, index: int, task: dict[str, Any]) -> Any:

@@ -158,13 +158,15 @@ def kill_tree(pid: int) -> None:
 def serve(fd: int) -> None:
     """A worker's life: import the agent, then run one episode per message until told to stop."""
     conn = Connection(fd)
-    hello = conn.recv()
+    try:
+        hello = conn.recv()
+    except (EOFError, OSError):  # the trainer ended before it said hello
+        return
     sys.path[:] = hello["sys_path"]
     _watch_parent(hello["parent"])
     try:
         fn = import_agent(hello["spec"])
-        if not takes_base_url(fn):
-            importlib.import_module("openai")  # now, not in the first episode's time
+        make = None if takes_base_url(fn) else _client_maker(inspect.iscoroutinefunction(fn))
     except BaseException as exc:
         conn.send(("error", one_line(exc)))
         return
@@ -176,23 +178,46 @@ def serve(fd: int) -> None:
             return
         if message is None:
             return
-        kind, value = _episode(fn, *message)
+        kind, value = _episode(fn, make, *message)
         try:
             conn.send((kind, value, _threads_left()))
         except Exception as exc:  # the agent returned something that does not pickle
             conn.send(("raised", f"its result cannot be sent back to the trainer: {one_line(exc)}", _threads_left()))
 
 
-def _episode(fn: Any, task: Any, base_url: str, api_key: str) -> tuple[str, Any]:
+def _client_maker(is_async: bool) -> Callable[[str, str], Any]:
+    """``make(base_url, api_key)``: an episode's ``openai.OpenAI`` (``AsyncOpenAI``), cheap to build
+    (the TLS context, which takes 0.1 s or more to load, is built once) and its code imported now,
+    not in the first episode's time."""
+    import ssl
+
+    import certifi
+    import openai
+
+    context = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or certifi.where())
+    kind, http = (
+        (openai.AsyncOpenAI, openai.DefaultAsyncHttpxClient) if is_async else (openai.OpenAI, openai.DefaultHttpxClient)
+    )
+
+    def make(base_url: str, api_key: str) -> Any:
+        return kind(base_url=base_url, api_key=api_key, max_retries=0, http_client=http(verify=context))
+
+    _ = make(
+        "http://127.0.0.1:9/v1", "warm-up"
+    ).chat.completions.with_raw_response.create.__name__  # imports its lazy modules
+    return make
+
+
+def _episode(
+    fn: Any, make: Callable[[str, str], Any] | None, task: Any, base_url: str, api_key: str
+) -> tuple[str, Any]:
     """Run the agent on ``task``: ``("ok", result)``, ``("invalid", what)`` or ``("raised", line)``."""
     os.environ.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key)  # for agents that build their own
     is_async = inspect.iscoroutinefunction(fn)
     client: Any = base_url
     try:
-        if not takes_base_url(fn):
-            openai = importlib.import_module("openai")
-            make = openai.AsyncOpenAI if is_async else openai.OpenAI
-            client = make(base_url=base_url, api_key=api_key, max_retries=0)
+        if make is not None:
+            client = make(base_url, api_key)
         result = asyncio.run(fn(task, client)) if is_async else fn(task, client)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the agent's failure
         return "raised", one_line(exc)
@@ -251,7 +276,7 @@ class _Worker:
             stdin=subprocess.DEVNULL,
         )
         there.close()
-        self.conn = here
+        self.conn, self.killed = here, False
         self.conn.send({"spec": spec, "sys_path": list(sys.path), "parent": os.getpid()})
 
     def wait_ready(self) -> None:
@@ -317,8 +342,11 @@ class _Worker:
         return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
     def kill(self) -> None:
-        """End the worker, its process group and every process it started."""
-        kill_tree(self.proc.pid)
+        """End the worker, its process group and every process it started (once)."""
+        if self.killed:
+            return
+        self.killed = True
+        kill_tree(self.proc.pid)  # its group outlives it while the agent's children are in it
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -326,9 +354,13 @@ class _Worker:
         self.conn.close()
 
 
-def _kill_all(workers: set[_Worker]) -> None:
-    """End every worker in ``workers`` (at :meth:`AgentWorkers.close` or interpreter exit)."""
-    for worker in list(workers):
+def _kill_all(workers: set[_Worker], closed: threading.Event, lock: threading.Lock) -> None:
+    """End every worker in ``workers`` (at :meth:`AgentWorkers.close` or interpreter exit); no
+    replacement starts after it."""
+    with lock:
+        closed.set()
+        ending = list(workers)
+    for worker in ending:
         worker.kill()
         workers.discard(worker)
 
@@ -344,17 +376,19 @@ class AgentWorkers:
         self.size = 0
         self.replaced = 0
         """Workers replaced so far."""
+        self.starting = 0
+        """Replacements being started now."""
         self._idle: queue.Queue[_Worker | BaseException] = queue.Queue()
         self._live: set[_Worker] = set()
         self._lock = threading.Lock()
-        self._closed = False
-        self._finalizer = weakref.finalize(self, _kill_all, self._live)
+        self._closed = threading.Event()
+        self._finalizer = weakref.finalize(self, _kill_all, self._live, self._closed, self._lock)
         self.grow(size)
 
     def grow(self, size: int) -> None:
         """Start workers until there are ``size`` (in parallel; returns once they are ready)."""
         with self._lock:
-            if self._closed:
+            if self._closed.is_set():
                 raise RuntimeError("the agent's workers are closed")
             started = [_Worker(self.spec) for _ in range(size - self.size)]
             self._live.update(started)
@@ -383,7 +417,7 @@ class AgentWorkers:
         worker. ``limit_s``: seconds of its own time, ``waited()`` (its waits for the model so far)
         not counted; past it the worker is killed and the outcome ``timed_out``. TaskNotSent when
         the task does not pickle; AgentLoadError when a replacement worker could not import the agent."""
-        if self._closed:
+        if self._closed.is_set():
             raise RuntimeError("the agent's workers are closed")
         item = self._idle.get()
         if isinstance(item, BaseException):
@@ -406,10 +440,11 @@ class AgentWorkers:
         with self._lock:
             self._live.discard(worker)
             self.replaced += 1
-            if self._closed:
+            if self._closed.is_set():
                 return
             fresh = _Worker(self.spec)
             self._live.add(fresh)
+            self.starting += 1
 
         def ready() -> None:
             try:
@@ -417,6 +452,9 @@ class AgentWorkers:
             except AgentLoadError as exc:
                 self._idle.put(exc)
                 return
+            finally:
+                with self._lock:
+                    self.starting -= 1
             self._idle.put(fresh)
 
         threading.Thread(target=ready, name="agentrl-agent-worker-start", daemon=True).start()
@@ -428,7 +466,5 @@ class AgentWorkers:
 
     def close(self) -> None:
         """End every worker and what it started; later :meth:`run` calls fail."""
-        with self._lock:
-            self._closed = True
         self._finalizer()
         self._idle.put(RuntimeError("the agent's workers are closed"))
