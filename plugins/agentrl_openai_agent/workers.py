@@ -164,6 +164,7 @@ def serve(fd: int) -> None:
         return
     sys.path[:] = hello["sys_path"]
     _watch_parent(hello["parent"])
+    _adopt_orphans()
     try:
         fn = import_agent(hello["spec"])
         make = None if takes_base_url(fn) else _client_maker(inspect.iscoroutinefunction(fn))
@@ -179,10 +180,11 @@ def serve(fd: int) -> None:
         if message is None:
             return
         kind, value = _episode(fn, make, *message)
+        left = _threads_left(), _children_left()
         try:
-            conn.send((kind, value, _threads_left()))
+            conn.send((kind, value, *left))
         except Exception as exc:  # the agent returned something that does not pickle
-            conn.send(("raised", f"its result cannot be sent back to the trainer: {one_line(exc)}", _threads_left()))
+            conn.send(("raised", f"its result cannot be sent back to the trainer: {one_line(exc)}", *left))
 
 
 def _client_maker(is_async: bool) -> Callable[[str, str], Any]:
@@ -249,6 +251,43 @@ def _threads_left() -> list[str]:
     return left + ["a thread started with _thread"] * max(unnamed, 0)
 
 
+def _adopt_orphans() -> None:
+    """Make this worker the parent of every orphan among the processes the agent starts (Linux: a
+    child subreaper), so a daemon that double-forked is still its descendant, seen and ended."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _children_left() -> list[str]:
+    """``name pid`` of each process the agent started that still runs (those that ended are reaped
+    first: they are not left over). With :func:`_adopt_orphans` its children are all its descendants."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+    try:
+        tasks = Path("/proc/self/task")
+        pids = [int(p) for task in tasks.iterdir() for p in (task / "children").read_text().split()]
+    except OSError:  # not Linux, or a kernel without the children file
+        import psutil
+
+        pids = [p.pid for p in psutil.Process().children()]
+    names = []
+    for pid in pids:
+        try:
+            names.append(f"{Path(f'/proc/{pid}/comm').read_text().strip()} {pid}")
+        except OSError:
+            names.append(str(pid))
+    return names
+
+
 def _watch_parent(parent: int) -> None:
     """A daemon thread that ends this worker's tree and itself once ``parent`` is gone."""
 
@@ -305,33 +344,16 @@ class _Worker:
             if self.conn.poll(min(POLL_S, max(limit_s - own, 0.01)) if limit_s else POLL_S):
                 break
         try:
-            kind, value, threads = self.conn.recv()
+            kind, value, threads, children = self.conn.recv()
         except (EOFError, OSError):
             return Outcome(error=f"the agent's worker process died ({self._died()})", replaced=True)
         left = []
         if threads:
             left.append(f"left {len(threads)} thread(s) running ({', '.join(threads[:3])})")
-        children = self.children()
         if children:
             left.append(f"left {len(children)} child process(es) ({', '.join(children[:3])})")
         fields = {"ok": "result", "raised": "error", "invalid": "invalid"}
         return Outcome(**{fields[kind]: value}, left="; ".join(left) or None, replaced=bool(left))
-
-    def children(self) -> list[str]:
-        """``name (pid)`` of each process the agent started that is still there."""
-        import psutil
-
-        try:
-            procs = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            return []
-        names = []
-        for proc in procs:
-            try:
-                names.append(f"{proc.name()} {proc.pid}")
-            except psutil.Error:
-                names.append(str(proc.pid))
-        return names
 
     def _died(self) -> str:
         """How the worker ended: its exit code or signal."""

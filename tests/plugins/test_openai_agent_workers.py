@@ -85,6 +85,8 @@ def solve(task, client):
     elif task.get("misbehave") == "child":
         with open(task["pid_file"], "w") as out:
             out.write(str(subprocess.Popen(["sleep", "300"]).pid))
+    elif task.get("misbehave") == "daemon":  # its parent gone, in a session of its own
+        subprocess.run(["sh", "-c", f"setsid sleep 300 >/dev/null 2>&1 & echo $! > {task['pid_file']}"], check=True)
     return 1.0
 """
 
@@ -95,8 +97,9 @@ def solve(task, client):
         ("burn", r"left 2 thread\(s\) running \(Thread-\d+ \(_burn\), Thread-\d+ \(_burn\)\) after sample 0"),
         ("hang", r"timed out on sample 0 .*own time .*passed timeout_s=3 s; its worker process was killed"),
         ("child", r"left 1 child process\(es\) \(sleep \d+\) after sample 0"),
+        ("daemon", r"left 1 child process\(es\) \(\S+ \d+\) after sample 0"),
     ],
-    ids=["burn", "hang", "child"],
+    ids=["burn", "hang", "child", "daemon"],
 )
 def test_a_misbehaving_agent_is_ended_with_all_it_started_and_the_next_step_is_not_slowed(
     tokenizer, tmp_path, misbehave, warned
@@ -123,7 +126,7 @@ def test_a_misbehaving_agent_is_ended_with_all_it_started_and_the_next_step_is_n
     assert rollout.workers.replaced == 1
     [ended] = workers - set(rollout.workers.pids())
     assert not _running(ended)
-    if misbehave == "child":
+    if misbehave in ("child", "daemon"):
         assert not _running(int((tmp_path / "child.pid").read_text()))
     _settle(rollout.workers)
     after_s = min(step(clean) for _ in range(2))
