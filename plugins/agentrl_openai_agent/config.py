@@ -25,7 +25,8 @@ class OpenAIAgentConfig:
     """Registered tool-call parser reading the model's calls into OpenAI ``tool_calls``; ``auto``: the
     one the model's chat template or special tokens show (``xml_json`` when they show none)."""
     max_concurrency: Annotated[int, Field(ge=0)] = 0
-    """Episodes whose agent runs at once (0: every episode of the step)."""
+    """Episodes whose agent runs at once, each in a worker process of its own (0: every episode of
+    the step): the number of worker processes (:mod:`agentrl_openai_agent.workers`)."""
     batch_wait_s: Annotated[float, Field(ge=0)] = 0.02
     """After a call arrives, at most how long the engine waits for the other running agents' calls
     before sampling what is pending together (it starts at once when every running agent has one)."""

