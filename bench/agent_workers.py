@@ -31,8 +31,9 @@ from typing import Any
 
 import certifi
 
+from agentrl_openai_agent.agent_process import import_agent
 from agentrl_openai_agent.server import BackgroundServer, completion_body, make_app
-from agentrl_openai_agent.workers import AgentWorkers, import_agent
+from agentrl_openai_agent.workers import AgentWorkers
 
 AGENT = """
 import threading

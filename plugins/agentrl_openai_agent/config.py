@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from agentrl import ConfigError, one_line
-from agentrl_openai_agent.workers import import_agent, takes_base_url
+from agentrl_openai_agent.agent_process import import_agent, takes_base_url
 
 SECTION = "openai_agent"
 

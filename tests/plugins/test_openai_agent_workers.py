@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -19,9 +18,6 @@ from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.testing import build_tiny_model
 from agentrl_openai_agent.config import check_agent
-
-ROOT = Path(__file__).resolve().parents[2]
-WORKERS_PY = ROOT / "plugins" / "agentrl_openai_agent" / "workers.py"
 
 
 def _rollout(tokenizer, agent: str, **options):
@@ -308,15 +304,13 @@ def solve(task, base_url):
     time.sleep(3600)
 """
 TRAINER = """
-import importlib.util, sys, threading, time
-spec = importlib.util.spec_from_file_location("workers", sys.argv[1])
-workers = sys.modules["workers"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(workers)  # by path: this trainer imports neither agentrl nor torch
-pool = workers.AgentWorkers(sys.argv[2], 1)
+import sys, threading, time
+from agentrl_openai_agent.workers import AgentWorkers
+pool = AgentWorkers(sys.argv[1], 1)
 print(pool.pids()[0], flush=True)
-threading.Thread(target=pool.run, args=({"pid_file": sys.argv[3]}, "http://127.0.0.1:9/v1", "k"), daemon=True).start()
-time.sleep(3600 if sys.argv[4] == "kill" else 0)
-while not open(sys.argv[3]).read():
+threading.Thread(target=pool.run, args=({"pid_file": sys.argv[2]}, "http://127.0.0.1:9/v1", "k"), daemon=True).start()
+time.sleep(3600 if sys.argv[3] == "kill" else 0)
+while not open(sys.argv[2]).read():
     time.sleep(0.05)
 """
 
@@ -328,7 +322,7 @@ def test_workers_and_their_children_end_when_the_trainer_does_even_by_kill_9(tmp
     pid_file = tmp_path / "child.pid"
     pid_file.write_text("")
     trainer = subprocess.Popen(
-        [sys.executable, "-c", TRAINER, str(WORKERS_PY), _agent(tmp_path, ORPHAN), str(pid_file), end],
+        [sys.executable, "-c", TRAINER, _agent(tmp_path, ORPHAN), str(pid_file), end],
         stdout=subprocess.PIPE,
         text=True,
     )
