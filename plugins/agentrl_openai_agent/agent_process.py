@@ -163,9 +163,8 @@ def _client_maker(is_async: bool) -> Callable[[str, str], Any]:
     def make(base_url: str, api_key: str) -> Any:
         return kind(base_url=base_url, api_key=api_key, max_retries=0, http_client=http(verify=context))
 
-    _ = make(
-        "http://127.0.0.1:9/v1", "warm-up"
-    ).chat.completions.with_raw_response.create.__name__  # imports its lazy modules
+    warm = make("http://127.0.0.1:9/v1", "warm-up")
+    _ = warm.chat.completions.with_raw_response.create  # imports the client's lazy modules now
     return make
 
 
