@@ -256,6 +256,10 @@ def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
             if process_rank() == 0:  # one line for the run
                 error_console.print(f"[bold yellow]interrupted:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=128 + exc.signum) from None  # the shell's code for death by that signal
+    finally:
+        close = getattr(trainer.run.rollout, "close", None)  # e.g. an agent rollout's worker processes
+        if callable(close):
+            close()
     _report(result)
 
 

@@ -18,7 +18,10 @@ from agentrl.trajectory import Trajectory
 
 @runtime_checkable
 class Rollout(Protocol):
-    """Runs one episode per env to its end and returns each as a :class:`agentrl.Trajectory`."""
+    """Runs one episode per env to its end and returns each as a :class:`agentrl.Trajectory`.
+
+    A rollout holding resources of its own (processes, servers) may also define ``close()``:
+    ``agentrl train`` calls it once when the run ends, however it ends."""
 
     def run(
         self,

@@ -3,11 +3,13 @@
 ``--set rollout=openai_agent --set plugins.openai_agent.agent=my_agent.py:solve``. For each step
 the rollout serves an OpenAI-compatible ``chat.completions`` endpoint on 127.0.0.1 backed by the
 run's engine (:mod:`agentrl_openai_agent.server`) and calls the agent function once per episode,
-concurrently (a thread pool), each with its own client:
+concurrently, each in a worker process with its own client (:mod:`agentrl_openai_agent.workers`:
+a worker whose agent leaves threads or processes running, crashes or times out is ended with all
+it started and replaced):
 
 * ``def solve(task, client)``: ``client`` is an ``openai.OpenAI`` for this episode;
 * ``async def solve(task, client)``: an ``openai.AsyncOpenAI`` (run with ``asyncio.run`` in the
-  episode's thread);
+  worker);
 * a function whose second parameter is named ``base_url`` gets the episode's base URL instead
   (for frameworks that build their own client; any api key works).
 
@@ -15,8 +17,9 @@ Every request body is validated (:mod:`agentrl_openai_agent.request`: a 400 in O
 shape naming the field), an episode's URL and its client's api key are its own, and its URL
 answers 410 once its agent has returned (:mod:`agentrl_openai_agent.server`).
 
-``task`` is the env's task dict (the run's ``--env`` supplies the tasks and default rewards).
-The function returns a reward (a number: the episode's env return), the final messages (a list:
+``task`` is the env's task dict (the run's ``--env`` supplies the tasks and default rewards); a
+signature that cannot take it is refused at start-up (:func:`agentrl_openai_agent.config.check_agent`).
+The function returns a reward (a finite number: the episode's env return), the final messages (a list:
 the run's reward functions score them; ``completion_text`` is the last assistant message), or
 None (the reward functions score the last call's conversation and reply); in the last two cases
 the run's env also scores the final answer (``env_scores``: :mod:`agentrl_openai_agent.scoring`),

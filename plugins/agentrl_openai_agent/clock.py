@@ -4,22 +4,16 @@ An agent's episode waits for the model on every call, and on a CPU a batch of 32
 can take minutes, longer on a loaded machine: a wall-clock limit would cut healthy episodes
 because the engine was slow. The limit therefore counts only the agent's own time (its code, its
 tools, its network calls): :class:`ModelWaits` adds up, per episode, the time at least one of its
-calls was waiting for the engine, and :func:`run_with_own_time_limit` abandons the agent once its
-wall time minus that wait passes the limit.
+calls was waiting for the engine, and :meth:`agentrl_openai_agent.workers.AgentWorkers.run` kills
+the agent's worker process once the episode's wall time minus that wait passes the limit.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
-
-from agentrl import CallGuard, CallTimeout
-
-POLL_S = 0.25
-"""How often the limit is checked while the agent runs."""
 
 
 class ModelWaits:
@@ -51,33 +45,3 @@ class ModelWaits:
         with self._lock:
             ongoing = time.monotonic() - self._since[episode] if self._in_flight[episode] else 0.0
             return self._waited[episode] + ongoing
-
-
-def run_with_own_time_limit(fn: Callable[[], Any], limit_s: float | None, waited: Callable[[], float]) -> Any:
-    """``fn()``, raising :class:`agentrl.CallTimeout` once its wall time minus ``waited()`` (its
-    waits for the model) passes ``limit_s`` (None or <= 0: no limit, run in the caller's thread).
-    Past the limit the call is abandoned in its daemon thread, as :class:`agentrl.CallGuard` does."""
-    if limit_s is None or limit_s <= 0:
-        return CallGuard().call(fn)
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = CallGuard().call(fn)  # no limit here; a SystemExit inside is the agent's failure
-        except BaseException as exc:  # handed to the caller
-            outcome["error"] = exc
-
-    started = time.monotonic()
-    worker = threading.Thread(target=target, name="agentrl-agent-episode", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        own = time.monotonic() - started - waited()
-        if own > limit_s:
-            raise CallTimeout(
-                f"the agent's own time (model calls excluded) passed timeout_s={limit_s:g} s; "
-                "it was abandoned and may still be running in a background thread"
-            )
-        worker.join(min(POLL_S, max(limit_s - own, 0.01)))
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
+import inspect
+from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field
 
 from agentrl import ConfigError, one_line
+from agentrl_openai_agent.agent_process import import_agent, takes_base_url
 
 SECTION = "openai_agent"
+
+
+DEFAULT_WORKERS = 32
+"""Worker processes when ``max_concurrency`` is 0: a step's episodes, at most this many."""
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,8 @@ class OpenAIAgentConfig:
     """Registered tool-call parser reading the model's calls into OpenAI ``tool_calls``; ``auto``: the
     one the model's chat template or special tokens show (``xml_json`` when they show none)."""
     max_concurrency: Annotated[int, Field(ge=0)] = 0
-    """Episodes whose agent runs at once (0: every episode of the step)."""
+    """Episodes whose agent runs at once, each in a worker process of its own (0: every episode of
+    the step, at most 32): the number of worker processes (:mod:`agentrl_openai_agent.workers`)."""
     batch_wait_s: Annotated[float, Field(ge=0)] = 0.02
     """After a call arrives, at most how long the engine waits for the other running agents' calls
     before sampling what is pending together (it starts at once when every running agent has one)."""
@@ -41,23 +45,53 @@ class OpenAIAgentConfig:
 
 
 def load_agent(spec: str) -> Any:
-    """The function ``spec`` names (``file.py:name`` or ``module:name``); ConfigError when it cannot."""
+    """The function ``spec`` names (``file.py:name`` or ``module:name``); ConfigError when it cannot.
+    The trainer imports it to check its signature (:func:`check_agent`); it runs in worker
+    processes, which import it the same way (:mod:`agentrl_openai_agent.workers`)."""
     where, _, name = spec.rpartition(":")
     if not where or not name:
         raise ConfigError(f"plugins.{SECTION}.agent={spec!r} must be 'path/to/file.py:function' or 'module:function'")
     try:
-        if where.endswith(".py"):
-            module_spec = importlib.util.spec_from_file_location(f"agentrl_agent_{Path(where).stem}", where)
-            if module_spec is None or module_spec.loader is None or not Path(where).is_file():
-                raise FileNotFoundError(f"no such file: {where}")
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_spec.name] = module
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-        fn = getattr(module, name)
+        fn = import_agent(spec)
     except Exception as exc:
         raise ConfigError(f"plugins.{SECTION}.agent={spec!r} cannot be loaded: {one_line(exc)}") from exc
     if not callable(fn):
         raise ConfigError(f"plugins.{SECTION}.agent={spec!r} is not a function")
     return fn
+
+
+def check_agent(spec: str, fn: Any, fields: Collection[str] = ()) -> None:
+    """ConfigError, with the fix, when agent ``fn`` cannot take ``(task, client)`` (or ``(task,
+    base_url)``): it cannot be called with two arguments, or its first parameter expects a task
+    field instead of the whole task dict: it is annotated ``str``, or it is unannotated, not named
+    ``task`` and named after one of the tasks' ``fields`` (``def run_agent(question, base_url)``).
+    Any other first parameter (annotated otherwise, or unannotated under another name) takes it."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or an extension function: nothing to check
+        return
+    params = list(signature.parameters.values())
+    takes = f"agent {spec} takes ({', '.join(p.name for p in params)})"
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise ConfigError(
+            f"{takes}: it is called with two arguments, the task dict and the episode's client; write "
+            "def solve(task, client) (an openai.OpenAI) or def solve(task, base_url) (the episode's URL)"
+        ) from None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not positional:
+        return
+    first, second = positional[0], "base_url" if takes_base_url(fn) else "client"
+    is_text = first.annotation in (str, "str")
+    typed = first.annotation is not first.empty
+    if not is_text and (typed or first.name == "task" or first.name not in fields):
+        return
+    field = next((f for f in (first.name, "question", "prompt") if f in fields), first.name)
+    rest = "base_url=base_url" if second == "base_url" else "client"
+    call = f"{getattr(fn, '__name__', 'agent')}(task[{field!r}], {rest})"
+    expects = "a str" if is_text else f"its {field!r} field"
+    raise ConfigError(
+        f"{takes}: its first parameter receives the whole task dict, not {expects}; "
+        f"write def solve(task, {second}): return {call}"
+    )

@@ -3,10 +3,7 @@ records turned into trajectories (the whole story: :mod:`agentrl_openai_agent`).
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import importlib.util
-import inspect
+import functools
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +13,6 @@ from typing import Any, NoReturn
 from agentrl import (
     AgentRLError,
     CallGuard,
-    CallTimeout,
     ChatTokenizer,
     ConfigError,
     Engine,
@@ -34,8 +30,8 @@ from agentrl import (
     sample_label,
     turn_seed,
 )
-from agentrl_openai_agent.clock import ModelWaits, run_with_own_time_limit
-from agentrl_openai_agent.config import SECTION, OpenAIAgentConfig, load_agent
+from agentrl_openai_agent.clock import ModelWaits
+from agentrl_openai_agent.config import DEFAULT_WORKERS, SECTION, OpenAIAgentConfig, check_agent, load_agent
 from agentrl_openai_agent.messages import (
     assistant_message,
     call_format,
@@ -56,6 +52,7 @@ from agentrl_openai_agent.server import (
     make_app,
 )
 from agentrl_openai_agent.tools import call_opener, resolve_tool_parser_name
+from agentrl_openai_agent.workers import RESULTS, AgentLoadError, AgentWorkers, TaskNotSent
 
 INSTALL = "the openai_agent rollout needs fastapi, uvicorn and openai: pip install 'agentrl[agents]'"
 PLACEHOLDER = [{"role": "user", "content": ""}]
@@ -100,6 +97,9 @@ class OpenAIAgentRollout:
         if not self.options.agent:
             raise ConfigError(f"rollout openai_agent needs plugins.{SECTION}.agent: 'path/to/file.py:function'")
         self.agent = load_agent(self.options.agent)
+        check_agent(self.options.agent, self.agent)
+        self.workers = AgentWorkers(self.options.agent, 0)
+        """The worker processes the agent runs in, started by the first :meth:`run`."""
         self.parser_name, self.parser = resolve_tool_parser_name(self.options.tool_parser, tokenizer)
         self.batches: list[int] = []
         """Engine batch sizes of the last :meth:`run`."""
@@ -118,7 +118,12 @@ class OpenAIAgentRollout:
             raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
         if seeds is None:
             seeds = [None if sampling.seed is None else sampling.seed * 1_000_003 + i for i in range(len(tasks))]
-        workers = max(1, self.options.max_concurrency or len(tasks))
+        check_agent(self.options.agent, self.agent, {k for task in tasks if isinstance(task, dict) for k in task})
+        workers = max(1, self.options.max_concurrency or min(len(tasks), DEFAULT_WORKERS))
+        try:
+            self.workers.grow(workers)
+        except AgentLoadError as exc:
+            raise ConfigError(f"plugins.{SECTION}.agent={self.options.agent!r} cannot be loaded: {exc}") from None
         step = self._open_step(tasks, seeds, sampling, workers)
         server = BackgroundServer(
             make_app(
@@ -191,48 +196,43 @@ class OpenAIAgentRollout:
         )
 
     def _episode(self, step: _Step, base_url: str, index: int) -> tuple[Any, dict[str, Any] | None]:
-        """Run the agent on task ``index``: (what it returned, None) or (None, the error)."""
-        fn, task = self.agent, step.tasks[index]
-        parameters = list(inspect.signature(fn).parameters)
-        is_async = inspect.iscoroutinefunction(fn)
-        if len(parameters) > 1 and parameters[1] == "base_url":
-            client: Any = base_url
-        else:
-            openai = importlib.import_module("openai")
-            make = openai.AsyncOpenAI if is_async else openai.OpenAI
-            client = make(base_url=base_url, api_key=step.api_keys[index], max_retries=0)
-
-        def call() -> Any:
-            return asyncio.run(fn(task, client)) if is_async else fn(task, client)
-
+        """Run the agent on task ``index`` in a worker: (what it returned, None) or (None, the error)."""
+        spec, task = self.options.agent, step.tasks[index]
         try:
-            result = run_with_own_time_limit(call, self.guard.timeout_s, lambda: step.waits.waited(index))
-        except Exception as exc:
-            if isinstance(exc, AgentRLError) and not isinstance(exc, (EnvError, CallTimeout)):
-                raise
-            if step.engine_errors:  # the engine failed under the agent: run() raises that
-                return None, {"method": "agent", "exception": one_line(exc), "timed_out": False}
-            what = (
-                f"agent {self.options.agent} {'timed out' if isinstance(exc, CallTimeout) else 'raised'} on "
-                f"{sample_label(index, task)}"
+            waited, returned = (
+                functools.partial(step.waits.waited, index),
+                functools.partial(step.finished.append, index),
             )
-            if not self.guard.skips:
-                raise EnvError(
-                    f"{what}: {one_line(exc)} (on_call_error=fail; with 'skip' the episode would end unscored)"
-                ) from exc
-            self.guard.warn_once(
-                f"agent:{self.options.agent}",
-                f"{what}: {one_line(exc)}; the episode ends unscored (on_call_error=skip)",
-            )
-            return None, {"method": "agent", "exception": one_line(exc), "timed_out": isinstance(exc, CallTimeout)}
+            outcome = self.workers.run(task, base_url, step.api_keys[index], self.guard.timeout_s, waited, returned)
+        except TaskNotSent as exc:
+            raise EnvError(f"{sample_label(index, task)} cannot be sent to the agent's worker process: {exc}") from None
         finally:
             step.finished.append(index)
-        if result is not None and not isinstance(result, (int, float, list)) or isinstance(result, bool):
-            raise EnvError(
-                f"agent {self.options.agent} returned {type(result).__name__} on {sample_label(index, task)}: "
-                "return a reward (a number), the final messages (a list) or None"
+        if outcome.left:
+            self.guard.warn_once(
+                f"agent-left:{spec}",
+                f"agent {spec} {outcome.left} after {sample_label(index, task)}: its worker process was ended "
+                "with everything it started and a fresh one started (each costs a process start)",
             )
-        return result, None
+        if outcome.error is None:
+            invalid = outcome.problem(float(getattr(self.config, "env_reward_weight", 1.0)))
+            if invalid is not None:
+                raise EnvError(f"agent {spec} returned {invalid} on {sample_label(index, task)}: {RESULTS}")
+            return outcome.result, None
+        error = {"method": f"agent {spec}", "exception": outcome.error, "timed_out": outcome.timed_out}
+        if step.engine_errors:  # the engine failed under the agent: run() raises that
+            return None, error
+        what = f"agent {spec} {'timed out' if outcome.timed_out else 'failed'} on {sample_label(index, task)}"
+        if not self.guard.skips:
+            raise EnvError(f"{what}: {outcome.error} (on_call_error=fail; with 'skip' the episode would end unscored)")
+        self.guard.warn_once(
+            f"agent:{spec}", f"{what}: {outcome.error}; the episode ends unscored (on_call_error=skip)"
+        )
+        return None, error
+
+    def close(self) -> None:
+        """End the agent's worker processes and everything they started (also done at exit)."""
+        self.workers.close()
 
     def complete(self, step: _Step, key: str, options: dict[str, Any]) -> dict[str, Any]:
         """Answer one call of episode ``key``: render, sample, record, build the response body. A
@@ -379,8 +379,8 @@ class OpenAIAgentRollout:
             rows = [Trajectory(ids, [0] * len(ids), [0.0] * len(ids), [], list(PLACEHOLDER), task, group, info=info)]
         last = rows[-1]
         last.segments = rows[:-1]
-        if isinstance(result, list):  # the agent's final messages: what the reward functions score
-            last.messages = [m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else dict(m) for m in result]
+        if isinstance(result, list):  # the agent's final messages (dicts from its worker): what is scored
+            last.messages = [dict(m) for m in result]
         elif isinstance(result, (int, float)) and last.turns:
             last.turns[-1].reward = float(result)
         elif isinstance(result, (int, float)):

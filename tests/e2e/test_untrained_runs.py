@@ -66,11 +66,10 @@ def _rows(out: Path) -> list[dict]:
 @pytest.mark.parametrize(
     "body, extra, cause, first",
     [
-        (RAISES, [], "8 raised", "agent raised on sample 0"),
-        (HANGS, ["--set", "plugins.openai_agent.timeout_s=0.2"], "8 timed out", "agent timed out on sample 0"),
-        (NAN, ["--set", "rewards={}"], "8 returned a non-finite reward (8 nan)", "returned reward nan"),
+        (RAISES, [], "8 raised", "agent.py:solve raised on sample 0"),
+        (HANGS, ["--set", "plugins.openai_agent.timeout_s=0.2"], "8 timed out", "agent.py:solve timed out on sample 0"),
     ],
-    ids=["raises", "hangs", "nan"],
+    ids=["raises", "hangs"],
 )
 def test_an_agent_that_never_scores_ends_the_run_non_zero_naming_why(
     tiny_model_dir, tmp_path, body, extra, cause, first
@@ -91,6 +90,14 @@ def test_an_agent_that_never_scores_ends_the_run_non_zero_naming_why(
     ]
     assert not (out / "model").exists() and not (out / "eval.json").exists()
     assert (out / "checkpoints" / "step-000002").is_dir()
+
+
+def test_an_agent_returning_nan_stops_the_run_in_one_line_naming_it(tiny_model_dir, tmp_path):
+    """A non-finite return is the agent's error, not a reward: the run stops at once, naming it."""
+    out = tmp_path / "run"
+    line = _error_line(_train(tiny_model_dir, out, *_agent(tmp_path, NAN), "--set", "rewards={}"))
+    assert "agent.py:solve returned nan on sample 0" in line and "return a finite reward" in line
+    assert not (out / "model").exists()
 
 
 NAN_ENV = """

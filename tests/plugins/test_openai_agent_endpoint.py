@@ -202,10 +202,12 @@ def solve(task, client):
         return None
     client.chat.completions.create(model="m", messages=messages)
 
+    own = openai.OpenAI(base_url=str(client.base_url), api_key=client.api_key, max_retries=0)  # outlives solve's
+
     def late():
-        time.sleep(0.5)  # solve() has returned by now
+        time.sleep(0.02)  # solve() has returned by now (its worker allows 0.2 s for threads to end)
         try:
-            client.chat.completions.create(model="m", messages=messages)
+            own.chat.completions.create(model="m", messages=messages)
             said = {"status": 200}
         except openai.APIStatusError as exc:
             said = {"status": exc.status_code, "error": exc.body}
