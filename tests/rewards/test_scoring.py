@@ -18,7 +18,7 @@ import torch
 from faulty_plugin import run_config, run_metrics, unclipped_run_config
 
 from agentrl.env import MAX_ABS_REWARD, CallGuard
-from agentrl.errors import RewardError
+from agentrl.errors import RewardError, TrainingError
 from agentrl.plugins import load_plugins
 from agentrl.rewards.scoring import score
 from agentrl.testing import GradientRecorder, make_trajectory
@@ -122,7 +122,8 @@ def test_a_hanging_reward_times_out_and_the_step_finishes(tiny_model_dir, tmp_pa
     trainer = Trainer(config, load_plugins())
     start = time.perf_counter()
     with pytest.warns(RuntimeWarning, match="reward function 'slow' timed out on the batch of 4 samples"):
-        trainer.train()
+        with pytest.raises(TrainingError, match=r"the run trained nothing: 1 of 1 steps .*slow failed on 4"):
+            trainer.train()  # its only step scored nothing: the run says so
     assert time.perf_counter() - start < 20  # the hang lasts 30 s; a loaded 2-core CI machine needs the margin
     (row,) = run_metrics(tmp_path)
     assert row["errors/reward/slow"] == 4.0 and row["reward/scored_frac"] == 0.0
