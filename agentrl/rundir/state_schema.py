@@ -189,7 +189,8 @@ def optimizer_problem(saved: Any, optimizer: torch.optim.Optimizer, where: str, 
     params: dict[Any, torch.Tensor] = {}
     for i, (group, own) in enumerate(zip(groups, live)):
         ids = group.get("params") if isinstance(group, dict) else None
-        if not isinstance(ids, list) or len(ids) != len(own["params"]) or not all(type(n) is int for n in ids):
+        kinds = (int,) if shapes else (int, str)  # a sharded run's whole state names its parameters
+        if not isinstance(ids, list) or len(ids) != len(own["params"]) or not all(type(n) in kinds for n in ids):
             return f"{where}.param_groups.{i}.params: not the ids of the group's {len(own['params'])} parameters"
         settings = {k: v for k, v in own.items() if k != "params"}
         if problem := structure_problem(group, settings, f"{where}.param_groups.{i}"):

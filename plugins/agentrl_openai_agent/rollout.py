@@ -207,7 +207,8 @@ class OpenAIAgentRollout:
         except TaskNotSent as exc:
             raise EnvError(f"{sample_label(index, task)} cannot be sent to the agent's worker process: {exc}") from None
         finally:
-            step.finished.append(index)
+            if index not in step.finished:  # said already when the agent function returned
+                step.finished.append(index)
         if outcome.left:
             self.guard.warn_once(
                 f"agent-left:{spec}",
