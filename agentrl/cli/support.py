@@ -44,7 +44,8 @@ def run_guarded(fn: Callable[[], Any]) -> Any:
     except AgentRLError as exc:
         if state["debug"]:
             raise
-        error_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        if not _said_by_process_0(exc):
+            error_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=2) from None
     except SystemExit as exc:  # sys.exit() in plugin code outside a guarded call (agentrl never calls it)
         if state["debug"]:
@@ -57,6 +58,15 @@ def run_guarded(fn: Callable[[], Any]) -> Any:
             highlight=False,
         )
         raise typer.Exit(code=2) from None
+
+
+def _said_by_process_0(exc: AgentRLError) -> bool:
+    """Whether process 0 of a launched run says this error too: a config error is found alike by
+    every process, so only process 0 prints it (one line for the run)."""
+    from agentrl.errors import ConfigError
+    from agentrl.model.launch import process_rank
+
+    return isinstance(exc, ConfigError) and process_rank() > 0
 
 
 def plugin_manager(disabled: list[str] | None, modules: list[str] | None) -> Any:

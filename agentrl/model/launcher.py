@@ -64,13 +64,14 @@ def _status(code: int, who: str) -> int:
 
 
 def _quiet_torchrun() -> None:
-    """Only errors from torchrun's loggers: its warnings (a signal received, processes told to
-    close) are said by this process and the trainer instead."""
+    """Nothing from torchrun's loggers: its warnings (a signal received, processes told to close)
+    are said by this process and the trainer instead, and its "failed (exitcode: N)" error comes
+    after the failed process's own error line (or this process's line for a signal)."""
     import torch.distributed.elastic.agent.server.local_elastic_agent  # noqa: F401  (the agent's loggers too)
 
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 if __name__ == "__main__":

@@ -342,3 +342,22 @@ def test_ctrl_c_stops_every_process_at_one_step_and_resumes(tiny_model_dir: Path
     assert_same_run(tmp_path / "one", two)
     lrs = [row["train/learning_rate"] for row in metric_rows(two)]
     assert lrs[:2] == [0.0, pytest.approx(1e-3)]  # warm-up step 0, then once per optimizer step
+
+
+def test_a_config_error_found_by_every_process_is_one_line(tiny_model_dir, tmp_path):
+    """Each launched process finds the same config error: the run prints it once, with no
+    launcher lines or traceback around it, and exits 2."""
+    result = subprocess.run(
+        [sys.executable, "-m", "agentrl", "train", "--model", str(tiny_model_dir), "--algo", "gspo"]
+        + ["--num-processes", "2", "--max-steps", "1", "--prompts-per-step", "2", "--num-generations", "2"]
+        + ["--output-dir", str(tmp_path / "run"), "--set", "eval_tasks=0"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "AGENTRL_LAUNCHED": ""},
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: algorithm 'gspo' asks for 4 mini-batches but a rollout batch has only 2 episodes "
+        "(prompts_per_step x num_generations, over 2 process(es)): lower the mini-batch count"
+    ]
