@@ -185,13 +185,23 @@ def intact_checkpoint(run_dir: Path, say: Callable[[str], None] = say) -> Path:
     """The newest complete checkpoint that :func:`damage` finds nothing wrong with; ``say`` gets one
     line per newer, damaged one (which file, what is wrong). A CheckpointError when none is intact."""
     latest_checkpoint(run_dir)  # a ConfigError when there is none at all
-    problems = []
-    for folder in reversed(complete_checkpoints(run_dir)):
-        problem = damage(run_dir, folder)
+    folders = list(reversed(complete_checkpoints(run_dir)))
+    return newest_intact(run_dir, folders, lambda folder: damage(run_dir, folder), say, "is damaged")
+
+
+def newest_intact(
+    run_dir: Path, folders: list[Path], problem_of: Callable[[Path], str | None], say: Callable[[str], None], what: str
+) -> Path:
+    """The first of ``folders`` (newest first) ``problem_of`` finds nothing wrong with; ``say`` gets
+    one line per folder passed over (it ``what``: which file, what is wrong). A CheckpointError
+    naming every problem when none is intact."""
+    problems: list[tuple[str, str]] = []
+    for folder in folders:
+        problem = problem_of(folder)
         if problem is None:
             for name, line in problems:
                 say(
-                    f"note: checkpoint {name} is damaged: {line}; resuming from {folder.name}, the newest intact one "
+                    f"note: checkpoint {name} {what}: {line}; resuming from {folder.name}, the newest intact one "
                     f"({name} is moved to {CHECKPOINTS}/damaged-{name})"
                 )
             return folder

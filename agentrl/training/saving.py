@@ -214,27 +214,18 @@ class RunCheckpoints:
         over; a CheckpointError in one line when none can be loaded."""
         step = int(folder.name.removeprefix("step-"))
         older = [f for f in reversed(ckpt.complete_checkpoints(self.run_dir)) if int(f.name[5:]) < step]
-        problems: list[tuple[str, str]] = []
-        for candidate in [folder, *older]:
+        states: dict[Path, dict[str, Any]] = {}
+
+        def problem_of(candidate: Path) -> str | None:
             problem = ckpt.damage(self.run_dir, candidate) if candidate is not folder else None
             if problem is None:
                 try:
-                    state = self.load(candidate)
+                    states[candidate] = self.load(candidate)
                 except CheckpointError as exc:
-                    problem = str(exc)
-                else:
-                    for name, line in problems:
-                        say(
-                            f"note: checkpoint {name} cannot be resumed: {line}; resuming from {candidate.name}, "
-                            f"the newest intact one ({name} is moved to {ckpt.CHECKPOINTS}/damaged-{name})"
-                        )
-                    return state
-            problems.append((candidate.name, problem))
-        found = "; ".join(f"{name}: {line}" for name, line in problems)
-        raise CheckpointError(
-            f"--resume {str(self.run_dir)!r}: no intact checkpoint ({found}): nothing can be resumed; "
-            "train the run again with another --output-dir"
-        )
+                    return str(exc)
+            return problem
+
+        return states[ckpt.newest_intact(self.run_dir, [folder, *older], problem_of, say, "cannot be resumed")]
 
     def check(self, folder: Path, saved: Saved) -> None:
         """A CheckpointError naming the file and key of the first value of ``saved`` (read from
