@@ -20,6 +20,7 @@ from agentrl.algorithms.objectives import (
     step_totals,
 )
 from agentrl.config.checks import ConfigCheck, build_plugin_config
+from agentrl.config.cluster import RayConfig, ray_options
 from agentrl.config.rules import Allowed, Complaint, OneOf, check_declared
 from agentrl.config.train import TrainConfig
 from agentrl.env import (
@@ -91,6 +92,8 @@ PUBLIC_MODULES = ("agentrl", "agentrl.answers")
 extraction and checking, kept apart because it loads math-verify)."""
 
 __all__ = [
+    "RayConfig",
+    "ray_options",
     "PUBLIC_MODULES",
     "ClippedPolicy",
     "ClippedPolicyConfig",

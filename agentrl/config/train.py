@@ -16,6 +16,7 @@ from pydantic import Field, StringConstraints
 
 from agentrl.config.capabilities import check_combination, processes_from_environment
 from agentrl.config.checks import build_plugin_config
+from agentrl.config.cluster import ray_options
 from agentrl.config.lora import lora_options
 from agentrl.config.rules import Allowed, Note, OneOf, first_failure, section_message
 from agentrl.config.yaml_text import load_yaml
@@ -192,6 +193,11 @@ class TrainConfig:
     partial_rollouts: bool = False
     """With ``async_steps``: episodes in flight continue with each new policy version as soon as it
     is published (between decode steps: ``hf``, ``vllm``; else turns); fresher, not bitwise reproducible."""
+    ray: dict[str, Any] | None = None
+    """Run on a Ray cluster (``pip install 'agentrl[ray]'``; ``agentrl train --ray`` sets ``{}``):
+    trainer processes, engine replicas and env workers placed by resources (validated by
+    ``agentrl.config.cluster.RayConfig``: ``address``, ``engines``, ``env_workers``, ...;
+    docs/guides/multi-node.md). null: everything on this host."""
 
     def __post_init__(self) -> None:
         """Check each value's type and range, then the rules relating fields; make paths absolute."""
@@ -215,6 +221,8 @@ class TrainConfig:
             raise ConfigError("partial_rollouts=true needs async_steps >= 1 (got 0): nothing is in flight")
         if self.lora is not None:
             lora_options(self.lora)
+        if self.ray is not None:
+            ray_options(self.ray)
         object.__setattr__(self, "env", _absolute(self.env, "env"))  # frozen: set once, here
         if self.rewards is not None:
             object.__setattr__(self, "rewards", {_absolute(name, "rewards"): w for name, w in self.rewards.items()})
@@ -370,6 +378,8 @@ def resolved_dict(config: TrainConfig, manager: Any) -> dict[str, Any]:
     }
     if config.lora is not None:
         data["lora"] = dataclasses.asdict(lora_options(config.lora))
+    if config.ray is not None:
+        data["ray"] = dataclasses.asdict(ray_options(config.ray))
     engine_cls = manager.registry.get("engine", config.engine).factory
     if dataclasses.is_dataclass(getattr(engine_cls, "config_class", None)):  # an engine that declares its options
         data["engine_args"] = dataclasses.asdict(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from accelerate.utils import set_seed
 
 from agentrl.algorithms.base import Algorithm, SetupContext, TrainableModule
+from agentrl.config.cluster import ray_options
 from agentrl.config.train import TrainConfig, build_plugin_config, resolve_settings
 from agentrl.env import CallGuard, Env, build_env, call_with_timeout, load_env_class
 from agentrl.errors import ConfigError
@@ -85,6 +87,9 @@ class Run:
     """The config's engine, sampling from the policy (built once the policy is prepared)."""
     rollout: Rollout = field(init=False)
     """The config's rollout, driving the envs through :attr:`engine`."""
+    counters: list[Callable[[], dict[str, float]]] = field(default_factory=list)
+    """Each returns counts since its last call (``faults/*``: a remote engine or env worker
+    restarted), summed over the processes into the next step's metrics."""
 
     @property
     def hook(self) -> Any:
@@ -113,6 +118,7 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     local_batch = config.batch_size // accelerator.num_processes
     envs = [make_env(manager, config) for _ in range(max(local_batch, min(config.eval_tasks, 64), 1))]
     check_env_startup(envs[0], need_eval=config.eval_tasks > 0, timeout_s=config.call_timeout_s)
+    envs, env_counter = remote_envs(envs, config)
     call_guard = CallGuard.from_config(config)  # warns once per plugin per run
     context = RewardContext(config=config, settings=settings, device=accelerator.device, precision=precision)
     reward_fns = resolve_rewards(config, manager.registry, envs[0], context)
@@ -145,6 +151,8 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
         manager, config, replica if replica is not None else lora.sampling_model(model), tokenizer
     )
     context.engine = run.engine  # a judge reward samples from the policy's own engine
+    engine_counter = getattr(getattr(run.engine, "engine", run.engine), "counts", None)  # under VersionedEngine too
+    run.counters += [counter for counter in (env_counter, engine_counter) if counter is not None]
     _train_owned(run, algorithm.trainable_modules())
     return run
 
@@ -183,8 +191,15 @@ def _setup_algorithm(run: Run) -> None:
 def engine_and_rollout(
     manager: PluginManager, config: TrainConfig, model: torch.nn.Module, tokenizer: Any
 ) -> tuple[Engine, Rollout]:
-    """The config's engine sampling from ``model``, and its rollout driving that engine."""
-    engine = manager.registry.get("engine", config.engine).factory(model=model, tokenizer=tokenizer, config=config)
+    """The config's engine sampling from ``model`` (replicas on a Ray cluster when ``ray.engines``
+    is set), and its rollout driving that engine."""
+    ray_config = ray_options(config.ray)
+    if ray_config is not None and ray_config.engines:
+        from agentrl.cluster.engines import RemoteEngines
+
+        engine: Engine = RemoteEngines(config, ray_config, model=model, tokenizer=tokenizer)
+    else:
+        engine = manager.registry.get("engine", config.engine).factory(model=model, tokenizer=tokenizer, config=config)
     if config.async_steps:  # each call stamped with the version that sampled it (partial_rollouts: the newest)
         engine = VersionedEngine(engine, config.partial_rollouts)
     rollout = manager.registry.get("rollout", config.rollout).factory(engine=engine, tokenizer=tokenizer, config=config)
@@ -330,6 +345,18 @@ def check_sharded_run(config: TrainConfig, sharded: bool, fsdp: bool) -> None:
             f"checkpoint_every={config.checkpoint_every}: checkpoints of DeepSpeed ZeRO-3 runs are not "
             "supported yet; set checkpoint_every=0 (the final model is still saved) or use fsdp / zero2"
         )
+
+
+def remote_envs(envs: list[Env], config: TrainConfig) -> tuple[list[Env], Callable[[], dict[str, float]] | None]:
+    """``envs``, or with ``ray.env_workers`` set, stand-ins whose calls run in env worker actors
+    (:mod:`agentrl.cluster.envs`), with the counter of their workers' restarts."""
+    ray_config = ray_options(config.ray)
+    if ray_config is None or not ray_config.env_workers:
+        return envs, None
+    from agentrl.cluster.envs import RemoteEnvs
+
+    pool = RemoteEnvs(envs, config, ray_config)
+    return pool.envs, pool.counts
 
 
 def make_env(manager: PluginManager, config: TrainConfig) -> Env:

@@ -142,9 +142,24 @@ class RolloutPhase:
         metrics = self._metrics(whole, rounds)
         self.unscored[step] = why_unscored(whole.episodes, whole.totals, whole.errors, whole.nonfinite)
         metrics.update(self.unscored[step].metrics("train/"))
+        metrics.update(self._counts())
         if self.run.is_main:
             self.run.hook.agentrl_on_rollout_end(trajectories=whole.kept, step=step, metrics=metrics)
         return StepBatch(batch, whole.kept, metrics, list(whole.kept_totals))
+
+    def _counts(self) -> dict[str, float]:
+        """The run's counters (:attr:`agentrl.training.build.Run.counters`) summed over the processes."""
+        mine: dict[str, float] = {}
+        for counter in self.run.counters:
+            for key, value in counter().items():
+                mine[key] = mine.get(key, 0.0) + value
+        if self.run.num_processes == 1:
+            return mine
+        summed: dict[str, float] = {}
+        for counts in distributed.gather_objects(mine, self.group):
+            for key, value in counts.items():
+                summed[key] = summed.get(key, 0.0) + value
+        return summed
 
     def why(self, step: int, metrics: dict[str, float]) -> Unscored:
         """Why step ``step``'s unscored episodes were not scored: as :meth:`collect` found it, or (a

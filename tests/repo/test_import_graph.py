@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("defaults",),
     ("plugins",),
     ("testing",),
+    ("cluster",),
     ("training",),
     ("cli",),
     ("__init__", "__main__"),
