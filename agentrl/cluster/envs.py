@@ -245,6 +245,11 @@ class RemoteEnv:
         """(worker index, slot) of this stand-in's remote instance."""
         return self._agentrl_binding.worker, self._agentrl_binding.slot
 
+    @property
+    def remote_pool(self) -> RemoteEnvs:
+        """The :class:`RemoteEnvs` whose worker runs this stand-in's episodes."""
+        return self._agentrl_binding.pool
+
 
 _CLASSES: dict[type, type] = {}
 
