@@ -64,7 +64,9 @@ class RemoteEnvs:
         self.ray_config = ray_config
         self.timeout_s = ray_config.start_timeout_s
         self.spec = EnvSpec(config.env, dict(config.env_args), tuple(plugin_modules), tuple(disabled_plugins))
-        ray = runtime.connect(ray_config, local_cpus=ray_config.env_workers * ray_config.env_worker_resources.get("CPU", 0))
+        ray = runtime.connect(
+            ray_config, local_cpus=ray_config.env_workers * ray_config.env_worker_resources.get("CPU", 0)
+        )
         actor = ray.remote(EnvWorker).options(
             **runtime.actor_options(ray_config.env_worker_resources),
             max_restarts=ray_config.max_restarts,
@@ -82,8 +84,28 @@ class RemoteEnvs:
         for index, (status, value) in enumerate(answers):
             if status != OK:
                 self.close()
-                raise ConfigError(f"ray.env_workers: {self.worker_label(index)} cannot build env {config.env!r}: {value}")
-        self.envs: list[Env] = [stand_in(env, Binding(self, slot % len(self.workers), slot)) for slot, env in enumerate(envs)]
+                raise ConfigError(
+                    f"ray.env_workers: {self.worker_label(index)} cannot build env {config.env!r}: {value}"
+                )
+        self._next_slot = len(envs)
+        self.envs: list[Env] = [
+            stand_in(env, Binding(self, slot % len(self.workers), slot)) for slot, env in enumerate(envs)
+        ]
+
+    def fresh(self, index: int) -> Env:
+        """A new stand-in for slot ``index`` with an instance of its own, built on the same worker
+        (for a slot whose call ran past ``call_timeout_s``: the abandoned call may still touch the
+        old instance); it replaces ``envs[index]``."""
+        ray = runtime.require_ray()
+        worker = index % len(self.workers)
+        with self._lock:
+            slot, self._next_slot = self._next_slot, self._next_slot + 1
+        status, value = ray.get(self.workers[worker].make.remote([slot]))
+        if status != OK:
+            raise EnvWorkerLost(f"{self.worker_label(worker)} cannot build the env again: {value}")
+        old = self.envs[index]
+        self.envs[index] = stand_in(getattr(old, "_agentrl_local", old), Binding(self, worker, slot))
+        return self.envs[index]
 
     @property
     def description(self) -> str:
@@ -272,14 +294,14 @@ def stand_in(env: Env, binding: Binding) -> Env:
 
 
 def death_cause(exc: BaseException | None) -> str:
-    """Why Ray says an actor died, in one line (its ``The actor is dead because ...`` sentence)."""
+    """Why Ray says an actor died, in one short line (from its ``The actor is dead because ...``)."""
     if exc is None:
         return "it lost its env instances"
     text = str(exc)
     for line in text.splitlines():
         if line.startswith("The actor is dead because"):
-            text = line
+            text = line.removeprefix("The actor is dead because ")
             break
     text = " ".join(text.split())
     cut = text.find(" Some common causes")
-    return (text[:cut] if cut > 0 else text)[:300]
+    return (text[:cut] if cut > 0 else text)[:160]

@@ -136,6 +136,9 @@ def test_an_env_from_a_file_runs_on_a_worker_and_its_errors_come_back_as_raised(
             assert episode(remote, task, ["a", "bb"]) == episode(envs[0], task, ["a", "bb"])
             with pytest.raises(ValueError, match="^boom at turn 3$"):
                 CallGuard(timeout_s=30).call(remote.step, "boom")
+            fresh = pool.fresh(0)  # a slot of its own, as for a slot whose call was abandoned
+            assert fresh is pool.envs[0] and fresh.remote_slot == (0, 1)
+            assert episode(fresh, task, ["a"], seed=9) == episode(envs[0], task, ["a"], seed=9)
         finally:
             pool.close()
 
@@ -188,7 +191,7 @@ def test_a_worker_gone_for_good_fails_the_call_in_one_line(ray_cluster, counter_
         with pytest.raises(EnvWorkerLost) as caught:
             CallGuard(timeout_s=60).call(remote.step, "a")
         message = str(caught.value)
-        assert "\n" not in message
+        assert "\n" not in message and len(message) <= 200  # whole inside the rollout's one-line error
         assert message.startswith(f"env worker 0 on node {ray_cluster.node_ids['env'][:6]}")
         assert "max_restarts=0 spent" in message and "died" in message
     finally:
@@ -203,7 +206,7 @@ def _train(tiny_model_dir: Path, out: Path, ray: dict[str, Any] | None) -> tuple
         model=str(tiny_model_dir),
         env="guess",
         env_args={"n": 8, "max_turns": 2},
-        rewards={},
+        rewards={"agentrl.testing:parity_reward": 1.0},  # rewards that differ: the steps train
         max_steps=2,
         prompts_per_step=2,
         num_generations=2,
@@ -218,6 +221,7 @@ def _train(tiny_model_dir: Path, out: Path, ray: dict[str, Any] | None) -> tuple
         ray=ray,
     )
     trainer = Trainer(config, load_plugins())
+    assert isinstance(trainer.envs[0], RemoteEnv) == (ray is not None)
     try:
         result = trainer.train()
     finally:
@@ -238,4 +242,6 @@ def test_a_training_run_with_env_workers_equals_the_run_without(ray_cluster, tin
 
     assert len(with_ray) == 2 and compared(with_ray) == compared(alone)
     assert with_ray_completions == alone_completions
-    assert all(row.get(RESTARTS, 0) == 0 for row in with_ray)
+    assert all(row[RESTARTS] == 0 and row[REPLAYED] == 0 for row in with_ray)
+    assert max(len(c["messages"]) for c in alone_completions) > 3  # episodes of more than one turn
+    assert any(row["train/grad_norm"] > 0 for row in alone)
