@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -294,7 +295,8 @@ def stand_in(env: Env, binding: Binding) -> Env:
 
 
 def death_cause(exc: BaseException | None) -> str:
-    """Why Ray says an actor died, in one short line (from its ``The actor is dead because ...``)."""
+    """Why Ray says an actor died, in one short line (``its worker process has died: Worker
+    unexpectedly exits ...``, from its ``The actor is dead because ...`` sentence)."""
     if exc is None:
         return "it lost its env instances"
     text = str(exc)
@@ -302,6 +304,6 @@ def death_cause(exc: BaseException | None) -> str:
         if line.startswith("The actor is dead because"):
             text = line.removeprefix("The actor is dead because ")
             break
-    text = " ".join(text.split())
-    cut = text.find(" Some common causes")
-    return (text[:cut] if cut > 0 else text)[:160]
+    text = " ".join(text.split(" Some common causes")[0].split())
+    text = re.sub(r"\.?\s*Worker exit type: \S+ Worker exit detail: ", ": ", text)
+    return text if len(text) <= 110 else text[:109] + "…"
