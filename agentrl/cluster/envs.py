@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import re
 import threading
 import time
@@ -64,7 +65,9 @@ class RemoteEnvs:
             )
         self.ray_config = ray_config
         self.timeout_s = ray_config.start_timeout_s
-        self.spec = EnvSpec(config.env, dict(config.env_args), tuple(plugin_modules), tuple(disabled_plugins))
+        self.spec = EnvSpec(
+            _absolute(config.env), dict(config.env_args), tuple(plugin_modules), tuple(disabled_plugins)
+        )
         ray = runtime.connect(
             ray_config, local_cpus=ray_config.env_workers * ray_config.env_worker_resources.get("CPU", 0)
         )
@@ -292,6 +295,14 @@ def stand_in(env: Env, binding: Binding) -> Env:
     remote.__dict__.update(vars(env))
     remote._agentrl_binding, remote._agentrl_local = binding, env
     return remote
+
+
+def _absolute(env: str) -> str:
+    """``env`` with a relative ``file.py`` made absolute (a worker's working directory is not this one)."""
+    where, colon, name = env.rpartition(":")
+    if colon and where.endswith(".py") and not os.path.isabs(where):
+        return f"{os.path.abspath(where)}:{name}"
+    return env
 
 
 def death_cause(exc: BaseException | None) -> str:

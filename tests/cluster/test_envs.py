@@ -126,9 +126,11 @@ def test_stand_ins_answer_as_the_local_envs(ray_cluster, name):
         pool.close()
 
 
-def test_an_env_from_a_file_runs_on_a_worker_and_its_errors_come_back_as_raised(ray_cluster, counter_file):
+def test_an_env_from_a_file_runs_on_a_worker_and_its_errors_come_back_as_raised(ray_cluster, counter_file, monkeypatch):
+    monkeypatch.chdir(counter_file.parent)  # a relative path: the worker gets it made absolute
     for name in ("Counter", "AsyncCounter"):
-        envs, pool = pool_of(f"{counter_file}:{name}", ray_cluster.address, count=1, workers=1)
+        envs, pool = pool_of(f"{counter_file.name}:{name}", ray_cluster.address, count=1, workers=1)
+        assert pool.spec.env == f"{counter_file}:{name}"
         try:
             task = envs[0].train_tasks()[2]
             remote = pool.envs[0]
