@@ -74,12 +74,7 @@ class RemoteEngines(Engine):
         self.closed = False
         what = f"{count} engine replica(s) of {config.engine!r}"
         try:
-            places = runtime.wait_placed(
-                [actor.node.remote() for actor in self.actors],
-                what,
-                dict(ray_config.engine_resources),
-                ray_config.start_timeout_s,
-            )
+            places = self._placed_all(what)
             self.places: list[tuple[str, int] | None] = [tuple(place) for place in places]
             self.nodes = [place[0] for place in places]
             self.descriptions = self._all(lambda actor: actor.build.remote())
@@ -87,6 +82,18 @@ class RemoteEngines(Engine):
         except BaseException:
             self.close()
             raise
+
+    def _placed_all(self, what: str) -> list[Any]:
+        """Each replica's (node, pid) once placed; one line when it is not placed or dies starting."""
+        try:
+            return runtime.wait_placed(
+                [actor.node.remote() for actor in self.actors],
+                what,
+                dict(self.ray_config.engine_resources),
+                self.ray_config.start_timeout_s,
+            )
+        except self.ray.exceptions.RayError as exc:
+            raise EngineError(f"{what} did not start: {_first_line(exc)}") from None
 
     # -- Engine --------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:

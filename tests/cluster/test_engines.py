@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agentrl.cluster.engines import RESTARTS, SYNC_SECONDS, RemoteEngines, check_engines
-from agentrl.cluster.replica import pack_weights, unpack_weights
+from agentrl.cluster.replica import pack_weights, plugin_choice, unpack_weights
 from agentrl.cluster.routing import PrefixRouter
 from agentrl.config.cluster import RayConfig
 from agentrl.config.train import TrainConfig
@@ -91,6 +91,14 @@ def test_packed_weights_round_trip_with_ties_kept_once(tiny_model_dir):
     bf16 = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
     model.to(torch.bfloat16)
     assert all(torch.equal(unpack_weights(pack_weights(model))[k], v) for k, v in bf16.items())
+
+
+def test_replicas_load_the_plugins_of_the_run(tmp_path):
+    extra = tmp_path / "extra_plugin.py"
+    extra.write_text("")
+    manager = load_plugins(disabled=["gspo"], modules=[str(extra)])
+    assert plugin_choice(manager) == (["gspo"], [str(extra)])
+    assert plugin_choice(load_plugins()) == ([], []) == plugin_choice(None)
 
 
 def test_engines_not_a_multiple_of_the_processes_or_with_lora_is_one_line():
