@@ -197,7 +197,7 @@ def engine_and_rollout(
     if ray_config is not None and ray_config.engines:
         from agentrl.cluster.engines import RemoteEngines
 
-        engine: Engine = RemoteEngines(config, ray_config, model=model, tokenizer=tokenizer)
+        engine: Engine = RemoteEngines(config, ray_config, model=model, tokenizer=tokenizer, manager=manager)
     else:
         engine = manager.registry.get("engine", config.engine).factory(model=model, tokenizer=tokenizer, config=config)
     if config.async_steps:  # each call stamped with the version that sampled it (partial_rollouts: the newest)
