@@ -285,9 +285,12 @@ class RemoteAgentWorkers:
 
         with self._locks[index]:
             if self.places[index]["incarnation"] == incarnation:
+                actor = self.actors[index]  # calls retried through the restart, failing once it is dead for good
                 try:
-                    place = ray.get(self.actors[index].where.remote(), timeout=self.ray_config.start_timeout_s)
-                    error = ray.get(self.actors[index].grow.remote(self.sizes[index]))
+                    place = ray.get(
+                        actor.where.options(max_task_retries=-1).remote(), timeout=self.ray_config.start_timeout_s
+                    )
+                    error = ray.get(actor.grow.options(max_task_retries=-1).remote(self.sizes[index]))
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                     raise EnvError(
                         f"openai_agent: agent worker {index} on {self.label(index)} died and was not restarted "
