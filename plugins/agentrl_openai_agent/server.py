@@ -210,6 +210,15 @@ NOT_FOUND = "this endpoint serves POST <the base_url the agent was given>/chat/c
 """What every path without the run's secret is told (a 404 that names nothing of the run)."""
 
 
+def not_found(request: Any, status: int = 404) -> Any:
+    """The answer to a path the endpoint does not serve (a 404 naming nothing: no path, no secret)."""
+    from fastapi.responses import JSONResponse
+
+    message = f"{request.method} {request.url.path if status != 404 else 'this path'}: {NOT_FOUND}"
+    error = RequestError(message, status, None, "not_found" if status == 404 else None)
+    return JSONResponse(status_code=status, content=error_body(error))
+
+
 def make_app(
     answer: Callable[[str, dict[str, Any]], dict[str, Any]],
     on_error: Callable[[str, RequestError], None] | None = None,
@@ -228,11 +237,6 @@ def make_app(
 
     def ours(run: str) -> bool:
         return secrets.compare_digest(run.encode(), app.state.secret.encode())
-
-    def not_found(request: Request, status: int = 404) -> Any:
-        message = f"{request.method} {request.url.path if status != 404 else 'this path'}: {NOT_FOUND}"
-        error = RequestError(message, status, None, "not_found" if status == 404 else None)
-        return JSONResponse(status_code=status, content=error_body(error))
 
     def refuse(episode: str, exc: RequestError) -> Any:
         if on_error is not None:
