@@ -125,7 +125,8 @@ class OpenAIAgentRollout:
         self.reached = True
         try:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentrl-agent") as pool:
-                outcomes = list(pool.map(lambda i: self._episode(step, server.base_url, i), range(len(tasks))))
+                items = list(step.keys.items())  # (URL key, episode), taken before any episode runs again
+                outcomes = list(pool.map(lambda item: self._episode(step, server.base_url, *item), items))
         finally:
             server.close()
             step.batcher.close()
@@ -161,12 +162,11 @@ class OpenAIAgentRollout:
             self.config.env_workers,
         )
 
-    def _episode(self, step: Step, url_of: Any, index: int) -> tuple[Any, dict[str, Any] | None]:
-        """Run the agent on task ``index`` in a worker (``url_of(key)``: the base URL of URL key
+    def _episode(self, step: Step, url_of: Any, key: str, index: int) -> tuple[Any, dict[str, Any] | None]:
+        """Run the agent on task ``index`` in a worker (``url_of(key)``: the base URL of its URL key
         ``key``): (what it returned, None) or (None, the error). An episode whose remote worker
         died is run again from the start, with fresh credentials (:meth:`Step.again`)."""
         spec, task = self.options.agent, step.tasks[index]
-        key = next(k for k, i in step.keys.items() if i == index)
         try:
             waited, returned = (
                 functools.partial(step.waits.waited, index),

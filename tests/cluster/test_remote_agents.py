@@ -26,12 +26,12 @@ import psutil
 
 
 def solve(task, client):
-    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["question"]}])
     log = os.environ.get("AGENT_LOG")
     if log:  # where this agent program runs: its process and the processes above it
         ancestors = [parent.pid for parent in psutil.Process().parents()]
         with open(log, "a") as out:
             out.write(json.dumps({"pid": os.getpid(), "ancestors": ancestors}) + "\\n")
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["question"]}])
     mark = os.environ.get("AGENT_KILL_MARK")
     if mark and not os.path.exists(mark):  # once: the worker actor hosting this program dies mid-episode
         open(mark, "w").close()
@@ -153,3 +153,23 @@ def test_a_training_run_with_agents_on_the_env_node_equals_the_run_without_ray(r
     assert len(where) >= 8  # 2 steps x 4 episodes, the killed one twice
     assert all(raylets["env"] in entry["ancestors"] for entry in where), (raylets, where)
     assert not any(raylets[name] in entry["ancestors"] for entry in where for name in raylets if name != "env")
+
+
+def test_a_remote_agent_past_its_timeout_is_ended_by_the_trainers_clock(ray_cluster, tokenizer, tmp_path):
+    agent = tmp_path / "agent.py"
+    agent.write_text(
+        "import time\n\n\ndef solve(task, client):\n"
+        "    client.chat.completions.create(model='m', messages=[{'role': 'user', 'content': 'hi'}])\n"
+        "    time.sleep(float(task['question']))\n    return 1.0\n"
+    )
+    ray = {"address": ray_cluster.address, "env_workers": 1, "env_worker_resources": ON_ENV_NODE}
+    rollout = _rollout(tokenizer, f"{agent}:solve", ray, timeout_s=2.0)
+    try:
+        slow, quick = rollout.run(
+            [None, None], [{"question": "60"}, {"question": "0"}], [0, 1], SamplingParams(max_new_tokens=4, seed=1)
+        )
+    finally:
+        rollout.close()
+    assert slow.info["error"]["timed_out"] is True and "timeout_s=2 s" in slow.info["error"]["exception"]
+    assert "error" not in quick.info and quick.turns[-1].reward == 1.0
+    assert rollout.counts() == {"faults/agent_worker_restarts": 0.0, "faults/agent_episodes_rerun": 0.0}
