@@ -88,8 +88,9 @@ class Run:
     rollout: Rollout = field(init=False)
     """The config's rollout, driving the envs through :attr:`engine`."""
     counters: list[Callable[[], dict[str, float]]] = field(default_factory=list)
-    """Each returns counts since its last call (``faults/*``: a remote engine or env worker
-    restarted), summed over the processes into the next step's metrics."""
+    """Each returns counts since its last call (``faults/*``: a remote engine, env worker or a
+    rollout's own worker restarted: the rollout's ``counts`` method, when it has one), summed over
+    the processes into the next step's metrics."""
 
     @property
     def hook(self) -> Any:
@@ -152,7 +153,8 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     )
     context.engine = run.engine  # a judge reward samples from the policy's own engine
     engine_counter = getattr(getattr(run.engine, "engine", run.engine), "counts", None)  # under VersionedEngine too
-    run.counters += [counter for counter in (env_counter, engine_counter) if counter is not None]
+    rollout_counter = getattr(run.rollout, "counts", None)  # a rollout's own workers (openai_agent's actors)
+    run.counters += [counter for counter in (env_counter, engine_counter, rollout_counter) if counter is not None]
     _train_owned(run, algorithm.trainable_modules())
     return run
 

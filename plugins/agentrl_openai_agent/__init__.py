@@ -1,11 +1,13 @@
 """The ``openai_agent`` rollout: trains an agent program written against the OpenAI client, as it is.
 
 ``--set rollout=openai_agent --set plugins.openai_agent.agent=my_agent.py:solve``. For each step
-the rollout serves an OpenAI-compatible ``chat.completions`` endpoint on 127.0.0.1 backed by the
-run's engine (:mod:`agentrl_openai_agent.server`) and calls the agent function once per episode,
-concurrently, each in a worker process with its own client (:mod:`agentrl_openai_agent.workers`:
+the rollout serves an OpenAI-compatible ``chat.completions`` endpoint on 127.0.0.1 (``host``: any
+address, every URL behind the run's secret) backed by the run's engine
+(:mod:`agentrl_openai_agent.server`) and calls the agent function once per episode, concurrently,
+each in a worker process with its own client (:mod:`agentrl_openai_agent.workers`:
 a worker whose agent leaves threads or processes running, crashes or times out is ended with all
-it started and replaced):
+it started and replaced; with ``ray.env_workers`` the workers run in Ray actors on the env
+worker nodes: :mod:`agentrl_openai_agent.remote`):
 
 * ``def solve(task, client)``: ``client`` is an ``openai.OpenAI`` for this episode;
 * ``async def solve(task, client)``: an ``openai.AsyncOpenAI`` (run with ``asyncio.run`` in the

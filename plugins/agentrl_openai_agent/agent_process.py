@@ -141,12 +141,18 @@ def serve(fd: int) -> None:
         if message is None:
             return
         kind, value = _episode(fn, make, *message)
-        conn.send(RETURNED)
-        left = _threads_left(), _children_left()
         try:
-            conn.send((kind, value, *left))
-        except Exception as exc:  # the agent returned something that does not pickle
-            conn.send(("raised", f"its result cannot be sent back to the trainer: {one_line(exc)}", *left))
+            conn.send(RETURNED)
+            left = _threads_left(), _children_left()
+            try:
+                conn.send((kind, value, *left))
+            except OSError:
+                raise
+            except Exception as exc:  # the agent returned something that does not pickle
+                conn.send(("raised", f"its result cannot be sent back to the trainer: {one_line(exc)}", *left))
+        except OSError:  # the process that runs this worker is gone: end quietly, with all the agent started
+            kill_tree(os.getpid())
+            return
 
 
 def _client_maker(is_async: bool) -> Callable[[str, str], Any]:

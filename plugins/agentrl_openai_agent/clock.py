@@ -45,3 +45,9 @@ class ModelWaits:
         with self._lock:
             ongoing = time.monotonic() - self._since[episode] if self._in_flight[episode] else 0.0
             return self._waited[episode] + ongoing
+
+    def restart(self, episode: int) -> None:
+        """Start episode ``episode``'s count again from zero (it runs again from the start)."""
+        with self._lock:
+            self._waited[episode] = 0.0
+            self._since[episode] = time.monotonic()

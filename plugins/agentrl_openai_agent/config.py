@@ -38,6 +38,16 @@ class OpenAIAgentConfig:
     """Seconds of its own time one episode's agent may take, its waits for the model NOT counted
     (:mod:`agentrl_openai_agent.clock`; 0: no limit); past it the episode is handled by
     ``on_call_error`` (``call_timeout_s`` is for env and reward calls)."""
+    host: str | None = None
+    """The address the endpoint binds: ``127.0.0.1`` (agent programs on this machine only), ``0.0.0.0``
+    (every interface) or one interface's IP (other machines reach it; the traffic is plain HTTP:
+    keep it on a network you trust). null: ``127.0.0.1``, or this node's IP when agent programs run
+    in Ray env workers on other nodes (``ray.env_workers``)."""
+    port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """The endpoint's port (0: a free one, a new one each step); a fixed port for a firewall rule."""
+    advertise_host: str | None = None
+    """The address in the base URLs agent programs are given (a name or IP their machine reaches
+    this one by); null: ``host``, or this machine's IP when ``host`` is ``0.0.0.0``."""
     env_scores: bool = True
     """The run's env scores the final answer of an agent that returns messages or None (its reward
     the episode's env return, its info the held-out accuracy: :mod:`agentrl_openai_agent.scoring`);

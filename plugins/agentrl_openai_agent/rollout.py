@@ -4,10 +4,9 @@ records turned into trajectories (the whole story: :mod:`agentrl_openai_agent`).
 from __future__ import annotations
 
 import functools
-import threading
+import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from agentrl import (
@@ -19,18 +18,16 @@ from agentrl import (
     EngineError,
     EnvError,
     GenerationRequest,
-    RequestQueue,
     SamplingParams,
     Trajectory,
     build_plugin_config,
     import_extra,
     one_line,
+    ray_options,
     render_tools_system_prompt,
-    request_queue,
     sample_label,
     turn_seed,
 )
-from agentrl_openai_agent.clock import ModelWaits
 from agentrl_openai_agent.config import DEFAULT_WORKERS, SECTION, OpenAIAgentConfig, check_agent, load_agent
 from agentrl_openai_agent.messages import (
     assistant_message,
@@ -42,44 +39,23 @@ from agentrl_openai_agent.messages import (
     with_tool_prompt,
 )
 from agentrl_openai_agent.record import EpisodeRecord, count_calls
+from agentrl_openai_agent.remote import RemoteAgentWorkers, WorkerLost
 from agentrl_openai_agent.scoring import score_with_env
 from agentrl_openai_agent.server import (
-    BackgroundServer,
     RequestError,
     caller_episode,
     completion_body,
-    episode_credentials,
     make_app,
+    run_secret,
 )
+from agentrl_openai_agent.serving import open_endpoint
+from agentrl_openai_agent.step import Step, open_step
 from agentrl_openai_agent.tools import call_opener, resolve_tool_parser_name
 from agentrl_openai_agent.workers import RESULTS, AgentLoadError, AgentWorkers, TaskNotSent
 
 INSTALL = "the openai_agent rollout needs fastapi, uvicorn and openai: pip install 'agentrl[agents]'"
 PLACEHOLDER = [{"role": "user", "content": ""}]
 """The prompt of an episode whose agent never called the model (so its trajectory still has tokens)."""
-
-
-@dataclass
-class _Step:
-    """What one step's episodes share while their agents run: the tasks, seeds and sampling, the
-    request queue, each episode's record, lock and waits for the model, and the engine's failures."""
-
-    tasks: list[dict[str, Any]]
-    seeds: list[int | None]
-    sampling: SamplingParams
-    batcher: RequestQueue
-    keys: dict[str, int]
-    records: list[EpisodeRecord]
-    locks: list[threading.Lock]
-    waits: ModelWaits
-    """Each episode's time waiting for the model (not counted against ``timeout_s``)."""
-    engine_errors: list[BaseException] = field(default_factory=list)
-    finished: list[int] = field(default_factory=list)
-    """Episodes whose agent returned (no more calls from them)."""
-    api_keys: list[str] = field(default_factory=list)
-    """Each episode's api key (its client's: :mod:`agentrl_openai_agent.server`, whose call is it)."""
-    counts_lock: threading.Lock = field(default_factory=threading.Lock)
-    """Guards the records' refused-request counts (counted outside the episodes' locks)."""
 
 
 class OpenAIAgentRollout:
@@ -98,8 +74,23 @@ class OpenAIAgentRollout:
             raise ConfigError(f"rollout openai_agent needs plugins.{SECTION}.agent: 'path/to/file.py:function'")
         self.agent = load_agent(self.options.agent)
         check_agent(self.options.agent, self.agent)
-        self.workers = AgentWorkers(self.options.agent, 0)
-        """The worker processes the agent runs in, started by the first :meth:`run`."""
+        ray = ray_options(getattr(config, "ray", None))
+        self.workers: AgentWorkers | RemoteAgentWorkers = (
+            RemoteAgentWorkers(
+                self.options.agent,
+                ray,
+                max(1, ray.env_workers // int(os.environ.get("WORLD_SIZE", "1"))),
+                self.options.max_concurrency or DEFAULT_WORKERS,
+            )
+            if ray is not None and ray.env_workers
+            else AgentWorkers(self.options.agent, 0)
+        )
+        """The worker processes the agent runs in (here, or in Ray actors: :mod:`agentrl_openai_agent.remote`),
+        started by the first :meth:`run`."""
+        self.secret = run_secret()
+        """The run's secret, the first part of every endpoint URL (:mod:`agentrl_openai_agent.server`)."""
+        self.reached = False
+        """Whether remote workers have checked they reach the endpoint (before the first step)."""
         self.parser_name, self.parser = resolve_tool_parser_name(self.options.tool_parser, tokenizer)
         self.batches: list[int] = []
         """Engine batch sizes of the last :meth:`run`."""
@@ -124,18 +115,18 @@ class OpenAIAgentRollout:
             self.workers.grow(workers)
         except AgentLoadError as exc:
             raise ConfigError(f"plugins.{SECTION}.agent={self.options.agent!r} cannot be loaded: {exc}") from None
-        step = self._open_step(tasks, seeds, sampling, workers)
-        server = BackgroundServer(
-            make_app(
-                lambda key, options: self.complete(step, key, options),
-                lambda key, error: self.refused(step, key, error),
-            )
+        step = open_step(self.engine, self.options.batch_wait_s, tasks, seeds, sampling, workers)
+        app = make_app(
+            lambda key, options: self.complete(step, key, options),
+            step.refused,
+            self.secret,
         )
+        server = open_endpoint(app, self.options, self.workers, self.guard.warn_once, not self.reached)
+        self.reached = True
         try:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentrl-agent") as pool:
-                outcomes = list(
-                    pool.map(lambda item: self._episode(step, server.base_url(item[0]), item[1]), step.keys.items())
-                )
+                items = list(step.keys.items())  # (URL key, episode), taken before any episode runs again
+                outcomes = list(pool.map(lambda item: self._episode(step, server.base_url, *item), items))
         finally:
             server.close()
             step.batcher.close()
@@ -146,30 +137,6 @@ class OpenAIAgentRollout:
         if self.options.env_scores:
             self._score_with_envs(envs, outcomes, trajectories)
         return trajectories
-
-    def _open_step(
-        self, tasks: list[dict[str, Any]], seeds: list[int | None], sampling: SamplingParams, workers: int
-    ) -> _Step:
-        """The step's shared state, its request queue open: a batch waits for the agents running now
-        or about to (at most ``workers``), each episode keyed by fresh credentials (its base URL's
-        key, its client's api key)."""
-        finished: list[int] = []
-        keys, api_keys = episode_credentials(len(tasks))
-        batcher = request_queue(
-            self.engine, self.options.batch_wait_s, lambda: min(workers, len(tasks) - len(finished))
-        )
-        return _Step(
-            list(tasks),
-            list(seeds),
-            sampling,
-            batcher,
-            keys,
-            [EpisodeRecord() for _ in tasks],
-            [threading.Lock() for _ in tasks],
-            ModelWaits(len(tasks)),
-            finished=finished,
-            api_keys=api_keys,
-        )
 
     def _raise_engine_failure(self, exc: BaseException) -> NoReturn:
         """Stop the run with an EngineError naming the engine that failed under an agent's call."""
@@ -195,15 +162,24 @@ class OpenAIAgentRollout:
             self.config.env_workers,
         )
 
-    def _episode(self, step: _Step, base_url: str, index: int) -> tuple[Any, dict[str, Any] | None]:
-        """Run the agent on task ``index`` in a worker: (what it returned, None) or (None, the error)."""
+    def _episode(self, step: Step, url_of: Any, key: str, index: int) -> tuple[Any, dict[str, Any] | None]:
+        """Run the agent on task ``index`` in a worker (``url_of(key)``: the base URL of its URL key
+        ``key``): (what it returned, None) or (None, the error). An episode whose remote worker
+        died is run again from the start, with fresh credentials (:meth:`Step.again`)."""
         spec, task = self.options.agent, step.tasks[index]
         try:
             waited, returned = (
                 functools.partial(step.waits.waited, index),
                 functools.partial(step.finished.append, index),
             )
-            outcome = self.workers.run(task, base_url, step.api_keys[index], self.guard.timeout_s, waited, returned)
+            while True:
+                try:
+                    outcome = self.workers.run(
+                        task, url_of(key), step.api_keys[index], self.guard.timeout_s, waited, returned
+                    )
+                    break
+                except WorkerLost:
+                    key = step.again(index, key)
         except TaskNotSent as exc:
             raise EnvError(f"{sample_label(index, task)} cannot be sent to the agent's worker process: {exc}") from None
         finally:
@@ -231,11 +207,15 @@ class OpenAIAgentRollout:
         )
         return None, error
 
+    def counts(self) -> dict[str, float]:
+        """Remote agent worker restarts and episodes run again since the last call (``faults/*``)."""
+        return self.workers.counts() if isinstance(self.workers, RemoteAgentWorkers) else {}
+
     def close(self) -> None:
         """End the agent's worker processes and everything they started (also done at exit)."""
         self.workers.close()
 
-    def complete(self, step: _Step, key: str, options: dict[str, Any]) -> dict[str, Any]:
+    def complete(self, step: Step, key: str, options: dict[str, Any]) -> dict[str, Any]:
         """Answer one call of episode ``key``: render, sample, record, build the response body. A
         call its URL may not take (:func:`agentrl_openai_agent.server.caller_episode`) is refused,
         and so is one whose episode finished while it was sampled: nothing of it is recorded."""
@@ -272,14 +252,6 @@ class OpenAIAgentRollout:
         ]
         return completion_body(options["model"], choices, len(context), sum(len(reply[0]) for reply in replies))
 
-    def refused(self, step: _Step, key: str, error: RequestError) -> None:
-        """Count a refused request in the metrics of the episode that made it: the URL's, or the
-        one whose api key it bore (a URL no episode has, with no api key of ours: not counted)."""
-        index = step.keys.get(key) if error.episode is None else error.episode
-        if index is not None:
-            with step.counts_lock:
-                step.records[index].count_refused(error.status)
-
     def _render(
         self, options: dict[str, Any], record: EpisodeRecord
     ) -> tuple[list[dict[str, Any]], str, list[dict[str, Any]] | None, str]:
@@ -311,7 +283,7 @@ class OpenAIAgentRollout:
 
     def _generate(
         self,
-        step: _Step,
+        step: Step,
         index: int,
         record: EpisodeRecord,
         context: list[int],

@@ -1,9 +1,12 @@
-"""The OpenAI-compatible ``POST /{episode}/v1/chat/completions`` endpoint of the ``openai_agent`` rollout.
+"""The OpenAI-compatible ``POST /{run}/{episode}/v1/chat/completions`` endpoint of the ``openai_agent`` rollout.
 
-A FastAPI app served by uvicorn on 127.0.0.1 (a free port) in a background thread, for one
-rollout step. A request body is validated against the declared Chat Completions request
-(:mod:`agentrl_openai_agent.request`): any body that is not valid gets a 400 in OpenAI's error
-shape, ``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``, ``param``
+A FastAPI app served by uvicorn in a background thread, for one rollout step, on
+``plugins.openai_agent.host`` (127.0.0.1 by default: this machine only; ``0.0.0.0`` or an
+interface's IP for agent programs on other machines) at ``port`` (0: a free one); the URLs agents
+are given name ``advertise_host`` (:func:`agentrl_openai_agent.address.advertised_host`). A request
+body is validated against the declared Chat Completions request
+(:mod:`agentrl_openai_agent.request`): any body that is not valid gets a 400 in OpenAI's error shape,
+``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``, ``param``
 naming the field (``messages[0].role``). The rollout answers a valid one
 (:meth:`agentrl_openai_agent.rollout.OpenAIAgentRollout.complete`) in a worker thread while the
 server keeps taking other episodes' requests, so calls that arrive together are sampled in one
@@ -16,8 +19,12 @@ shape and one line on stderr per distinct error; a refused request is one line p
 flattens any exception to one line (:func:`uvicorn_log_config`). The rollout counts each
 episode's refused requests in its metrics (``on_error``).
 
-Whose call is it. Each episode has its own base URL, ``http://127.0.0.1:PORT/episode-<i>-<key>/v1``,
-``key`` 128 random bits (``secrets``): a URL cannot be guessed, only handed on. The OpenAI client
+Whose call is it. Every URL starts with the run's secret (``run``: 128 random bits, ``secrets``,
+one per rollout): a request without it, to any path, is a 404 that names nothing, so an endpoint
+other machines can reach answers no stranger (``GET /{run}/health`` is how a remote agent worker
+checks it can reach the endpoint). Each episode has its own base URL,
+``http://HOST:PORT/<run>/episode-<i>-<key>/v1``, ``key`` another 128 random bits: a URL cannot be
+guessed, only handed on. The OpenAI client
 the rollout builds for an episode carries that episode's own api key, ``agentrl-episode-<i>-<key>``
 (another 192 random bits): a request bearing an api key of this form must come with the URL of the
 episode it was issued to, else it is a 401 (``invalid_api_key``): a client of one episode pointed
@@ -26,8 +33,9 @@ cannot write that episode's record. A request with any other api key (an agent g
 ``base_url`` that builds its own client: ``"EMPTY"``, ``"sk-..."``) is taken on the URL's word.
 Once an episode's agent has returned (or timed out), its URL answers 410 (``episode_finished``)
 and records nothing: a thread the agent left running cannot add calls to a finished trajectory.
-The agent runs in the trainer's process, so this guards against mistakes, not against a program
-that reads the rollout's memory.
+These checks guard against mistakes, not against an agent program that reads its worker's
+memory. The traffic is plain HTTP: across machines keep it on a network you trust (a non-loopback
+``host`` is said once at start-up).
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the endpoint's annotations at definition time.
@@ -45,6 +53,7 @@ from collections.abc import Callable, Container
 from typing import Any
 
 from agentrl import one_line
+from agentrl_openai_agent.address import advertised_host, url_host
 from agentrl_openai_agent.request import RequestError, parse_request, request_options
 
 API_KEY_PREFIX = "agentrl-episode-"
@@ -55,10 +64,19 @@ _said: set[Any] = set()
 """The endpoint lines already printed in this process (each kind once)."""
 
 
+def episode_key(index: int) -> str:
+    """A fresh URL key of episode ``index`` (128 random bits)."""
+    return f"episode-{index}-{secrets.token_urlsafe(16)}"
+
+
+def episode_api_key(index: int) -> str:
+    """A fresh api key of episode ``index``'s client (192 random bits)."""
+    return f"{API_KEY_PREFIX}{index}-{secrets.token_urlsafe(24)}"
+
+
 def episode_credentials(count: int) -> tuple[dict[str, int], list[str]]:
     """Fresh credentials of ``count`` episodes: URL key -> episode, and each episode's api key."""
-    keys = {f"episode-{i}-{secrets.token_urlsafe(16)}": i for i in range(count)}
-    return keys, [f"{API_KEY_PREFIX}{i}-{secrets.token_urlsafe(24)}" for i in range(count)]
+    return {episode_key(i): i for i in range(count)}, [episode_api_key(i) for i in range(count)]
 
 
 def caller_episode(
@@ -94,6 +112,11 @@ def caller_episode(
             "episode_finished",
         )
     return index
+
+
+def run_secret() -> str:
+    """A fresh secret for a run's URLs (128 random bits)."""
+    return secrets.token_urlsafe(16)
 
 
 def completion_body(
@@ -183,18 +206,37 @@ def _bearer(request: Any) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
+NOT_FOUND = "this endpoint serves POST <the base_url the agent was given>/chat/completions"
+"""What every path without the run's secret is told (a 404 that names nothing of the run)."""
+
+
+def not_found(request: Any, status: int = 404) -> Any:
+    """The answer to a path the endpoint does not serve (a 404 naming nothing: no path, no secret)."""
+    from fastapi.responses import JSONResponse
+
+    message = f"{request.method} {request.url.path if status != 404 else 'this path'}: {NOT_FOUND}"
+    error = RequestError(message, status, None, "not_found" if status == 404 else None)
+    return JSONResponse(status_code=status, content=error_body(error))
+
+
 def make_app(
     answer: Callable[[str, dict[str, Any]], dict[str, Any]],
     on_error: Callable[[str, RequestError], None] | None = None,
+    secret: str | None = None,
 ) -> Any:
     """The FastAPI app: ``answer(episode_key, options)`` gives the response body or raises
     RequestError (``options``: :func:`agentrl_openai_agent.request.request_options` and the
-    request's ``api_key``); ``on_error(episode_key, error)`` hears of every error answered."""
+    request's ``api_key``); ``on_error(episode_key, error)`` hears of every error answered.
+    ``secret``: the run's (a fresh one when None; ``app.state.secret``), the first part of every path."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.exceptions import HTTPException
 
     app = FastAPI(title="agentrl openai_agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.secret = secret or run_secret()
+
+    def ours(run: str) -> bool:
+        return secrets.compare_digest(run.encode(), app.state.secret.encode())
 
     def refuse(episode: str, exc: RequestError) -> Any:
         if on_error is not None:
@@ -209,11 +251,16 @@ def make_app(
 
     @app.exception_handler(HTTPException)
     async def other_paths(request: Request, exc: HTTPException) -> Any:
-        message = f"{request.method} {request.url.path}: this endpoint serves POST /<episode>/v1/chat/completions"
-        return JSONResponse(status_code=exc.status_code, content=error_body(RequestError(message, exc.status_code)))
+        return not_found(request, exc.status_code)
 
-    @app.post("/{episode}/v1/chat/completions")
-    async def chat_completions(episode: str, request: Request) -> Any:
+    @app.get("/{run}/health")
+    async def health(run: str, request: Request) -> Any:
+        return JSONResponse({"status": "ok"}) if ours(run) else not_found(request)
+
+    @app.post("/{run}/{episode}/v1/chat/completions")
+    async def chat_completions(run: str, episode: str, request: Request) -> Any:
+        if not ours(run):
+            return not_found(request)
         try:
             options = request_options(parse_request(await _read_json(request)))
             options["api_key"] = _bearer(request)
@@ -274,15 +321,30 @@ def uvicorn_log_config() -> dict[str, Any]:
 
 
 class BackgroundServer:
-    """uvicorn serving ``app`` on 127.0.0.1 at a free port, in a daemon thread; :meth:`close` stops it."""
+    """uvicorn serving ``app`` on ``host`` at ``port`` (0: a free one), in a daemon thread, its URLs
+    naming ``advertise_host`` (:func:`advertised_host`); :meth:`close` stops it. OSError when
+    ``host`` cannot be bound."""
 
-    def __init__(self, app: Any, start_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        app: Any,
+        start_timeout_s: float = 30.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise_host: str | None = None,
+    ) -> None:
         import uvicorn
 
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family, _, _, _, address = socket.getaddrinfo(host or "0.0.0.0", port, type=socket.SOCK_STREAM)[0]
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind(("127.0.0.1", 0))
-        self.port = int(self.socket.getsockname()[1])
+        try:
+            self.socket.bind(address)
+        except OSError:
+            self.socket.close()
+            raise
+        self.app, self.host, self.port = app, host, int(self.socket.getsockname()[1])
+        self.advertise_host = advertised_host(host, advertise_host)
         config = uvicorn.Config(
             app, log_config=uvicorn_log_config(), log_level="warning", access_log=False, lifespan="off"
         )
@@ -295,12 +357,17 @@ class BackgroundServer:
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 self.close()
-                raise RuntimeError(f"the openai_agent endpoint did not start on 127.0.0.1:{self.port}")
+                raise RuntimeError(f"the openai_agent endpoint did not start on {url_host(host)}:{self.port}")
             time.sleep(0.01)
+
+    def root(self, secret: bool = True) -> str:
+        """``http://HOST:PORT/<run secret>`` as agents reach it (``<run-secret>`` unless ``secret``: for messages)."""
+        shown = self.app.state.secret if secret else "<run-secret>"
+        return f"http://{url_host(self.advertise_host)}:{self.port}/{shown}"
 
     def base_url(self, key: str) -> str:
         """The OpenAI ``base_url`` of episode ``key``."""
-        return f"http://127.0.0.1:{self.port}/{key}/v1"
+        return f"{self.root()}/{key}/v1"
 
     def close(self) -> None:
         """Stop serving and wait for the thread (open connections are closed)."""

@@ -39,7 +39,7 @@ from agentrl import MAX_ABS_REWARD
 from agentrl_openai_agent import agent_process
 from agentrl_openai_agent.agent_process import POLL_S, RESULTS, RETURNED, kill_tree, one_line
 
-__all__ = ["RESULTS", "AgentLoadError", "AgentWorkers", "Outcome", "TaskNotSent"]
+__all__ = ["RESULTS", "AgentLoadError", "AgentWorkers", "Outcome", "TaskNotSent", "timeout_error"]
 
 WORKER_MODULE = "agentrl_openai_agent_worker"
 """The name :mod:`agentrl_openai_agent.agent_process` is loaded under in a worker."""
@@ -72,6 +72,12 @@ class Outcome:
         if isinstance(self.result, float) and abs(self.result * weight) > MAX_ABS_REWARD:
             return f"{self.result:g} (weighted rewards must be within ±{MAX_ABS_REWARD:g}: rescale it)"
         return self.invalid
+
+
+def timeout_error(limit_s: float | None) -> str:
+    """The error of an episode whose agent ran past ``limit_s`` seconds of its own time."""
+    limit = f"timeout_s={limit_s:g} s" if limit_s else "its timeout_s"
+    return f"the agent's own time (model calls excluded) passed {limit}; its worker process was killed"
 
 
 class AgentLoadError(Exception):
@@ -117,6 +123,7 @@ class _Worker:
         limit_s: float | None,
         waited: Callable[[], float],
         returned: Callable[[], None],
+        stop: threading.Event | None = None,
     ) -> Outcome:
         """Run one episode here: its :class:`Outcome` (``replaced``: this worker must go)."""
         try:
@@ -126,9 +133,8 @@ class _Worker:
         started = time.monotonic()
         while True:
             own = time.monotonic() - started - waited()
-            if limit_s and own > limit_s:
-                error = f"the agent's own time (model calls excluded) passed timeout_s={limit_s:g} s"
-                return Outcome(error=f"{error}; its worker process was killed", timed_out=True, replaced=True)
+            if (limit_s and own > limit_s) or (stop is not None and stop.is_set()):
+                return Outcome(error=timeout_error(limit_s), timed_out=True, replaced=True)
             if self.conn.poll(min(POLL_S, max(limit_s - own, 0.01)) if limit_s else POLL_S):
                 break
         try:
@@ -227,12 +233,14 @@ class AgentWorkers:
         limit_s: float | None = None,
         waited: Callable[[], float] = lambda: 0.0,
         returned: Callable[[], None] = lambda: None,
+        stop: threading.Event | None = None,
     ) -> Outcome:
         """One episode of the agent on ``task`` against ``base_url`` with ``api_key``, in an idle
         worker. ``limit_s``: seconds of its own time, ``waited()`` (its waits for the model so far)
         not counted; past it the worker is killed and the outcome ``timed_out``. ``returned()`` is
         called as soon as the agent function has returned (before the worker looks for what it
-        left running, whose calls then come too late). TaskNotSent when
+        left running, whose calls then come too late). ``stop``: once set, the episode ends as
+        timed out (its limit kept elsewhere: a remote worker's trainer). TaskNotSent when
         the task does not pickle; AgentLoadError when a replacement worker could not import the agent."""
         if self._closed.is_set():
             raise RuntimeError("the agent's workers are closed")
@@ -241,7 +249,7 @@ class AgentWorkers:
             self._idle.put(item)
             raise item
         try:
-            outcome = item.episode(task, base_url, api_key, limit_s, waited, returned)
+            outcome = item.episode(task, base_url, api_key, limit_s, waited, returned, stop)
         except TaskNotSent:
             self._idle.put(item)
             raise

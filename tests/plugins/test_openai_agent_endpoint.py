@@ -134,8 +134,8 @@ def test_not_json_huge_bodies_and_other_paths_answer_in_openai_shape(never_answe
         (httpx.post(url, content=b"[1, 2]"), 400, "must be a JSON object, got list"),
         (httpx.post(url, content=b"[" * 100_000 + b"]" * 100_000), 400, "not JSON"),
         (httpx.post(url, content=b" " * (endpoint.MAX_BODY_BYTES + 1)), 413, "over 16777216 bytes"),
-        (httpx.get(url), 405, "serves POST /<episode>/v1/chat/completions"),
-        (httpx.get(server.base_url("x") + "/models"), 404, "serves POST /<episode>/v1/chat/completions"),
+        (httpx.get(url), 405, "serves POST <the base_url the agent was given>/chat/completions"),
+        (httpx.get(server.base_url("x") + "/models"), 404, "serves POST <the base_url the agent was given>/chat/"),
     ]
     for response, status, says in cases:
         assert response.status_code == status and says in response.json()["error"]["message"], response.text
