@@ -239,6 +239,8 @@ def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
     console.print(f"precision: {trainer.run.precision.name} ({trainer.run.precision.reason})", highlight=False)
     engine = trainer.run.engine  # an engine need not subclass Engine: its class names it then
     console.print(f"sampler: {getattr(engine, 'description', type(engine).__name__)}", highlight=False)
+    if trainer.run.env_pool is not None:
+        console.print(trainer.run.env_pool.description, highlight=False)
     if cfg.gradient_checkpointing:
         console.print(f"gradient checkpointing: {checkpointed_summary(trainer.model)}", highlight=False)
     if trainer.run.num_processes > 1:
@@ -257,9 +259,7 @@ def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
                 error_console.print(f"[bold yellow]interrupted:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=128 + exc.signum) from None  # the shell's code for death by that signal
     finally:
-        close = getattr(trainer.run.rollout, "close", None)  # e.g. an agent rollout's worker processes
-        if callable(close):
-            close()
+        trainer.run.close()  # an agent rollout's worker processes, engine replicas, env workers
     _report(result)
 
 

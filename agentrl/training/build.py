@@ -87,10 +87,28 @@ class Run:
     """The config's engine, sampling from the policy (built once the policy is prepared)."""
     rollout: Rollout = field(init=False)
     """The config's rollout, driving the envs through :attr:`engine`."""
+    env_pool: Any = None
+    """The env workers on a Ray cluster whose stand-ins :attr:`envs` are (``ray.env_workers``); None otherwise."""
     counters: list[Callable[[], dict[str, float]]] = field(default_factory=list)
     """Each returns counts since its last call (``faults/*``: a remote engine, env worker or a
     rollout's own worker restarted: the rollout's ``counts`` method, when it has one), summed over
     the processes into the next step's metrics."""
+
+    def fresh_env(self, index: int) -> Env:
+        """A new env for slot ``index`` (whose call ran past ``call_timeout_s`` and may still touch
+        the old one): on the same env worker when the envs run in workers, else built here."""
+        env = self.env_pool.fresh(index) if self.env_pool is not None else make_env(self.manager, self.config)
+        self.envs[index] = env
+        return env
+
+    def close(self) -> None:
+        """Stop what the run started besides this process: the rollout's workers, engine replicas,
+        env workers (each part that has a ``close``)."""
+        engine = getattr(self, "engine", None)
+        for part in (getattr(self, "rollout", None), getattr(engine, "engine", engine), self.env_pool):
+            close = getattr(part, "close", None)
+            if callable(close):
+                close()
 
     @property
     def hook(self) -> Any:
@@ -119,7 +137,7 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     local_batch = config.batch_size // accelerator.num_processes
     envs = [make_env(manager, config) for _ in range(max(local_batch, min(config.eval_tasks, 64), 1))]
     check_env_startup(envs[0], need_eval=config.eval_tasks > 0, timeout_s=config.call_timeout_s)
-    envs, env_counter = remote_envs(envs, config)
+    env_pool = remote_envs(manager, envs, config)
     call_guard = CallGuard.from_config(config)  # warns once per plugin per run
     context = RewardContext(config=config, settings=settings, device=accelerator.device, precision=precision)
     reward_fns = resolve_rewards(config, manager.registry, envs[0], context)
@@ -144,6 +162,8 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
         ref_model,
         replica,
     )
+    if env_pool is not None:
+        run.env_pool, run.envs = env_pool, env_pool.envs
     _setup_algorithm(run)
     _train_policy(run)
     if ref_model is not None:  # not prepared (no grads, no optimizer): place it by hand
@@ -154,6 +174,7 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     context.engine = run.engine  # a judge reward samples from the policy's own engine
     engine_counter = getattr(getattr(run.engine, "engine", run.engine), "counts", None)  # under VersionedEngine too
     rollout_counter = getattr(run.rollout, "counts", None)  # a rollout's own workers (openai_agent's actors)
+    env_counter = getattr(run.env_pool, "counts", None)
     run.counters += [counter for counter in (env_counter, engine_counter, rollout_counter) if counter is not None]
     _train_owned(run, algorithm.trainable_modules())
     return run
@@ -349,16 +370,21 @@ def check_sharded_run(config: TrainConfig, sharded: bool, fsdp: bool) -> None:
         )
 
 
-def remote_envs(envs: list[Env], config: TrainConfig) -> tuple[list[Env], Callable[[], dict[str, float]] | None]:
-    """``envs``, or with ``ray.env_workers`` set, stand-ins whose calls run in env worker actors
-    (:mod:`agentrl.cluster.envs`), with the counter of their workers' restarts."""
+def remote_envs(manager: PluginManager, envs: list[Env], config: TrainConfig) -> Any:
+    """With ``ray.env_workers`` set, the env workers whose stand-ins (``pool.envs``) replace
+    ``envs`` (:class:`agentrl.cluster.envs.RemoteEnvs`, loading the run's plugins); None without, or
+    when the rollout places the env workers itself (its class sets ``places_env_workers``: the
+    ``openai_agent`` rollout runs agent programs in them)."""
     ray_config = ray_options(config.ray)
     if ray_config is None or not ray_config.env_workers:
-        return envs, None
+        return None
+    if getattr(manager.registry.get("rollout", config.rollout).factory, "places_env_workers", False):
+        return None
     from agentrl.cluster.envs import RemoteEnvs
+    from agentrl.cluster.replica import plugin_choice
 
-    pool = RemoteEnvs(envs, config, ray_config)
-    return pool.envs, pool.counts
+    disabled, modules = plugin_choice(manager)
+    return RemoteEnvs(envs, config, ray_config, plugin_modules=tuple(modules), disabled_plugins=tuple(disabled))
 
 
 def make_env(manager: PluginManager, config: TrainConfig) -> Env:

@@ -19,7 +19,7 @@ from agentrl.rewards.scoring import popped_metrics, score
 from agentrl.rewards.unscored import Unscored, why_unscored
 from agentrl.rundir.metrics import reward_metrics, rollout_metrics
 from agentrl.sampling.engine import SamplingParams
-from agentrl.training.build import Run, make_env
+from agentrl.training.build import Run
 from agentrl.training.evaluate import evaluate
 from agentrl.training.rng import rng_states, set_rng_states
 from agentrl.trajectory import TrainBatch, Trajectory, collate, with_segments
@@ -253,7 +253,7 @@ class RolloutPhase:
                 row.policy_versions = _token_versions(row, self.sampling_version)
         for i, trajectory in enumerate(trajectories):  # an abandoned env call may still touch its env
             if (trajectory.info.get("error") or {}).get("timed_out"):
-                self.run.envs[i] = make_env(self.run.manager, cfg)
+                self.run.fresh_env(i)
         totals, components = score(
             trajectories,
             self.run.reward_fns,

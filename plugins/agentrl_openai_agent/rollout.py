@@ -61,6 +61,10 @@ PLACEHOLDER = [{"role": "user", "content": ""}]
 class OpenAIAgentRollout:
     """Runs an OpenAI-client agent program per episode; see the module docstring."""
 
+    places_env_workers = True
+    """On a Ray cluster (``ray.env_workers``) the agent programs run in this rollout's own worker
+    actors (:mod:`agentrl_openai_agent.remote`); the env's methods stay in the trainer process."""
+
     def __init__(self, engine: Engine, tokenizer: Any, config: Any) -> None:
         for module in ("fastapi", "uvicorn", "openai"):
             import_extra(module, INSTALL, ConfigError)
