@@ -22,6 +22,7 @@ from typing import Any
 
 from agentrl.cli.generated import write_or_check
 from agentrl.cli.hookdoc import builtin_plugins, to_markdown
+from agentrl.config.cluster import RayConfig
 from agentrl.config.lora import LoRAConfig
 from agentrl.config.reference import ConfigKey, config_reference
 from agentrl.config.train import TrainConfig
@@ -121,6 +122,14 @@ def render(manager: Any = None) -> str:
         "`{}` included, trains LoRA adapters ([scaling guide](../guides/scaling.md#lora)).",
         "",
         *table(config_reference(LoRAConfig), "lora."),
+        "",
+        "## ray",
+        "",
+        "The `ray:` section (`RayConfig`, `agentrl/config/cluster.py`): null runs everything on this host; "
+        "a mapping, `{}` included (`agentrl train --ray`), places the run's roles on a Ray cluster "
+        "([multi-node guide](../guides/multi-node.md)).",
+        "",
+        *table(config_reference(RayConfig), "ray."),
     ]
     for section, intro, entries in plugin_sections(manager):
         lines += ["", f"## {section}", "", intro]

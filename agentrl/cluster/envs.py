@@ -75,7 +75,7 @@ class RemoteEnvs:
             **runtime.actor_options(ray_config.env_worker_resources),
             max_restarts=ray_config.max_restarts,
             max_task_retries=0,  # a call is made again by its stand-in, after replaying its episode
-            max_concurrency=int(config.env_workers) + 2,
+            max_concurrency=(ray_config.env_worker_slots or int(config.env_workers)) + 2,  # + control calls
         )
         self.workers = [actor.remote(self.spec) for _ in range(ray_config.env_workers // processes)]
         self._lock = threading.Lock()

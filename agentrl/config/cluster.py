@@ -40,6 +40,9 @@ class RayConfig:
     programs); a multiple of the trainer processes. 0: in the trainer processes, as on one host."""
     env_worker_resources: Resources = field(default_factory=lambda: {"CPU": 1})
     """What each env worker holds (a custom resource puts them on CPU-only nodes)."""
+    env_worker_slots: Annotated[int, Field(ge=1)] | None = None
+    """How many env calls one env worker makes at once (the sandboxes or browsers its node holds);
+    more wait their turn there. null: ``env_workers``, the run's concurrent env calls."""
     max_restarts: Annotated[int, Field(ge=0)] = 3
     """How many times a dead engine replica or env worker is restarted; its calls are made again
     (an env's episode replayed from its seed and actions), so the step ends with the same tokens."""
