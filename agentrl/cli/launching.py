@@ -15,10 +15,12 @@ def check_launch(cfg: Any, registry: Any, num_processes: int, accelerate_config:
     from agentrl.config.capabilities import launch_processes
     from agentrl.config.train import check_startup
     from agentrl.config.yaml_text import load_yaml
-    from agentrl.model.launch import config_file
+    from agentrl.model.launch import check_accelerate_settings, config_file
 
     path = config_file(accelerate_config) if accelerate_config else None
     settings = load_yaml(path.read_text(encoding="utf-8"), str(path)) if path else None
+    if settings is not None:  # one host, as many processes as asked
+        check_accelerate_settings(settings, num_processes, str(accelerate_config))
     check_startup(cfg, registry, processes=launch_processes(num_processes, settings))
 
 
@@ -43,4 +45,4 @@ def launch(cfg: Any, num_processes: int, accelerate_config: str | None, given: d
                 args += [flag, str(item)]
     command = launch_command(num_processes, accelerate_config, args, cpu=not torch.cuda.is_available())
     console.print(f"launching {num_processes} processes: {' '.join(command[1:4])} ...", highlight=False)
-    return run_launched(command, Path(given["--resume"] or given["--output-dir"]))
+    return run_launched(command, Path(given["--resume"] or given["--output-dir"]), processes=num_processes)

@@ -121,8 +121,9 @@ def run_train(
     lock: contextlib.ExitStack,
 ) -> None:
     """The body of ``agentrl train`` (``given``: flag -> value, None where not given)."""
-    from agentrl.model.launch import inside_launch, resume_flags
+    from agentrl.model.launch import check_world, inside_launch, resume_flags
 
+    check_world()  # a launched process that is not one of as many as its launcher meant: refused
     if num_processes is not None and num_processes < 1:
         raise ConfigError(f"--num-processes must be >= 1, got {num_processes}")
     lock.enter_context(resume_flags(given, num_processes, accelerate_config))  # what "continue with" names

@@ -47,6 +47,9 @@ LAUNCHED = "AGENTRL_LAUNCHED"
 PARENT_PID = "AGENTRL_PARENT_PID"
 """The pid of the process that started this one (the top one for the launcher, the launcher for a
 training process): :func:`die_with_parent` ends this one when that one ends."""
+PROCESSES = "AGENTRL_NUM_PROCESSES"
+"""How many processes agentrl's launcher started the run in: each checks that it is one of them
+(:func:`check_world`)."""
 RESUME_FLAGS = "AGENTRL_RESUME_FLAGS"
 """The flags ``agentrl train --resume RUN_DIR`` of this run needs (:func:`resume_command`)."""
 WATCH_INTERVAL_S = 1.0
@@ -61,6 +64,68 @@ def inside_launch() -> bool:
 def process_rank() -> int:
     """This process's rank as the launcher set it (0 when not launched)."""
     return int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    """How many processes this one trains with, as torchrun (``WORLD_SIZE``) or an MPI launcher
+    (the variables accelerate reads too) says; 1 when nothing says."""
+    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+ONE_HOST = (
+    "agentrl's launcher starts processes on this host only; for several machines use --ray "
+    "(docs/guides/multi-node.md) or `torchrun --nnodes` on each machine (docs/guides/scaling.md)"
+)
+
+
+def check_world() -> None:
+    """A ConfigError unless this process is one of as many as its launcher meant to start: one
+    started by agentrl's launcher checks the count that launcher passed (:data:`PROCESSES`); one
+    that ``accelerate launch`` started for several processes or machines (``MASTER_ADDR`` set)
+    but alone (no ``WORLD_SIZE``: accelerate's one-process launcher, for a ``MULTI_CPU`` or ``NO``
+    config, expects ``mpirun`` to start the rest) is refused too, instead of training as a
+    separate one-process run on each machine."""
+    world = world_size()
+    expected = os.environ.get(PROCESSES, "") if os.environ.get(LAUNCHED) else ""
+    if expected.isdigit() and int(expected) != world:
+        raise ConfigError(
+            f"agentrl's launcher started this run in {expected} processes, but this one sees a world of "
+            f"{world} (WORLD_SIZE={os.environ.get('WORLD_SIZE', 'unset')}): its accelerate config did not "
+            f"start them as one run on this host; {ONE_HOST}"
+        )
+    started_alone = not any(
+        name in os.environ for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+    )
+    if not expected and started_alone and "MASTER_ADDR" in os.environ and "ACCELERATE_DYNAMO_BACKEND" in os.environ:
+        raise ConfigError(
+            f"accelerate launch started this process for several processes or machines (MASTER_ADDR="
+            f"{os.environ['MASTER_ADDR']}) but alone (no WORLD_SIZE): for a MULTI_CPU or NO config it starts "
+            "one process per machine and expects mpirun to start the rest; on one host use "
+            "`agentrl train --num-processes N` or distributed_type: MULTI_GPU (gloo on a CPU); for several "
+            "machines use --ray or `torchrun --nnodes` on each machine (docs/guides/scaling.md)"
+        )
+
+
+def check_accelerate_settings(settings: dict[str, Any], num_processes: int, name: str) -> None:
+    """A ConfigError for an accelerate config agentrl's launcher would not start ``num_processes``
+    processes on this host with: several machines (``num_machines`` > 1), or, for more than one
+    process, a ``distributed_type`` whose accelerate launcher starts one process (``NO``,
+    ``MULTI_CPU``: it expects ``mpirun``)."""
+    where = f"--accelerate-config {name!r}"
+    machines = settings.get("num_machines") or 1
+    if str(machines).strip().isdigit() and int(machines) > 1:
+        raise ConfigError(f"{where} sets num_machines: {machines}, but {ONE_HOST}")
+    kind = str(settings.get("distributed_type") or "NO").upper()
+    if num_processes > 1 and kind in ("NO", "MULTI_CPU"):
+        raise ConfigError(
+            f"{where} sets distributed_type: {kind}, for which accelerate starts one process on this host "
+            f"(it expects mpirun), not {num_processes}: use distributed_type: MULTI_GPU (agentrl joins the "
+            "processes over gloo on a CPU), FSDP or DEEPSPEED, or --accelerate-config ddp"
+        )
 
 
 def check_process_split(config: TrainConfig, num_processes: int) -> None:
@@ -159,7 +224,7 @@ def detach_hung_up_terminal() -> None:
                 os.close(null)
 
 
-def run_launched(command: list[str], run_dir: Path | None = None) -> int:
+def run_launched(command: list[str], run_dir: Path | None = None, processes: int | None = None) -> int:
     """Run ``command`` with :data:`LAUNCHED` set; its exit status, or 128 + the signal that
     stopped the run (130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP).
 
@@ -171,8 +236,11 @@ def run_launched(command: list[str], run_dir: Path | None = None) -> int:
     save; this process waits with it (Python's default would kill this process, and with it the
     rest of the run). Later signals are not passed on: the processes are already stopping, and a
     second one would break torchrun's own shutdown. The lock this process holds on ``run_dir`` is
-    shared with every process of the run (:meth:`agentrl.rundir.lock.RunLock.share`)."""
+    shared with every process of the run (:meth:`agentrl.rundir.lock.RunLock.share`). Each
+    process checks that it is one of ``processes`` (:func:`check_world`; None: not checked)."""
     env = {**os.environ, LAUNCHED: "1", PARENT_PID: str(os.getpid())}
+    if processes is not None:
+        env[PROCESSES] = str(processes)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
     held = run_lock.held_lock(run_dir) if run_dir is not None else None
     if held is not None:
