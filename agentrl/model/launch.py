@@ -230,13 +230,13 @@ def die_with_parent() -> None:
     if not expected or not expected.isdigit():
         return
     parent = int(expected)
-    _parent_death_signal(signal.SIGKILL)
+    parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:  # it ended before the line above took effect
         os.kill(os.getpid(), signal.SIGKILL)
     threading.Thread(target=_watch_parent, args=(parent,), name="agentrl-parent-watch", daemon=True).start()
 
 
-def _parent_death_signal(signum: int) -> bool:
+def parent_death_signal(signum: int) -> bool:
     """Ask Linux to send ``signum`` to this process when its parent ends; whether it did."""
     if not sys.platform.startswith("linux"):
         return False
