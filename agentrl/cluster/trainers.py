@@ -33,6 +33,8 @@ from agentrl.cluster import runtime
 from agentrl.config.cluster import RayConfig
 from agentrl.errors import ConfigError, TrainingError, one_line
 
+ERROR = "error: "
+"""How a one-line error starts (:func:`agentrl.cli.support.run_guarded`)."""
 STOPPED_BY_SIGNAL = {128 + int(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 """Exit statuses of a process that stopped at a step boundary after a stop signal (the run's own)."""
 FINISH_TIMEOUT_S = 120.0
@@ -60,14 +62,14 @@ class TrainerActor:
     def start(self, args: list[str], config_text: str | None, env: dict[str, str], cwd: str) -> int:
         """Run ``python -m agentrl train ARGS`` (``--config FILE`` first when ``config_text`` is given)
         with ``env`` added, in ``cwd`` when this node has it; its pid."""
-        from agentrl.model.launch import LAUNCHED, PARENT_PID, parent_death_signal
+        from agentrl.model.launch import LAUNCHED, OWN_ERRORS, PARENT_PID, parent_death_signal
 
         if config_text is not None:
             path = os.path.join(self.folder, "config.yaml")
             with open(path, "w", encoding="utf-8") as file:
                 file.write(config_text)
             args = ["--config", path, *args]
-        env = {**os.environ, **env, LAUNCHED: "1", PARENT_PID: str(os.getpid())}
+        env = {**os.environ, **env, LAUNCHED: "1", PARENT_PID: str(os.getpid()), OWN_ERRORS: "1"}
         iface = interface_of(self.where()[1])
         if iface and "GLOO_SOCKET_IFNAME" not in env:
             env["GLOO_SOCKET_IFNAME"] = iface
@@ -85,20 +87,23 @@ class TrainerActor:
         return self.proc.pid
 
     def _relay(self) -> None:
-        """The subprocess's stderr to this actor's (the driver's terminal), its last lines kept."""
+        """The subprocess's stderr to this actor's (the driver's terminal), its last lines kept; its
+        one-line errors only kept: process 0 says them (naming this process when it stops the run)."""
         assert self.proc is not None and self.proc.stderr is not None
         for line in self.proc.stderr:
             if line.strip():
                 self.tail.append(line.rstrip())
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            if not line.startswith(ERROR):
+                sys.stderr.write(line)
+                sys.stderr.flush()
 
     def wait(self) -> tuple[int, str]:
         """(exit status, last line on stderr) of the subprocess once it ends."""
         assert self.proc is not None
         code = self.proc.wait()
         time.sleep(0.2)  # the relay thread reads the last lines
-        return code, self.tail[-1] if self.tail else ""
+        last = self.tail[-1] if self.tail else ""
+        return code, last.removeprefix(ERROR)
 
 
 def interface_of(ip: str) -> str | None:
@@ -203,9 +208,9 @@ class TrainerGroup:
         deadline = time.monotonic() + self.config.start_timeout_s
         while thread.is_alive():
             thread.join(0.2)
-            ended = self.ended(wait_s=0, expected=())
+            ended = self.ended(wait_s=0, expected=(), when=" before the processes formed their group")
             if ended is not None:
-                raise ConfigError(f"{ended} before the trainer processes formed their group")
+                raise ConfigError(ended)
             if time.monotonic() > deadline:
                 raise ConfigError(
                     f"ray: trainer processes {', '.join(str(p.rank) for p in self.placed[1:])} did not join process "
@@ -217,7 +222,7 @@ class TrainerGroup:
             raise ConfigError(f"ray: the trainer processes could not form their group: {one_line(failed[0])}")
         threading.Thread(target=self._watch, name="agentrl-trainer-watch", daemon=True).start()
 
-    def ended(self, wait_s: float, expected: tuple[int, ...] = (0, *STOPPED_BY_SIGNAL)) -> str | None:
+    def ended(self, wait_s: float, expected: tuple[int, ...] = (0, *STOPPED_BY_SIGNAL), when: str = "") -> str | None:
         """``trainer process 1 on node ... exited with status 2: LAST LINE`` for the first process
         that ended (within ``wait_s``) with a status not ``expected``, else None."""
         import ray
@@ -234,7 +239,7 @@ class TrainerGroup:
                     code, last = None, f"its actor died ({one_line(exc)})"
                 if code not in expected:
                     status = "ended" if code is None else _status(code)
-                    return f"trainer process {placed.describe()} {status}: {last or 'nothing on stderr'}"
+                    return f"trainer process {placed.describe()} {status}{when}: {last or 'nothing on stderr'}"
         return None
 
     def _watch(self) -> None:

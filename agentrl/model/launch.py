@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 LAUNCHED = "AGENTRL_LAUNCHED"
 """Set in the launched processes, so they train instead of launching again."""
+OWN_ERRORS = "AGENTRL_OWN_ERRORS"
+"""Set in a trainer process on a Ray node: it says its config errors itself (process 0, on another
+node, may not find them); otherwise only process 0 says an error every process finds."""
 PARENT_PID = "AGENTRL_PARENT_PID"
 """The pid of the process that started this one (the top one for the launcher, the launcher for a
 training process): :func:`die_with_parent` ends this one when that one ends."""

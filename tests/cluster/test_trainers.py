@@ -140,6 +140,29 @@ def test_trainer_resources_no_node_has_are_one_line(ray_cluster, tiny_model_dir,
     assert not (tmp_path / "run").exists()
 
 
+MISSING_ON_A_NODE = """import os
+if os.environ.get("RANK") == "1":  # what a package missing on process 1's node does
+    import fancy_lib_missing_here  # noqa: F401
+"""
+
+
+def test_a_process_that_ends_before_the_group_forms_is_one_line(ray_cluster, tiny_model_dir, tmp_path):
+    """Process 1 fails to import a plugin on its node: process 0 stops at once, naming it and its error."""
+    plugin = tmp_path / "node_plugin.py"
+    plugin.write_text(MISSING_ON_A_NODE)
+    run = tmp_path / "run"
+    args = ["train", "--model", str(tiny_model_dir), "--output-dir", str(run), "--plugin", str(plugin)]
+    code, out, err = finish(agentrl(*args, *on_ray(ray_cluster)))
+    assert code == 2, out[-3000:] + err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert re.match(
+        r"error: trainer process 1 on node \w+ \(.*\) exited with status 2 before the processes formed their "
+        r"group: plugin '.*node_plugin.py': .*No module named 'fancy_lib_missing_here'",
+        lines[0],
+    ), err
+
+
 @pytest.mark.timeout(900)
 def test_a_dead_process_stops_the_run_and_kill_9_leaves_none_then_resume_equals_one(ray_cluster, shared, tmp_path):
     """Process 1 killed after step 1: the run stops with one line naming it; ``--resume`` as that
