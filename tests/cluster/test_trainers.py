@@ -204,3 +204,23 @@ def test_a_dead_process_stops_the_run_and_kill_9_leaves_none_then_resume_equals_
     code, out, err = finish(agentrl(*hint.split()[1:]))
     assert code == 0, out[-3000:] + err[-3000:]
     assert_same_run(one, run)
+
+
+def test_one_process_on_ray_trains_here_and_accelerate_configs_are_refused(ray_cluster, tiny_model_dir, tmp_path):
+    """``--ray`` without ``--num-processes``: one trainer process, this one (on the head node); with
+    ``--accelerate-config``: one line, since Ray places the processes."""
+    from cli_in_process import TINY, agentrl_in_process
+
+    flags = ["train", "--model", str(tiny_model_dir), *TINY, "--set", "eval_tasks=0", "--ray"]
+    flags += ["--set", f"ray.address={ray_cluster.address}"]
+    done = agentrl_in_process(*flags, "--output-dir", str(tmp_path / "one"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    banner = re.search(r"^trainers: 0 on node (\w+) head \(", done.stdout, re.M)
+    assert banner and ray_cluster.node_ids["head"].startswith(banner.group(1)), done.stdout[-3000:]
+    refused = agentrl_in_process(
+        *flags, "--num-processes", "2", "--accelerate-config", "ddp", "--output-dir", str(tmp_path / "two")
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "error: --accelerate-config with the ray section: Ray places the trainer processes (one per "
+        "ray.trainer_resources); accelerate configs are for the processes of one host: drop one of them"
+    ], refused.stderr
