@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ assert_same_run, common, metric_rows = (
     multiprocess_runs.metric_rows,
 )
 
-STEPS = 3
+STEPS = 4
 BANNER = re.compile(r"trainers: 0 on node (\w+) head \(([^)]+)\), 1 on node (\w+) \(([^)]+)\)")
 
 
@@ -42,6 +43,9 @@ def shared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
     """The runs' common flags, and the one-process run of them (in this process) they are compared with."""
     folder = tmp_path_factory.mktemp("ray-trainers")
     args = common(tiny_model_dir, folder, "grpo", "algorithm.scale_rewards=batch", "checkpoint_every=1")
+    slow = folder / "slow_vowels.py"  # the same reward, a second per call: a stop lands mid-run
+    slow.write_text("import time\n" + multiprocess_runs.REWARD.replace('"""\n', '"""\n    time.sleep(1)\n', 1))
+    args[args.index(f"{folder / 'vowels.py'}:vowels")] = f"{slow}:vowels"
     multiprocess_runs.one_process(*args, "--max-steps", str(STEPS), "--output-dir", str(folder / "one"))
     return args, folder / "one"
 
@@ -94,6 +98,11 @@ def subprocess_of(run: Path, driver: int) -> psutil.Process:
     others = [p for p in run_processes(run) if p.pid != driver and "agentrl" in " ".join(p.cmdline())]
     assert len(others) == 1, [p.cmdline() for p in others]
     return others[0]
+
+
+def newest_checkpoint(run: Path) -> int:
+    """The step of the run's newest complete checkpoint (0: none)."""
+    return max((int(c.parent.name.split("-")[1]) for c in run.glob("checkpoints/step-*/COMPLETE")), default=0)
 
 
 def none_left(run: Path, within: float) -> None:
@@ -164,10 +173,13 @@ def test_a_process_that_ends_before_the_group_forms_is_one_line(ray_cluster, tin
 
 
 @pytest.mark.timeout(900)
-def test_a_dead_process_stops_the_run_and_kill_9_leaves_none_then_resume_equals_one(ray_cluster, shared, tmp_path):
-    """Process 1 killed after step 1: the run stops with one line naming it; ``--resume`` as that
-    line says, then ``kill -9`` of process 0 after another checkpoint: no process of the run is
-    left seconds later; ``--resume`` again finishes equal to one process."""
+def test_a_dead_process_stops_the_run_sigterm_saves_kill_9_leaves_none_then_resume_equals_one(
+    ray_cluster, shared, tmp_path
+):
+    """Process 1 killed after step 1: the run stops with one line naming it. ``--resume`` as that
+    line says, stopped by SIGTERM to process 0 alone (process 1 learns of it from process 0): both
+    stop at one step and save, exit 143. Resumed again, ``kill -9`` of process 0: no process of the
+    run is left seconds later. Resumed once more, it finishes equal to one process."""
     args, one = shared
     run = tmp_path / "ray"
     driver = agentrl(*args, "--max-steps", str(STEPS), "--output-dir", str(run), *on_ray(ray_cluster))
@@ -188,19 +200,23 @@ def test_a_dead_process_stops_the_run_and_kill_9_leaves_none_then_resume_equals_
     hint = re.search(r"continue it from its last checkpoint with `([^`]+)`", line[0]).group(1)
     assert hint == f"agentrl train --resume {run} --ray --num-processes 2"
     none_left(run, within=10)
-    done = len(metric_rows(run))
-    assert done < STEPS
-    # Resumed as the line says; killed (-9) once a further step's checkpoint is written.
-    resumed = agentrl(*hint.split()[1:])
-    try:
-        wait_for(lambda: len(list(run.glob("checkpoints/step-*/COMPLETE"))) > done, resumed, "a further step")
-        assert resumed.poll() is None and subprocess_of(run, resumed.pid)
-        resumed.kill()
-        resumed.wait()
-        none_left(run, within=10)
-    finally:
-        if resumed.poll() is None:
-            resumed.kill()
+    for stop in (signal.SIGTERM, signal.SIGKILL):
+        done = newest_checkpoint(run)
+        assert done < STEPS
+        resumed = agentrl(*hint.split()[1:])
+        try:
+            wait_for(lambda done=done: newest_checkpoint(run) > done, resumed, "a further checkpoint")
+            assert subprocess_of(run, resumed.pid)
+            resumed.send_signal(stop)  # to process 0 alone
+            code, out, err = finish(resumed, timeout=300)
+            none_left(run, within=10)
+        finally:
+            if resumed.poll() is None:
+                resumed.kill()
+        if stop == signal.SIGTERM:
+            assert code == 143 and "interrupted after step" in err and f"continue with `{hint}`" in err, err[-3000:]
+        else:
+            assert code == -signal.SIGKILL
     code, out, err = finish(agentrl(*hint.split()[1:]))
     assert code == 0, out[-3000:] + err[-3000:]
     assert_same_run(one, run)
