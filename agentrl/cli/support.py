@@ -63,10 +63,12 @@ def run_guarded(fn: Callable[[], Any]) -> Any:
 def _said_by_process_0(exc: AgentRLError) -> bool:
     """Whether process 0 of a launched run says this error too: a config error is found alike by
     every process, so only process 0 prints it (one line for the run)."""
-    from agentrl.errors import ConfigError
-    from agentrl.model.launch import process_rank
+    import os
 
-    return isinstance(exc, ConfigError) and process_rank() > 0
+    from agentrl.errors import ConfigError
+    from agentrl.model.launch import OWN_ERRORS, process_rank
+
+    return isinstance(exc, ConfigError) and process_rank() > 0 and not os.environ.get(OWN_ERRORS)
 
 
 def plugin_manager(disabled: list[str] | None, modules: list[str] | None) -> Any:

@@ -64,7 +64,7 @@ TRAIN_OPTIONS = ConfigOptions(
     "seed",
 )
 """The TrainConfig fields ``agentrl train`` takes as options (each option generated from its field)."""
-RESUME_FLAGS = ("--max-steps", "--plugin", "--disable-plugin", "--resume", "--env", "--reward")
+RESUME_FLAGS = ("--max-steps", "--plugin", "--disable-plugin", "--resume", "--env", "--reward", "--ray")
 """The flags ``--resume`` takes (the run's own config gives the rest; ``--env`` and ``--reward``
 only name the run's own, to run that code from inside the run dir: :mod:`agentrl.rundir.trust`)."""
 
@@ -95,6 +95,9 @@ def train(
         "--accelerate-config",
         help="An accelerate config YAML (FSDP, DeepSpeed ZeRO; configs/accelerate/) to launch with.",
     ),
+    ray: bool = typer.Option(
+        False, "--ray", help="Run on a Ray cluster (sets the ray section to {} when the config has none)."
+    ),
 ) -> None:
     """Train a policy; ends with held-out accuracy before vs after and where the run was saved."""
     from agentrl.model.launch import process_rank
@@ -106,6 +109,7 @@ def train(
         "--plugin": plugin,
         "--disable-plugin": disable_plugin,
         "--resume": resume,
+        "--ray": ray or None,
     }
     if process_rank() > 0:  # one process speaks for a multi-process run; errors still show everywhere
         console.quiet = True
@@ -129,6 +133,12 @@ def run_train(
     lock.enter_context(resume_flags(given, num_processes, accelerate_config))  # what "continue with" names
     cfg, checkpoint = _config_from_flags(given, print_config, lock)
     manager = plugin_manager(given["--disable-plugin"], given["--plugin"])
+    if cfg.ray is not None and not inside_launch() and not print_config:  # process 0 of a run on Ray
+        from agentrl.cli.launching import on_ray
+
+        with on_ray(cfg, manager, num_processes, accelerate_config, given):
+            _fit(cfg, manager, checkpoint)
+        return
     if (num_processes or accelerate_config) and not inside_launch() and not print_config:
         from agentrl.cli.launching import check_launch, launch
 
@@ -155,7 +165,10 @@ def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextl
             )
         try:
             writer = not print_config and Path(resume).is_dir() and _lock_run_dir(lock, Path(resume))
-            return _resume(resume, given, writer)
+            cfg, checkpoint = _resume(resume, given, writer)
+            if given["--ray"] and cfg.ray is None:
+                raise ConfigError(f"--resume {resume!r} --ray: the run was not started on Ray; resume it without --ray")
+            return cfg, checkpoint
         except OSError as exc:  # a full disk (the lock, the stopped attempt set aside): one line
             from agentrl.rundir.directory import disk_problem
 
@@ -165,6 +178,8 @@ def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextl
     cfg = build_config(
         given["--config"], overrides={key: value for key, (_, value) in flags.items()}, sets=given["--set"]
     )
+    if given["--ray"] and cfg.ray is None:
+        cfg = dataclasses.replace(cfg, ray={})
     return (cfg if print_config else _new_run_dir(lock, cfg)), None
 
 

@@ -83,10 +83,7 @@ def wait_placed(ready: list[Any], what: str, resources: dict[str, float], timeou
         return ray.get(ready, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         for ref in ready:
-            try:
-                ray.cancel(ref, force=True)
-            except ValueError:  # an actor's task (force is for tasks alone): the actor's handle ends it
-                pass
+            ray.cancel(ref)  # actor calls: Ray refuses force=True for them
         raise ConfigError(
             f"ray: {what} needing {resources} not placed within {timeout_s:g}s: the cluster has "
             f"{_resources_text(ray.cluster_resources())} in all, {_resources_text(ray.available_resources())} free "

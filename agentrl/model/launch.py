@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 LAUNCHED = "AGENTRL_LAUNCHED"
 """Set in the launched processes, so they train instead of launching again."""
+OWN_ERRORS = "AGENTRL_OWN_ERRORS"
+"""Set in a trainer process on a Ray node: it says its config errors itself (process 0, on another
+node, may not find them); otherwise only process 0 says an error every process finds."""
 PARENT_PID = "AGENTRL_PARENT_PID"
 """The pid of the process that started this one (the top one for the launcher, the launcher for a
 training process): :func:`die_with_parent` ends this one when that one ends."""
@@ -298,13 +301,13 @@ def die_with_parent() -> None:
     if not expected or not expected.isdigit():
         return
     parent = int(expected)
-    _parent_death_signal(signal.SIGKILL)
+    parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:  # it ended before the line above took effect
         os.kill(os.getpid(), signal.SIGKILL)
     threading.Thread(target=_watch_parent, args=(parent,), name="agentrl-parent-watch", daemon=True).start()
 
 
-def _parent_death_signal(signum: int) -> bool:
+def parent_death_signal(signum: int) -> bool:
     """Ask Linux to send ``signum`` to this process when its parent ends; whether it did."""
     if not sys.platform.startswith("linux"):
         return False

@@ -27,7 +27,7 @@ from agentrl.sampling.engine import Engine
 from agentrl.sampling.versioned_engine import VersionedEngine
 from agentrl.training.async_rollouts import AsyncRollouts, Collected, restore, staleness_metrics
 from agentrl.training.build import Run
-from agentrl.training.interrupts import InterruptGuard, any_process
+from agentrl.training.interrupts import InterruptGuard
 from agentrl.training.learner import Learner
 from agentrl.training.rollout_phase import RolloutPhase, StepBatch
 
@@ -98,7 +98,7 @@ class SyncBatches:
         boundary = self.rollouts.boundary()
         try:
             taken = self.rollouts.collect(step)
-            if any_process(guard.requested):  # every process stops here together (several processes)
+            if guard.agreed():  # every process stops here together (several processes)
                 raise KeyboardInterrupt
         except KeyboardInterrupt:  # nothing trained yet: rewind to the step boundary
             self.rollouts.rewind(boundary)

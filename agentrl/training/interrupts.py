@@ -61,6 +61,15 @@ class InterruptGuard:
         finally:
             self._deferring = False
 
+    def agreed(self) -> bool:
+        """Whether any process saw a stop signal (every process calls it at the same point); one that
+        saw none stops as if it had (its stop is the run's, not a KeyboardInterrupt of plugin code):
+        only process 0 sees the signal when the others were not started by its launcher (Ray)."""
+        agreed = any_process(self.requested)  # the same on every process, even if a signal comes now
+        if agreed:
+            self.requested = True
+        return agreed
+
     def _handle(self, signum: int, frame: Any) -> None:
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if signum == getattr(signal, "SIGHUP", None):

@@ -46,7 +46,7 @@ from agentrl.rundir.paths import check_output_dir
 from agentrl.training.batches import make_batches
 from agentrl.training.best_model import BestModel
 from agentrl.training.build import Run, build_run
-from agentrl.training.interrupts import InterruptGuard, any_process, interruption
+from agentrl.training.interrupts import InterruptGuard, interruption
 from agentrl.training.learner import Learner
 from agentrl.training.memory import peak_rss_gb, rss_gb
 from agentrl.training.rollout_phase import RolloutPhase, StepBatch
@@ -145,7 +145,7 @@ class Trainer:
         if progress is not None:
             progress(step, taken.metrics)
         self.learner.stop_if_stuck(step, self.run_dir)
-        if any_process(guard.requested):  # deferred to here, or raised inside a callback that swallowed it
+        if guard.agreed():  # deferred to here, or raised inside a callback that swallowed it
             raise KeyboardInterrupt
         return taken.metrics
 
