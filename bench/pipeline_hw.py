@@ -25,6 +25,7 @@ class Model:
     layers: int
     kv_heads: int
     head_dim: int
+    hidden: int
 
     @property
     def weight_bytes(self) -> float:
@@ -54,17 +55,20 @@ class GPU:
 
 
 MODELS = {  # shapes from the public config.json of each family
-    "135m": Model(134.5e6, 30, 3, 64),  # SmolLM2-135M (agentrl's default)
-    "1.5b": Model(1.54e9, 28, 2, 128),  # Qwen2.5-1.5B
-    "7b": Model(7.62e9, 28, 4, 128),  # Qwen2.5-7B
-    "70b": Model(70.6e9, 80, 8, 128),  # Llama-3.1-70B
+    "135m": Model(134.5e6, 30, 3, 64, 576),  # SmolLM2-135M (agentrl's default)
+    "1.5b": Model(1.54e9, 28, 2, 128, 1536),  # Qwen2.5-1.5B
+    "7b": Model(7.62e9, 28, 4, 128, 3584),  # Qwen2.5-7B
+    "70b": Model(70.6e9, 80, 8, 128, 8192),  # Llama-3.1-70B
 }
 GPUS = {"h100": GPU(989e12, 3.35e12, 80e9), "h200": GPU(989e12, 4.8e12, 141e9)}
 
 
-def hardware(model: str, gpu: str, context: float, trainers: int) -> dict:
-    """SimConfig fields for ``model`` served and trained on ``gpu``, at a mean sequence length of
-    ``context`` tokens (what the KV cache holds per sequence, on average, while it decodes)."""
+def hardware(model: str, gpu: str, context: float, trainers: int, sequence: float | None = None) -> dict:
+    """SimConfig fields for ``model`` served and trained on ``gpu``: ``context`` is what the KV cache
+    holds per sequence, on average, while it decodes; ``sequence`` the length of a trained episode
+    (default ``2 * context``). Training costs 6 FLOPs per parameter and token plus causal attention,
+    6 x layers x hidden x sequence length per token (forward and backward)."""
+    sequence = 2 * context if sequence is None else sequence
     m, g = MODELS[model], GPUS[gpu]
     tp = 1
     while m.weight_bytes > 0.5 * g.memory * tp:  # weights take at most half of a replica's memory
@@ -79,7 +83,7 @@ def hardware(model: str, gpu: str, context: float, trainers: int) -> dict:
         "decode_t0": g.iteration_overhead_s + m.weight_bytes / bandwidth,
         "decode_t1": m.kv_bytes * context / bandwidth + 2 * m.params / (tp * g.bf16_flops * g.decode_flops_eff),
         "prefill_tps": tp * g.bf16_flops * g.prefill_mfu / (2 * m.params),
-        "train_tps": g.bf16_flops * g.train_mfu / (6 * m.params),
+        "train_tps": g.bf16_flops * g.train_mfu / (6 * m.params + 6 * m.layers * m.hidden * sequence),
         "allreduce_s": 2 * (trainers - 1) / trainers * m.weight_bytes / bus,
         "weight_bytes": m.weight_bytes,
     }

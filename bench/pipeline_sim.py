@@ -443,6 +443,12 @@ CPU_DEFAULT = {  # this machine's default job, fitted by --calibrate (2-core AMD
 }
 
 
+def episode_tokens(cfg: dict) -> float:
+    """Tokens of a whole episode: the prompt, every env reply but the last, every turn's sample."""
+    turns = cfg.get("turns", 1)
+    return cfg.get("prompt_tokens", 48) + (turns - 1) * cfg.get("obs_tokens", 32) + turns * cfg.get("gen_tokens", 40)
+
+
 def mean_context(cfg: dict) -> float:
     """Mean tokens a decoding sequence holds in the KV cache over an episode (the middle turn, half sampled)."""
     turns, gen = cfg.get("turns", 1), cfg.get("gen_tokens", 40)
@@ -476,7 +482,7 @@ def build(args: argparse.Namespace) -> tuple[SimConfig, dict]:
     values, extra = ({} if args.model else dict(CPU_DEFAULT)), {}
     values.update(given)
     if args.model:
-        hw = hardware(args.model, args.gpu, mean_context(values), values.get("trainers", 1))
+        hw = hardware(args.model, args.gpu, mean_context(values), values.get("trainers", 1), episode_tokens(values))
         extra["engine_gpus"] = hw.pop("engine_gpus")
         values = {**hw, **given}
     return SimConfig(**values), extra
