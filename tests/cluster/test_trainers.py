@@ -8,6 +8,7 @@ stops the run with one line; ``kill -9`` of ``agentrl train`` leaves no process 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -112,16 +113,36 @@ def none_left(run: Path, within: float) -> None:
         time.sleep(0.1)
 
 
-def test_two_processes_on_ray_equal_one(ray_cluster, shared, tmp_path):
-    """Process 1 runs on the trainer node (the banner says so), and the run equals one process."""
+ROLES = (
+    "ray.engines=2",
+    "ray.engine_resources={CPU: 1, engine: 1}",
+    "ray.env_workers=2",
+    "ray.env_worker_resources={CPU: 1, env: 1}",
+)
+"""Each trainer process drives one engine replica on the engine node and one env worker on the env node."""
+
+
+def test_two_processes_engine_replicas_and_env_workers_on_ray_equal_one(ray_cluster, shared, tmp_path):
+    """Process 1 runs on the trainer node, the engine replicas on the engine node, the env workers
+    on the env node (the banner says so), and the run equals one process: weights, metrics (but
+    ``perf/*``, ``faults/*``), completions."""
     args, one = shared
     run = tmp_path / "ray"
-    code, out, err = finish(agentrl(*args, "--max-steps", str(STEPS), "--output-dir", str(run), *on_ray(ray_cluster)))
+    roles = [item for role in ROLES for item in ("--set", role)]
+    command = [*args, "--max-steps", str(STEPS), "--output-dir", str(run), *on_ray(ray_cluster), *roles]
+    code, out, err = finish(agentrl(*command))
     assert code == 0, out[-3000:] + err[-3000:]
     banner = BANNER.search(out)
     assert banner, out[-3000:]
     assert ray_cluster.node_ids["head"].startswith(banner.group(1))
     assert ray_cluster.node_ids["trainer"].startswith(banner.group(3))
+    engines = re.search(r"sampler: 1 hf replica.* on Ray: node (\w+) ", out)
+    envs = re.search(r"env workers: 1 on node (\w+) ", out)
+    assert engines and envs, out[-3000:]
+    assert ray_cluster.node_ids["engine"].startswith(engines.group(1))
+    assert ray_cluster.node_ids["env"].startswith(envs.group(1))
+    faults = [row for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    assert all(row["faults/engine_restarts"] == row["faults/env_worker_restarts"] == 0 for row in faults)
     assert_same_run(one, run)
 
 

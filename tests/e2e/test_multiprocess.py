@@ -107,7 +107,7 @@ def weights(run_dir: Path, part: str = "model") -> dict[str, torch.Tensor]:
 
 def metric_rows(run_dir: Path) -> list[dict[str, float]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
+    return [{k: v for k, v in row.items() if not k.startswith(("perf/", "faults/"))} for row in rows]
 
 
 def assert_same_run(
