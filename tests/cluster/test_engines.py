@@ -241,8 +241,11 @@ def _lines(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(("perf/", "faults/"))} for row in rows]
 
 
-@pytest.mark.parametrize("async_steps", [0, 1])
-def test_a_run_with_an_engine_replica_equals_the_run_without_ray(ray_cluster, tiny_model_dir, tmp_path, async_steps):
+def test_an_asynchronous_run_with_an_engine_replica_equals_the_run_without_ray(ray_cluster, tiny_model_dir, tmp_path):
+    """``async_steps=1``: the replica samples the next step's episodes while the trainer trains,
+    its weights sent from the rollout thread; the same episodes and metrics as without Ray (the
+    synchronous run with every role on Ray: tests/cluster/test_trainers.py)."""
+    async_steps = 1
     ray_section = {"address": ray_cluster.address, "engines": 1, "engine_resources": HEAD_NODE}
     plain, remote = tmp_path / "plain", tmp_path / "ray"
     Trainer(_train_config(tiny_model_dir, plain, async_steps=async_steps), load_plugins()).train()
