@@ -519,7 +519,8 @@ def test_a_judge_whose_replies_never_parse_says_so_and_stops_a_run_it_alone_scor
         warnings.simplefilter("always")
         for start in range(0, 12, 4):
             assert judge([episode(f"{i}*3?", str(i * 3)) for i in range(start, start + 4)]) == [None] * 4
-    assert [str(w.message)[:40] for w in caught] == ["judge:openai: 0 of 4 replies parsed (fir"]  # once per streak
+    said = [str(w.message)[:40] for w in caught if not issubclass(w.category, ResourceWarning)]  # GC of others' sockets
+    assert said == ["judge:openai: 0 of 4 replies parsed (fir"]  # once per streak
     assert judge.pop_metrics()["parse_failures"] == 12.0
 
 
