@@ -87,11 +87,27 @@ from agentrl.tools.tool import (
 )
 from agentrl.trajectory import TrainBatch, Trajectory, Turn, collate
 
+_LAZY = {"train": "agentrl.api.trainer", "Trainer": "agentrl.api.trainer", "TrainResult": "agentrl.training.trainer"}
+"""The Python API's entry points, imported on first use (they load the training stack)."""
+
+
+def __getattr__(name: str) -> object:
+    """``agentrl.train``, ``agentrl.Trainer`` and ``agentrl.TrainResult``, imported when first used."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
+
+
 PUBLIC_MODULES = ("agentrl", "agentrl.answers")
 """The modules plugins and envs may import from: this one and :mod:`agentrl.answers` (answer
 extraction and checking, kept apart because it loads math-verify)."""
 
 __all__ = [
+    "train",
+    "Trainer",
+    "TrainResult",
     "RayConfig",
     "ray_options",
     "PUBLIC_MODULES",

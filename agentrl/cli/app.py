@@ -14,9 +14,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from agentrl.api.progress import noise_note, standard_error
 from agentrl.cli.eval import eval_
 from agentrl.cli.new import app as new_app
-from agentrl.cli.progress import noise_note, standard_error
 from agentrl.cli.support import (
     LIBRARY_WARNINGS,
     DisablePluginOption,

@@ -140,7 +140,7 @@ def run_eval(given: dict[str, Any], as_json: bool, plugin: list[str] | None, dis
 def _print_metrics(metrics: dict[str, float]) -> None:
     """One ``key: value`` line per metric; the accuracy of an evaluation that scored no episode
     reads ``0 of N scored (why)``, one with unscored episodes says how many (counted unsolved)."""
-    from agentrl.cli.progress import scored_text, unscored_of
+    from agentrl.api.progress import scored_text, unscored_of
 
     why = unscored_of(metrics, "eval/")
     for key, value in metrics.items():

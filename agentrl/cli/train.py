@@ -13,8 +13,8 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from agentrl.api.progress import TrainProgress
 from agentrl.cli.options import ConfigOption, ConfigOptions
-from agentrl.cli.progress import TrainProgress, accuracy_text, noise_note, unscored_of
 from agentrl.cli.support import (
     DisablePluginOption,
     PluginOption,
@@ -25,7 +25,6 @@ from agentrl.cli.support import (
     run_guarded,
 )
 from agentrl.errors import ConfigError, TrainingInterrupted
-from agentrl.rewards.unscored import Unscored
 
 REWARD_HELP = (
     "Reward NAME[:WEIGHT], SCHEME:ARGUMENT[:WEIGHT] (rm:MODEL_DIR, judge:policy), path/file.py:func[:WEIGHT] "
@@ -60,6 +59,15 @@ TRAIN_OPTIONS = ConfigOptions(
     "max_steps",
     "num_generations",
     "prompts_per_step",
+    ConfigOption(
+        "dataset",
+        "--dataset",
+        str,
+        "Tasks from a .jsonl, .json, .csv or .parquet file or a saved datasets.Dataset folder (one row "
+        "a task; columns reach the rewards); the env defaults to `dataset` (one turn on the prompt column).",
+        "none",
+        lambda path: {"path": path},
+    ),
     ConfigOption("output_dir", help="Run directory.", default_text="runs/ENV-ALGO-TIME"),
     "seed",
 )
@@ -98,6 +106,9 @@ def train(
     ray: bool = typer.Option(
         False, "--ray", help="Run on a Ray cluster (sets the ray section to {} when the config has none)."
     ),
+    eval_dataset: str | None = typer.Option(
+        None, "--eval-dataset", help="Held-out tasks (same forms as --dataset) instead of a fraction of its rows."
+    ),
 ) -> None:
     """Train a policy; ends with held-out accuracy before vs after and where the run was saved."""
     from agentrl.model.launch import process_rank
@@ -110,6 +121,7 @@ def train(
         "--disable-plugin": disable_plugin,
         "--resume": resume,
         "--ray": ray or None,
+        "--eval-dataset": eval_dataset,
     }
     if process_rank() > 0:  # one process speaks for a multi-process run; errors still show everywhere
         console.quiet = True
@@ -175,9 +187,10 @@ def _config_from_flags(given: dict[str, Any], print_config: bool, lock: contextl
             raise ConfigError(f"--resume {resume!r}: {disk_problem(Path(resume), exc)}") from None
     flags = TRAIN_OPTIONS.values(given)
     refuse_flag_conflicts(flags, given["--set"])
-    cfg = build_config(
-        given["--config"], overrides={key: value for key, (_, value) in flags.items()}, sets=given["--set"]
-    )
+    overrides = {key: value for key, (_, value) in flags.items()}
+    if given["--eval-dataset"] is not None:
+        overrides["dataset"] = {**(overrides["dataset"] or {}), "eval_path": given["--eval-dataset"]}
+    cfg = build_config(given["--config"], overrides=overrides, sets=given["--set"])
     if given["--ray"] and cfg.ray is None:
         cfg = dataclasses.replace(cfg, ray={})
     return (cfg if print_config else _new_run_dir(lock, cfg)), None
@@ -240,28 +253,15 @@ def _checked_config(cfg: Any, manager: Any) -> dict[str, Any]:
 def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
     """Train in this process, showing progress; a signal stops it with the shell's exit status."""
     _checked_config(cfg, manager)  # a bad name fails here, before the banner and the trainer's imports
-    from agentrl.model import sharding
-    from agentrl.model.activation_checkpointing import checkpointed_summary
+    from agentrl.api.report import headline, start_lines, summary_lines
     from agentrl.training.trainer import Trainer
 
-    console.print(
-        f"[bold]agentrl[/] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.max_steps} steps x "
-        f"{cfg.prompts_per_step} tasks x {cfg.num_generations} episodes",
-        highlight=False,
-    )
+    console.print(headline(cfg), highlight=False)
     quiet_library_progress()
     trainer = Trainer(cfg, manager, resume=checkpoint)
-    console.print(_rewards_line(cfg, trainer), highlight=False)
-    console.print(f"precision: {trainer.run.precision.name} ({trainer.run.precision.reason})", highlight=False)
-    engine = trainer.run.engine  # an engine need not subclass Engine: its class names it then
-    console.print(f"sampler: {getattr(engine, 'description', type(engine).__name__)}", highlight=False)
-    if trainer.run.env_pool is not None:
-        console.print(trainer.run.env_pool.description, highlight=False)
-    if cfg.gradient_checkpointing:
-        console.print(f"gradient checkpointing: {checkpointed_summary(trainer.model)}", highlight=False)
-    if trainer.run.num_processes > 1:
-        console.print(sharding.layout(trainer.accelerator), highlight=False)
-    progress = TrainProgress(cfg.max_steps)
+    for line in start_lines(trainer):
+        console.print(line, highlight=False)
+    progress = TrainProgress(cfg.max_steps, console)
     if trainer.resumed:
         progress.bar.update(progress.task, completed=trainer.resumed["step"])
     try:
@@ -276,36 +276,8 @@ def _fit(cfg: Any, manager: Any, checkpoint: Path | None) -> None:
         raise typer.Exit(code=128 + exc.signum) from None  # the shell's code for death by that signal
     finally:
         trainer.run.close()  # an agent rollout's worker processes, engine replicas, env workers
-    _report(result)
-
-
-def _report(result: Any) -> None:
-    """Held-out accuracy before -> after (``0 of N scored`` for an evaluation that scored no
-    episode), the episodes scored over the run, which policy model/ holds, and where the run is."""
-    before, after = result.eval_before, result.eval_after
-    if "eval/accuracy" in before and "eval/accuracy" in after:
-        n = int(after["eval/num_tasks"])
-        both = all((unscored_of(m, "eval/") or Unscored(scored=1)).scored for m in (before, after))
-        note = noise_note(before["eval/accuracy"], after["eval/accuracy"], n) if both else ""
-        console.print(
-            f"[bold]held-out accuracy: {accuracy_text(before)} -> {accuracy_text(after)}[/]{note}", highlight=False
-        )
-    episodes = Unscored.from_metrics(result.history, "train/")
-    if episodes.episodes:
-        why = f" ({episodes.causes()})" if episodes.unscored else ""
-        steps = sum("train/episodes_scored" in row for row in result.history)
-        console.print(
-            f"episodes: {episodes.scored} scored, {episodes.unscored} unscored{why} over {steps} steps", highlight=False
-        )
-    best = result.best
-    if best is not None and best["saved_as_model"]:
-        accuracy = best["metrics"].get("eval/accuracy", math.nan)
-        console.print(
-            f"model/ holds the best evaluated policy: step {best['step']}, held-out mean reward "
-            f"{best['score']:.3f}, accuracy {accuracy:.3f} (the last step's policy: last/)",
-            highlight=False,
-        )
-    console.print(f"run saved to {result.run_dir}", highlight=False)
+    for line in summary_lines(result):
+        console.print(line, highlight=False)
 
 
 def _new_run_dir(lock: contextlib.ExitStack, cfg: Any) -> Any:
@@ -371,21 +343,6 @@ def _resumed_code(cfg: Any, run_dir: Path, env: str | None, rewards: list[str]) 
     from agentrl.rundir.trust import check_resumed_code
 
     check_resumed_code(cfg, run_dir, env, parse_rewards(rewards), rewards)
-
-
-def _rewards_line(cfg: Any, trainer: Any) -> str:
-    """What the run is rewarded for, and where that choice came from."""
-    parts = [f"env return x{cfg.env_reward_weight:g}"]
-    parts += [f"{name} x{weight:g}" for name, (_, weight) in trainer.run.reward_fns.items()]
-    defaults = trainer.envs[0].default_rewards
-    if cfg.rewards is None:
-        source = "the env's defaults"
-    elif defaults and any(name not in cfg.rewards for name in defaults):
-        listed = " ".join(f"--reward {name}:{weight:g}" for name, weight in defaults.items())
-        source = f"--reward replaces the env's defaults; add {listed} to keep them"
-    else:
-        source = "--reward"
-    return f"rewards: {' + '.join(parts)} ({source})"
 
 
 def _looks_numeric(text: str) -> bool:

@@ -17,6 +17,7 @@ from pydantic import Field, StringConstraints
 from agentrl.config.capabilities import check_combination, processes_from_environment
 from agentrl.config.checks import build_plugin_config
 from agentrl.config.cluster import ray_options
+from agentrl.config.dataset import absolute_dataset, dataset_options
 from agentrl.config.lora import lora_options
 from agentrl.config.rules import Allowed, Note, OneOf, first_failure, section_message
 from agentrl.config.yaml_text import load_yaml
@@ -35,8 +36,9 @@ class TrainConfig:
 
     model: Name = "smollm2-135m"
     """Local HF folder, run dir, hub id, or alias (``smollm2-135m``: the embedded default)."""
-    env: Name = "math"
-    """Environment name (``agentrl plugins`` lists them) or ``path/to/file.py:ClassName``."""
+    env: Name | None = None
+    """Environment name (``agentrl plugins`` lists them) or ``path/to/file.py:ClassName``; null:
+    ``dataset`` (prompts, scored by the rewards) when a ``dataset`` is given, else ``math``."""
     env_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment's constructor."""
     algo: Name = "grpo"
@@ -193,6 +195,10 @@ class TrainConfig:
     partial_rollouts: bool = False
     """With ``async_steps``: episodes in flight continue with each new policy version as soon as it
     is published (between decode steps: ``hf``, ``vllm``; else turns); fresher, not bitwise reproducible."""
+    dataset: dict[str, Any] | None = None
+    """Tasks from a dataset instead of the env's own (``agentrl train --dataset tasks.jsonl``; validated
+    by ``agentrl.config.dataset.DatasetConfig``: ``path``, ``eval_path``, ``eval_fraction``, ...), the
+    env's episodes run on its rows (docs/guides/datasets.md). null: the env's tasks."""
     ray: dict[str, Any] | None = None
     """Run on a Ray cluster (``pip install 'agentrl[ray]'``; ``agentrl train --ray`` sets ``{}``):
     trainer processes, engine replicas and env workers placed by resources (validated by
@@ -223,7 +229,10 @@ class TrainConfig:
             lora_options(self.lora)
         if self.ray is not None:
             ray_options(self.ray)
-        object.__setattr__(self, "env", _absolute(self.env, "env"))  # frozen: set once, here
+        if self.dataset is not None:
+            object.__setattr__(self, "dataset", absolute_dataset(self.dataset))
+        env = self.env if self.env is not None else "dataset" if self.dataset is not None else "math"
+        object.__setattr__(self, "env", _absolute(env, "env"))  # frozen: set once, here
         if self.rewards is not None:
             object.__setattr__(self, "rewards", {_absolute(name, "rewards"): w for name, w in self.rewards.items()})
 
@@ -275,7 +284,9 @@ def build_config(
         if not sep:
             raise ConfigError(f"--set expects key=value, got {item!r}")
         _set_dotted(data, key.strip(), load_yaml(raw, f"--set {item!r}"))
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    for key, value in (overrides or {}).items():  # a flag's section (``--dataset``) merges into the file's
+        if value is not None:
+            data[key] = {**data[key], **value} if isinstance(value, dict) and isinstance(data.get(key), dict) else value
     if isinstance(data.get("adam_betas"), list):
         data["adam_betas"] = tuple(data["adam_betas"])
     return build_plugin_config(TrainConfig, data, "")
@@ -378,8 +389,9 @@ def resolved_dict(config: TrainConfig, manager: Any) -> dict[str, Any]:
     }
     if config.lora is not None:
         data["lora"] = dataclasses.asdict(lora_options(config.lora))
-    if config.ray is not None:
-        data["ray"] = dataclasses.asdict(ray_options(config.ray))
+    for key, options in (("ray", ray_options), ("dataset", dataset_options)):
+        if getattr(config, key) is not None:
+            data[key] = dataclasses.asdict(options(getattr(config, key)))
     engine_cls = manager.registry.get("engine", config.engine).factory
     if dataclasses.is_dataclass(getattr(engine_cls, "config_class", None)):  # an engine that declares its options
         data["engine_args"] = dataclasses.asdict(

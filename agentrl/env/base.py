@@ -14,6 +14,12 @@ from agentrl.env.checks import ROLES, GoldReply, Message, check_flag, check_info
 from agentrl.env.tasks import Task
 from agentrl.errors import EnvError
 
+ASK_REWARD = (
+    "give --reward NAME (agentrl plugins lists them), --reward path/file.py:func or module:func "
+    "(agentrl- or TRL-style), or SCHEME:ARGUMENT (rm:MODEL_DIR, judge:MODEL)"
+)
+"""How to give a run its reward functions, in words (said where a run would have none)."""
+
 
 def boxed_reply(task: Task) -> str | None:
     """``\\boxed{answer}`` for a task with a non-None ``answer``, else None (the default gold reply)."""
@@ -76,6 +82,9 @@ class Env(gymnasium.Env, abc.ABC):
     instance. False: this class's calls are made one after another, as with ``env_workers: 1``;
     set it when instances share state that is not thread-safe (module globals, the process-wide
     ``random``/``np.random`` as :class:`agentrl.PrivateGlobalRandom` swaps them, one client)."""
+    scores_episodes: bool = True
+    """False: this env's own reward is always 0 (it only presents tasks, e.g. prompts without an
+    answer), so a run of it with no reward function is refused at start-up: nothing would train."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -94,6 +103,14 @@ class Env(gymnasium.Env, abc.ABC):
     @abc.abstractmethod
     def eval_tasks(self) -> Sequence[Task]:
         """Held-out tasks, disjoint from ``train_tasks``, for ``agentrl eval``."""
+
+    def use_tasks(self, train: Sequence[Task], held_out: Sequence[Task]) -> None:
+        """Take ``train`` and ``held_out`` as this env's task source from now on (a run with a
+        ``dataset``: its rows replace the env's own tasks). An env whose episodes need task fields
+        may override this to check the rows have them, raising ConfigError naming the missing
+        field, then call ``super().use_tasks``."""
+        self.train_tasks = _Returns(train)  # type: ignore[method-assign]
+        self.eval_tasks = _Returns(held_out)  # type: ignore[method-assign]
 
     # -- episode logic ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -194,3 +211,13 @@ class Env(gymnasium.Env, abc.ABC):
     def _check_messages(self, method: str, messages: Any, non_empty: bool) -> None:
         """Raise EnvError unless ``messages`` (returned by ``method``) is a valid message list."""
         check_messages(f"{type(self).__name__}.{method}", messages, non_empty)
+
+
+class _Returns:
+    """A method stand-in returning one value (picklable, unlike a lambda): :meth:`Env.use_tasks`."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value

@@ -21,6 +21,8 @@ from agentrl.algorithms.base import Algorithm, SetupContext, TrainableModule
 from agentrl.config.cluster import ray_options
 from agentrl.config.train import TrainConfig, build_plugin_config, resolve_settings
 from agentrl.env import CallGuard, Env, build_env, call_with_timeout, load_env_class
+from agentrl.env.base import ASK_REWARD
+from agentrl.env.datasets import use_dataset
 from agentrl.errors import ConfigError
 from agentrl.model import lora, sharding
 from agentrl.model.activation_checkpointing import checkpoint_blocks
@@ -141,27 +143,15 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     call_guard = CallGuard.from_config(config)  # warns once per plugin per run
     context = RewardContext(config=config, settings=settings, device=accelerator.device, precision=precision)
     reward_fns = resolve_rewards(config, manager.registry, envs[0], context)
+    if not reward_fns and not envs[0].scores_episodes:  # e.g. a dataset of prompts with no answer column
+        raise ConfigError(f"env {config.env!r} does not score episodes itself and no reward was given: {ASK_REWARD}")
     tokenizer = context.tokenizer = load_tokenizer(config.model)
     check_prompt_room(envs[0], tokenizer, config.max_total_tokens)
     model, ref_model = _policy_and_reference(config, algorithm)
     replica = sharding.sampling_replica(accelerator, model)  # FSDP / ZeRO-3 only
     check_sharded_run(config, replica is not None, sharding.is_fsdp(accelerator))
-    run = Run(
-        config,
-        manager,
-        accelerator,
-        precision,
-        algorithm,
-        settings,
-        needs_old,
-        envs,
-        call_guard,
-        reward_fns,
-        tokenizer,
-        model,
-        ref_model,
-        replica,
-    )
+    parts = (accelerator, precision, algorithm, settings, needs_old, envs, call_guard, reward_fns, tokenizer, model)
+    run = Run(config, manager, *parts, ref_model, replica)
     if env_pool is not None:
         run.env_pool, run.envs = env_pool, env_pool.envs
     _setup_algorithm(run)
@@ -395,4 +385,4 @@ def make_env(manager: PluginManager, config: TrainConfig) -> Env:
     env = build_env(factory, env_args, config.env)
     if not isinstance(env, Env):
         raise ConfigError(f"env {config.env!r} built a {type(env).__name__}, not an agentrl.Env")
-    return env
+    return use_dataset(env, config.dataset)  # the dataset's rows as its tasks, when the run has one

@@ -300,9 +300,10 @@ def inside(folder: Path):
                 del sys.modules[name]
 
 
-def sample_episodes() -> list:
-    """Episodes a reward must score without error: right, wrong, multi-turn with a tool, no reply."""
-    task = {"question": "What is 2 + 3?", "answer": "5"}
+def sample_episodes(columns: dict | None = None) -> list:
+    """Episodes a reward must score without error: right, wrong, multi-turn with a tool, no reply
+    (their task has ``columns`` too: the dataset columns a TRL-style function asks for)."""
+    task = {"question": "What is 2 + 3?", "answer": "5", **(columns or {})}
     user = {"role": "user", "content": task["question"]}
     return [
         make_trajectory([user, {"role": "assistant", "content": "The answer is \\boxed{5}."}], task),
@@ -327,9 +328,15 @@ def check_reward_function(fn, name: str) -> None:
         check_reward_output(fn, sample_episodes())
         return
     errors = []
+    standard = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+    columns = {
+        p.name: "sample"
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty and p.name not in standard
+    }
     for completion_format in ("conversational", "plain"):  # TRL-style: one of them must fit
         try:
-            check_reward_output(TRLReward(fn, name, completion_format), sample_episodes())
+            check_reward_output(TRLReward(fn, name, completion_format), sample_episodes(columns))
             return
         except agentrl.RewardError as error:
             errors.append(f"{completion_format}: {error}")
@@ -371,9 +378,34 @@ def exercise(module: types.ModuleType, block: Block) -> None:
                 factory()
 
 
+def tiny_api(monkeypatch, tiny_model: Path, folder: Path, block: Block) -> list[Path]:
+    """Make each run a ``docs-test: tiny`` python block starts through the Python API (``agentrl.train``,
+    ``agentrl.Trainer``) run as :data:`TINY_FLAGS` say, on ``tiny_model``, in a folder of its own;
+    the run dirs, as they are made."""
+    from agentrl.api import trainer as api
+
+    made: list[Path] = []
+    original = api.Trainer.__init__
+    tiny = {"max_steps": 2, "prompts_per_step": 2, "num_generations": 2, "eval_tasks": 0, "max_new_tokens": 8}
+    tiny |= {"save_model": False, "log_completions_every": 0, "verbose": False}
+
+    def small(self, config=None, /, **kwargs):
+        made.append(folder / f"run-{block.line}-{len(made)}")
+        kwargs |= {**tiny, "model": str(tiny_model), "output_dir": str(made[-1])}
+        original(self, config, **kwargs)
+
+    monkeypatch.setattr(api.Trainer, "__init__", small)
+    return made
+
+
 @pytest.mark.parametrize("block", blocks("python"))
-def test_python_block_runs(block, workdirs):
+def test_python_block_runs(block, workdirs, request, monkeypatch):
     folder = workdirs(block.source)
+    runs = (
+        tiny_api(monkeypatch, request.getfixturevalue("tiny_model_dir"), folder, block)
+        if block.marker == "tiny"
+        else []
+    )
     with inside(folder):
         if block.filename:  # imported from its file, as `--env file.py:Class` or `import` would
             spec = importlib.util.spec_from_file_location(Path(block.filename).stem, folder / block.filename)
@@ -386,6 +418,8 @@ def test_python_block_runs(block, workdirs):
             sys.modules[module.__name__] = module
             exec(compile("\n" * block.line + block.code, str(block.source), "exec"), module.__dict__)
         exercise(module, block)
+    if block.marker == "tiny":
+        assert runs and all((run / "metrics.jsonl").is_file() for run in runs), f"{block.id}: no run trained: {runs}"
 
 
 # -- bash ---------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("testing",),
     ("cluster",),
     ("training",),
+    ("api",),
     ("cli",),
     ("__init__", "__main__"),
 )

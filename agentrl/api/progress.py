@@ -1,13 +1,14 @@
-"""What ``agentrl train`` shows while it runs: the progress bar (or one line per step), each
-evaluation's accuracy with its standard error, and whether a before/after change is noise."""
+"""What a training run shows while it runs (``agentrl train`` and :func:`agentrl.train`): the
+progress bar (or one line per step), each evaluation's accuracy with its
+standard error, and whether a before/after change is noise."""
 
 from __future__ import annotations
 
 import math
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from agentrl.cli.support import console
 from agentrl.rewards.unscored import Unscored
 
 
@@ -15,8 +16,9 @@ class TrainProgress:
     """Training progress: a live rich bar with the current phase (eval / rollout / update) and the
     last step's reward on a terminal; one plain line per step when output goes to a file or pipe."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.live = total, console.is_terminal
+    def __init__(self, total: int, console: Console | None = None) -> None:
+        console = console or Console(soft_wrap=True)
+        self.total, self.live, self.console = total, console.is_terminal or console.is_jupyter, console
         self.bar = Progress(
             TextColumn("[bold]{task.fields[phase]:<7}"),
             BarColumn(),
@@ -43,7 +45,7 @@ class TrainProgress:
         )
         self.bar.update(self.task, completed=step, info=info)
         if not self.live:
-            console.print(f"step {step}/{self.total}: {info}", highlight=False)
+            self.console.print(f"step {step}/{self.total}: {info}", highlight=False)
 
     def report(self, label: str, metrics: dict[str, float]) -> None:
         """One line per evaluation: accuracy with its standard error and the task count (``0 of N
