@@ -41,7 +41,7 @@ from agentrl.errors import ConfigError, unknown_name_message
 from agentrl.model.aliases import is_alias
 from agentrl.model.roles import ROLES, ModelFolderError, architecture_kind, check_folder
 
-_NOTED: set[str] = set()
+_NOTED: set[tuple[str, str]] = set()
 """Bare folder rewards this process has already said how it uses (said once, not per call)."""
 
 
@@ -164,8 +164,8 @@ def bare_folder(name: str, registry: Any) -> str | None:
     chosen = next((c for c in fits if c.meta.get("bare_folder")), None)
     if chosen is not None:
         canonical = f"{chosen.name}:{os.path.abspath(folder)}"
-        if name not in _NOTED and os.environ.get("RANK", "0") == "0":
-            _NOTED.add(name)
+        if (name, canonical) not in _NOTED and os.environ.get("RANK", "0") == "0":  # one line per run, not per rank
+            _NOTED.add((name, canonical))
             print(
                 f"note: reward {name!r} is a folder holding {_folder_kind(chosen)}: used as {canonical}",
                 file=sys.stderr,
