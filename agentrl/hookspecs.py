@@ -79,6 +79,10 @@ def agentrl_register_reward_schemes(register: Register) -> None:
     (its counts are logged as ``<scheme>/<key>`` after each rollout). ``register("rm", factory,
     path_argument=True)`` declares the argument a local path (a predicate ``fn(argument) -> bool``
     when only some are): a new run stores a relative one that exists as an absolute path.
+    ``argument="MODEL_DIR"`` is the argument's form in the error for an unknown reward;
+    ``takes_folder="rm"`` (a model role, or a predicate ``fn(folder) -> bool``) with
+    ``bare_folder=True`` makes a bare folder path it takes mean ``SCHEME:/abs/folder``
+    (:mod:`agentrl.rewards.schemes`).
     """
 
 

@@ -27,7 +27,8 @@ from agentrl.cli.support import (
 from agentrl.errors import ConfigError, TrainingInterrupted
 
 REWARD_HELP = (
-    "Reward NAME[:WEIGHT], SCHEME:ARGUMENT[:WEIGHT] (rm:MODEL_DIR, judge:policy), path/file.py:func[:WEIGHT] "
+    "Reward NAME[:WEIGHT], SCHEME:ARGUMENT[:WEIGHT] (rm:MODEL_DIR, prm:MODEL_DIR, "
+    "judge:policy|openai|MODEL_DIR|MODEL_ALIAS), a reward-model folder (used as rm:), path/file.py:func[:WEIGHT] "
     "or module:func[:WEIGHT] (agentrl- or TRL-style); "
     "repeatable; replaces the env's default rewards."
 )

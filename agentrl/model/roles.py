@@ -11,6 +11,10 @@ head has another size (``mismatched_keys``). Each refusal is one line naming the
 and the problem, e.g. ``rm: /models/x is a causal LM (LlamaForCausalLM) with no trained score head:
 score.weight would be freshly initialised; give a sequence-classification reward model
 (AutoModelForSequenceClassification, num_labels 1)``.
+
+A model alias (``smollm2-135m``, :mod:`agentrl.model.aliases`) names its converted folder for every
+role, as ``--model`` does (:func:`role_folder`): ``judge:smollm2-135m`` is the default model as the
+judge; an alias given for a role that needs a classification head is refused (every alias is a causal LM).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError, ModelError, one_line
+from agentrl.model.aliases import ALIASES, alias_folder, is_alias
 
 CAUSAL, SEQUENCE, TOKEN = "causal LM", "sequence-classification model", "token-classification model"
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -63,8 +68,8 @@ ROLES = {
             "judge",
             CAUSAL,
             "AutoModelForCausalLM",
-            "judge:PATH takes a causal LM folder (AutoModelForCausalLM) with its tokenizer (or use judge:policy, "
-            "judge:openai)",
+            "judge:PATH takes a causal LM folder (AutoModelForCausalLM) with its tokenizer or a model alias "
+            f"({', '.join(sorted(ALIASES))}) (or use judge:policy, judge:openai)",
         ),
         Role(
             "rm",
@@ -109,10 +114,23 @@ def refuse(role: str, path: str | Path, problem: str, error: type[Exception] = M
     return error(f"{role}: {path} {problem}")
 
 
-def check_folder(role: str, path: str | Path, error: type[Exception] = ModelFolderError) -> Any:
-    """Check the local folder ``path`` for ``role`` without loading weights; its transformers
-    config. Raises ``error`` with one line naming the role, the folder and the problem."""
+def role_folder(role: str, path: str | Path, error: type[Exception] = ModelFolderError) -> str | Path:
+    """``path`` as ``role`` reads it: a model alias is its converted folder (fetched and converted on
+    first use, as for ``--model``), refused for a role whose kind is not the aliases' causal LM;
+    anything else is ``path`` itself."""
+    if not is_alias(path):
+        return path
     spec = ROLES[role]
+    if spec.kind != CAUSAL:
+        raise refuse(role, path, f"is a model alias of a causal LM, not a {spec.kind}; {spec.give}", error)
+    return alias_folder(str(path))
+
+
+def check_folder(role: str, path: str | Path, error: type[Exception] = ModelFolderError) -> Any:
+    """Check the local folder ``path`` (or model alias) for ``role`` without loading weights; its
+    transformers config. Raises ``error`` with one line naming the role, the folder and the problem."""
+    spec = ROLES[role]
+    path = role_folder(role, path, error)
     folder = Path(path).expanduser()
     if not folder.is_dir():
         what = "does not exist" if not folder.exists() else "is a file, not a model folder"
@@ -197,13 +215,14 @@ def head_keys(spec: Role, config: Any) -> list[str]:
 def load_for_role(
     role: str, path: str | Path, error: type[Exception] = ModelFolderError, local: bool = True, **kwargs: Any
 ) -> Any:
-    """The model at ``path`` loaded as ``role`` needs (:func:`check_folder` first when ``local``),
-    refused when transformers would initialise any weight afresh or a saved weight has another
-    shape. ``kwargs`` go to ``from_pretrained`` (``dtype``)."""
+    """The model at ``path`` (a folder, or a model alias: :func:`role_folder`) loaded as ``role``
+    needs (:func:`check_folder` first when ``local``), refused when transformers would initialise any
+    weight afresh or a saved weight has another shape. ``kwargs`` go to ``from_pretrained`` (``dtype``)."""
     import transformers
 
     spec = ROLES[role]
     if local:
+        path = role_folder(role, path, error)
         check_folder(role, path, error)
     auto = getattr(transformers, spec.auto_class)
     try:
@@ -243,9 +262,11 @@ def loading_problem(spec: Role, info: dict[str, Any]) -> str | None:
 
 
 def load_tokenizer_for_role(role: str, path: str | Path, error: type[Exception] = ModelFolderError) -> Any:
-    """The tokenizer saved in ``path`` for ``role``; one line naming the folder when it cannot load."""
+    """The tokenizer saved in ``path`` (or a model alias's) for ``role``; one line naming the folder
+    when it cannot load."""
     from transformers import AutoTokenizer
 
+    path = role_folder(role, path, error)
     try:
         return AutoTokenizer.from_pretrained(str(Path(path).expanduser()))
     except Exception as exc:  # a missing vocabulary file, sentencepiece not installed, a broken tokenizer.json

@@ -22,9 +22,15 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl.errors import ConfigError, RewardError
+from agentrl.errors import ConfigError, PluginError, RewardError
 from agentrl.imports import load_object
-from agentrl.rewards.schemes import RewardContext, split_scheme, unknown_prefix_message
+from agentrl.rewards.schemes import (
+    RewardContext,
+    bare_folder,
+    split_scheme,
+    unknown_prefix_message,
+    unknown_reward_message,
+)
 from agentrl.rewards.scoring import RewardFn
 from agentrl.trajectory import Trajectory
 
@@ -154,16 +160,22 @@ def _await(awaitable: Any) -> Any:
 
 def find_reward(name: str, registry: Any) -> tuple[Callable[..., Any], str]:
     """(function, ``"agentrl"`` or ``"trl"``) for reward ``name``, a registered name or an import
-    spec, or (the scheme's factory, ``"scheme"``) for ``SCHEME:ARGUMENT``: the error for an unknown
-    name, a missing file or a wrong signature, without an env or a model (``--print-config`` checks
-    the rewards with it)."""
-    scheme = split_scheme(name, registry)
+    spec, or (the scheme's factory, ``"scheme"``) for ``SCHEME:ARGUMENT`` or a bare folder a scheme
+    takes (:func:`~agentrl.rewards.schemes.bare_folder`): the error for an unknown name (listing
+    every form), a missing file or a wrong signature, without an env or a model (``--print-config``
+    checks the rewards with it)."""
+    scheme = split_scheme(bare_folder(name, registry) or name, registry)
     if scheme is not None:
         return registry.get("reward_scheme", scheme[0]).factory, "scheme"
     refused = unknown_prefix_message(name, registry)
     if refused is not None:
         raise ConfigError(refused)
-    fn = load_object(name, "reward") if is_import_spec(name) else registry.get("reward", name).factory
+    if is_import_spec(name):
+        fn = load_object(name, "reward")
+    elif name in registry.names("reward"):
+        fn = registry.get("reward", name).factory
+    else:
+        raise PluginError(unknown_reward_message(name, registry))
     return fn, reward_style(fn, name)
 
 
@@ -181,7 +193,7 @@ def load_reward(
     if style == "scheme":
         if context is None:
             raise ConfigError(f"reward {name!r} is built by a reward scheme, which needs the run's context")
-        return fn(argument=split_scheme(name, registry)[1], context=context)
+        return fn(argument=split_scheme(bare_folder(name, registry) or name, registry)[1], context=context)
     if style == "agentrl":
         return fn
     check_trl_parameters(fn, name, columns)
@@ -200,8 +212,10 @@ def resolve_rewards(
 ) -> dict[str, tuple[RewardFn, float]]:
     """The run's reward functions with weights by label: ``config.rewards``, else the env's
     ``default_rewards``. A ``SCHEME:ARGUMENT`` reward is built with ``context`` (default: the
-    config's settings sections on the CPU; its ``columns`` are filled in from the env)."""
+    config's settings sections on the CPU; its ``columns`` are filled in from the env). A bare folder
+    a scheme takes is built and labelled as ``SCHEME:FOLDER``."""
     chosen = config.rewards if config.rewards is not None else dict(env.default_rewards)
+    chosen = {bare_folder(name, registry) or name: weight for name, weight in chosen.items()}
     tasks = env.train_tasks()
     columns = sorted(tasks[0]) if len(tasks) else []
     if context is None and any(split_scheme(name, registry) for name in chosen):

@@ -78,14 +78,22 @@ def agentrl_register_rewards(register: Callable[..., None]) -> None:
 def agentrl_register_reward_schemes(register: Callable[..., None]) -> None:
     """Register ``rm`` (``--reward rm:MODEL_DIR``: a learned reward model), ``prm``
     (``--reward prm:MODEL_DIR``: a process reward model) and ``judge``
-    (``--reward judge:policy|openai|MODEL_DIR``: an LLM judge); their folder arguments are paths."""
+    (``--reward judge:policy|openai|MODEL_DIR|ALIAS``: an LLM judge); their folder arguments are
+    paths, checked for the model role they play; a bare reward-model folder (``--reward ./my_rm``,
+    as TRL takes one) is used as ``rm:``."""
     from agentrl_rewards.judge import is_model_path, judge_scheme
     from agentrl_rewards.process_reward_model import process_reward_model_scheme
     from agentrl_rewards.reward_model import reward_model_scheme
 
-    register("rm", reward_model_scheme, path_argument=True)
-    register("prm", process_reward_model_scheme, path_argument=True)
-    register("judge", judge_scheme, path_argument=is_model_path)
+    register("rm", reward_model_scheme, path_argument=True, argument="MODEL_DIR", takes_folder="rm", bare_folder=True)
+    register("prm", process_reward_model_scheme, path_argument=True, argument="MODEL_DIR", takes_folder="prm")
+    register(
+        "judge",
+        judge_scheme,
+        path_argument=is_model_path,
+        argument="policy|openai|MODEL_DIR|MODEL_ALIAS",
+        takes_folder="judge",
+    )
 
 
 @hookimpl

@@ -7,8 +7,9 @@
 * ``openai``: an OpenAI-compatible endpoint (``base_url``, ``model``, the key read from the
   environment variable ``api_key_env``), ``max_concurrency`` requests at once, each at most
   ``timeout_s`` from start to finished reply (:mod:`agentrl_rewards.judge_endpoint`);
-* anything else: a local causal-LM folder (checked for the role, :mod:`agentrl.model.roles`),
-  loaded once per run and sampled greedily with
+* anything else: a local causal-LM folder or a model alias (``judge:smollm2-135m``, the default
+  model, converted into the cache on first use as ``--model`` does), checked for the role
+  (:mod:`agentrl.model.roles`), loaded once per run and sampled greedily with
   ``transformers``' ``generate`` (``batch_size`` prompts at a time, left-padded).
 
 The rubric is a ``str.format`` template (the default, or the file ``rubric`` names) sent as one
@@ -331,7 +332,8 @@ def openai_backend(options: JudgeConfig) -> Backend:
 
 
 def is_model_path(argument: str) -> bool:
-    """Whether a ``judge:`` argument names a local model folder (anything but ``policy`` and ``openai``)."""
+    """Whether a ``judge:`` argument names a local model folder (anything but ``policy`` and ``openai``;
+    a model alias is kept as written whatever folder has its name)."""
     return argument not in ("policy", "openai")
 
 

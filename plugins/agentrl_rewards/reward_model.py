@@ -2,9 +2,10 @@
 
 ``--reward rm:path/to/model[:WEIGHT]`` names a local folder holding an
 ``AutoModelForSequenceClassification`` with ``num_labels: 1`` (one score per sequence) and its
-tokenizer. The model is loaded once per run (each ``rm:`` reward its own copy), in eval mode on the
-run's device; its forward passes run without gradients, in float32 or under bf16 autocast as the
-run's precision says.
+tokenizer; ``--reward path/to/model`` (TRL's ``reward_funcs="path/to/model"``) is the same reward
+when the folder holds one (``bare_folder`` in :mod:`agentrl.rewards.schemes`). The model is
+loaded once per run (each ``rm:`` reward its own copy), in eval mode on the run's device; its
+forward passes run without gradients, in float32 or under bf16 autocast as the run's precision says.
 
 What it reads: every message of the episode (system, prompt, each reply and tool result: the
 whole multi-turn conversation) rendered by the reward model's **own** tokenizer and chat template

@@ -17,7 +17,7 @@ from cli_in_process import agentrl_in_process
 from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError, RewardError
 from agentrl.plugins import load_plugins
-from agentrl.rewards.schemes import RewardContext
+from agentrl.rewards.schemes import RewardContext, with_absolute_paths
 from agentrl.rewards.specs import resolve_rewards
 from agentrl.testing import build_tiny_model, make_trajectory
 from agentrl_rewards.judge import DEFAULT_RUBRIC, JudgeConfig, judge_scheme, parse_score, render
@@ -85,8 +85,16 @@ def test_a_rubric_placeholder_no_episode_has_is_refused(tmp_path):
         judge_scheme("policy", context(rubric="/nope.txt"))
     with pytest.raises(ConfigError, match="judge:openai needs plugins.judge.base_url and plugins.judge.model"):
         judge_scheme("openai", context())
-    with pytest.raises(ConfigError, match="judge: /no/such/judge does not exist; judge:PATH takes a causal LM folder"):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "judge: /no/such/judge does not exist; judge:PATH takes a causal LM folder (AutoModelForCausalLM) with "
+            "its tokenizer or a model alias (smollm2-135m) (or use judge:policy, judge:openai)"
+        ),
+    ):
         judge_scheme("/no/such/judge", context())
+    with pytest.raises(ConfigError, match=r"judge: smollm2-136m does not exist; .* or a model alias \(smollm2-135m\)"):
+        judge_scheme("smollm2-136m", context())  # a misspelt alias
     with pytest.raises(ConfigError, match="judge:openai cannot take plugins.judge.reply_prefix='Score:'"):
         judge_scheme("openai", context(base_url="http://localhost:1/v1", model="m", reply_prefix="Score:"))
 
@@ -303,6 +311,21 @@ def test_a_local_model_folder_judges_greedily(tiny_model_dir):
         "unformatted": float(sum(s is not None for s in scores)),
         "errors": 0.0,
     }
+
+
+def test_a_model_alias_names_the_judge_folder_the_policy_would_load(tokenizer):
+    """``judge:smollm2-135m`` reads the default model's converted folder, resolved by the function
+    ``--model smollm2-135m`` goes through (resolved and checked here, not loaded: 135M on the CPU is slow)."""
+    from pathlib import Path
+
+    from agentrl.model.loading import DEFAULT_MODEL, resolve_model
+    from agentrl.model.roles import check_folder, load_tokenizer_for_role, role_folder
+
+    assert Path(role_folder("judge", DEFAULT_MODEL)) == Path(resolve_model(DEFAULT_MODEL))
+    assert check_folder("judge", DEFAULT_MODEL).architectures == ["LlamaForCausalLM"]
+    assert load_tokenizer_for_role("judge", DEFAULT_MODEL).get_vocab() == tokenizer.get_vocab()
+    config = TrainConfig(rewards={"judge:smollm2-135m": 1.0})
+    assert with_absolute_paths(config, load_plugins().registry) is config  # stored as the alias, not a cache path
 
 
 def test_cli_trains_with_the_policy_as_its_own_judge(tiny_model_dir, tmp_path):

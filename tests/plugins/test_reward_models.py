@@ -277,6 +277,8 @@ def test_scheme_arguments_declared_paths_are_made_absolute(tmp_path, monkeypatch
 
 
 def test_cli_run_with_a_relative_rm_path_resumes_from_another_directory(rm_dir, tiny_model_dir, tmp_path):
+    """The run names the reward model as TRL's ``reward_funcs="path/to/rm"`` does, a bare folder: it is
+    used as ``rm:``, said once, stored ``rm:/abs/path`` and labelled ``rm``, as ``rm:./my_rm`` is."""
     start, elsewhere, out = tmp_path / "start", tmp_path / "elsewhere", tmp_path / "run"
     shutil.copytree(rm_dir[0], start / "my_rm")
     elsewhere.mkdir()
@@ -297,12 +299,17 @@ def test_cli_run_with_a_relative_rm_path_resumes_from_another_directory(rm_dir, 
         "save_model=false",
     ]
     first = agentrl_in_process(
-        "train", "--model", str(tiny_model_dir), "--reward", "rm:./my_rm:1", "--output-dir", str(out), *flags, cwd=start
+        "train", "--model", str(tiny_model_dir), "--reward", "./my_rm:1", "--output-dir", str(out), *flags, cwd=start
     )
     assert first.returncode == 0, first.stdout + first.stderr
+    note = f"note: reward './my_rm' is a folder holding a sequence-classification model: used as rm:{start / 'my_rm'}"
+    assert (first.stdout + first.stderr).count("note: reward './my_rm'") == 1 and note in first.stderr, first.stderr
     assert yaml.safe_load((out / "config.yaml").read_text())["rewards"] == {f"rm:{start / 'my_rm'}": 1.0}
-    shown = agentrl_in_process("train", "--reward", "rm:./my_rm:1", "--print-config", cwd=start)
-    assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["rewards"] == {f"rm:{start / 'my_rm'}": 1.0}, shown
+    for spec in ("rm:./my_rm:1", "my_rm:1"):
+        shown = agentrl_in_process("train", "--reward", spec, "--print-config", cwd=start)
+        assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["rewards"] == {f"rm:{start / 'my_rm'}": 1.0}, (
+            shown
+        )
     resumed = agentrl_in_process("train", "--resume", str(out), "--max-steps", "2", cwd=elsewhere)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -326,3 +333,33 @@ def test_cli_a_causal_lm_as_reward_model_is_refused_in_one_line(tiny_model_dir, 
         "num_labels 1)"
     ) in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr and not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_cli_a_causal_lm_folder_as_a_bare_reward_suggests_judge(tiny_model_dir, tmp_path):
+    """A folder given as it is must be a reward model; a causal LM's folder is refused in one line
+    naming the form that takes it, before any model loads, by --print-config and train alike."""
+    for args in (["--print-config"], ["--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "r"), *TINY]):
+        result = agentrl_in_process("train", "--reward", f"{tiny_model_dir}:0.5", *args)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert (
+            f"error: reward '{tiny_model_dir}' is a folder holding a causal LM (LlamaForCausalLM); a bare folder is "
+            f"used only when it holds a sequence-classification model (as rm:): use judge:{tiny_model_dir}"
+        ) in " ".join(result.stderr.split())
+        assert "Traceback" not in result.stderr and not (tmp_path / "r" / "config.yaml").exists()
+
+
+def test_a_model_alias_is_no_reward_model(tokenizer):
+    """Every alias is a causal LM: ``rm:ALIAS`` and ``prm:ALIAS`` are refused naming the alias, before
+    anything is converted or loaded."""
+    from agentrl_rewards.process_reward_model import ProcessRewardModel, ProcessRewardModelError
+
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "rm: smollm2-135m is a model alias of a causal LM, not a sequence-classification model; give a "
+            "sequence-classification reward model"
+        ),
+    ):
+        RewardModel("smollm2-135m", RewardModelConfig())
+    with pytest.raises(ProcessRewardModelError, match="prm: smollm2-135m is a model alias of a causal LM, not a token"):
+        ProcessRewardModel("smollm2-135m", policy_tokenizer=tokenizer, device="cpu").load_model()
