@@ -55,7 +55,7 @@ class OpenAIAgentConfig:
     """The address in the base URLs agent programs are given (a name or IP their machine reaches
     this one by); null: ``host``, or this machine's IP when ``host`` is ``0.0.0.0``."""
     env_scores: bool = True
-    """The run's env scores the final answer of an agent that returns messages or None (its reward
+    """The run's env scores the final answer of an agent that returns a str, messages or None (its reward
     the episode's env return, its info the held-out accuracy: :mod:`agentrl_openai_agent.scoring`);
     False: the reward functions alone score agent episodes."""
 

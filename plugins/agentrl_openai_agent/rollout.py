@@ -183,8 +183,8 @@ class OpenAIAgentRollout:
     def _score_with_envs(
         self, envs: list[Any], outcomes: list[tuple[Any, dict[str, Any] | None]], trajectories: list[Trajectory]
     ) -> None:
-        """The run's envs score the final answers of the episodes whose agent returned messages or
-        None without failing (``env_scores``: :mod:`agentrl_openai_agent.scoring`)."""
+        """The run's envs score the final answers of the episodes whose agent returned a str,
+        messages or None without failing (``env_scores``: :mod:`agentrl_openai_agent.scoring`)."""
         judged = [
             i
             for i, (result, error) in enumerate(outcomes)
