@@ -12,19 +12,23 @@ worker nodes: :mod:`agentrl_openai_agent.remote`):
 * ``def solve(task, client)``: ``client`` is an ``openai.OpenAI`` for this episode;
 * ``async def solve(task, client)``: an ``openai.AsyncOpenAI`` (run with ``asyncio.run`` in the
   worker);
-* a function whose second parameter is named ``base_url`` gets the episode's base URL instead
-  (for frameworks that build their own client; any api key works).
+* a script as it is written, ``def run_agent(question: str, base_url: str, model: str = "m",
+  max_turns: int = 5) -> str``: the first parameter gets the task dict, or the field it is named
+  after (or ``task_field``), and ``base_url``, ``client``, ``model``, ``max_turns`` and
+  ``api_key`` are filled by name (:mod:`agentrl_openai_agent.signature`).
 
 Every request body is validated (:mod:`agentrl_openai_agent.request`: a 400 in OpenAI's error
 shape naming the field), an episode's URL and its client's api key are its own, and its URL
 answers 410 once its agent has returned (:mod:`agentrl_openai_agent.server`).
 
 ``task`` is the env's task dict (the run's ``--env`` supplies the tasks and default rewards); a
-signature that cannot take it is refused at start-up (:func:`agentrl_openai_agent.config.check_agent`).
-The function returns a reward (a finite number: the episode's env return), the final messages (a list:
-the run's reward functions score them; ``completion_text`` is the last assistant message), or
-None (the reward functions score the last call's conversation and reply); in the last two cases
-the run's env also scores the final answer (``env_scores``: :mod:`agentrl_openai_agent.scoring`),
+signature that cannot be called with it is refused at start-up with the fix
+(:func:`agentrl_openai_agent.signature.agent_call`). The function returns a reward (a finite
+number: the episode's env return), its final answer (a str: the last assistant message, as the
+reward functions and the env score it), the final messages (a list: the run's reward functions
+score them; ``completion_text`` is the last assistant message), or None (the reward functions
+score the last call's conversation and reply); in the last three cases the run's env also scores
+the final answer (``env_scores``: :mod:`agentrl_openai_agent.scoring`),
 which gives agent runs an env return and held-out accuracy. Every call's prompt ids,
 sampled ids and sampler logprobs are recorded and merged into token-exact segments
 (:mod:`agentrl_openai_agent.record`; a call with ``n > 1`` records each choice); each segment is

@@ -35,7 +35,7 @@ RETURNED = ("returned",)
 """Said as soon as the agent function returns, before the worker looks for what it left running."""
 GRACE_S = 0.2
 """How long threads the agent started may take to finish after it returned, before they count as left."""
-RESULTS = "return a finite reward, the final messages (a list of messages) or None"
+RESULTS = "return a finite reward, the final answer (a str), the final messages (a list of messages) or None"
 """What an agent may return."""
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -72,11 +72,29 @@ def takes_base_url(fn: Any) -> bool:
     return len(names) > 1 and names[1] == "base_url"
 
 
+def call_arguments(call: Mapping[str, Any], task: Any, sources: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The positional and keyword arguments of one episode's call of the agent, by its call plan
+    (:func:`agentrl_openai_agent.signature.agent_call`): the task (or its ``field``) first, then
+    the values of ``sources`` (``base_url``, ``client``, ``api_key``, ``model``, ``max_turns``)
+    the plan names."""
+    first = task if call["field"] is None else task[call["field"]]
+    args = [first, *(sources[name] for name in call["positional"])]
+    return args, {name: sources[name] for name in call["keywords"]}
+
+
+def needs_client(call: Mapping[str, Any]) -> bool:
+    """Whether the plan passes the agent a client (the worker then builds one per episode)."""
+    return "client" in call["positional"] or "client" in call["keywords"]
+
+
 def checked_result(result: Any) -> tuple[str, Any]:
-    """``("ok", value)`` for a finite number (as a float), a list of messages (as dicts) or None;
-    ``("invalid", what it is, cut short)`` for anything else (a bool, NaN, a list of ints...)."""
+    """``("ok", value)`` for a finite number (as a float), a str (the final answer), a list of
+    messages (as dicts) or None; ``("invalid", what it is, cut short)`` for anything else (a
+    bool, NaN, a list of ints...)."""
     if result is None:
         return "ok", None
+    if isinstance(result, str):  # str(): a subclass of the agent's would not unpickle in the trainer
+        return "ok", str(result)
     if isinstance(result, numbers.Real) and not isinstance(result, bool):
         value = float(result)
         return ("ok", value) if math.isfinite(value) else ("invalid", repr(value))
@@ -128,7 +146,13 @@ def serve(fd: int) -> None:
     _adopt_orphans()
     try:
         fn = import_agent(hello["spec"])
-        make = None if takes_base_url(fn) else _client_maker(inspect.iscoroutinefunction(fn))
+        call = hello.get("call") or {
+            "field": None,
+            "positional": ["base_url" if takes_base_url(fn) else "client"],
+            "keywords": [],
+            "values": {},
+        }
+        make = _client_maker(inspect.iscoroutinefunction(fn)) if needs_client(call) else None
     except BaseException as exc:
         conn.send(("error", one_line(exc)))
         return
@@ -140,7 +164,7 @@ def serve(fd: int) -> None:
             return
         if message is None:
             return
-        kind, value = _episode(fn, make, *message)
+        kind, value = _episode(fn, make, call, *message)
         try:
             conn.send(RETURNED)
             left = _threads_left(), _children_left()
@@ -178,20 +202,23 @@ def _client_maker(is_async: bool) -> Callable[[str, str], Any]:
 
 
 def _episode(
-    fn: Any, make: Callable[[str, str], Any] | None, task: Any, base_url: str, api_key: str
+    fn: Any, make: Callable[[str, str], Any] | None, call: Mapping[str, Any], task: Any, base_url: str, api_key: str
 ) -> tuple[str, Any]:
-    """Run the agent on ``task``: ``("ok", result)``, ``("invalid", what)`` or ``("raised", line)``."""
+    """Run the agent on ``task`` as its call plan says: ``("ok", result)``, ``("invalid", what)``
+    or ``("raised", line)``."""
     os.environ.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key)  # for agents that build their own
     is_async = inspect.iscoroutinefunction(fn)
-    client: Any = base_url
+    client: Any = None
     try:
         if make is not None:
             client = make(base_url, api_key)
-        result = asyncio.run(fn(task, client)) if is_async else fn(task, client)
+        sources = {**call.get("values", {}), "base_url": base_url, "api_key": api_key, "client": client}
+        args, kwargs = call_arguments(call, task, sources)
+        result = asyncio.run(fn(*args, **kwargs)) if is_async else fn(*args, **kwargs)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the agent's failure
         return "raised", one_line(exc)
     finally:
-        if hasattr(client, "close") and not is_async:
+        if client is not None and hasattr(client, "close") and not is_async:
             client.close()
     return checked_result(result)
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import Field
 
 from agentrl import ConfigError, one_line
-from agentrl_openai_agent.agent_process import import_agent, takes_base_url
+from agentrl_openai_agent.agent_process import import_agent
+from agentrl_openai_agent.signature import agent_call as check_agent
 
 SECTION = "openai_agent"
 
@@ -25,6 +24,13 @@ class OpenAIAgentConfig:
 
     agent: str = ""
     """The agent function: ``path/to/file.py:solve`` or ``module:solve`` (:mod:`agentrl_openai_agent`)."""
+    task_field: str | None = None
+    """The task field the agent's first parameter gets (``question``: ``def run(q, base_url)`` is
+    called with ``task["question"]``); null: decided by its signature (the whole task dict, or the
+    field it is named after: :mod:`agentrl_openai_agent.signature`)."""
+    max_turns: Annotated[int, Field(ge=1)] | None = None
+    """What an agent that declares a ``max_turns`` parameter is given; null: the env's
+    ``max_turns``."""
     tool_parser: str = "auto"
     """Registered tool-call parser reading the model's calls into OpenAI ``tool_calls``; ``auto``: the
     one the model's chat template or special tokens show (``xml_json`` when they show none)."""
@@ -49,7 +55,7 @@ class OpenAIAgentConfig:
     """The address in the base URLs agent programs are given (a name or IP their machine reaches
     this one by); null: ``host``, or this machine's IP when ``host`` is ``0.0.0.0``."""
     env_scores: bool = True
-    """The run's env scores the final answer of an agent that returns messages or None (its reward
+    """The run's env scores the final answer of an agent that returns a str, messages or None (its reward
     the episode's env return, its info the held-out accuracy: :mod:`agentrl_openai_agent.scoring`);
     False: the reward functions alone score agent episodes."""
 
@@ -70,38 +76,4 @@ def load_agent(spec: str) -> Any:
     return fn
 
 
-def check_agent(spec: str, fn: Any, fields: Collection[str] = ()) -> None:
-    """ConfigError, with the fix, when agent ``fn`` cannot take ``(task, client)`` (or ``(task,
-    base_url)``): it cannot be called with two arguments, or its first parameter expects a task
-    field instead of the whole task dict: it is annotated ``str``, or it is unannotated, not named
-    ``task`` and named after one of the tasks' ``fields`` (``def run_agent(question, base_url)``).
-    Any other first parameter (annotated otherwise, or unannotated under another name) takes it."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin or an extension function: nothing to check
-        return
-    params = list(signature.parameters.values())
-    takes = f"agent {spec} takes ({', '.join(p.name for p in params)})"
-    try:
-        signature.bind(None, None)
-    except TypeError:
-        raise ConfigError(
-            f"{takes}: it is called with two arguments, the task dict and the episode's client; write "
-            "def solve(task, client) (an openai.OpenAI) or def solve(task, base_url) (the episode's URL)"
-        ) from None
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if not positional:
-        return
-    first, second = positional[0], "base_url" if takes_base_url(fn) else "client"
-    is_text = first.annotation in (str, "str")
-    typed = first.annotation is not first.empty
-    if not is_text and (typed or first.name == "task" or first.name not in fields):
-        return
-    field = next((f for f in (first.name, "question", "prompt") if f in fields), first.name)
-    rest = "base_url=base_url" if second == "base_url" else "client"
-    call = f"{getattr(fn, '__name__', 'agent')}(task[{field!r}], {rest})"
-    expects = "a str" if is_text else f"its {field!r} field"
-    raise ConfigError(
-        f"{takes}: its first parameter receives the whole task dict, not {expects}; "
-        f"write def solve(task, {second}): return {call}"
-    )
+__all__ = ["DEFAULT_WORKERS", "SECTION", "OpenAIAgentConfig", "check_agent", "load_agent"]

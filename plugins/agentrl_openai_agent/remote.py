@@ -51,8 +51,8 @@ class WorkerLost(Exception):
 class AgentHost:
     """The body of an agent worker actor: an :class:`AgentWorkers` pool on the actor's node."""
 
-    def __init__(self, spec: str) -> None:
-        self.workers = AgentWorkers(spec, 0)
+    def __init__(self, spec: str, call: dict[str, Any] | None = None) -> None:
+        self.workers = AgentWorkers(spec, 0, call)
         self.incarnation = uuid.uuid4().hex
         self._events: dict[str, tuple[threading.Event, threading.Event]] = {}
         self._lock = threading.Lock()
@@ -144,10 +144,12 @@ def auto_host(here: str, places: list[dict[str, Any]]) -> str:
 
 class RemoteAgentWorkers:
     """:class:`AgentWorkers`' interface over ``count`` Ray actors placed by the ``ray`` config's
-    ``env_worker_resources`` (module docstring); the actors start with the first :meth:`grow`."""
+    ``env_worker_resources`` (module docstring); the actors start with the first :meth:`grow`,
+    their workers calling the agent as ``call`` says (:class:`AgentWorkers`), set before it."""
 
     def __init__(self, spec: str, ray_config: RayConfig, count: int, concurrency: int) -> None:
         self.spec, self.ray_config, self.count = spec, ray_config, count
+        self.call: dict[str, Any] | None = None
         self.concurrency = concurrency
         """At most how many episodes all actors together run at once (their threads are sized by it)."""
         self.actors: list[Any] = []
@@ -177,7 +179,7 @@ class RemoteAgentWorkers:
             max_concurrency=2 * per_actor + 4,
             runtime_env=env,
         )
-        self.actors = [host.remote(self.spec) for _ in range(self.count)]
+        self.actors = [host.remote(self.spec, self.call) for _ in range(self.count)]
         timeout_s = self.ray_config.start_timeout_s
         try:
             self.places = ray.get([actor.where.remote() for actor in self.actors], timeout=timeout_s)

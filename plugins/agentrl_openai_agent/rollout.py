@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
@@ -40,7 +42,7 @@ from agentrl_openai_agent.messages import (
 )
 from agentrl_openai_agent.record import EpisodeRecord, count_calls
 from agentrl_openai_agent.remote import RemoteAgentWorkers, WorkerLost
-from agentrl_openai_agent.scoring import score_with_env
+from agentrl_openai_agent.scoring import score_with_env, with_final_answer
 from agentrl_openai_agent.server import (
     RequestError,
     caller_episode,
@@ -49,6 +51,7 @@ from agentrl_openai_agent.server import (
     run_secret,
 )
 from agentrl_openai_agent.serving import open_endpoint
+from agentrl_openai_agent.signature import call_shown
 from agentrl_openai_agent.step import Step, open_step
 from agentrl_openai_agent.tools import call_opener, resolve_tool_parser_name
 from agentrl_openai_agent.workers import RESULTS, AgentLoadError, AgentWorkers, TaskNotSent
@@ -77,7 +80,10 @@ class OpenAIAgentRollout:
         if not self.options.agent:
             raise ConfigError(f"rollout openai_agent needs plugins.{SECTION}.agent: 'path/to/file.py:function'")
         self.agent = load_agent(self.options.agent)
-        check_agent(self.options.agent, self.agent)
+        check_agent(self.options.agent, self.agent, None, self.options.task_field)
+        self.call: dict[str, Any] | None = None
+        """How the agent is called (:func:`agentrl_openai_agent.signature.agent_call` and the values it
+        is given), decided at the first :meth:`run`, when the tasks' fields are known."""
         ray = ray_options(getattr(config, "ray", None))
         self.workers: AgentWorkers | RemoteAgentWorkers = (
             RemoteAgentWorkers(
@@ -113,7 +119,7 @@ class OpenAIAgentRollout:
             raise EnvError(f"{len(envs)} envs, {len(tasks)} tasks, {len(groups)} groups: must match")
         if seeds is None:
             seeds = [None if sampling.seed is None else sampling.seed * 1_000_003 + i for i in range(len(tasks))]
-        check_agent(self.options.agent, self.agent, {k for task in tasks if isinstance(task, dict) for k in task})
+        self._plan_call(envs, tasks)
         workers = max(1, self.options.max_concurrency or min(len(tasks), DEFAULT_WORKERS))
         try:
             self.workers.grow(workers)
@@ -142,6 +148,31 @@ class OpenAIAgentRollout:
             self._score_with_envs(envs, outcomes, trajectories)
         return trajectories
 
+    def _plan_call(self, envs: list[Any], tasks: list[dict[str, Any]]) -> None:
+        """At the first step, decide how the agent is called from its signature and the tasks'
+        fields (ConfigError with the fix when it cannot be: :mod:`agentrl_openai_agent.signature`),
+        say it once, and give it to the workers; at every step, check each task has the field the
+        agent's first parameter takes."""
+        spec = self.options.agent
+        if self.call is None:
+            turns = self.options.max_turns or next((getattr(e, "max_turns", None) for e in envs if e is not None), None)
+            values = {"model": str(getattr(self.config, "model", "agentrl")), "max_turns": turns}
+            values = {name: value for name, value in values.items() if value is not None}
+            fields = {k for task in tasks if isinstance(task, Mapping) for k in task}
+            plan = check_agent(
+                spec, self.agent, fields, self.options.task_field, ("base_url", "client", "api_key", *values)
+            )
+            self.call = {**plan, "values": values}
+            self.workers.call = self.call
+            print(f"openai_agent: calling {call_shown(spec, self.call)}", file=sys.stderr, flush=True)
+        field = self.call["field"]
+        for index, task in enumerate(tasks if field is not None else ()):
+            if not isinstance(task, Mapping) or field not in task:
+                raise EnvError(
+                    f"{sample_label(index, task)} has no {field!r} field, which agent {spec}'s first parameter takes "
+                    f"(plugins.{SECTION}.task_field names another, or name the parameter task for the whole dict)"
+                )
+
     def _raise_engine_failure(self, exc: BaseException) -> NoReturn:
         """Stop the run with an EngineError naming the engine that failed under an agent's call."""
         kind = getattr(self.engine, "display_name", type(self.engine).__name__)
@@ -152,8 +183,8 @@ class OpenAIAgentRollout:
     def _score_with_envs(
         self, envs: list[Any], outcomes: list[tuple[Any, dict[str, Any] | None]], trajectories: list[Trajectory]
     ) -> None:
-        """The run's envs score the final answers of the episodes whose agent returned messages or
-        None without failing (``env_scores``: :mod:`agentrl_openai_agent.scoring`)."""
+        """The run's envs score the final answers of the episodes whose agent returned a str,
+        messages or None without failing (``env_scores``: :mod:`agentrl_openai_agent.scoring`)."""
         judged = [
             i
             for i, (result, error) in enumerate(outcomes)
@@ -358,6 +389,8 @@ class OpenAIAgentRollout:
         last.segments = rows[:-1]
         if isinstance(result, list):  # the agent's final messages (dicts from its worker): what is scored
             last.messages = [dict(m) for m in result]
+        elif isinstance(result, str):  # its final answer: scored as the last assistant message
+            last.messages = with_final_answer(last.messages, result)
         elif isinstance(result, (int, float)) and last.turns:
             last.turns[-1].reward = float(result)
         elif isinstance(result, (int, float)):

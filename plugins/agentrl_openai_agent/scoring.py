@@ -3,7 +3,8 @@
 An agent program replaces the env's ``reset``/``step`` loop, so its episodes have no env reward:
 held-out accuracy (which reads the env's ``success``/``correct``/return) would be 0 for any agent.
 With ``plugins.openai_agent.env_scores`` (on by default) each episode whose agent returned its
-final messages (or None) is judged by the run's env as a one-turn episode: ``reset`` on the task,
+final answer (a str: :func:`with_final_answer` makes it the final assistant message), its final
+messages or None is judged by the run's env as a one-turn episode: ``reset`` on the task,
 then one ``step`` with the text of the final assistant message. The step's reward becomes the
 episode's env return (weighted by ``env_weight`` as for an env-driven episode) and its info
 (``correct``, ``success``, ...) the trajectory's. For single-turn checkers (math, the tool envs'
@@ -40,6 +41,18 @@ def final_answer(trajectory: Trajectory) -> str | None:
         if message.get("role") == "assistant":
             return str(message.get("content") or "")
     return None
+
+
+def with_final_answer(messages: list[dict[str, Any]], answer: str) -> list[dict[str, Any]]:
+    """``messages`` (the last call's conversation and reply, as recorded) with ``answer``, the
+    text an agent returned, as the final assistant message: it replaces the last assistant
+    message (so the conversation keeps one assistant message per call, as the reward functions
+    count them), or is appended when there is none."""
+    final = {"role": "assistant", "content": answer}
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "assistant":
+            return [*messages[:index], final, *messages[index + 1 :]]
+    return [*messages, final]
 
 
 def score_with_env(envs: list[Any], trajectories: list[Trajectory], guard: CallGuard, workers: int) -> int:

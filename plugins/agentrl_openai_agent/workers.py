@@ -53,8 +53,8 @@ START_TIMEOUT_S = 600.0
 
 @dataclass(frozen=True)
 class Outcome:
-    """One episode's end. ``result``: what the agent returned, checked and plain (a float, a list of
-    message dicts or None); ``error``: one line when it raised, crashed or timed out (``timed_out``);
+    """One episode's end. ``result``: what the agent returned, checked and plain (a float, a str,
+    a list of message dicts or None); ``error``: one line when it raised, crashed or timed out (``timed_out``);
     ``invalid``: what it returned instead of a result, cut short; ``left``: what it left running
     (threads, child processes); ``replaced``: its worker was ended and a fresh one started (it left
     something, crashed or timed out)."""
@@ -91,7 +91,7 @@ class TaskNotSent(Exception):
 class _Worker:
     """One worker process as the trainer sees it: its process and its end of the pipe."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, call: dict[str, Any] | None = None) -> None:
         here, there = Pipe()
         boot = BOOT.format(name=WORKER_MODULE, path=str(Path(agent_process.__file__).resolve()))
         self.proc = subprocess.Popen(
@@ -102,7 +102,7 @@ class _Worker:
         )
         there.close()
         self.conn, self.killed = here, False
-        self.conn.send({"spec": spec, "sys_path": list(sys.path), "parent": os.getpid()})
+        self.conn.send({"spec": spec, "sys_path": list(sys.path), "parent": os.getpid(), "call": call})
 
     def wait_ready(self) -> None:
         """Block until the worker has imported the agent; AgentLoadError when it could not."""
@@ -189,10 +189,13 @@ class AgentWorkers:
     """A pool of worker processes running agent ``spec`` one episode at a time each (module docstring).
 
     ``size``: how many; :meth:`grow` adds more. :meth:`run` is called from as many threads at once
-    as there are workers."""
+    as there are workers. ``call``: how the agent is called (its plan and values:
+    :func:`agentrl_openai_agent.signature.agent_call`; None: ``fn(task, client)``, or ``fn(task,
+    base_url)`` when its second parameter is named so), given to the workers started after it is set."""
 
-    def __init__(self, spec: str, size: int = 1) -> None:
+    def __init__(self, spec: str, size: int = 1, call: dict[str, Any] | None = None) -> None:
         self.spec = spec
+        self.call = call
         self.size = 0
         self.replaced = 0
         """Workers replaced so far."""
@@ -210,7 +213,7 @@ class AgentWorkers:
         with self._lock:
             if self._closed.is_set():
                 raise RuntimeError("the agent's workers are closed")
-            started = [_Worker(self.spec) for _ in range(size - self.size)]
+            started = [_Worker(self.spec, self.call) for _ in range(size - self.size)]
             self._live.update(started)
             self.size = max(self.size, size)
         try:
@@ -267,7 +270,7 @@ class AgentWorkers:
             self.replaced += 1
             if self._closed.is_set():
                 return
-            fresh = _Worker(self.spec)
+            fresh = _Worker(self.spec, self.call)
             self._live.add(fresh)
             self.starting += 1
 
