@@ -22,6 +22,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest
 from faulty_plugin import FAULTS
+from xdist.scheduler import LoadScopeScheduling
 
 from agentrl.model.loading import DEFAULT_MODEL, load_tokenizer
 from agentrl.testing import build_tiny_model
@@ -124,6 +125,42 @@ class SimulatedCluster:
     def name_of(self, node_id: str) -> str:
         """Which of :data:`NODES` has ``node_id``."""
         return next(name for name, known in self.node_ids.items() if known == node_id)
+
+
+RAY_TESTS = "tests/cluster/"
+"""Where every test that uses :func:`ray_cluster` lives: under pytest-xdist they all run on one
+worker (:func:`pytest_xdist_make_scheduler`), so the cluster starts once (~45 s on 2 cores) and one
+4-raylet cluster runs at a time, instead of one per worker."""
+
+
+class _RayTestsOnOneWorker(LoadScopeScheduling):
+    """xdist's ``load`` distribution, except that the tests under :data:`RAY_TESTS` are one work
+    unit (handed to one worker, the biggest unit first); every other test is a unit of its own."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return RAY_TESTS if nodeid.startswith(RAY_TESTS) else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
+    """``-n N`` (xdist's default ``--dist load``) keeps the Ray tests on one worker; an explicit
+    other ``--dist`` is left as asked. (xdist's own ``--dist loadgroup`` cannot do it here: it
+    renames nodes through an attribute pytest 9 no longer reads.)"""
+    if config.getoption("dist") != "load":
+        return None
+    return _RayTestsOnOneWorker(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test outside :data:`RAY_TESTS` that uses ``ray_cluster`` would start a second cluster on
+    another worker: refused, naming it."""
+    strays = [
+        item.nodeid
+        for item in items
+        if "ray_cluster" in getattr(item, "fixturenames", ()) and not item.nodeid.startswith(RAY_TESTS)
+    ]
+    if strays:
+        raise pytest.UsageError(f"tests using ray_cluster must live under {RAY_TESTS}: {', '.join(strays)}")
 
 
 @pytest.fixture(scope="session")

@@ -172,10 +172,8 @@ def test_ppo_async_two_processes_with_resume_equal_one(tiny_model_dir: Path, tmp
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     agentrl("train", "--resume", str(two), "--num-processes", "2")
     assert_same_run(tmp_path / "one", two, parts=("model", "critic"))
-    refused = subprocess.run(
-        [sys.executable, "-m", "agentrl", "train", "--resume", str(two)], capture_output=True, text=True, timeout=600
-    )
-    assert refused.returncode == 2 and "written by 2 process(es)" in refused.stderr
+    refused = agentrl_in_process("train", "--resume", str(two))  # refused before it starts: no process needed
+    assert refused.returncode == 2 and "written by 2 process(es)" in refused.stderr, refused.stderr[-2000:]
 
 
 PREAMBLE = (
@@ -247,9 +245,7 @@ def test_fsdp_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     agentrl("train", "--resume", str(two), "--num-processes", "2", "--accelerate-config", "fsdp")
     assert_same_run(tmp_path / "one", two, parts=("model", "critic"), tolerance=FSDP_WEIGHT_TOLERANCE)
-    refused = subprocess.run(
-        [sys.executable, "-m", "agentrl", "train", "--resume", str(two)], capture_output=True, text=True, timeout=600
-    )
+    refused = agentrl_in_process("train", "--resume", str(two))  # refused before it starts: no process needed
     assert refused.returncode == 2 and "resume it with --accelerate-config fsdp" in refused.stderr, refused.stderr[
         -2000:
     ]

@@ -409,7 +409,11 @@ def test_smollm2_float32_engine_parity(smollm2) -> None:
 
 @pytest.mark.slow
 def test_smollm2_bfloat16_engine_gap_to_the_autocast_trainer(smollm2) -> None:
+    """Four of the prompts (128 tokens): bf16 is emulated on CPUs without native bf16, where all 8
+    took twice as long for the same figures (AVX2 AMD EPYC: mean gap 0.042 to the autocast trainer
+    with 8 prompts and with 4, max 0.31 both)."""
     model, tokenizer, prompts = smollm2
+    prompts = prompts[:4]
     engine = HFEngine(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "bfloat16"}))
     start = time.perf_counter()
     generations = engine.generate(prompts, SamplingParams(max_new_tokens=32, temperature=1.0, seed=0))

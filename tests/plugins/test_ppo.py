@@ -433,7 +433,8 @@ def test_print_config_lists_every_ppo_option():
 def test_ppo_on_the_real_default_model_multi_turn(tmp_path):
     """``--algo ppo`` with per-turn credit on the embedded SmolLM2, two small steps of guess
     (3 turns at most: the test's longest run on the real model; PPO needs no groups, so 2 x 2
-    episodes a step, which takes a fifth less time than 2 x 4; no evaluation: other tests cover it)."""
+    episodes a step, which takes a fifth less time than 2 x 4; no evaluation and no checkpoint (policy,
+    critic and their AdamW moments: ~3 GB to write): other tests cover them)."""
     out = tmp_path / "run"
     command = [
         sys.executable,
@@ -464,6 +465,8 @@ def test_ppo_on_the_real_default_model_multi_turn(tmp_path):
         "env_args.max_turns=3",
         "--set",
         "algorithm.critic_learning_rate=1e-3",
+        "--set",
+        "checkpoint_every=0",
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr

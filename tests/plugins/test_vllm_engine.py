@@ -603,6 +603,8 @@ def test_train_with_vllm_end_to_end_on_the_default_model(tmp_path):
             "--set",
             "save_model=false",
             "--set",
+            "checkpoint_every=0",
+            "--set",
             "engine_args.kv_cache_gb=0.5",
         ],
     )
@@ -648,6 +650,8 @@ def test_train_asynchronously_with_vllm_on_the_default_model(tmp_path):
             "async_steps=1",
             "--set",
             "save_model=false",
+            "--set",
+            "checkpoint_every=0",
             "--set",
             "engine_args.kv_cache_gb=0.5",
         ],
