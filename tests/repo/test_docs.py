@@ -259,7 +259,10 @@ def test_markers_are_known_and_skips_give_a_reason():
     for block in BLOCKS:
         if block.marker is not None:
             assert block.marker in ("skip", "tiny"), f"{block.id}: unknown marker docs-test: {block.marker}"
-            assert block.lang == "bash", f"{block.id}: docs-test markers apply to bash blocks"
+            allowed = ("bash", "python") if block.marker == "tiny" else ("bash",)
+            assert block.lang in allowed, (
+                f"{block.id}: docs-test {block.marker} applies to {' and '.join(allowed)} blocks"
+            )
             assert block.marker != "skip" or block.reason, f"{block.id}: say why: docs-test: skip (REASON)"
             for cited in re.findall(r"\btests/[\w/]+\.py", block.reason):  # a test said to run it instead
                 assert (ROOT / cited).is_file(), f"{block.id}: the skip reason cites {cited}, which does not exist"
