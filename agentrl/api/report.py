@@ -20,15 +20,16 @@ def headline(cfg: Any) -> str:
     )
 
 
-def start_lines(trainer: Any) -> list[str]:
-    """The banner's lines after the headline, for a built (internal) trainer."""
+def start_lines(trainer: Any, flag: str = "--reward") -> list[str]:
+    """The banner's lines after the headline, for a built (internal) trainer (``flag``: how the
+    user gave rewards: ``--reward``, or ``rewards=`` from Python)."""
     from agentrl.model import sharding
     from agentrl.model.activation_checkpointing import checkpointed_summary
 
     cfg, run = trainer.config, trainer.run
     engine = run.engine  # an engine need not subclass Engine: its class names it then
     lines = [
-        rewards_line(cfg, trainer),
+        rewards_line(cfg, trainer, flag),
         f"precision: {run.precision.name} ({run.precision.reason})",
         f"sampler: {getattr(engine, 'description', type(engine).__name__)}",
     ]
@@ -41,7 +42,7 @@ def start_lines(trainer: Any) -> list[str]:
     return lines
 
 
-def rewards_line(cfg: Any, trainer: Any) -> str:
+def rewards_line(cfg: Any, trainer: Any, flag: str = "--reward") -> str:
     """What the run is rewarded for, and where that choice came from."""
     parts = [f"env return x{cfg.env_reward_weight:g}"]
     parts += [f"{name} x{weight:g}" for name, (_, weight) in trainer.run.reward_fns.items()]
@@ -49,10 +50,12 @@ def rewards_line(cfg: Any, trainer: Any) -> str:
     if cfg.rewards is None:
         source = "the env's defaults"
     elif defaults and any(name not in cfg.rewards for name in defaults):
-        listed = " ".join(f"--reward {name}:{weight:g}" for name, weight in defaults.items())
-        source = f"--reward replaces the env's defaults; add {listed} to keep them"
+        listed = " ".join(f"{flag} {name}:{weight:g}" for name, weight in defaults.items())
+        if not flag.startswith("--"):
+            listed = repr({name: weight for name, weight in defaults.items()})
+        source = f"{flag} replaces the env's defaults; add {listed} to keep them"
     else:
-        source = "--reward"
+        source = flag
     return f"rewards: {' + '.join(parts)} ({source})"
 
 

@@ -44,7 +44,9 @@ class Trainer:
         env: Any = None,
         algo: Any = None,
         rewards: Any = None,
+        reward_funcs: Any = None,
         dataset: Any = None,
+        train_dataset: Any = None,
         eval_dataset: Any = None,
         agent: Any = None,
         plugins: Any = (),
@@ -52,6 +54,7 @@ class Trainer:
         verbose: bool = True,
         **options: Any,
     ) -> None:
+        rewards, dataset = _one_of("rewards", rewards, reward_funcs), _one_of("dataset", dataset, train_dataset)
         self.manager = _plugins(plugins)
         given = GivenObjects(self.manager)
         named = {"env": given.env(env), "algo": given.algorithm(algo), "rewards": given.rewards(rewards)}
@@ -60,7 +63,10 @@ class Trainer:
             named.update(rollout="openai_agent", plugins=merged(options.pop("plugins", None), section))
         self.verbose, self._stack = verbose, contextlib.ExitStack()
         try:
-            cfg, checkpoint = self._config(config, {**options, **named}, dataset, eval_dataset, resume)
+            if resume is not None:  # the objects are registered by name; the run's own config says the rest
+                cfg, checkpoint = self._resumed(resume, config, options, dataset)
+            else:
+                cfg, checkpoint = self._config(config, {**options, **named}, dataset, eval_dataset), None
             self._say(headline(cfg))
             self._quiet_loading()
             self.run_trainer = _RunTrainer(cfg, self.manager, resume=checkpoint)
@@ -68,7 +74,7 @@ class Trainer:
             self._stack.close()
             raise
         self._stack.callback(self.run_trainer.run.close)
-        for line in start_lines(self.run_trainer):
+        for line in start_lines(self.run_trainer, flag="rewards="):
             self._say(line)
         self._steps: tuple[Any, InterruptGuard] | None = None  # the writer and guard of a step-by-step run
         self.history: list[dict[str, float]] = []
@@ -152,20 +158,11 @@ class Trainer:
         self.close()
 
     # -- building ----------------------------------------------------------------------------------
-    def _config(
-        self, config: Any, overrides: dict[str, Any], dataset: Any, eval_dataset: Any, resume: str | Path | None
-    ) -> tuple[TrainConfig, Path | None]:
-        """The run's config (this run dir locked) and the checkpoint to resume, if any."""
-        from agentrl.rundir.directory import resume_config, run_dir_for, start_over_config
+    def _config(self, config: Any, overrides: dict[str, Any], dataset: Any, eval_dataset: Any) -> TrainConfig:
+        """The run's config, its run dir locked (rows given in memory written into it)."""
+        from agentrl.rundir.directory import run_dir_for
         from agentrl.rundir.lock import RunLock
 
-        if resume is not None:
-            extra = sorted(k for k, v in overrides.items() if v is not None and k != "max_steps")
-            if config is not None or dataset is not None or extra:
-                raise ConfigError(f"resume continues the run with its own config; drop {', '.join(extra) or 'config'}")
-            self._stack.enter_context(RunLock(resume))
-            start_over = start_over_config(resume, overrides.get("max_steps"))
-            return (start_over, None) if start_over else resume_config(resume, overrides.get("max_steps"))
         overrides = {key: value for key, value in overrides.items() if value is not None}
         if dataset is not None:
             overrides["dataset"] = {"path": "(rows given in memory)"}  # where they go: decided below
@@ -175,7 +172,23 @@ class Trainer:
         section = dataset_section(dataset, eval_dataset, run_dir / "dataset")
         return dataclasses.replace(
             cfg, output_dir=str(run_dir), dataset=merged(cfg.dataset, section) if section else cfg.dataset
-        ), None
+        )
+
+    def _resumed(
+        self, run_dir: str | Path, config: Any, options: dict[str, Any], dataset: Any
+    ) -> tuple[TrainConfig, Path | None]:
+        """``resume``: the run's own config (``max_steps`` may be raised) and its newest checkpoint
+        (None: it stopped before its first one and starts over), its run dir locked."""
+        from agentrl.rundir.directory import resume_config, start_over_config
+        from agentrl.rundir.lock import RunLock
+
+        extra = sorted(key for key, value in options.items() if value is not None and key != "max_steps")
+        if config is not None or dataset is not None or extra:
+            given = ", ".join(extra + ["config"] * (config is not None) + ["dataset"] * (dataset is not None))
+            raise ConfigError(f"resume continues the run with its own config; drop {given} (max_steps may be given)")
+        self._stack.enter_context(RunLock(run_dir))
+        start_over = start_over_config(run_dir, options.get("max_steps"))
+        return (start_over, None) if start_over else resume_config(run_dir, options.get("max_steps"))
 
     def _say(self, line: str) -> None:
         if self.verbose:
@@ -201,6 +214,14 @@ def train(config: str | Path | dict[str, Any] | TrainConfig | None = None, /, **
     Takes what :class:`Trainer` takes."""
     with Trainer(config, **kwargs) as trainer:
         return trainer.train()
+
+
+def _one_of(name: str, value: Any, trl_name_value: Any) -> Any:
+    """``value``, or what TRL's name for it gave (``reward_funcs``, ``train_dataset``); not both."""
+    if value is not None and trl_name_value is not None:
+        trl = {"rewards": "reward_funcs", "dataset": "train_dataset"}[name]
+        raise ConfigError(f"{name} and {trl} name the same thing: give one of them")
+    return trl_name_value if value is None else value
 
 
 def _plugins(plugins: Any) -> PluginManager:

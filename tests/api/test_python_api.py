@@ -133,3 +133,40 @@ def test_an_agent_its_workers_could_not_import_is_refused_with_the_fix():
         agent_spec(nested)
     assert agent_spec(mentions_topic) == f"{__file__}:mentions_topic"
     assert agent_spec("agent.py:run") == "agent.py:run"
+
+
+def test_a_run_resumed_from_python_or_the_cli_equals_a_straight_one(tiny_model_dir, tmp_path):
+    rows = [{"prompt": f"Say something about {t}.", "topic": t} for t in "abcdefghijkl"]
+    for way, rewards in (("python", [mentions_topic]), ("cli", ["format"])):
+        common = {"dataset": rows, "reward_funcs": rewards, "model": str(tiny_model_dir), "verbose": False}
+        agentrl.train(output_dir=str(tmp_path / f"straight-{way}"), **common, **SMALL)
+        run_dir = tmp_path / way
+        agentrl.train(output_dir=str(run_dir), checkpoint_every=1, **common, **{**SMALL, "max_steps": 1})
+        if way == "python":  # the same objects again, registered by name; the run's own config for the rest
+            agentrl.train(resume=run_dir, max_steps=2, rewards=[mentions_topic], verbose=False)
+        else:  # everything by name, the rows in the run dir: the CLI continues it
+            resumed = agentrl_in_process("train", "--resume", str(run_dir), "--max-steps", "2")
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert metrics(run_dir) == metrics(tmp_path / f"straight-{way}")
+
+
+def test_trl_names_for_rewards_and_the_dataset_and_plugin_objects(tiny_model_dir, tmp_path):
+    seen = []
+
+    class StepCounter:
+        """A plugin given as an object: it sees each step end."""
+
+        @agentrl.hookimpl
+        def agentrl_on_step_end(self, step, metrics):
+            seen.append(step)
+
+    rows = [{"prompt": f"Say {t}.", "topic": t} for t in "abcdefgh"]
+    result = agentrl.train(
+        train_dataset=rows, reward_funcs=mentions_topic, plugins=[StepCounter()], model=str(tiny_model_dir),
+        output_dir=str(tmp_path / "run"), verbose=False, **SMALL,
+    )  # fmt: skip
+    assert seen == [1, 2] and "reward/mentions_topic_mean" in result.history[-1]
+    with pytest.raises(ConfigError, match="rewards and reward_funcs name the same thing: give one of them"):
+        agentrl.Trainer(rewards=["format"], reward_funcs=[mentions_topic])
+    with pytest.raises(ConfigError, match=r"resume continues the run with its own config; drop seed"):
+        agentrl.Trainer(resume=tmp_path / "run", seed=3)
