@@ -127,3 +127,22 @@ def test_the_dataset_env_takes_messages_and_refuses_rows_without_a_prompt():
         DatasetEnv().use_tasks([{"prompt": "a"}, {"prompt": ""}], [])
     with pytest.raises(ConfigError, match=r"takes its tasks from a dataset: agentrl train --dataset"):
         DatasetEnv().train_tasks()
+
+
+def test_a_tool_env_runs_dataset_rows_as_its_tasks_and_its_gold_episode_scores():
+    from agentrl.testing import check_env
+    from agentrl_tool_envs import CalculatorEnv
+
+    rows = [{"question": f"What is {a} * 7 + 3?", "answer": str(a * 7 + 3)} for a in range(20, 30)]
+    env = CalculatorEnv()
+    train, held_out = dataset_splits(rows, None, 0.2, 0)
+    env.use_tasks(train, held_out)
+    assert list(env.train_tasks()) == train and list(env.eval_tasks()) == held_out
+    messages, _ = env.reset(options={"task": train[0]})
+    assert messages[-1]["content"] == train[0]["question"]
+    check_env(lambda: _with_tasks(CalculatorEnv(), train, held_out))  # the gold episode, through the tool, scores 1
+
+
+def _with_tasks(env, train, held_out):
+    env.use_tasks(train, held_out)
+    return env
