@@ -79,11 +79,11 @@ def _table(runs: list[Any], labels: list[str], metrics: list[str]) -> Table:
     before -> after from each run's eval.json."""
     from agentrl.rundir.compare import shown_steps
 
-    table = Table("metric", "step", *labels)
+    table = Table("metric", "step", *(escape(label) for label in labels))
     for metric in metrics:
         for number, step in enumerate(shown_steps(runs, metric)):
             cells = [_cell(run.steps.get(step, {}), metric) for run in runs]
-            table.add_row(metric if number == 0 else "", str(step), *cells)
+            table.add_row(escape(metric) if number == 0 else "", str(step), *cells)
         table.add_section()
     accuracy = [_before_after(run.evals) for run in runs]
     if any(accuracy):

@@ -108,6 +108,15 @@ def test_tolerance_forgives_a_nudge_exact_does_not(runs, tmp_path):
     assert loose.returncode == 0 and "identical except perf/*" in loose.stdout, loose.stdout
 
 
+def test_a_run_cut_short_differs_at_the_step_it_lacks(runs, tmp_path):
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "metrics.jsonl").write_text(json.dumps(_rows(runs["straight"])[0]) + "\n")
+    result = agentrl_in_process("compare", str(runs["straight"]), str(short), "--check")
+    assert result.returncode == 1
+    assert "first difference at step 2: only straight logged it" in _flat(result.stdout), result.stdout
+
+
 def test_three_runs_are_each_checked_against_the_first(runs):
     result = agentrl_in_process("compare", *(str(runs[n]) for n in ("straight", "resumed", "seed1")), "--all")
     said = result.stdout
