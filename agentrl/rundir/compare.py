@@ -14,11 +14,13 @@ import fnmatch
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, TrainingError
 from agentrl.rundir.metrics import read_rows
 
 if TYPE_CHECKING:
@@ -56,8 +58,8 @@ class RunRecord:
     """Step -> its metrics (the rows of a step merged: the final ``final/*`` row shares the last step)."""
     evals: dict[str, dict[str, Any]]
     """``eval.json``'s ``before`` and ``after`` metrics ({} each when absent)."""
-    completions: list[dict[str, Any]] | None
-    """The rows of ``completions.jsonl``; None when the run wrote none."""
+    completions: Path | None
+    """Its ``completions.jsonl`` (read episode by episode when compared); None when the run wrote none."""
 
     @property
     def name(self) -> str:
@@ -89,9 +91,7 @@ def load_run(path: str | Path) -> RunRecord:
         if isinstance(step, (int, float)) and not isinstance(step, bool):
             steps.setdefault(int(step), {}).update({k: v for k, v in row.items() if k != "step"})
     completions = run_dir / "completions.jsonl"
-    return RunRecord(
-        run_dir, steps, _read_evals(run_dir / "eval.json"), read_rows(completions) if completions.is_file() else None
-    )
+    return RunRecord(run_dir, steps, _read_evals(run_dir / "eval.json"), completions if completions.is_file() else None)
 
 
 def _read_evals(path: Path) -> dict[str, dict[str, Any]]:
@@ -210,14 +210,8 @@ def compare_pair(a: RunRecord, b: RunRecord, tolerance: float = 0.0) -> Identity
             first = differing[0]
             values = (row_a.get(first, _MISSING), row_b.get(first, _MISSING))
             difference = Difference(step, first, values, len(differing) - 1)
-    episodes = None if a.completions is None or b.completions is None else len(a.completions)
-    return Identity(
-        difference,
-        len(a.steps.keys() | b.steps.keys()),
-        len(keys),
-        episodes,
-        _first_episode_difference(a, b, tolerance) if episodes is not None else None,
-    )
+    episodes, episode_difference = _first_episode_difference(a, b, tolerance)
+    return Identity(difference, len(a.steps.keys() | b.steps.keys()), len(keys), episodes, episode_difference)
 
 
 class _Missing:
@@ -243,28 +237,58 @@ def _shown(value: Any) -> str:
     return repr(value) if isinstance(value, (float, _Missing)) else str(value)
 
 
-def _first_episode_difference(a: RunRecord, b: RunRecord, tolerance: float) -> str | None:
-    """The first episode of ``completions.jsonl`` that differs (its number, step and group, and
-    what differs), None when all match."""
-    ours, theirs = a.completions or [], b.completions or []
-    for number, (x, y) in enumerate(zip(ours, theirs), 1):
-        where = f"episode {number} (step {x.get('step')}, group {x.get('group')})"
-        if (x.get("step"), x.get("group")) != (y.get("step"), y.get("group")):
-            return f"{where}: step {y.get('step')}, group {y.get('group')} in {b.name}"
-        if not _same(x.get("reward"), y.get("reward"), tolerance):
-            return f"{where}: reward {_shown(x.get('reward'))} vs {_shown(y.get('reward'))}"
-        messages_x, messages_y = x.get("messages") or [], y.get("messages") or []
-        for index, (mx, my) in enumerate(zip(messages_x, messages_y)):
-            if mx != my:
-                role = mx.get("role", "?") if isinstance(mx, dict) else "?"
-                texts = (_excerpt(m) for m in (mx, my))
-                return f"{where}: message {index} ({role}) {' vs '.join(texts)}"
-        if len(messages_x) != len(messages_y):
-            return f"{where}: {len(messages_x)} vs {len(messages_y)} messages"
-        if x.get("answer") != y.get("answer"):
-            return f"{where}: answer {x.get('answer')!r} vs {y.get('answer')!r}"
-    if len(ours) != len(theirs):
-        return f"episode {min(len(ours), len(theirs)) + 1}: {a.name} has {len(ours)} episodes, {b.name} {len(theirs)}"
+def _episodes(path: Path) -> Iterator[dict[str, Any]]:
+    """The episodes of a ``completions.jsonl``, one line at a time (the file may be large); a
+    TrainingError naming the line of one that is not a JSON object."""
+    with path.open(errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict):
+                raise TrainingError(
+                    f"{path}, line {number}: not a JSON object ({line[:60]!r}); fix or delete that line"
+                )
+            yield row
+
+
+def _first_episode_difference(a: RunRecord, b: RunRecord, tolerance: float) -> tuple[int | None, str | None]:
+    """(episodes compared, the first that differs: its number, step and group, and what differs)
+    over both runs' ``completions.jsonl``; (None, None) when a run has none."""
+    if a.completions is None or b.completions is None:
+        return None, None
+    ours, theirs = _episodes(a.completions), _episodes(b.completions)
+    count = 0
+    for count, (x, y) in enumerate(zip_longest(ours, theirs), 1):
+        if x is None or y is None:
+            more, fewer = (a.name, b.name) if y is None else (b.name, a.name)
+            return count, f"episode {count}: {more} has more episodes than {fewer}"
+        difference = _episode_difference(x, y, count, b.name, tolerance)
+        if difference:
+            return count, difference
+    return count, None
+
+
+def _episode_difference(x: dict[str, Any], y: dict[str, Any], number: int, other: str, tolerance: float) -> str | None:
+    """What differs between two episodes (the ``number``-th of their files; ``y`` is the run
+    ``other``'s), None when nothing does."""
+    where = f"episode {number} (step {x.get('step')}, group {x.get('group')})"
+    if (x.get("step"), x.get("group")) != (y.get("step"), y.get("group")):
+        return f"{where}: step {y.get('step')}, group {y.get('group')} in {other}"
+    if not _same(x.get("reward"), y.get("reward"), tolerance):
+        return f"{where}: reward {_shown(x.get('reward'))} vs {_shown(y.get('reward'))}"
+    messages_x, messages_y = x.get("messages") or [], y.get("messages") or []
+    for index, (mx, my) in enumerate(zip(messages_x, messages_y)):
+        if mx != my:
+            role = mx.get("role", "?") if isinstance(mx, dict) else "?"
+            return f"{where}: message {index} ({role}) {_excerpt(mx)} vs {_excerpt(my)}"
+    if len(messages_x) != len(messages_y):
+        return f"{where}: {len(messages_x)} vs {len(messages_y)} messages"
+    if x.get("answer") != y.get("answer"):
+        return f"{where}: answer {x.get('answer')!r} vs {y.get('answer')!r}"
     return None
 
 
