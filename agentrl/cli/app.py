@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from agentrl.api.progress import noise_note, standard_error
+from agentrl.cli.compare import compare
 from agentrl.cli.eval import eval_
 from agentrl.cli.new import app as new_app
 from agentrl.cli.support import (
@@ -112,6 +113,7 @@ app.command()(train)
 app.command("eval")(eval_)
 app.command()(plugins)
 app.command()(plot)
+app.command()(compare)
 app.add_typer(new_app, name="new")
 
 if __name__ == "__main__":
