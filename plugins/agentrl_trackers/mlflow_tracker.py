@@ -1,5 +1,7 @@
 """MLflow (``mlflow-skinny`` is enough): a run in the experiment ``project``, by default in the local
-file store ``file:<run_dir>/mlruns`` (``mlflow ui --backend-store-uri <run_dir>/mlruns`` shows it)."""
+file store ``file:<run_dir>/mlruns`` (``mlflow ui --backend-store-uri <run_dir>/mlruns`` shows it).
+MLflow 3 keeps that store in maintenance mode behind ``MLFLOW_ALLOW_FILE_STORE``, which a ``file:``
+URI sets to true unless it is set already; a database or server URI needs nothing."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ class MlflowTracker(Tracker):
         from mlflow.tracking import MlflowClient
 
         uri = settings.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or _file_uri(run_dir / "mlruns")
+        if uri.startswith("file:"):  # MLflow 3 keeps its file store in maintenance mode, behind this switch
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         if resume_id is not None:
             self.client.update_run(resume_id, status="RUNNING")

@@ -148,10 +148,10 @@ def test_mlflow_file_store_holds_each_metric_per_step_the_table_and_the_params(t
     _train(tiny_model_dir, run_dir, "--set", "plugins.trackers.report_to=[mlflow]", "--set", "log_completions_every=1")
     run = _mlflow_run(run_dir)
     logged = _metrics(run_dir)
-    reward = (run / "metrics" / "train" / "reward_mean").read_text().splitlines()
-    assert [int(line.split()[2]) for line in reward] == [1, 2]
-    assert [float(line.split()[1]) for line in reward] == pytest.approx([m["train/reward_mean"] for m in logged])
-    assert len(list((run / "metrics").rglob("*"))) > 10  # every scalar of the step, not one
+    for key in logged[0].keys() - {"step"}:  # one file per metric: "timestamp value step" lines
+        lines = [line.split() for line in (run / "metrics" / key).read_text().splitlines()]
+        assert [int(step) for _, _, step in lines] == [1, 2], key
+        assert [float(value) for _, value, _ in lines] == pytest.approx([m[key] for m in logged], nan_ok=True)
     assert (run / "params" / "max_steps").read_text() == "2"
     assert json.loads((run / "artifacts" / "config.json").read_text())["max_steps"] == 2
     for step in (1, 2):
@@ -168,7 +168,7 @@ def test_a_resumed_run_continues_the_same_mlflow_run(tiny_model_dir, tmp_path):
     result = agentrl_in_process("train", "--resume", str(run_dir), "--max-steps", "3", *_plugin())
     assert result.returncode == 0, result.stderr[-3000:]
     assert _mlflow_run(run_dir) == first
-    steps = [int(line.split()[2]) for line in (first / "metrics" / "train" / "reward_mean").read_text().splitlines()]
+    steps = [int(line.split()[2]) for line in (first / "metrics" / "reward" / "total_mean").read_text().splitlines()]
     assert steps == [1, 2, 3]
 
 
@@ -201,11 +201,31 @@ def test_a_tracker_that_fails_mid_run_is_turned_off_with_one_warning(tiny_model_
 # -- trackio ----------------------------------------------------------------------------------------
 
 
-def test_trackio_logs_each_step_and_the_completions_table(tiny_model_dir, tmp_path, monkeypatch):
-    if "trackio" in sys.modules:
-        pytest.fail("trackio was imported before this test: its store folder ($TRACKIO_DIR) is fixed at import")
+def test_trackio_logs_each_step_the_completions_table_and_the_config(tiny_model_dir, tmp_path, monkeypatch):
+    if "trackio" not in sys.modules:  # trackio reads its store folder when first imported
+        monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     pytest.importorskip("trackio")
-    ...
+    from trackio.sqlite_storage import SQLiteStorage
+
+    run_dir = tmp_path / f"run-{tmp_path.name}"  # the trackio run's name: unique in a shared store
+    _train(
+        tiny_model_dir,
+        run_dir,
+        "--set",
+        "plugins.trackers.report_to=[trackio]",
+        "--set",
+        "plugins.trackers.project=agentrl-tests",
+        "--set",
+        "log_completions_every=1",
+    )
+    logs = SQLiteStorage.get_logs("agentrl-tests", run_dir.name)
+    assert [row["step"] for row in logs] == [1, 2]
+    for row, logged in zip(logs, _metrics(run_dir)):
+        assert {k: row[k] for k in logged if k != "step"} == pytest.approx({k: v for k, v in logged.items() if k != "step"}, nan_ok=True)
+        table = row["completions"]
+        assert table["_type"] == "trackio.table"
+        assert [[r[c] for c in COLUMNS] for r in table["_value"]] == _table_rows(run_dir, row["step"])
+    assert SQLiteStorage.get_run_config("agentrl-tests", run_dir.name)["max_steps"] == 2
 
 
 # -- start-up ---------------------------------------------------------------------------------------
