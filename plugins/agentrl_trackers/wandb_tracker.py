@@ -1,7 +1,12 @@
-"""Weights & Biases: ``wandb.init`` in ``<run_dir>/wandb`` (``WANDB_MODE=offline`` logs offline)."""
+"""Weights & Biases: ``wandb.init`` in ``<run_dir>/wandb`` (``WANDB_MODE=offline`` logs offline).
+
+wandb makes symbolic links there (``latest-run``, ``debug.log`` to its newest run, a run's
+``logs/debug-core.log`` to its cache): they are removed once made and at the end, since ``--resume``
+refuses a run dir holding a link."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,8 @@ class WandbTracker(Tracker):
             settings=wandb.Settings(console="off"),
         )
         self.run_id = self.run.id
+        self.folder = run_dir / "wandb"
+        _drop_links(self.folder)
 
     def log_step(self, step: int, scalars: dict[str, float], rows: list[dict[str, Any]]) -> None:
         """``run.log`` of the scalars (and the table) at ``step``."""
@@ -42,3 +49,12 @@ class WandbTracker(Tracker):
         """The final metrics into the summary, then ``run.finish()``."""
         self.run.summary.update(final)
         self.run.finish()
+        _drop_links(self.folder)
+
+
+def _drop_links(folder: Path) -> None:
+    """Remove the symbolic links inside ``folder`` at any depth (wandb's shortcuts), never following one."""
+    for top, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            if (Path(top) / name).is_symlink():
+                (Path(top) / name).unlink()

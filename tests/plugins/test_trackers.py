@@ -41,7 +41,11 @@ def _train(model: Path, run_dir: Path, *extra: str) -> object:
         "--output-dir",
         str(run_dir),
         *_plugin(),
-        *[arg for pair in (("--set", s) for s in ("max_new_tokens=4", "eval_tasks=0", "save_model=false")) for arg in pair],
+        *[
+            arg
+            for pair in (("--set", s) for s in ("max_new_tokens=4", "eval_tasks=0", "save_model=false"))
+            for arg in pair
+        ],
         *extra,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -58,7 +62,9 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def _table_rows(run_dir: Path, step: int) -> list[list]:
     """The completions.jsonl episodes of ``step`` as table rows."""
-    return [[row[c] for c in COLUMNS] for row in completion_rows([r for r in _completions(run_dir) if r["step"] == step])]
+    return [
+        [row[c] for c in COLUMNS] for row in completion_rows([r for r in _completions(run_dir) if r["step"] == step])
+    ]
 
 
 # -- W&B --------------------------------------------------------------------------------------------
@@ -123,7 +129,9 @@ def test_wandb_offline_logs_each_step_the_completions_table_and_the_config(tiny_
     history, config = _wandb_log(run)
     assert [row["_step"] for row in history] == [1, 2]
     for row, logged in zip(history, _metrics(run_dir)):
-        assert {k: row[k] for k in logged if k != "step"} == pytest.approx({k: v for k, v in logged.items() if k != "step"}, nan_ok=True)
+        assert {k: row[k] for k in logged if k != "step"} == pytest.approx(
+            {k: v for k, v in logged.items() if k != "step"}, nan_ok=True
+        )
         assert row["completions"]["_type"] == "table-file"
         table = json.loads((run / "files" / row["completions"]["path"]).read_text())
         assert table["columns"] == list(COLUMNS)
@@ -132,6 +140,20 @@ def test_wandb_offline_logs_each_step_the_completions_table_and_the_config(tiny_
     assert config["max_steps"] == 2 and config["num_generations"] == 2
     ids = json.loads((run_dir / "trackers.json").read_text())
     assert run.name.endswith(ids["wandb"])
+
+
+def test_a_resumed_run_continues_the_same_wandb_run_id(tiny_model_dir, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "run"
+    _train(tiny_model_dir, run_dir, "--set", "plugins.trackers.report_to=[wandb]", "--set", "checkpoint_every=1")
+    result = agentrl_in_process("train", "--resume", str(run_dir), "--max-steps", "3", *_plugin())
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    run_id = json.loads((run_dir / "trackers.json").read_text())["wandb"]
+    assert len(runs) == 2 and all(run.name.endswith(f"-{run_id}") for run in runs)
+    assert [row["_step"] for row in _wandb_log(runs[1])[0]] == [3]
 
 
 # -- MLflow -----------------------------------------------------------------------------------------
@@ -189,9 +211,7 @@ def test_a_tracker_that_fails_mid_run_is_turned_off_with_one_warning(tiny_model_
         "        shutil.rmtree(Path(RUN['dir']) / 'mlruns')\n"
     )
     run_dir = tmp_path / "run"
-    result = _train(
-        tiny_model_dir, run_dir, "--plugin", str(breaker), "--set", "plugins.trackers.report_to=[mlflow]"
-    )
+    result = _train(tiny_model_dir, run_dir, "--plugin", str(breaker), "--set", "plugins.trackers.report_to=[mlflow]")
     warnings = [line for line in result.stderr.splitlines() if "tracker mlflow failed" in line]
     assert len(warnings) == 1 and "at step 2 and is off for the rest of the run" in warnings[0], result.stderr
     assert "Traceback" not in result.stderr
@@ -221,7 +241,9 @@ def test_trackio_logs_each_step_the_completions_table_and_the_config(tiny_model_
     logs = SQLiteStorage.get_logs("agentrl-tests", run_dir.name)
     assert [row["step"] for row in logs] == [1, 2]
     for row, logged in zip(logs, _metrics(run_dir)):
-        assert {k: row[k] for k in logged if k != "step"} == pytest.approx({k: v for k, v in logged.items() if k != "step"}, nan_ok=True)
+        assert {k: row[k] for k in logged if k != "step"} == pytest.approx(
+            {k: v for k, v in logged.items() if k != "step"}, nan_ok=True
+        )
         table = row["completions"]
         assert table["_type"] == "trackio.table"
         assert [[r[c] for c in COLUMNS] for r in table["_value"]] == _table_rows(run_dir, row["step"])
@@ -245,7 +267,9 @@ def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch, tmp_path, n
 
 
 def test_an_unknown_tracker_is_named_with_the_known_ones():
-    with pytest.raises(ConfigError, match=r"'tensorboardx' is not a tracker; expected a list of wandb, mlflow, trackio"):
+    with pytest.raises(
+        ConfigError, match=r"'tensorboardx' is not a tracker; expected a list of wandb, mlflow, trackio"
+    ):
         build_plugin_config(TrackersConfig, {"report_to": ["tensorboardx"]}, "plugins.trackers")
 
 
@@ -257,7 +281,15 @@ def test_no_tracker_is_the_default_and_logs_nothing(tiny_model_dir, tmp_path):
 
 
 def test_a_conversation_splits_into_prompt_and_completion():
-    single = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    single = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
     assert split_messages(single) == ("Be brief.\n\n2+2?", "4")
-    multi = [*single, {"role": "tool", "content": [{"type": "text", "text": "ok"}]}, {"role": "assistant", "content": None}]
+    multi = [
+        *single,
+        {"role": "tool", "content": [{"type": "text", "text": "ok"}]},
+        {"role": "assistant", "content": None},
+    ]
     assert split_messages(multi) == ("Be brief.\n\n2+2?", "[assistant] 4\n\n[tool] ok\n\n[assistant] ")
