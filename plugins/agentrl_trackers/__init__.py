@@ -20,9 +20,11 @@ run, and ``trackers/failed`` (the number of trackers turned off so far) is logge
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,12 +111,12 @@ class Session:
                 self.close({}, 0)
                 raise PluginError(f"tracker {name} could not start: {one_line(exc)}") from exc
         ids.update({name: tracker.run_id for name, tracker in self.trackers.items() if tracker.run_id})
-        ids_path.write_text(json.dumps(ids, indent=2) + "\n")
+        _replace(ids_path, json.dumps(ids, indent=2) + "\n")
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
         """Log the step's scalars and (when it logged completions) its table to every tracker."""
         self.step = step
-        rows = self._new_rows(step) if self.settings.completions_table else []
+        rows = self._rows(step) if self.settings.completions_table else []
         scalars = {key: float(value) for key, value in metrics.items() if _is_number(value)}
         self._each(step, lambda tracker: tracker.log_step(step, scalars, rows))
         if self.failed:
@@ -133,12 +135,16 @@ class Session:
             except Exception as exc:
                 del self.trackers[name]
                 self.failed.append(name)
-                print(
-                    f"warning: tracker {name} failed at step {step} and is off for the rest of the run: "
-                    f"{one_line(exc)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _warn(f"tracker {name} failed at step {step} and is off for the rest of the run: {one_line(exc)}")
+
+    def _rows(self, step: int) -> list[dict[str, Any]]:
+        """The step's table rows; a ``completions.jsonl`` that cannot be read turns the tables off (warned)."""
+        try:
+            return self._new_rows(step)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self.settings = dataclasses.replace(self.settings, completions_table=False)
+            _warn(f"the completions table is off for the rest of the run: {one_line(exc)}")
+            return []
 
     def _new_rows(self, step: int) -> list[dict[str, Any]]:
         """The episodes ``completions.jsonl`` gained for ``step`` since the last call."""
@@ -152,6 +158,19 @@ class Session:
         self.offset += len(whole)
         records = [json.loads(line) for line in whole.splitlines() if line.strip()]
         return completion_rows([r for r in records if r.get("step") == step])
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``path`` through a new file renamed over it: a link at ``path`` is replaced, never followed."""
+    tmp = path.with_name(f".{path.name}-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def _is_number(value: Any) -> bool:

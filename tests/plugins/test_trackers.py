@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from cli_in_process import agentrl_in_process, assert_one_line, cli
 
-from agentrl import ConfigError, build_plugin_config
-
-pytest.importorskip("agentrl_trackers")
-from agentrl_trackers import TrackersConfig  # noqa: E402
-from agentrl_trackers.base import COLUMNS, completion_rows, split_messages  # noqa: E402
+import agentrl_trackers
+from agentrl import ConfigError, TrainConfig, build_plugin_config
+from agentrl_trackers import TrackersConfig
+from agentrl_trackers.base import COLUMNS, completion_rows, split_messages
 
 
 def _plugin() -> list[str]:
@@ -218,6 +217,26 @@ def test_a_tracker_that_fails_mid_run_is_turned_off_with_one_warning(tiny_model_
     assert [m.get("trackers/failed") for m in _metrics(run_dir)] == [None, 1.0]
 
 
+def test_a_tracker_that_cannot_start_stops_the_run_in_one_line(tiny_model_dir, tmp_path):
+    pytest.importorskip("mlflow")
+    result = agentrl_in_process(
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--output-dir",
+        str(tmp_path / "run"),
+        *_plugin(),
+        "--set",
+        "plugins.trackers.report_to=[mlflow]",
+        "--set",
+        "plugins.trackers.mlflow_tracking_uri=nosuchscheme://tracking",
+    )
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: tracker mlflow could not start: "), result.stderr
+    assert "nosuchscheme" in lines[0]
+
+
 # -- trackio ----------------------------------------------------------------------------------------
 
 
@@ -273,11 +292,11 @@ def test_an_unknown_tracker_is_named_with_the_known_ones():
         build_plugin_config(TrackersConfig, {"report_to": ["tensorboardx"]}, "plugins.trackers")
 
 
-def test_no_tracker_is_the_default_and_logs_nothing(tiny_model_dir, tmp_path):
-    run_dir = tmp_path / "run"
-    _train(tiny_model_dir, run_dir)
-    assert not (run_dir / "trackers.json").exists() and not (run_dir / "wandb").exists()
+def test_no_tracker_is_the_default_and_starts_nothing(tmp_path):
     assert TrackersConfig().report_to == []
+    agentrl_trackers.agentrl_on_train_start(config=TrainConfig(), run_dir=str(tmp_path))
+    agentrl_trackers.agentrl_on_step_end(step=1, metrics={"loss/total": 0.5})
+    assert agentrl_trackers._session is None and list(tmp_path.iterdir()) == []
 
 
 def test_a_conversation_splits_into_prompt_and_completion():
