@@ -66,9 +66,11 @@ class TrackersConfig:
         """Raise ConfigError naming an unknown or uninstalled tracker."""
         check = ConfigCheck(self, f"plugins.{SECTION}")
         check.declared()
-        for name in self.report_to:
+        for i, name in enumerate(self.report_to):
             if name not in TRACKERS:
                 check.fail("report_to", f"{name!r} is not a tracker; expected a list of {', '.join(TRACKERS)}")
+            if name in self.report_to[:i]:
+                check.fail("report_to", f"{name!r} is named twice; name each tracker once")
         for name in self.report_to:
             module, package, _ = TRACKERS[name]
             if not _installed(module):

@@ -285,11 +285,18 @@ def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch, tmp_path, n
     assert_one_line(result, "pip install 'agentrl[trackers]'")
 
 
-def test_an_unknown_tracker_is_named_with_the_known_ones():
-    with pytest.raises(
-        ConfigError, match=r"'tensorboardx' is not a tracker; expected a list of wandb, mlflow, trackio"
-    ):
-        build_plugin_config(TrackersConfig, {"report_to": ["tensorboardx"]}, "plugins.trackers")
+@pytest.mark.parametrize(
+    "report_to, message",
+    [
+        (["tensorboardx"], "'tensorboardx' is not a tracker; expected a list of wandb, mlflow, trackio"),
+        (["mlflow", "mlflow"], "'mlflow' is named twice; name each tracker once"),
+    ],
+)
+def test_a_bad_report_to_is_one_line_naming_it(report_to, message, monkeypatch):
+    monkeypatch.setattr(agentrl_trackers, "_installed", lambda module: True)
+    with pytest.raises(ConfigError) as caught:
+        build_plugin_config(TrackersConfig, {"report_to": report_to}, "plugins.trackers")
+    assert str(caught.value) == f"plugins.trackers.report_to={report_to!r} is invalid: {message}"
 
 
 def test_no_tracker_is_the_default_and_starts_nothing(tmp_path):
