@@ -31,6 +31,7 @@ from agentrl_rewards.process_reward_model import ProcessRewardModelConfig
 from agentrl_rewards.reward_model import RewardModelConfig
 from agentrl_rollouts import MultiTurnConfig
 from agentrl_sampler_correction import SamplerCorrectionConfig
+from agentrl_trackers import TrackersConfig
 from agentrl_vllm_engine.engine import VLLMEngineConfig
 from agentrl_vllm_engine.server import VLLMServerConfig
 
@@ -47,6 +48,7 @@ PLUGIN_CONFIGS = {
     JudgeConfig: "plugins.judge",
     MultiTurnConfig: "plugins.multi_turn",
     ProcessRewardModelConfig: "plugins.process_reward_model",
+    TrackersConfig: "plugins.trackers",
 }
 FREE_SECTIONS = ("env_args", "algorithm", "engine_args", "plugins")
 """TrainConfig sections that their plugin's own config class validates."""

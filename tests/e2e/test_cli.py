@@ -90,7 +90,7 @@ def test_print_config_shows_resolved_values(tmp_path):
         (
             ["--set", "plugins.nope.x=1"],
             "unknown plugin settings section plugins.nope; sections: judge, multi_turn, "
-            "openai_agent, process_reward_model, reward_model, sampler_correction",
+            "openai_agent, process_reward_model, reward_model, sampler_correction, trackers",
         ),
     ],
 )
