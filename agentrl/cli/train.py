@@ -52,7 +52,7 @@ def parse_rewards(items: list[str]) -> dict[str, float]:
 
 
 TRAIN_OPTIONS = ConfigOptions(
-    "env",
+    ConfigOption("env", default_text="math; dataset with --dataset"),
     "algo",
     "model",
     "engine",

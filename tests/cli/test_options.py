@@ -66,12 +66,14 @@ def test_values_parse_given_options_into_config_keys():
         "--max-steps": 0,
         "--num-generations": None,
         "--prompts-per-step": None,
+        "--dataset": "tasks.jsonl",
         "--output-dir": None,
         "--seed": None,
     }
     values = TRAIN_OPTIONS.values(given)
     assert values["algo"] == ("--algo", "ppo") and values["max_steps"] == ("--max-steps", 0)
     assert values["rewards"] == ("--reward", {"accuracy": 0.5}) and values["env"] == ("--env", None)
+    assert values["dataset"] == ("--dataset", {"path": "tasks.jsonl"})
     flags = TRAIN_OPTIONS.flags
     assert flags["rewards"] == "--reward" and flags["num_generations"] == "--num-generations"
 

@@ -74,7 +74,7 @@ def test_unknown_reward_gets_did_you_mean(tmp_path):
 def test_train_help_shows_the_defaults():
     text = " ".join(agentrl("train", "--help").stdout.split())
     for default in (
-        "[default: math]",
+        "[default: math; dataset with --dataset]",
         "[default: grpo]",
         "[default: smollm2-135m]",
         "[default: 40]",

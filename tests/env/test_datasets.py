@@ -146,3 +146,10 @@ def test_a_tool_env_runs_dataset_rows_as_its_tasks_and_its_gold_episode_scores()
 def _with_tasks(env, train, held_out):
     env.use_tasks(train, held_out)
     return env
+
+
+def test_the_dataset_env_passes_check_env_on_rows_with_answers():
+    from agentrl.testing import check_env
+
+    train, held_out = dataset_splits(ROWS, None, 0.25, 0)
+    check_env(lambda: _with_tasks(DatasetEnv(), train, held_out))  # its gold reply, boxed, scores 1

@@ -254,7 +254,10 @@ def test_jsonl_missing_or_unreadable_file(tmp_path: Path) -> None:
 
 
 # -- the contract, through the real entry points -------------------------------------------------
-NEEDS_ARGS = {"verifiers": "needs env_args.env_id naming an installed verifiers env: tests/envs/test_verifiers.py"}
+NEEDS_ARGS = {
+    "verifiers": "needs env_args.env_id naming an installed verifiers env: tests/envs/test_verifiers.py",
+    "dataset": "takes its tasks from a dataset: tests/env/test_datasets.py checks it on rows",
+}
 
 
 def _env_names() -> list:
