@@ -64,9 +64,10 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _assert_same_run(a: Path, b: Path) -> None:
-    """Same metrics (but timings), completions and final weights, bit for bit."""
+    """Same metrics (but timings), training and evaluation episodes and final weights, bit for bit."""
     assert _lines(a) == _lines(b)
-    assert (a / "completions.jsonl").read_text() == (b / "completions.jsonl").read_text()
+    for store in ("completions.jsonl", "eval_completions.jsonl"):
+        assert (a / store).read_text() == (b / store).read_text()
     wa, wb = _weights(a / "model"), _weights(b / "model")
     assert wa and wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
