@@ -155,11 +155,7 @@ class TrainConfig:
     ``<run_dir>/model``, not the most accurate (which may not box its answers); the last policy then
     goes to ``<run_dir>/last``; ``eval.json`` records which. False: ``model/`` is the last policy."""
     log_completions_every: NonNegative = 1
-    """Write every episode of the step (messages marked prompt / sampled / env / tool, per-turn
-    rewards and finish reasons, token counts, rewards, advantage) to ``completions.jsonl`` every
-    this many steps and the first (1: every step; 0: never); docs/concepts/run-dir.md. About 1 KB
-    per single-turn math episode of 64 tokens (the default run: ~33 KB a step, ~3.3 MB per 100
-    steps); multi-turn episodes cost their text plus ~150 bytes a turn."""
+    """Write each episode to ``completions.jsonl`` (~1 KB) every this many steps and the first (0: never)."""
     save_model: bool = True
     """Save the trained policy to ``<run_dir>/model`` at the end."""
     checkpoint_every: NonNegative = 10

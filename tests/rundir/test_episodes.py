@@ -7,13 +7,14 @@ import json
 import math
 from pathlib import Path
 
+from cli_in_process import TINY, agentrl_in_process, assert_one_line, cli
+
 from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.rundir.episodes import episode_record, message_sources, with_advantages
 from agentrl.testing import lockstep_plugins
 from agentrl.training.trainer import Trainer
 from agentrl.trajectory import Trajectory, Turn
-from cli_in_process import TINY, agentrl_in_process
 
 TOOL_ENV = '''
 from agentrl import Env
@@ -199,3 +200,17 @@ def test_the_math_env_s_demonstration_is_prompt_and_every_evaluation_is_written(
         assert roles[-1] == ("assistant", "sampled") and [s for _, s in roles].count("sampled") == 1
     evals = _lines(run / "eval_completions.jsonl")
     assert [e["when"] for e in evals] == ["before"] * 2 + ["step 1"] * 2 + ["after"] * 2
+
+
+def test_agentrl_eval_saves_its_episodes_and_names_a_folder_that_is_not_there(tiny_model_dir, tmp_path):
+    saved = tmp_path / "episodes.jsonl"
+    args = ["eval", "--model", str(tiny_model_dir), "--num-tasks", "3", "--max-new-tokens", "4"]
+    result = agentrl_in_process(*args, "--save-episodes", str(saved))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = _lines(saved)
+    assert [(e["when"], e["group"]) for e in lines] == [("eval", 0), ("eval", 1), ("eval", 2)]
+    assert all([m["source"] for m in e["messages"]] == ["prompt", "sampled"] for e in lines)
+    missing = tmp_path / "nowhere" / "episodes.jsonl"
+    assert_one_line(
+        cli(*args, "--save-episodes", str(missing)), f"--save-episodes {str(missing)!r}: its folder does not exist"
+    )
