@@ -136,16 +136,17 @@ def plain(value: Any) -> Any:
 
 
 def row_advantages(batch: TrainBatch) -> list[float | None]:
-    """Per row of ``batch``: the mean advantage over its trained tokens (None: no advantages, or
-    the row trains no token: an unscored episode)."""
+    """Per row of ``batch``: the mean advantage over its trained tokens, to 6 significant digits
+    (summed in float64: the same on any batch shape or process count); None: no advantages, or
+    the row trains no token (an unscored episode)."""
     advantages = batch.extras.get("advantages")
     if advantages is None:
         return [None] * batch.num_rows
-    mask = batch.loss_mask.detach().float().cpu()
-    values = advantages.detach().float().cpu() * mask
-    counts = mask.sum(dim=1)
-    means = values.sum(dim=1) / counts.clamp(min=1)
-    return [float(m) if c > 0 else None for m, c in zip(means.tolist(), counts.tolist(), strict=True)]
+    out: list[float | None] = []
+    for values, mask in zip(advantages.detach().cpu(), batch.loss_mask.detach().cpu(), strict=True):
+        trained = values[mask > 0].double()
+        out.append(float(f"{float(trained.sum()) / len(trained):.6g}") if len(trained) else None)
+    return out
 
 
 def with_advantages(records: list[dict[str, Any]], rows: list[float | None]) -> list[dict[str, Any]]:
@@ -156,7 +157,7 @@ def with_advantages(records: list[dict[str, Any]], rows: list[float | None]) -> 
         n = int(record.get("segments") or 0) + 1
         mine = [v for v in rows[at : at + n] if v is not None]
         at += n
-        out.append({**record, "advantage": sum(mine) / len(mine) if mine else None})
+        out.append({**record, "advantage": float(f"{sum(mine) / len(mine):.6g}") if mine else None})
     return out
 
 
