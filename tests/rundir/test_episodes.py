@@ -164,6 +164,9 @@ def test_every_episode_of_every_step_is_written_marked_as_its_token_masks_say(ti
             assert record["messages"][entry["message"]] is not None and entry["reward"] == turn.reward
         if len(trajectory.turns) > 1:  # the tool's result, then the env's nudge
             assert sources[5:7] == ["tool", "sampled"] and record["tool_calls"] == record["tool_errors"] == 1
+        if record["terminated"]:  # the env's last word, which the model never read, comes last
+            assert record["messages"][-1] == {"role": "user", "content": "done", "source": "env", "unseen": True}
+            assert sources[-4:] == ["sampled", "env", "sampled", "env"] and len(record["turns"]) == 3
         assert record["tokens"]["sampled"] == sum(trajectory.loss_mask)
         assert record["tokens"]["prompt"] + record["tokens"]["sampled"] + record["tokens"]["env"] == len(
             trajectory.token_ids
@@ -171,6 +174,7 @@ def test_every_episode_of_every_step_is_written_marked_as_its_token_masks_say(ti
         assert record["task"]["id"] == trajectory.task["id"] and record["group"] == trajectory.group
         assert record["rewards"].keys() >= {"parity_reward"} and math.isfinite(record["reward"])
         assert record["advantage"] is not None and math.isfinite(record["advantage"])
+    assert any(r["terminated"] for r in records) and any(len(r["turns"]) > 1 for r in records)
     for step in (1, 2):  # GRPO: a group's advantages add up to zero
         for group in (0, 1):
             pair = [r for r in records if r["step"] == step and r["group"] == group]
