@@ -44,7 +44,7 @@ def message_sources(trajectory: Trajectory) -> list[str]:
     answer: ``tool`` for a tool message, else ``env``."""
     messages = trajectory.messages
     assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-    sampled = set(assistant[len(assistant) - len(trajectory.turns) :]) if trajectory.turns else set()
+    sampled = set(assistant[max(0, len(assistant) - len(trajectory.turns)) :]) if trajectory.turns else set()
     first = min(sampled, default=len(messages))
     return [
         "sampled" if i in sampled else "prompt" if i < first else "tool" if m.get("role") == "tool" else "env"
@@ -95,8 +95,9 @@ def episode_record(
     if trajectory.segments:
         record["segments"] = len(trajectory.segments)
     record["info"] = info
+    late = len(turns) - len(sampled_at)  # turns without a message of their own (a rollout that kept none) come first
     record["turns"] = [
-        _turn(turn, sampled_at[k] if k < len(sampled_at) else None, versions) for k, turn in enumerate(turns)
+        _turn(turn, sampled_at[k - late] if k >= late else None, versions) for k, turn in enumerate(turns)
     ]
     record["messages"] = messages
     return plain(record)

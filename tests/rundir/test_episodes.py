@@ -82,6 +82,9 @@ def test_sources_follow_the_turns_a_demonstration_is_prompt_and_env_answers_are_
     # an agent segment that rewrote its history: its earlier reply is context now (loss mask 0)
     assert message_sources(_trajectory(conversation, [(12, 15)])) == ["prompt"] * 5 + ["sampled"]
     assert message_sources(_trajectory(demo, [])) == ["prompt", "prompt"]  # never sampled (reset failed)
+    more_turns = _trajectory(conversation[2:], [(5, 7), (8, 9), (12, 15)])  # a turn that left no message
+    assert message_sources(more_turns) == ["prompt", "sampled", "tool", "sampled"]
+    assert [t["message"] for t in episode_record(more_turns)["turns"]] == [None, 1, 3]
 
 
 def test_a_record_counts_tokens_turns_and_tool_calls_and_moves_unseen_messages_last():
