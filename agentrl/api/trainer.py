@@ -114,7 +114,7 @@ class Trainer:
         if self._steps is None:
             writer, guard = trainer.open_run_dir(), InterruptGuard(collective=False)
             if trainer.resumed is None:
-                trainer.eval_before = trainer.evaluate() if self.config.eval_tasks else {}
+                trainer.eval_before = trainer.evaluate(0) if self.config.eval_tasks else {}
                 trainer.offer_best(0, trainer.eval_before)
             else:
                 trainer.completed_step, trainer.eval_before = trainer.resumed["step"], trainer.resumed["eval_before"]
@@ -142,7 +142,7 @@ class Trainer:
             trainer.save_checkpoint(self.step)
         trainer.learner.stop_if_untrained(1, self.run_dir)
         trainer.batches.close()
-        eval_after = trainer.evaluate() if self.config.eval_tasks else {}
+        eval_after = trainer.evaluate(trainer.completed_step, final=True) if self.config.eval_tasks else {}
         trainer.finish(eval_after, writer, trainer.checkpoints.gather_owned() if self.config.save_model else {})
         return self._done(TrainResult(self.run_dir, trainer.eval_before, eval_after, self.history, trainer.best_record))
 

@@ -66,6 +66,12 @@ def eval_(
         None, "--set", help="Override key=value (e.g. env_args.difficulty=..., engine_args.dtype=float32)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print metrics as JSON."),
+    save_episodes: Path | None = typer.Option(
+        None,
+        "--save-episodes",
+        metavar="FILE",
+        help="Write each episode to FILE, a JSON line each, as a run's eval_completions.jsonl.",
+    ),
     plugin: PluginOption = None,
     disable_plugin: DisablePluginOption = None,
 ) -> None:
@@ -83,15 +89,23 @@ def eval_(
         "--engine": engine,
         "--set": set_,
     }
-    run_guarded(lambda: run_eval(given, as_json, plugin, disable_plugin))
+    run_guarded(lambda: run_eval(given, as_json, plugin, disable_plugin, save_episodes))
 
 
-def run_eval(given: dict[str, Any], as_json: bool, plugin: list[str] | None, disable_plugin: list[str] | None) -> None:
-    """The body of ``agentrl eval`` (``given``: flag -> value, None where not given)."""
+def run_eval(
+    given: dict[str, Any],
+    as_json: bool,
+    plugin: list[str] | None,
+    disable_plugin: list[str] | None,
+    save_episodes: Path | None = None,
+) -> None:
+    """The body of ``agentrl eval`` (``given``: flag -> value, None where not given; ``save_episodes``:
+    the file its episodes go to, :mod:`agentrl.rundir.episodes`)."""
     from agentrl.training.build import build_sampler, make_env
     from agentrl.training.evaluate import evaluate
 
     target, cfg, run_config = _eval_config(given)
+    _save_episodes(save_episodes, None)  # a folder that is not there fails now, before the evaluation
     num_tasks, env = given["--num-tasks"], given["--env"]
     heat = cfg.eval_temperature if given["--temperature"] is None else given["--temperature"]
     manager = plugin_manager(disable_plugin, plugin)
@@ -107,6 +121,7 @@ def run_eval(given: dict[str, Any], as_json: bool, plugin: list[str] | None, dis
     )
     quiet_library_progress()
     sampler = build_sampler(cfg, manager, envs)
+    records: list[dict[str, Any]] = []
     metrics, _ = evaluate(
         sampler.rollout,
         envs,
@@ -118,7 +133,9 @@ def run_eval(given: dict[str, Any], as_json: bool, plugin: list[str] | None, dis
         batch_size=len(envs),
         guard=sampler.call_guard,
         env_weight=cfg.env_reward_weight,
+        records=records,
     )
+    _save_episodes(save_episodes, records)
     if as_json:
         print(
             json.dumps(
@@ -135,6 +152,25 @@ def run_eval(given: dict[str, Any], as_json: bool, plugin: list[str] | None, dis
         )
     else:
         _print_metrics(metrics)
+
+
+def _save_episodes(path: Path | None, records: list[dict[str, Any]] | None) -> None:
+    """Write ``records`` to ``path`` (``--save-episodes``), one JSON line each with ``when: eval``;
+    ``records`` None: only check that ``path`` can be written. A ConfigError naming it when not."""
+    from agentrl.errors import ConfigError
+    from agentrl.rundir.links import write_text
+
+    if path is None:
+        return
+    if not path.parent.is_dir():
+        raise ConfigError(f"--save-episodes {str(path)!r}: its folder does not exist (name a file in one that does)")
+    if records is None:
+        return
+    lines = "".join(json.dumps({"when": "eval", **r}, separators=(",", ":")) + "\n" for r in records)
+    try:
+        write_text(path, lines)
+    except OSError as exc:
+        raise ConfigError(f"--save-episodes {str(path)!r}: not writable ({exc.strerror or exc})") from None
 
 
 def _print_metrics(metrics: dict[str, float]) -> None:

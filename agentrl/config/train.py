@@ -154,8 +154,8 @@ class TrainConfig:
     on the greedy evaluation, at step 0, every ``eval_every`` steps and the end; ties: the later) as
     ``<run_dir>/model``, not the most accurate (which may not box its answers); the last policy then
     goes to ``<run_dir>/last``; ``eval.json`` records which. False: ``model/`` is the last policy."""
-    log_completions_every: NonNegative = 10
-    """Write sampled conversations to ``completions.jsonl`` every this many steps (0: never)."""
+    log_completions_every: NonNegative = 1
+    """Write each episode to ``completions.jsonl`` (~1 KB) every this many steps and the first (0: never)."""
     save_model: bool = True
     """Save the trained policy to ``<run_dir>/model`` at the end."""
     checkpoint_every: NonNegative = 10

@@ -1,7 +1,8 @@
 """The run directory: where a run writes, whether it may, and how ``--resume`` finds its config.
 
-A run dir holds ``config.yaml``, ``metrics.jsonl``, ``completions.jsonl``, ``checkpoints/``,
-``model/``, ``eval.json`` and plots. Starting a run in a dir that already holds one is refused
+A run dir holds ``config.yaml``, ``metrics.jsonl``, ``completions.jsonl`` and
+``eval_completions.jsonl`` (:mod:`agentrl.rundir.episodes`), ``checkpoints/``, ``model/``,
+``eval.json`` and plots. Starting a run in a dir that already holds one is refused
 (its metrics would mix); ``--resume`` continues it from its newest intact checkpoint
 (:func:`resume_config`), or starts it over when it stopped before its first one
 (:func:`start_over_config`, :func:`set_aside_unfinished`).
@@ -10,7 +11,6 @@ A run dir holds ``config.yaml``, ``metrics.jsonl``, ``completions.jsonl``, ``che
 from __future__ import annotations
 
 import errno
-import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -156,7 +156,10 @@ ROOM = 1 << 20
 def _log_problem(run_dir: Path) -> str | None:
     """Why the run's logs (or its checkpoints folder) cannot be appended to, None if they can;
     a disk without :data:`ROOM` bytes free says so (free disk space)."""
-    for path in (run_dir / "metrics.jsonl", run_dir / "completions.jsonl", run_dir / ckpt.CHECKPOINTS):
+    for path in [
+        *(run_dir / f"{log}.jsonl" for log in ("metrics", "completions", "eval_completions")),
+        run_dir / ckpt.CHECKPOINTS,
+    ]:
         try:
             if path.is_file():
                 open_nofollow(path, "a").close()
@@ -217,21 +220,3 @@ def read_history(path: Path) -> list[dict[str, float]]:
         for row in read_rows(path)
         if not any(k.startswith("final/") for k in row)
     ]
-
-
-def log_completions(run_dir: Path, step: int, trajectories: list[Any], rewards: list[float]) -> None:
-    """Append the step's episodes (messages, reward, answer) to ``completions.jsonl``."""
-    with open_nofollow(run_dir / "completions.jsonl", "a") as f:
-        for traj, reward in zip(trajectories, rewards):
-            f.write(
-                json.dumps(
-                    {
-                        "step": step,
-                        "group": traj.group,
-                        "reward": reward,
-                        "answer": traj.task.get("answer"),
-                        "messages": traj.messages,
-                    }
-                )
-                + "\n"
-            )

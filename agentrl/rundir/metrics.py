@@ -131,3 +131,15 @@ def reward_metrics(totals: list[float], components: dict[str, np.ndarray]) -> di
         out[f"reward/{name}_mean"] = float(np.nanmean(values))
         out[f"reward/{name}_std"] = float(np.nanstd(values))
     return out
+
+
+class NoWriter:
+    """The metrics writer of a process other than the main one: writes nothing."""
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        """Nothing."""
+        return None
+
+    def close(self) -> None:
+        """Nothing."""
+        return None

@@ -33,6 +33,7 @@ class TrainerState(BaseModel):
     task_cursor: Count
     metrics_bytes: Count
     completions_bytes: Count
+    eval_completions_bytes: Count | None = None
     nonfinite_skips: Count
     skipped_in_a_row: Count
     eval_before: dict[str, float | None]

@@ -61,9 +61,11 @@ class Collected:
     """The policy version that sampled every episode of the batch."""
     batch: TrainBatch
     episodes: list[Any]
-    """The kept trajectories (a restored batch: what ``completions.jsonl`` needs of them)."""
+    """The kept trajectories (a restored batch: their group, task and messages)."""
     metrics: dict[str, float]
     rewards: list[float]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """The kept episodes' lines for ``completions.jsonl`` (what a checkpoint keeps of them)."""
 
     def to_state(self) -> dict[str, Any]:
         """JSON values and tensors (:func:`agentrl.rundir.state_files.to_json`) that :meth:`from_state` restores."""
@@ -74,10 +76,7 @@ class Collected:
             "version": self.version,
             "batch": tensors,
             "extras": dict(b.extras),
-            "episodes": [
-                {"group": e.group, "task": {"answer": e.task.get("answer")}, "messages": e.messages}
-                for e in self.episodes
-            ],
+            "episodes": self.records,
             "metrics": self.metrics,
             "rewards": self.rewards,
         }
@@ -86,7 +85,8 @@ class Collected:
     def from_state(cls, state: dict[str, Any]) -> Collected:
         """The batch :meth:`to_state` stored."""
         batch = TrainBatch(**state["batch"], extras=dict(state["extras"]))
-        episodes = [_Logged(**e) for e in state["episodes"]]
+        records = [dict(e) for e in state["episodes"]]
+        episodes = [_Logged(e.get("group", 0), e.get("task", {}), e.get("messages", [])) for e in records]
         return cls(
             int(state["step"]),
             int(state["version"]),
@@ -94,6 +94,7 @@ class Collected:
             episodes,
             {k: float(v) for k, v in state["metrics"].items()},
             [float(r) for r in state["rewards"]],
+            records,
         )
 
 
@@ -112,7 +113,7 @@ _BATCH_TENSORS = (
 
 @dataclass
 class _Logged:
-    """What a restored batch keeps of an episode: what ``completions.jsonl`` writes."""
+    """What a restored batch keeps of an episode (its whole line is in ``Collected.records``)."""
 
     group: int
     task: dict[str, Any]

@@ -150,7 +150,7 @@ class AsyncBatches:
         def collect(step: int, version: int) -> Collected:
             rollouts.sampling_version = version
             taken = rollouts.collect(step)
-            return Collected(step, version, taken.batch, taken.episodes, taken.metrics, taken.rewards)
+            return Collected(step, version, taken.batch, taken.episodes, taken.metrics, taken.rewards, taken.records)
 
         rollouts.group = distributed.new_group()  # the thread's collectives must not meet the learner's
         restored = restore(self.resumed, config.async_steps, completed_step)
@@ -180,7 +180,7 @@ class AsyncBatches:
             "async/dropped_episodes": float(self.dropped_episodes),
         }
         batch = collected.batch.to(self.run.accelerator.device)
-        return StepBatch(batch, collected.episodes, metrics, collected.rewards)
+        return StepBatch(batch, collected.episodes, metrics, collected.rewards, collected.records)
 
     def hand_over(self, step: int, changed: bool, hold: bool, evaluate: bool) -> None:
         """Publish the weights after step ``step`` as version ``step`` (every step is a version,

@@ -6,13 +6,15 @@ in-process evaluation equals evaluating the saved run dir loaded fresh (docs/con
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from agentrl.env import CallGuard, Env
 from agentrl.rewards.scoring import RewardFn, score
-from agentrl.rewards.unscored import why_unscored
+from agentrl.rewards.unscored import CAUSES, why_unscored
+from agentrl.rundir.episodes import episode_record
 from agentrl.rundir.metrics import env_metrics
 from agentrl.sampling.engine import SamplingParams
 from agentrl.sampling.rollout import Rollout
@@ -42,13 +44,16 @@ def evaluate(
     batch_size: int = 64,
     guard: CallGuard | None = None,
     env_weight: float = 1.0,
+    records: list[dict[str, Any]] | None = None,
 ) -> tuple[dict[str, float], list[Trajectory]]:
     """Accuracy, mean env return, reward-function means and ``eval/reward_mean`` (the mean total
     reward, env return x ``env_weight`` + weighted reward functions: the training objective on
     held-out tasks) on ``tasks`` (one episode each), and how many episodes were scored
     (``eval/episodes_scored``, ``eval/episodes_unscored``, ``eval/unscored_<cause>``:
     :mod:`agentrl.rewards.unscored`; an unscored episode counts as unsolved in the accuracy);
-    ``guard`` (the run's ``call_timeout_s`` / ``on_call_error``) runs the reward functions."""
+    ``guard`` (the run's ``call_timeout_s`` / ``on_call_error``) runs the reward functions;
+    ``records``, when given, receives each episode's line (:func:`agentrl.rundir.episodes.episode_record`,
+    ``group``: its task's place in ``tasks``, no ``advantage``)."""
     trajectories: list[Trajectory] = []
     for start in range(0, len(tasks), batch_size):
         chunk = tasks[start : start + batch_size]
@@ -71,4 +76,21 @@ def evaluate(
     for name, values in components.items():
         if name != "env" and not np.isnan(values).all():
             metrics[f"eval/{name}_mean"] = float(np.nanmean(values))
+    if records is not None:
+        for i, (trajectory, total) in enumerate(zip(trajectories, totals, strict=True)):
+            scores = {name: float(values[i]) for name, values in components.items()}
+            line = episode_record(
+                trajectory, total=total, components=scores, unscored=unscored_cause(trajectory, total)
+            )
+            line.pop("advantage")
+            records.append({**line, "group": i})
     return metrics, trajectories
+
+
+def unscored_cause(trajectory: Trajectory, total: float) -> str | None:
+    """Why ``trajectory`` (total reward ``total``) went unscored: one of
+    :data:`agentrl.rewards.unscored.CAUSES`; None when it was scored."""
+    if math.isfinite(total):
+        return None
+    found = why_unscored([trajectory], [total])
+    return next((cause for cause in CAUSES if getattr(found, cause)), "no_reward")

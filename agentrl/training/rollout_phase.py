@@ -17,10 +17,11 @@ from agentrl.algorithms.dynamic_sampling import GroupSelector, has_spread
 from agentrl.model import distributed
 from agentrl.rewards.scoring import popped_metrics, score
 from agentrl.rewards.unscored import Unscored, why_unscored
+from agentrl.rundir.episodes import episode_record
 from agentrl.rundir.metrics import reward_metrics, rollout_metrics
 from agentrl.sampling.engine import SamplingParams
 from agentrl.training.build import Run
-from agentrl.training.evaluate import evaluate
+from agentrl.training.evaluate import evaluate, unscored_cause
 from agentrl.training.rng import rng_states, set_rng_states
 from agentrl.trajectory import TrainBatch, Trajectory, collate, with_segments
 
@@ -57,6 +58,9 @@ class StepBatch:
     """The step's metrics so far: rewards, rollouts, dynamic sampling."""
     rewards: list[float]
     """The kept episodes' total rewards, as collated (every process's, in group order)."""
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """The kept episodes' lines for ``completions.jsonl`` (:func:`agentrl.rundir.episodes.episode_record`,
+    no ``step`` or ``advantage`` yet), in the order of ``episodes``."""
 
 
 @dataclass
@@ -74,6 +78,20 @@ class _Sampled:
     kept_totals: list[float] = field(default_factory=list)
     filled: int = 0
     """Groups without a reward spread kept to fill the batch (dynamic sampling)."""
+
+    def records(self) -> list[dict[str, Any]]:
+        """Each kept episode's line (:func:`agentrl.rundir.episodes.episode_record`): its place in
+        its group, its total and each reward function's score, why it went unscored."""
+        where = {id(t): i for i, t in enumerate(self.episodes)}
+        seen: dict[int, int] = {}
+        out = []
+        for trajectory, total in zip(self.kept, self.kept_totals, strict=True):
+            i = where.get(id(trajectory))
+            scores = {} if i is None else {name: float(v[i]) for name, v in self.components.items()}
+            index = seen[trajectory.group] = seen.get(trajectory.group, -1) + 1
+            cause = unscored_cause(trajectory, total)
+            out.append(episode_record(trajectory, index=index, total=total, components=scores, unscored=cause))
+        return out
 
     def gathered(self, group: Any) -> _Sampled:
         """Every process's share, in group order (this one in a one-process run)."""
@@ -107,6 +125,8 @@ class RolloutPhase:
         None: not recorded)."""
         self.unscored: dict[int, Unscored] = {}
         """Step -> why its unscored episodes were not scored (:meth:`why`), until the learner asks."""
+        self.eval_records: list[dict[str, Any]] = []
+        """The last :meth:`evaluate`'s episodes (:func:`agentrl.rundir.episodes.episode_record`)."""
 
     def boundary(self) -> tuple[int, dict[str, Any]]:
         """Where the next step starts (task cursor, RNG states): :meth:`rewind` returns there."""
@@ -145,7 +165,7 @@ class RolloutPhase:
         metrics.update(self._counts())
         if self.run.is_main:
             self.run.hook.agentrl_on_rollout_end(trajectories=whole.kept, step=step, metrics=metrics)
-        return StepBatch(batch, whole.kept, metrics, list(whole.kept_totals))
+        return StepBatch(batch, whole.kept, metrics, list(whole.kept_totals), whole.records())
 
     def _counts(self) -> dict[str, float]:
         """The run's counters (:attr:`agentrl.training.build.Run.counters`) summed over the processes."""
@@ -268,6 +288,7 @@ class RolloutPhase:
         """Held-out accuracy of the current policy (greedy by default)."""
         cfg = self.run.config
         eval_tasks = list(self.run.envs[0].eval_tasks())[: cfg.eval_tasks]
+        self.eval_records = []
         metrics, _ = evaluate(
             self.run.rollout,
             self.run.envs,
@@ -279,6 +300,7 @@ class RolloutPhase:
             batch_size=len(self.run.envs),
             guard=self.run.call_guard,
             env_weight=cfg.env_reward_weight,
+            records=self.eval_records,
         )
         if cfg.eval_sampled and cfg.eval_temperature != cfg.temperature:
             sampled, _ = evaluate(

@@ -150,6 +150,7 @@ class RunCheckpoints:
                         "task_cursor": progress["task_cursor"],
                         "metrics_bytes": file_size(self.run_dir / "metrics.jsonl"),
                         "completions_bytes": file_size(self.run_dir / "completions.jsonl"),
+                        "eval_completions_bytes": file_size(self.run_dir / "eval_completions.jsonl"),
                         "nonfinite_skips": progress["nonfinite_skips"],
                         "skipped_in_a_row": progress["skipped_in_a_row"],
                         "eval_before": progress["eval_before"],

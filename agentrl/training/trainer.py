@@ -40,12 +40,13 @@ from agentrl.plugins import PluginManager
 from agentrl.rewards.schemes import with_absolute_paths
 from agentrl.rundir import checkpoints as ckpt
 from agentrl.rundir import links
-from agentrl.rundir.directory import log_completions, read_history, refuse_existing_run, run_dir_for, truncate
-from agentrl.rundir.metrics import MetricsWriter
+from agentrl.rundir.directory import read_history, refuse_existing_run, run_dir_for
+from agentrl.rundir.metrics import MetricsWriter, NoWriter
 from agentrl.rundir.paths import check_output_dir
 from agentrl.training.batches import make_batches
 from agentrl.training.best_model import BestModel
 from agentrl.training.build import Run, build_run
+from agentrl.training.episode_log import EpisodeLog
 from agentrl.training.interrupts import InterruptGuard, interruption
 from agentrl.training.learner import Learner
 from agentrl.training.memory import peak_rss_gb, rss_gb
@@ -85,6 +86,7 @@ class Trainer:
         self.learner = Learner(self.run)
         self.batches = make_batches(self.run, self.rollouts, self.learner)
         self.checkpoints = RunCheckpoints(self.run, self.run_dir)
+        self.episodes = EpisodeLog(self.run, self.run_dir)
         self.completed_step = 0
         self.eval_before: dict[str, float] = {}
         self.best_record: dict[str, Any] | None = None  # what eval.json says about the best policy
@@ -118,13 +120,18 @@ class Trainer:
         the new weights to the sampler (:meth:`agentrl.training.batches.Batches.hand_over`; held for the
         step's evaluation or checkpoint when one follows)."""
         changed = self.learner.update(batch, metrics, step, self.rollouts.why(step, metrics))
+        self.episodes.updated(step, batch)
         self.learner.sync_reference(step, metrics)
         evaluate = self.eval_due(step)
         self.batches.hand_over(step, changed, hold=self.save_due(step) or evaluate, evaluate=evaluate)
 
-    def evaluate(self) -> dict[str, float]:
-        """Held-out accuracy of the current policy (greedy by default)."""
-        return self.rollouts.evaluate()
+    def evaluate(self, step: int | None = None, final: bool = False) -> dict[str, float]:
+        """Held-out accuracy of the current policy (greedy by default); with ``step`` (the steps it
+        trained, ``final``: the run's last evaluation) its episodes go to ``eval_completions.jsonl``."""
+        metrics = self.rollouts.evaluate()
+        if step is not None:
+            self.episodes.write_eval(step, final, self.rollouts.eval_records)
+        return metrics
 
     def train_step(self, step: int, writer: MetricsWriter, guard: InterruptGuard, progress: Any) -> dict[str, float]:
         """One step: its batch (:meth:`agentrl.training.batches.Batches.take`, interruptible), then
@@ -164,15 +171,14 @@ class Trainer:
 
     def evaluate_and_record(self, step: int, taken: StepBatch, writer: MetricsWriter, progress: Any) -> None:
         """The periodic evaluation (and best policy), completions, the step-end hook and the metrics row."""
-        cfg, metrics = self.config, taken.metrics
+        metrics = taken.metrics
         if self.eval_due(step):
             _phase(progress, "eval")
-            evaluation = self.evaluate()
+            evaluation = self.evaluate(step)
             metrics.update(evaluation)
             self.offer_best(step, evaluation)
+        self.episodes.write_step(step, taken.records)
         if self.is_main:
-            if cfg.log_completions_every and (step == 1 or step % cfg.log_completions_every == 0):
-                log_completions(self.run_dir, step, taken.episodes, taken.rewards)
             self.run.hook.agentrl_on_step_end(step=step, metrics=metrics)
         writer.write(step, metrics)
         self.completed_step = step
@@ -209,19 +215,17 @@ class Trainer:
         distributed.barrier()  # the run dir is complete when any process returns
         return TrainResult(self.run_dir, self.eval_before, eval_after, history, self.best_record)
 
-    def open_run_dir(self) -> MetricsWriter | _NoWriter:
+    def open_run_dir(self) -> MetricsWriter | NoWriter:
         """The run dir ready to write (a resumed one cut back to its checkpoint) and its metrics
         writer (one process writes the run dir, logs, evaluates and saves)."""
         cfg, run_dir, resumed = self.config, self.run_dir, self.resumed
         if not self.is_main:
-            return _NoWriter()
+            return NoWriter()
         run_dir.mkdir(parents=True, exist_ok=True)
         if resumed is None:
             links.write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         else:  # drop what was written after the checkpoint (and a line torn by a kill)
-            for log in ("metrics", "completions"):
-                if lost := truncate(run_dir / f"{log}.jsonl", resumed[f"{log}_bytes"]):
-                    print(f"note: {lost}", flush=True)
+            self.episodes.cut_back(resumed)
             ckpt.remove_partial(run_dir)
             ckpt.set_aside_after(run_dir, resumed["step"])  # damaged newer checkpoints the resume passed over
         self.run.hook.agentrl_on_train_start(config=cfg, run_dir=str(run_dir))
@@ -234,7 +238,7 @@ class Trainer:
         cfg, main = self.config, self.is_main
         if self.resumed is None:
             _phase(progress, "eval")
-            self.eval_before = self.evaluate() if cfg.eval_tasks and main else {}
+            self.eval_before = self.evaluate(0) if cfg.eval_tasks and main else {}
             self.offer_best(0, self.eval_before)
         else:
             self.eval_before = self.resumed["eval_before"]
@@ -250,7 +254,7 @@ class Trainer:
         self.learner.stop_if_untrained((self.resumed["step"] if self.resumed else 0) + 1, self.run_dir)
         self.batches.close()  # the engine holds the trained policy
         _phase(progress, "eval")
-        return history, self.evaluate() if cfg.eval_tasks and main else {}
+        return history, self.evaluate(self.completed_step, final=True) if cfg.eval_tasks and main else {}
 
     def finish(self, eval_after: dict[str, float], writer: Any, owned_states: dict[str, Any]) -> None:
         """The final metrics, eval.json, the exported model (the best one if it beat the last),
@@ -313,16 +317,6 @@ class Trainer:
         """Keep the policy evaluated after ``step`` in ``best/`` if it is the best so far (``keep_best``)."""
         if self.best is not None and self.is_main and evaluation:
             self.best.offer(step, evaluation, self.checkpoints.save_policy)
-
-
-class _NoWriter:
-    """The metrics writer of a process other than the main one: writes nothing."""
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
 
 
 def _phase(progress: Any, label: str) -> None:

@@ -113,6 +113,7 @@ FORGED = [  # (what, forge the newest checkpoint, the file and key the line name
     ("step as text", _json("trainer_state.json", _set("step", lambda v: "2")), "trainer_state.json key 'step'"),
     ("another step", _json("trainer_state.json", _set("step", lambda v: 7)), "trainer_state.json key 'step': 7"),
     ("negative log size", _json("trainer_state.json", _set("metrics_bytes", lambda v: -1)), "trainer_state.json key 'metrics_bytes'"),
+    ("eval episodes size as text", _json("trainer_state.json", _set("eval_completions_bytes", lambda v: "0")), "trainer_state.json key 'eval_completions_bytes'"),
     ("truncated python rng", _json("state.json", _set("processes.0.rng.python.1", lambda v: v[:100])), "state.json key 'processes.0.rng.python'"),
     ("truncated torch rng", _json("state.json", _set("processes.0.rng.torch", lambda v: v[:100])), "state.json key 'processes.0.rng.torch'"),
     ("sampler state of the wrong length", _json("state.json", _set("processes.0.engine.generator", lambda v: v[:64])), "state.json key 'engine'.generator"),

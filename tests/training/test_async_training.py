@@ -64,9 +64,10 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _assert_same_run(a: Path, b: Path) -> None:
-    """Same metrics (but timings), completions and final weights, bit for bit."""
+    """Same metrics (but timings), training and evaluation episodes and final weights, bit for bit."""
     assert _lines(a) == _lines(b)
-    assert (a / "completions.jsonl").read_text() == (b / "completions.jsonl").read_text()
+    for store in ("completions.jsonl", "eval_completions.jsonl"):
+        assert (a / store).read_text() == (b / store).read_text()
     wa, wb = _weights(a / "model"), _weights(b / "model")
     assert wa and wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
@@ -86,6 +87,9 @@ def test_each_step_is_sampled_by_the_version_its_bound_allows(tiny_model_dir, tm
         assert row["async/dropped_episodes"] == 0
         assert "mismatch/ratio_mean" in row  # sampler_correction's auto is tis in an asynchronous run
     assert rows[-1]["async/staleness_max"] == async_steps
+    episodes = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert [e["policy_version"] for e in episodes] == [version_for(e["step"], async_steps, 0) for e in episodes]
+    assert all(t["policy_version"] == e["policy_version"] for e in episodes for t in e["turns"])
     stale = [r for r in rows if r["async/staleness_mean"] > 0]
     assert max(abs(r["mismatch/ratio_max"] - 1) for r in stale) > 1e-3  # the stale weights differ visibly
 
@@ -113,6 +117,8 @@ def test_a_synchronous_run_records_no_versions_and_corrects_nothing(tiny_model_d
     out = tmp_path / "run"
     Trainer(_config(tiny_model_dir, out, async_steps=0, max_steps=2, eval_tasks=0), load_plugins()).train()
     assert not [k for row in _lines(out) for k in row if k.startswith(("async/", "mismatch/"))]
+    episodes = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert episodes and not [e for e in episodes if "policy_version" in e]
 
 
 CAPTURE_PLUGIN = """

@@ -134,7 +134,12 @@ def test_interrupted_then_resumed_equals_straight_bit_for_bit(tiny_model_dir, tm
     _assert_same_weights(straight / "model", split / "model")
     if algo == "ppo":
         _assert_same_weights(straight / "critic", split / "critic")
-    assert (split / "completions.jsonl").read_text() == (straight / "completions.jsonl").read_text()
+    for store in ("completions.jsonl", "eval_completions.jsonl"):  # every episode once, as a straight run wrote it
+        assert (split / store).read_text() == (straight / store).read_text()
+    steps = [json.loads(line)["step"] for line in (split / "completions.jsonl").read_text().splitlines()]
+    whens = [json.loads(line)["when"] for line in (split / "eval_completions.jsonl").read_text().splitlines()]
+    assert steps == [s for s in range(1, 5) for _ in range(6)]
+    assert whens == [w for w in ("before", "step 2", "after") for _ in range(4)]
     assert result.eval_before == json.loads((straight / "eval.json").read_text())["before"]
     assert [p.name for p in complete_checkpoints(split)] == ["step-000004"]  # a finished run keeps its last one
 

@@ -1,0 +1,178 @@
+"""The episode store: every episode a run samples, one JSON line each (docs/concepts/run-dir.md).
+
+``completions.jsonl`` holds the training episodes (every ``log_completions_every`` steps; every
+step by default), ``eval_completions.jsonl`` the evaluations' (before, periodic, after). A line is
+built from the :class:`agentrl.Trajectory` alone plus its scores (:func:`episode_record`), so a run
+viewer (or a tracker plugin, from ``agentrl_on_rollout_end``'s trajectories) sees what the trainer
+saw: each message marked with where it came from, following the token masks (``sampled``: a model
+turn, loss mask 1; ``prompt``: before the first sampled turn, demonstrations included; ``env`` /
+``tool``: what the environment answered), each turn's reward and finish reason, token counts,
+tool calls, why an episode went unscored and, after the update, its advantage.
+
+The files are append-only; a checkpoint records their sizes and ``--resume`` cuts them back, so
+a resumed run's files equal a straight run's byte for byte (no timings are written).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from agentrl.rundir.links import open_nofollow
+from agentrl.trajectory import TrainBatch, Trajectory
+
+TRAIN_FILE = "completions.jsonl"
+"""The training episodes (``step``, ``advantage``)."""
+EVAL_FILE = "eval_completions.jsonl"
+"""The evaluation episodes (``when``: ``before``, ``step N``, ``after``)."""
+SOURCES = ("prompt", "sampled", "env", "tool")
+"""Where a message came from: the prompt (demonstrations included), a model turn, the env, a tool."""
+
+
+def due(every: int, step: int) -> bool:
+    """Whether step ``step``'s episodes are written: ``every`` steps and the first (0: never)."""
+    return bool(every) and (step == 1 or step % every == 0)
+
+
+def message_sources(trajectory: Trajectory) -> list[str]:
+    """One source per message of ``trajectory``: the last ``len(turns)`` assistant messages are
+    the model's turns (each turn appends exactly one; its tokens are the loss mask's 1s):
+    ``sampled``; what precedes the first of them is ``prompt``; what follows it is the env's
+    answer: ``tool`` for a tool message, else ``env``."""
+    messages = trajectory.messages
+    assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    sampled = set(assistant[max(0, len(assistant) - len(trajectory.turns)) :]) if trajectory.turns else set()
+    first = min(sampled, default=len(messages))
+    return [
+        "sampled" if i in sampled else "prompt" if i < first else "tool" if m.get("role") == "tool" else "env"
+        for i, m in enumerate(messages)
+    ]
+
+
+def episode_record(
+    trajectory: Trajectory,
+    *,
+    index: int = 0,
+    total: float = math.nan,
+    components: Mapping[str, float] | None = None,
+    unscored: str | None = None,
+) -> dict[str, Any]:
+    """One episode's line (without ``step`` / ``when``): ``index`` is its place in its group,
+    ``total`` its total reward, ``components`` each reward function's score, ``unscored`` why it
+    went unscored (None: scored). ``advantage`` is None until the update sets it."""
+    turns, versions = trajectory.turns, trajectory.policy_versions
+    sources = message_sources(trajectory)
+    sampled_at = [i for i, source in enumerate(sources) if source == "sampled"]
+    info = dict(trajectory.info)
+    unseen = info.pop("unseen_messages", None) or []
+    messages = [{**m, "source": s} for m, s in zip(trajectory.messages, sources, strict=True)]
+    messages += [{**m, "source": "tool" if m.get("role") == "tool" else "env", "unseen": True} for m in unseen]
+    sampled = trajectory.num_sampled_tokens
+    record: dict[str, Any] = {
+        "group": trajectory.group,
+        "index": index,
+        "task": {key: trajectory.task[key] for key in ("id", "answer") if key in trajectory.task},
+        "reward": total,
+        "rewards": dict(components or {}),
+        "advantage": None,
+        "unscored": unscored,
+        "terminated": trajectory.terminated,
+        "truncated": trajectory.truncated,
+        "tokens": {
+            "prompt": trajectory.prompt_length,
+            "sampled": sampled,
+            "env": len(trajectory.token_ids) - trajectory.prompt_length - sampled,
+        },
+        "tool_calls": trajectory.num_tool_calls,
+        "tool_errors": sum(turn.tool_errors for turn in turns),
+    }
+    if versions is not None:
+        drawn = [v for v in versions if v >= 0]
+        record["policy_version"] = min(drawn, default=None)
+    if trajectory.segments:
+        record["segments"] = len(trajectory.segments)
+    record["info"] = info
+    late = len(turns) - len(sampled_at)  # turns without a message of their own (a rollout that kept none) come first
+    record["turns"] = [
+        _turn(turn, sampled_at[k - late] if k >= late else None, versions) for k, turn in enumerate(turns)
+    ]
+    record["messages"] = messages
+    return plain(record)
+
+
+def _turn(turn: Any, message: int | None, versions: list[int] | None) -> dict[str, Any]:
+    """One turn's entry: its message's index, sampled tokens, reward, finish reason and tool calls."""
+    out = {
+        "message": message,
+        "tokens": turn.end - turn.start,
+        "reward": turn.reward,
+        "finish_reason": turn.finish_reason,
+        "tool_calls": turn.tool_calls,
+        "tool_errors": turn.tool_errors,
+    }
+    if versions is not None and turn.end > turn.start:
+        out["policy_version"] = versions[turn.start]
+    return out
+
+
+def plain(value: Any) -> Any:
+    """``value`` as plain JSON: non-finite floats become None, tuples lists, keys strings, and
+    anything else JSON cannot hold its ``str``."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    try:
+        number = float(value)  # numpy and torch scalars
+    except (TypeError, ValueError):
+        return str(value)
+    return number if math.isfinite(number) else None
+
+
+def row_advantages(batch: TrainBatch) -> list[float | None]:
+    """Per row of ``batch``: the mean advantage over its trained tokens, to 6 significant digits
+    (summed in float64: the same on any batch shape or process count); None: no advantages, or
+    the row trains no token (an unscored episode)."""
+    advantages = batch.extras.get("advantages")
+    if advantages is None:
+        return [None] * batch.num_rows
+    out: list[float | None] = []
+    for values, mask in zip(advantages.detach().cpu(), batch.loss_mask.detach().cpu(), strict=True):
+        trained = values[mask > 0].double()
+        out.append(float(f"{float(trained.sum()) / len(trained):.6g}") if len(trained) else None)
+    return out
+
+
+def with_advantages(records: list[dict[str, Any]], rows: list[float | None]) -> list[dict[str, Any]]:
+    """``records`` with each episode's ``advantage``: the mean of its rows' (an agent episode's
+    earlier ``segments`` are rows before its own, :func:`agentrl.trajectory.with_segments`)."""
+    out, at = [], 0
+    for record in records:
+        n = int(record.get("segments") or 0) + 1
+        mine = [v for v in rows[at : at + n] if v is not None]
+        at += n
+        out.append({**record, "advantage": float(f"{sum(mine) / len(mine):.6g}") if mine else None})
+    return out
+
+
+def append(path: Path, head: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) -> None:
+    """Append ``records`` to ``path``, one compact JSON line each, ``head`` (``step`` or ``when``)
+    first; written in one go, so a failed write leaves no line of them half-way unless the disk
+    filled mid-write (``--resume`` cuts the file back to its checkpoint either way)."""
+    text = "".join(json.dumps({**head, **record}, separators=(",", ":")) + "\n" for record in records)
+    if not text:
+        return
+    with open_nofollow(path, "a") as f:
+        f.write(text)
+
+
+def eval_label(step: int, final: bool) -> str:
+    """``before`` (step 0), ``step N`` or ``after`` (the run's last evaluation)."""
+    return "after" if final else "before" if step == 0 else f"step {step}"
