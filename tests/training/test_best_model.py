@@ -65,7 +65,9 @@ def _scripted_trainer(tiny_model_dir, tmp_path, scores, **overrides):
     trainer = Trainer(config, load_plugins())
     weights = []
 
-    def evaluate():  # the held-out scores are scripted; the weights each one belongs to are recorded
+    def evaluate(
+        step=None, final=False
+    ):  # the held-out scores are scripted; the weights each one belongs to are recorded
         weights.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
         score = scores[len(weights) - 1]
         return {"eval/accuracy": 0.5, "eval/reward_mean": score, "eval/num_tasks": 2.0}
