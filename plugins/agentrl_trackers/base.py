@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ COLUMNS = ("step", "group", "prompt", "completion", "reward", "answer")
 """The completions table's columns, in order."""
 
 
-class Tracker:
+class Tracker(abc.ABC):
     """One tracker's run: started by the constructor, logged to per step, finished at the end.
 
     ``settings`` is the ``plugins.trackers`` section, ``config`` the run config as plain data and
@@ -20,16 +21,17 @@ class Tracker:
     run_id: str | None = None
     """The tracker's id of its run, stored in the run dir so ``--resume`` continues it."""
 
+    @abc.abstractmethod
     def __init__(self, settings: Any, run_dir: Path, config: dict[str, Any], resume_id: str | None) -> None:
-        raise NotImplementedError
+        """Start (or, with ``resume_id``, continue) the tracker's run."""
 
+    @abc.abstractmethod
     def log_step(self, step: int, scalars: dict[str, float], rows: list[dict[str, Any]]) -> None:
         """Log the step's scalars and, when ``rows`` is not empty, its completions table."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def finish(self, step: int, final: dict[str, float]) -> None:
         """Log the final metrics (``final/<key>``) and end the tracker run."""
-        raise NotImplementedError
 
 
 def run_name(settings: Any, run_dir: Path) -> str:
