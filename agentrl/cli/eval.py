@@ -122,7 +122,7 @@ def run_eval(
     quiet_library_progress()
     sampler = build_sampler(cfg, manager, envs)
     records: list[dict[str, Any]] = []
-    metrics, _ = evaluate(
+    metrics, evaluated = evaluate(
         sampler.rollout,
         envs,
         tasks,
@@ -135,7 +135,7 @@ def run_eval(
         env_weight=cfg.env_reward_weight,
         records=records,
     )
-    _save_episodes(save_episodes, records)
+    _save_episodes(save_episodes, records, evaluated, sampler.tokenizer if cfg.log_tokens != "none" else None)
     if as_json:
         print(
             json.dumps(
@@ -154,10 +154,14 @@ def run_eval(
         _print_metrics(metrics)
 
 
-def _save_episodes(path: Path | None, records: list[dict[str, Any]] | None) -> None:
-    """Write ``records`` to ``path`` (``--save-episodes``), one JSON line each with ``when: eval``;
+def _save_episodes(
+    path: Path | None, records: list[dict[str, Any]] | None, evaluated: list[Any] = (), tokenizer: Any = None
+) -> None:
+    """Write ``records`` to ``path`` (``--save-episodes``), one JSON line each with ``when: eval``
+    (with ``tokenizer``: each with the ``token_view`` of its trajectory in ``evaluated``);
     ``records`` None: only check that ``path`` can be written. A ConfigError naming it when not."""
     from agentrl.errors import ConfigError
+    from agentrl.rundir.episodes import token_texts, with_token_views
     from agentrl.rundir.links import write_text
 
     if path is None:
@@ -166,6 +170,8 @@ def _save_episodes(path: Path | None, records: list[dict[str, Any]] | None) -> N
         raise ConfigError(f"--save-episodes {str(path)!r}: its folder does not exist (name a file in one that does)")
     if records is None:
         return
+    if tokenizer is not None:
+        records = with_token_views(records, list(evaluated), token_texts(tokenizer))
     lines = "".join(json.dumps({"when": "eval", **r}, separators=(",", ":")) + "\n" for r in records)
     try:
         write_text(path, lines)

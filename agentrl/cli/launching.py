@@ -20,7 +20,7 @@ def check_launch(cfg: Any, registry: Any, num_processes: int, accelerate_config:
     """The run's combination with the processes it would launch, refused before any process starts
     (:mod:`agentrl.config.capabilities`)."""
     from agentrl.config.capabilities import launch_processes
-    from agentrl.config.train import check_startup
+    from agentrl.config.startup import check_startup
     from agentrl.config.yaml_text import load_yaml
     from agentrl.model.launch import check_accelerate_settings, config_file
 

@@ -235,7 +235,7 @@ def _checked_config(cfg: Any, manager: Any) -> dict[str, Any]:
     algorithm, engine, plugin sections, rewards, tool parsers: a ``tool_parser`` in ``env_args`` or in
     a plugin section names a registered parser; a section's ``auto`` is chosen from the model at run
     time) before any model or the trainer's modules load, so a misspelt name fails in seconds."""
-    from agentrl.config.train import resolved_dict
+    from agentrl.config.startup import resolved_dict
     from agentrl.rewards.schemes import with_absolute_paths
     from agentrl.rewards.specs import find_reward
 

@@ -17,7 +17,7 @@ checks that every supported combination is, that every named test exists, and th
 fails at start-up with its reason. ``python -m agentrl.cli.capabilitydoc`` writes
 docs/reference/capabilities.md from this table.
 
-:func:`check_combination` runs in :func:`agentrl.config.train.check_startup`, before any model
+:func:`check_combination` runs in :func:`agentrl.config.startup.check_startup`, before any model
 loads (and in ``agentrl train --num-processes N`` before the processes start). A third-party
 engine, rollout or algorithm declares its own refusals as a class attribute,
 ``unsupported = (Refused(when={"processes": ("n", "sharded")}, because="..."),)``: they apply when

@@ -219,7 +219,7 @@ def resolve_rewards(
     tasks = env.train_tasks()
     columns = sorted(tasks[0]) if len(tasks) else []
     if context is None and any(split_scheme(name, registry) for name in chosen):
-        from agentrl.config.train import resolve_settings
+        from agentrl.config.startup import resolve_settings
 
         context = RewardContext(config=config, settings=resolve_settings(config, registry))
     if context is not None:

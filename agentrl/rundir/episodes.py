@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,64 @@ def episode_record(
     return plain(record)
 
 
+def token_texts(tokenizer: Any) -> Callable[[list[int]], list[str]]:
+    """``ids -> one string per id`` through ``tokenizer`` (special tokens kept, spaces as they are),
+    each id decoded once and remembered."""
+    known: dict[int, str] = {}
+
+    def decode(ids: list[int]) -> list[str]:
+        new = sorted({int(i) for i in ids} - known.keys())
+        if new:
+            texts = tokenizer.batch_decode([[i] for i in new], clean_up_tokenization_spaces=False)
+            known.update(zip(new, texts, strict=True))
+        return [known[int(i)] for i in ids]
+
+    return decode
+
+
+def token_view(trajectory: Trajectory, decode: Callable[[list[int]], list[str]]) -> dict[str, Any]:
+    """The episode's tokens as the trainer saw them: one entry per training row (an agent episode's
+    earlier ``segments`` first, then its own), each with every token's ``text`` (``decode``: ids ->
+    one string per id), its ``kind`` (one letter per token: ``s`` sampled, i.e. loss mask 1; ``p``
+    before the first sampled token; ``e`` after it: env and tool answers) and ``sampler_logprob``
+    (the engine's, 4 decimals; None off the sampled tokens)."""
+    return {"segments": [_token_row(row, decode) for row in [*trajectory.segments, trajectory]]}
+
+
+def with_token_views(
+    records: list[dict[str, Any]], trajectories: list[Trajectory], decode: Callable[[list[int]], list[str]]
+) -> list[dict[str, Any]]:
+    """``records`` (the lines of ``trajectories``, in order) each with its :func:`token_view`."""
+    return [{**r, "token_view": token_view(t, decode)} for r, t in zip(records, trajectories, strict=True)]
+
+
+def _token_row(row: Trajectory, decode: Callable[[list[int]], list[str]]) -> dict[str, Any]:
+    """One training row's ``text``, ``kind`` and ``sampler_logprob`` (:func:`token_view`)."""
+    mask = row.loss_mask
+    first = next((i for i, m in enumerate(mask) if m), len(mask))
+    kind = "".join("s" if m else "p" if i < first else "e" for i, m in enumerate(mask))
+    logprobs = [round(float(lp), 4) if m else None for lp, m in zip(row.sampler_logprobs, mask, strict=True)]
+    return {"text": decode(list(row.token_ids)), "kind": kind, "sampler_logprob": plain(logprobs)}
+
+
+def with_trainer_values(records: list[dict[str, Any]], rows: list[dict[str, list[float]] | None]) -> None:
+    """Add each training row's ``trainer_logprob`` and ``entropy`` (``rows``: per row of the
+    batch, the values at each of its tokens; None: not computed) to ``records``' ``token_view``
+    segments in place, None off the sampled tokens (rows are the records' segments in order, as in
+    :func:`with_advantages`); a row whose length differs from its segment's is left out."""
+    at = 0
+    for record in records:
+        segments = (record.get("token_view") or {}).get("segments", [])
+        for segment, values in zip(segments, rows[at : at + len(segments)], strict=False):
+            if values is None or any(len(v) != len(segment["kind"]) for v in values.values()):
+                continue
+            for key, numbers in values.items():
+                segment[key] = [
+                    round(x, 4) if k == "s" else None for x, k in zip(numbers, segment["kind"], strict=True)
+                ]
+        at += len(segments) if segments else int(record.get("segments") or 0) + 1
+
+
 def _turn(turn: Any, message: int | None, versions: list[int] | None) -> dict[str, Any]:
     """One turn's entry: its message's index, sampled tokens, reward, finish reason and tool calls."""
     out = {
@@ -148,6 +206,18 @@ def row_advantages(batch: TrainBatch) -> list[float | None]:
         trained = values[mask > 0].double()
         out.append(float(f"{float(trained.sum()) / len(trained):.6g}") if len(trained) else None)
     return out
+
+
+def row_token_values(batch: TrainBatch) -> list[dict[str, list[float]] | None]:
+    """Per row of ``batch``: its ``trainer_logprob`` and ``entropy`` at each of its tokens (from
+    ``batch.extras``' ``trainer_logprobs`` / ``trainer_entropy``, :func:`with_trainer_values`
+    keeps the sampled ones); None per row when the trainer did not compute them."""
+    logprobs, entropy = batch.extras.get("trainer_logprobs"), batch.extras.get("trainer_entropy")
+    if logprobs is None or entropy is None:
+        return [None] * batch.num_rows
+    lengths = batch.lengths.tolist()
+    pairs = zip(logprobs.detach().cpu().tolist(), entropy.detach().cpu().tolist(), lengths, strict=True)
+    return [{"trainer_logprob": lp[:n], "entropy": h[:n]} for lp, h, n in pairs]
 
 
 def with_advantages(records: list[dict[str, Any]], rows: list[float | None]) -> list[dict[str, Any]]:

@@ -19,7 +19,8 @@ from accelerate.utils import set_seed
 
 from agentrl.algorithms.base import Algorithm, SetupContext, TrainableModule
 from agentrl.config.cluster import ray_options
-from agentrl.config.train import TrainConfig, build_plugin_config, resolve_settings
+from agentrl.config.startup import resolve_settings
+from agentrl.config.train import TrainConfig, build_plugin_config
 from agentrl.env import CallGuard, Env, build_env, call_with_timeout, load_env_class
 from agentrl.env.base import ASK_REWARD
 from agentrl.env.datasets import use_dataset

@@ -23,6 +23,8 @@ class EpisodeLog:
         self.run, self.run_dir = run, run_dir
         self.advantages: dict[int, list[float | None]] = {}
         """Step -> the whole batch's per-row advantages, from its update until its line is written."""
+        self.token_values: dict[int, list[Any]] = {}
+        """Step -> the whole batch's per-row trainer logprobs and entropies (``log_tokens: logprobs``)."""
 
     def due(self, step: int) -> bool:
         """Whether step ``step``'s episodes are written (``log_completions_every``)."""
@@ -33,11 +35,16 @@ class EpisodeLog:
         if self.due(step):
             shares = distributed.gather_objects(episodes.row_advantages(batch))
             self.advantages[step] = [value for share in shares for value in share]
+            if "trainer_logprobs" in batch.extras:
+                shares = distributed.gather_objects(episodes.row_token_values(batch))
+                self.token_values[step] = [value for share in shares for value in share]
 
     def write_step(self, step: int, records: list[dict[str, Any]]) -> None:
         """Append step ``step``'s episode lines (when due) with their advantages (main process)."""
-        rows = self.advantages.pop(step, [])
+        rows, values = self.advantages.pop(step, []), self.token_values.pop(step, None)
         if self.due(step) and self.run.is_main:
+            if values is not None:
+                episodes.with_trainer_values(records, values)
             episodes.append(self.run_dir / episodes.TRAIN_FILE, {"step": step}, episodes.with_advantages(records, rows))
 
     def write_eval(self, step: int, final: bool, records: list[dict[str, Any]]) -> None:

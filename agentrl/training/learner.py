@@ -25,6 +25,7 @@ from agentrl.algorithms.objectives import step_totals
 from agentrl.model import distributed, lora, sharding
 from agentrl.model.policy import TokenLogprobs
 from agentrl.rewards.unscored import Unscored
+from agentrl.rundir.episodes import due
 from agentrl.training.batching import micro_batch_rows, mini_batch_rows
 from agentrl.training.build import Run
 from agentrl.training.step_stats import StepStats
@@ -73,16 +74,19 @@ class Learner:
         return mini_batch_rows(batch.num_rows, self.run.algorithm.num_mini_batches, self.run.config.seed, step, epoch)
 
     @torch.no_grad()
-    def frozen_logprobs(self, scorer: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+    def frozen_logprobs(self, scorer: torch.nn.Module, batch: TrainBatch, with_entropy: bool = False) -> Any:
         """Logprobs of ``scorer`` (a ``TokenLogprobs``: the policy's or the reference's) for the whole
-        batch, no grad."""
+        batch, no grad; ``with_entropy``: (logprobs, entropy)."""
         out = torch.zeros_like(batch.loss_mask)
+        entropies = torch.zeros_like(batch.loss_mask)
         for rows in self.micro_batch_rows(batch):
             mb = batch.select(rows)
             with self.autocast():
-                lp, _ = scorer(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=False)
+                lp, entropy = scorer(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=with_entropy)
             out[rows, : lp.shape[1]] = lp
-        return out
+            if with_entropy:
+                entropies[rows, : entropy.shape[1]] = entropy.float()
+        return (out, entropies) if with_entropy else out
 
     def update(self, batch: TrainBatch, metrics: dict[str, float], step: int = 1, why: Unscored | None = None) -> bool:
         """All of the algorithm's optimizer steps on one rollout batch (``step`` is 1-based);
@@ -98,7 +102,7 @@ class Learner:
         if not bool(scored > 0):  # nothing scored: no signal, only Adam momentum
             self.skip_unscored(step, metrics, why if why is not None else Unscored.from_metrics([metrics], "train/"))
             return False
-        self.add_frozen_logprobs(batch)
+        self.add_frozen_logprobs(batch, step)
         for factor in run.hook.agentrl_adjust_loss_mask(
             batch=batch, config=run.config, settings=run.settings, metrics=metrics
         ):
@@ -158,13 +162,20 @@ class Learner:
             reference.mix_into(self.run.ref_model, self.sampling_model(), mix)
             metrics["train/reference_reset"] = 1.0
 
-    def add_frozen_logprobs(self, batch: TrainBatch) -> None:
+    def add_frozen_logprobs(self, batch: TrainBatch, step: int) -> None:
         """``old_logprobs`` (the policy before this step's updates) and ``ref_logprobs`` (the
-        reference's) in ``batch.extras``, when the algorithm or a plugin needs them."""
+        reference's) in ``batch.extras``, when the algorithm or a plugin needs them; with
+        ``log_tokens: logprobs`` on a step whose episodes are written, ``trainer_logprobs`` and
+        ``trainer_entropy`` too (the episode store's per-token view, one pass giving both)."""
         run = self.run
+        # The prepared policy's own module: under FSDP its hooks gather the shards (run.model's alone do not).
+        policy = run.accelerator.unwrap_model(run.policy)
+        if run.config.log_tokens == "logprobs" and due(run.config.log_completions_every, step):
+            logprobs, entropy = self.frozen_logprobs(policy, batch, with_entropy=True)
+            batch.extras["trainer_logprobs"], batch.extras["trainer_entropy"] = logprobs, entropy
         if run.needs_old_logprobs:
-            # The prepared policy's own module: under FSDP its hooks gather the shards (run.model's alone do not).
-            batch.extras["old_logprobs"] = self.frozen_logprobs(run.accelerator.unwrap_model(run.policy), batch)
+            known = batch.extras.get("trainer_logprobs")
+            batch.extras["old_logprobs"] = known if known is not None else self.frozen_logprobs(policy, batch)
         if run.ref_model is not None:
             with lora.adapter_disabled(run.ref_model):
                 reference = TokenLogprobs(run.ref_model, temperature=run.config.temperature, pack=run.policy_pack)

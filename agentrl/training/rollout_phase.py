@@ -17,7 +17,7 @@ from agentrl.algorithms.dynamic_sampling import GroupSelector, has_spread
 from agentrl.model import distributed
 from agentrl.rewards.scoring import popped_metrics, score
 from agentrl.rewards.unscored import Unscored, why_unscored
-from agentrl.rundir.episodes import episode_record
+from agentrl.rundir.episodes import due, episode_record, token_texts, with_token_views
 from agentrl.rundir.metrics import reward_metrics, rollout_metrics
 from agentrl.sampling.engine import SamplingParams
 from agentrl.training.build import Run
@@ -127,6 +127,8 @@ class RolloutPhase:
         """Step -> why its unscored episodes were not scored (:meth:`why`), until the learner asks."""
         self.eval_records: list[dict[str, Any]] = []
         """The last :meth:`evaluate`'s episodes (:func:`agentrl.rundir.episodes.episode_record`)."""
+        self.decode: Any = None
+        """Token ids -> their texts (:func:`agentrl.rundir.episodes.token_texts`), made when first needed."""
 
     def boundary(self) -> tuple[int, dict[str, Any]]:
         """Where the next step starts (task cursor, RNG states): :meth:`rewind` returns there."""
@@ -165,7 +167,26 @@ class RolloutPhase:
         metrics.update(self._counts())
         if self.run.is_main:
             self.run.hook.agentrl_on_rollout_end(trajectories=whole.kept, step=step, metrics=metrics)
-        return StepBatch(batch, whole.kept, metrics, list(whole.kept_totals), whole.records())
+        return StepBatch(batch, whole.kept, metrics, list(whole.kept_totals), self.with_tokens(whole, step))
+
+    def with_tokens(
+        self, whole: _Sampled | None, step: int, evaluated: list[Trajectory] | None = None
+    ) -> list[dict[str, Any]]:
+        """The episode lines of ``whole`` (a step's, :meth:`_Sampled.records`) or of the
+        ``evaluated`` trajectories (:attr:`eval_records`), each with its ``token_view``
+        (:func:`agentrl.rundir.episodes.token_view`) when ``log_tokens`` asks and they are written
+        (the main process; a training step's when ``log_completions_every`` makes it due)."""
+        cfg = self.run.config
+        records, trajectories = (self.eval_records, evaluated) if whole is None else (whole.records(), whole.kept)
+        if (
+            cfg.log_tokens == "none"
+            or not self.run.is_main
+            or (whole is not None and not due(cfg.log_completions_every, step))
+        ):
+            return records
+        if self.decode is None:
+            self.decode = token_texts(self.run.tokenizer)
+        return with_token_views(records, trajectories or [], self.decode)
 
     def _counts(self) -> dict[str, float]:
         """The run's counters (:attr:`agentrl.training.build.Run.counters`) summed over the processes."""
@@ -289,7 +310,7 @@ class RolloutPhase:
         cfg = self.run.config
         eval_tasks = list(self.run.envs[0].eval_tasks())[: cfg.eval_tasks]
         self.eval_records = []
-        metrics, _ = evaluate(
+        metrics, evaluated = evaluate(
             self.run.rollout,
             self.run.envs,
             eval_tasks,
@@ -302,6 +323,7 @@ class RolloutPhase:
             env_weight=cfg.env_reward_weight,
             records=self.eval_records,
         )
+        self.eval_records = self.with_tokens(None, 0, evaluated)
         if cfg.eval_sampled and cfg.eval_temperature != cfg.temperature:
             sampled, _ = evaluate(
                 self.run.rollout,

@@ -15,7 +15,8 @@ from cli_in_process import agentrl_in_process
 from agentrl import ConfigError, Engine
 from agentrl.cli.capabilitydoc import counts
 from agentrl.config import capabilities as cap
-from agentrl.config.train import build_config, check_startup, resolve_settings
+from agentrl.config.startup import check_startup, resolve_settings
+from agentrl.config.train import build_config
 from agentrl.plugins import load_plugins
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from agentrl import AgentRLError, ConfigCheck, ConfigError, ModelError, OneOf, PluginError, build_plugin_config
 from agentrl.cli.app import app
-from agentrl.config.train import TrainConfig, build_config, check_startup, field_names, resolve_settings
+from agentrl.config.startup import check_startup, resolve_settings
+from agentrl.config.train import TrainConfig, build_config, field_names
 from agentrl.plugins import load_plugins
 from agentrl.rundir.paths import check_output_dir
 from agentrl_grpo import GRPOConfig

@@ -15,7 +15,8 @@ from cli_in_process import agentrl_in_process
 from transformers import LlamaConfig, LlamaForTokenClassification
 
 from agentrl import StepRewards, Trajectory, Turn
-from agentrl.config.train import TrainConfig, resolve_settings
+from agentrl.config.startup import resolve_settings
+from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError
 from agentrl.plugins import load_plugins
 from agentrl.rewards.schemes import RewardContext

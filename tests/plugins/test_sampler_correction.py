@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from agentrl import ConfigError
-from agentrl.config.train import TrainConfig, resolve_settings
+from agentrl.config.startup import resolve_settings
+from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
 from agentrl.testing import parity_reward
 from agentrl.training.trainer import Trainer

@@ -108,7 +108,8 @@ def test_guide_step_hook_plugin_is_configured_by_its_section(tiny_model_dir, tmp
     import pytest
 
     from agentrl import ConfigError
-    from agentrl.config.train import TrainConfig, resolved_dict
+    from agentrl.config.startup import resolved_dict
+    from agentrl.config.train import TrainConfig
     from agentrl.plugins import load_plugins
     from agentrl.training.trainer import Trainer
 

@@ -11,7 +11,7 @@ from cli_in_process import TINY, agentrl_in_process, assert_one_line, cli
 
 from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
-from agentrl.rundir.episodes import episode_record, message_sources, with_advantages
+from agentrl.rundir.episodes import episode_record, message_sources, with_advantages, with_trainer_values
 from agentrl.testing import lockstep_plugins
 from agentrl.training.trainer import Trainer
 from agentrl.trajectory import Trajectory, Turn
@@ -122,6 +122,29 @@ def test_an_agent_episode_s_advantage_is_the_mean_over_its_rows():
     assert [r["advantage"] for r in with_advantages(records, [1.0, 3.0, None, -0.5])] == [2.0, None, -0.5]
 
 
+def test_trainer_values_go_to_each_episode_s_rows_in_order_on_its_sampled_tokens_only():
+    def segment(kind):
+        return {"text": ["x"] * len(kind), "kind": kind, "sampler_logprob": [None] * len(kind)}
+
+    records = [{"segments": 1, "token_view": {"segments": [segment("ps"), segment("pse")]}}, {"segments": 0}]
+    records.append({"token_view": {"segments": [segment("pss")]}})
+    rows = [
+        {"trainer_logprob": [0.0, -1.0], "entropy": [9.0, 0.5]},
+        {"trainer_logprob": [0.0, -2.0, 7.0], "entropy": [9.0, 0.25, 9.0]},
+        {"trainer_logprob": [1.0], "entropy": [1.0]},  # the episode without a token view: its row is skipped
+        {"trainer_logprob": [0.0, -3.0, -4.123456], "entropy": [9.0, 1.0, 2.0]},
+    ]
+    with_trainer_values(records, rows)
+    first, second = records[0]["token_view"]["segments"]
+    assert first["trainer_logprob"] == [None, -1.0] and first["entropy"] == [None, 0.5]
+    assert second["trainer_logprob"] == [None, -2.0, None] and second["entropy"] == [None, 0.25, None]
+    (last,) = records[2]["token_view"]["segments"]
+    assert last["trainer_logprob"] == [None, -3.0, -4.1235] and last["entropy"] == [None, 1.0, 2.0]
+    records = [{"token_view": {"segments": [segment("ps")]}}]
+    with_trainer_values(records, [{"trainer_logprob": [0.0], "entropy": [1.0]}])  # a length that differs: left out
+    assert "trainer_logprob" not in records[0]["token_view"]["segments"][0]
+
+
 def _config(model_dir: Path, out: Path, env: str, **overrides) -> TrainConfig:
     base = dict(
         model=str(model_dir),
@@ -145,7 +168,7 @@ def test_every_episode_of_every_step_is_written_marked_as_its_token_masks_say(ti
     (tmp_path / "tool_chat.py").write_text(TOOL_ENV)
     (tmp_path / "capture.py").write_text(CAPTURE)
     manager = load_plugins(modules=[str(tmp_path / "capture.py")])
-    config = _config(tiny_model_dir, tmp_path / "run", f"{tmp_path / 'tool_chat.py'}:ToolChat")
+    config = _config(tiny_model_dir, tmp_path / "run", f"{tmp_path / 'tool_chat.py'}:ToolChat", log_tokens="logprobs")
     assert config.log_completions_every == 1  # the default: every step
     Trainer(config, manager).train()
     seen = manager.pm.get_plugins()
@@ -177,6 +200,7 @@ def test_every_episode_of_every_step_is_written_marked_as_its_token_masks_say(ti
         assert record["task"]["id"] == trajectory.task["id"] and record["group"] == trajectory.group
         assert record["rewards"].keys() >= {"parity_reward"} and math.isfinite(record["reward"])
         assert record["advantage"] is not None and math.isfinite(record["advantage"])
+        _assert_token_view_is_the_trajectory(record["token_view"], trajectory, tokenizer, trainer=True)
     assert any(r["terminated"] for r in records) and any(len(r["turns"]) > 1 for r in records)
     for step in (1, 2):  # GRPO: a group's advantages add up to zero
         for group in (0, 1):
@@ -190,6 +214,46 @@ def test_every_episode_of_every_step_is_written_marked_as_its_token_masks_say(ti
         ("after", 2, 1),
     ]
     assert all("advantage" not in e and e["task"]["id"] in ("e0", "e1") for e in evals)
+    assert all({"text", "kind", "sampler_logprob"} == e["token_view"]["segments"][0].keys() for e in evals)
+
+
+def _assert_token_view_is_the_trajectory(view: dict, trajectory: Trajectory, tokenizer, trainer: bool) -> None:
+    """Each token's text, its kind as the loss mask says (p before the first sampled token, e after
+    it), the sampler's logprob on sampled tokens only; with ``trainer``, the trainer's logprob
+    (the same weights here: within float rounding of the sampler's) and an entropy on them."""
+    (row,) = view["segments"]
+    mask = trajectory.loss_mask
+    first = mask.index(1)
+    assert row["kind"] == "".join("s" if m else "p" if i < first else "e" for i, m in enumerate(mask))
+    assert len(row["text"]) == len(trajectory.token_ids)
+    assert row["text"] == [tokenizer.decode([i]) for i in trajectory.token_ids]
+    for i, m in enumerate(mask):
+        assert (row["sampler_logprob"][i] is None) == (not m)
+        if m:
+            assert row["sampler_logprob"][i] == round(trajectory.sampler_logprobs[i], 4)
+    assert ("trainer_logprob" in row) == ("entropy" in row) == trainer
+    if trainer:
+        sampled = [i for i, m in enumerate(mask) if m]
+        assert [i for i, v in enumerate(row["trainer_logprob"]) if v is not None] == sampled
+        assert all(abs(row["trainer_logprob"][i] - row["sampler_logprob"][i]) < 2e-3 for i in sampled)
+        assert all(row["entropy"][i] >= 0 for i in sampled) and any(row["entropy"][i] > 0.1 for i in sampled)
+
+
+def test_the_trainer_s_token_logprobs_change_nothing_the_run_trains(tiny_model_dir, tmp_path):
+    """``log_tokens: logprobs`` computes the trainer's logprobs before the update; an algorithm that
+    needs them (two optimizer steps per batch) takes those as its old logprobs: the same run."""
+    runs = {}
+    for mode in ("tokens", "logprobs"):
+        out = tmp_path / mode
+        config = _config(tiny_model_dir, out, "math", log_tokens=mode, algorithm={"mini_batches": 2}, eval_tasks=0)
+        Trainer(config, load_plugins()).train()
+        metrics = [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in _lines(out / "metrics.jsonl")]
+        runs[mode] = metrics, _lines(out / "completions.jsonl")
+    assert runs["tokens"][0] == runs["logprobs"][0] and len(runs["tokens"][0]) == 2
+    for plain_line, detailed in zip(runs["tokens"][1], runs["logprobs"][1], strict=True):
+        (row,) = detailed.pop("token_view")["segments"]
+        assert plain_line.pop("token_view")["segments"][0] == {k: row[k] for k in ("text", "kind", "sampler_logprob")}
+        assert plain_line == detailed and row["kind"].count("s") == sum(v is not None for v in row["entropy"])
 
 
 def test_the_math_env_s_demonstration_is_prompt_and_every_evaluation_is_written(tiny_model_dir, tmp_path):
@@ -205,6 +269,10 @@ def test_the_math_env_s_demonstration_is_prompt_and_every_evaluation_is_written(
         roles = [(m["role"], m["source"]) for m in record["messages"]]
         assert ("assistant", "prompt") in roles  # the worked example
         assert roles[-1] == ("assistant", "sampled") and [s for _, s in roles].count("sampled") == 1
+        (row,) = record["token_view"]["segments"]  # the default, log_tokens: tokens
+        assert (
+            row.keys() == {"text", "kind", "sampler_logprob"} and row["kind"].count("s") == record["tokens"]["sampled"]
+        )
     evals = _lines(run / "eval_completions.jsonl")
     assert [e["when"] for e in evals] == ["before"] * 2 + ["step 1"] * 2 + ["after"] * 2
 
@@ -217,6 +285,7 @@ def test_agentrl_eval_saves_its_episodes_and_names_a_folder_that_is_not_there(ti
     lines = _lines(saved)
     assert [(e["when"], e["group"]) for e in lines] == [("eval", 0), ("eval", 1), ("eval", 2)]
     assert all([m["source"] for m in e["messages"]] == ["prompt", "sampled"] for e in lines)
+    assert all(e["token_view"]["segments"][0]["kind"].count("s") == e["tokens"]["sampled"] for e in lines)
     missing = tmp_path / "nowhere" / "episodes.jsonl"
     assert_one_line(
         cli(*args, "--save-episodes", str(missing)), f"--save-episodes {str(missing)!r}: its folder does not exist"

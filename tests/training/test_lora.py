@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from agentrl.config.lora import LLAMA_TARGETS
-from agentrl.config.train import TrainConfig, build_config, resolved_dict
+from agentrl.config.startup import resolved_dict
+from agentrl.config.train import TrainConfig, build_config
 from agentrl.errors import ConfigError, TrainingInterrupted
 from agentrl.model.lora import sampling_model
 from agentrl.model.policy import TokenLogprobs
