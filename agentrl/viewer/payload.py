@@ -3,8 +3,8 @@ JSON-ready dict (docs/guides/viewer.md).
 
 A run's metrics are columns (``steps`` and one list of values per metric, None where a step did not
 log it), so a 1,000-step run's curves stay small; its episodes are the lines of
-``completions.jsonl`` and ``eval_completions.jsonl`` as written (docs/concepts/run-dir.md), token
-views' floats rounded to 4 decimals. A run that is still training may end its files in a line
+``completions.jsonl`` and ``eval_completions.jsonl`` as written (docs/concepts/run-dir.md), kept
+as their JSON text and spliced into the page as they are. A run that is still training may end its files in a line
 half-written: that line is left out.
 """
 
@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import secrets
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError, TrainingError
 from agentrl.rundir.compare import RunRecord, load_run
-from agentrl.rundir.episodes import EVAL_FILE, TRAIN_FILE
+from agentrl.rundir.episodes import EVAL_FILE, TRAIN_FILE, plain
 
 FORMAT = 1
 """The payload's version, for the page (bumped when its shape changes)."""
-FLOAT_FIELDS = ("sampler_logprob", "trainer_logprob", "entropy")
-"""A token view segment's per-token floats (rounded in the payload)."""
+EPISODE_KEYS = ("episodes", "eval_episodes")
+"""A run's lists of episodes (JSON texts) in the payload."""
 
 
 def build_payload(paths: list[str | Path]) -> dict[str, Any]:
@@ -52,46 +54,36 @@ def run_payload(record: RunRecord, name: str) -> dict[str, Any]:
         "metrics": {"steps": steps, "series": {k: v for k, v in series.items() if any(x is not None for x in v)}},
         "episodes": read_episodes(record.path / TRAIN_FILE),
         "eval_episodes": read_episodes(record.path / EVAL_FILE),
-        "evals": record.evals,
+        "evals": plain(record.evals),  # NaN in eval.json: null
         "config": config.read_text(errors="replace") if config.is_file() else "",
     }
 
 
-def read_episodes(path: Path) -> list[dict[str, Any]]:
-    """The episodes in the JSONL file ``path`` ([] when there is none), token views rounded; a
-    TrainingError naming the file and line of one that is not a JSON object (a last line without
-    its newline, which a running run is still writing, is left out)."""
+def read_episodes(path: Path) -> list[str]:
+    """The episodes in the JSONL file ``path`` as their JSON text, one string each ([] when there
+    is none): checked, not rebuilt (10,000 episodes re-encoded would cost seconds). A TrainingError
+    names the file and line of one that is not a JSON object; a last line without its newline,
+    which a running run is still writing, is left out; NaN and Infinity become null."""
     if not path.is_file():
         return []
     text = path.read_text(errors="replace")
     lines = text.split("\n")
     if lines and not text.endswith("\n"):
         lines.pop()  # half-written
-    episodes = []
+    episodes: list[str] = []
+    odd: list[str] = []  # the NaN / Infinity constants of the line read last
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        odd.clear()
         try:
-            episode = json.loads(line, parse_constant=lambda _: None)  # NaN, Infinity: null
+            episode = json.loads(line, parse_constant=lambda name: odd.append(name))  # NaN, Infinity: None
         except ValueError:
             episode = None
         if not isinstance(episode, dict):
             raise TrainingError(f"{path}, line {number}: not a JSON object ({line[:60]!r}); fix or delete that line")
-        episodes.append(_rounded(episode))
+        episodes.append(json.dumps(episode, separators=(",", ":")) if odd else line.strip())
     return episodes
-
-
-def _rounded(episode: dict[str, Any]) -> dict[str, Any]:
-    """``episode`` with its token view's floats to 4 decimals (they are only coloured by)."""
-    view = episode.get("token_view")
-    if not isinstance(view, dict) or not isinstance(view.get("segments"), list):
-        return episode
-    for segment in view["segments"]:
-        for field in FLOAT_FIELDS:
-            values = segment.get(field) if isinstance(segment, dict) else None
-            if isinstance(values, list):
-                segment[field] = [round(v, 4) if isinstance(v, float) else v for v in values]
-    return episode
 
 
 def _number(value: Any) -> float | int | None:
@@ -102,6 +94,17 @@ def _number(value: Any) -> float | int | None:
 
 
 def page_json(payload: dict[str, Any]) -> str:
-    """``payload`` as JSON safe inside an HTML ``<script>`` element: every ``<`` escaped
-    (``</script>`` and ``<!--`` in a message cannot end or bend the element); JSON.parse reads it back."""
-    return json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    """``payload`` as JSON safe inside an HTML ``<script>`` element (its runs' episode lists
+    spliced in as the JSON texts they hold): every ``<`` escaped, so ``</script>`` and ``<!--`` in
+    a message cannot end or bend the element; JSON.parse reads it back."""
+    nonce = secrets.token_hex(8)  # no metric name or text of the runs can hold the markers
+    runs, raw = [], {}
+    for n, run in enumerate(payload["runs"]):
+        runs.append(dict(run))
+        for key in EPISODE_KEYS:
+            marker = f"@@{nonce}-{n}-{key}@@"
+            raw[json.dumps(marker)] = "[" + ",".join(run[key]) + "]"
+            runs[-1][key] = marker
+    text = json.dumps({**payload, "runs": runs}, separators=(",", ":"), allow_nan=False)
+    text = re.sub(f'"@@{nonce}-[0-9]+-[a-z_]+@@"', lambda found: raw[found.group(0)], text)  # one pass
+    return text.replace("<", "\\u003c")
