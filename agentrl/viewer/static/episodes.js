@@ -112,7 +112,7 @@ AV.browser = {
       this.detail.textContent = "";
       this.fillSteps();
     }
-    if (id !== "f-text" && event.target.type !== "number") this.apply();
+    if (event.target.type !== "number") this.apply(); // numbers apply as typed; text when done (Enter, leaving the box)
   },
 
   /* The step filter's choices: every step (training) or evaluation point of the episodes shown. */
