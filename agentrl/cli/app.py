@@ -31,6 +31,7 @@ from agentrl.cli.support import (
 )
 from agentrl.cli.train import parse_rewards as _parse_rewards
 from agentrl.cli.train import train
+from agentrl.cli.view import view
 
 __all__ = [
     "LIBRARY_WARNINGS",
@@ -114,6 +115,7 @@ app.command("eval")(eval_)
 app.command()(plugins)
 app.command()(plot)
 app.command()(compare)
+app.command()(view)
 app.add_typer(new_app, name="new")
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tools",),
     ("config",),
     ("rundir",),
+    ("viewer",),
     ("model",),
     ("rewards",),
     ("algorithms",),
