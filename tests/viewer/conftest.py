@@ -52,7 +52,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="session")
 def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``guess`` (multi-turn, 2 steps, evaluated before, at step 1 and after), ``ppo`` (the same
-    env, PPO, 1 step) and ``agent`` (math through an OpenAI-client agent of two calls, 1 step):
+    env, PPO, 1 step, the trainer's logprobs and entropies kept) and ``agent`` (math through an OpenAI-client agent of two calls, 1 step):
     2 x 2 episodes a step."""
     root = tmp_path_factory.mktemp("viewer-runs")
     agent = root / "agent.py"
@@ -62,7 +62,7 @@ def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     common += ["--set", "save_model=false", "--set", "checkpoint_every=0", *LOCKSTEP_ARGS]
     kinds = {
         "guess": ["--env", "guess", "--max-steps", "2", "--set", "eval_every=1"],
-        "ppo": ["--env", "guess", "--algo", "ppo", "--max-steps", "1"],
+        "ppo": ["--env", "guess", "--algo", "ppo", "--max-steps", "1", "--set", "log_tokens=logprobs"],
         "agent": ["--env", "math", "--max-steps", "1", "--set", "rollout=openai_agent"]
         + ["--set", f"plugins.openai_agent.agent={agent}:solve"],
     }

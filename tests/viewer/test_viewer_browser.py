@@ -69,17 +69,20 @@ def _check_token_colours(page: Any, episode: dict[str, Any]) -> None:
         painted = "".join(s["painted"] for s in _token_views(page))
         expected = "".join("0" if v is None else "1" for s in segments for v in s["sampler_logprob"])
         assert painted == expected  # exactly the tokens with a sampler logprob are coloured by it
+    for mode, key in (("trainer", "trainer_logprob"), ("entropy", "entropy")):
+        if all(key in s for s in segments):
+            page.select_option("#ep-detail .tv-mode", mode)
+            painted = "".join(s["painted"] for s in _token_views(page))
+            assert painted == "".join("0" if v is None else "1" for s in segments for v in s[key])
 
 
 def test_token_colouring_equals_the_stored_kind(synthetic, runs, open_view):
-    for run in (synthetic, runs["guess"], runs["agent"]):
+    for run in (synthetic, runs["guess"], runs["ppo"], runs["agent"]):
         episodes = lines(run / "completions.jsonl")
         viewed = [i for i, e in enumerate(episodes) if e.get("token_view")][:12]
-        if run != synthetic and not viewed:
-            continue  # a run made before episodes stored token views
+        assert viewed and len(viewed) == min(12, len(episodes))  # log_tokens: tokens, the default
         page = open_view(run)
         _episodes_tab(page)
-        assert viewed
         for index in viewed:
             _open(page, index)
             _check_token_colours(page, episodes[index])
