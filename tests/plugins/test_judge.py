@@ -307,8 +307,8 @@ def test_a_local_model_folder_judges_greedily(tiny_model_dir):
     batch = [episode(f"{i}+1?", str(i + 1)) for i in range(3)]
     first = judge_scheme(str(tiny_model_dir), context(max_new_tokens=4, batch_size=2))
     second = judge_scheme(str(tiny_model_dir), context(max_new_tokens=4, batch_size=2))
-    scores = first(batch)
-    assert second(batch) == scores and all(s is None or 0 <= s <= 1 for s in scores)  # greedy: the same replies
+    scores = values(first(batch))
+    assert values(second(batch)) == scores and all(s is None or 0 <= s <= 1 for s in scores)  # greedy: the same replies
     assert first.pop_metrics() == {
         "judged": 3.0,
         "cache_hits": 0.0,
@@ -345,6 +345,8 @@ def test_cli_trains_with_the_policy_as_its_own_judge(tiny_model_dir, tmp_path):
         "format",
         "--set",
         "plugins.judge.max_new_tokens=4",
+        "--set",
+        'plugins.judge.reply_prefix="Score: 7 "',  # a score on every reply, whatever the model writes after it
         "--max-steps",
         "2",
         "--num-generations",
@@ -367,6 +369,20 @@ def test_cli_trains_with_the_policy_as_its_own_judge(tiny_model_dir, tmp_path):
     for line in train:  # the held-out episodes the judge scored before step 1 are not counted in it
         assert line["judge/judged"] + line["judge/cache_hits"] == 4.0
         assert 0 <= line["judge/parse_failures"] <= 4.0 and line["judge/errors"] == 0.0
+    # Every episode keeps the judge's prompt and raw reply, scored as its reward component.
+    for store, count in (("completions.jsonl", 8), ("eval_completions.jsonl", 6)):
+        episodes = [json.loads(line) for line in (out / store).read_text().splitlines()]
+        assert len(episodes) == count
+        for episode in episodes:
+            [judgement] = episode["judgements"]
+            user = [m for m in episode["messages"] if m["role"] == "user"][-1]["content"]
+            reply = [m for m in episode["messages"] if m["source"] == "sampled"][-1]["content"]
+            answer = episode["task"].get("answer", "")
+            assert judgement["reward"] == "judge" and judgement["prompt"] == DEFAULT_RUBRIC.format(
+                prompt=user, completion=reply, reference=answer
+            )
+            assert judgement["reply"].startswith("Score: 7 ") and judgement["score"] == parse_score(judgement["reply"])
+            assert judgement["score"] == episode["rewards"]["judge"] == 0.7
 
 
 class StallingServer:
