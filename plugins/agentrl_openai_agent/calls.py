@@ -28,8 +28,8 @@ from typing import Any
 
 Message = dict[str, Any]
 REBUILT_SHARE = 0.5
-"""The share of an agent's later calls (after each episode's first) beginning a new segment from
-which the rollout warns that the agent rebuilds its history."""
+"""The share of an agent's later calls (after each episode's first) beginning a new segment on a
+rewritten history from which the rollout warns that the agent rebuilds it."""
 
 
 @dataclass
@@ -45,6 +45,8 @@ class CallLog:
     """The last call's tools (None: none offered)."""
     segments: int = 0
     """Conversation segments so far (calls that did not extend the one before, the first included)."""
+    rewrites: int = 0
+    """Of those, the calls that began one because the agent rewrote or trimmed its history."""
 
     def add(
         self,
@@ -58,6 +60,7 @@ class CallLog:
         the segment, the assistant message of each choice and (prompt, sampled) token counts."""
         cut = None if extends and self.calls else self.cut_reason(sent, tools)
         self.segments += cut is not None
+        self.rewrites += cut is not None and cut.startswith("history")
         prefix = 0
         for old, new in zip(self.sent, sent):
             if old != new:
@@ -119,11 +122,12 @@ def sent_messages(calls: list[dict[str, Any]]) -> list[list[Message]]:
 
 def rebuilt(logs: list[CallLog]) -> tuple[float, int, int] | None:
     """When the agent of ``logs`` (one step's episodes) rebuilds its history: (mean segments per
-    episode, later calls that began a new segment, later calls); None when it does not (less than
-    :data:`REBUILT_SHARE` of the calls after each episode's first began one)."""
+    episode, later calls that began a new segment on a rewritten history, later calls); None when it
+    does not (less than :data:`REBUILT_SHARE` of the calls after each episode's first did; a segment
+    a ``stop`` string began, its reply re-rendering differently, does not count)."""
     ran = [log for log in logs if log.calls]
     later = sum(len(log.calls) - 1 for log in ran)
-    cuts = sum(log.segments - 1 for log in ran)
+    cuts = sum(log.rewrites for log in ran)
     if not later or cuts / later < REBUILT_SHARE:
         return None
     return sum(log.segments for log in ran) / len(ran), cuts, later

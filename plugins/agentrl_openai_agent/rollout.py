@@ -158,11 +158,11 @@ class OpenAIAgentRollout:
             self.guard.warn_once(
                 f"agent-rebuilt:{self.options.agent}",
                 f"agent {self.options.agent} rewrites its message history: {cuts} of its {later} calls after an "
-                f"episode's first began a new segment ({mean:.1f} segments per episode); each segment re-encodes "
-                "its whole prompt and trains as a row of its own (slower, more memory). Append each reply and "
-                "tool result to the message list the agent sends instead of rebuilding it (agents in the "
-                "smolagents style rebuild it on every call); each episode's calls and why each segment began "
-                "are in the run's completions.jsonl (calls, cut)",
+                f"episode's first began a new segment on a changed history ({mean:.1f} segments per episode); "
+                "each segment re-encodes its whole prompt and trains as a row of its own (slower, more memory). "
+                "Append each reply and tool result to the message list the agent sends instead of rebuilding it "
+                "(agents in the smolagents style rebuild it on every call); each episode's calls and why each "
+                "segment began are in the run's completions.jsonl (calls, cut)",
             )
 
     def _plan_call(self, envs: list[Any], tasks: list[dict[str, Any]]) -> None:

@@ -121,8 +121,8 @@ def test_an_agent_that_rebuilds_its_history_gets_cut_reasons_and_one_warning(tok
     said = [str(w.message) for w in caught if REBUILT in str(w.message)]
     assert len(said) == 1, said
     assert said[0].endswith(
-        "rewrites its message history: 4 of its 4 calls after an episode's first began a new segment (3.0 segments "
-        "per episode); each segment re-encodes its whole prompt and trains as a row of its own (slower, more "
+        "rewrites its message history: 4 of its 4 calls after an episode's first began a new segment on a changed "
+        "history (3.0 segments per episode); each segment re-encodes its whole prompt and trains as a row of its own (slower, more "
         "memory). Append each reply and tool result to the message list the agent sends instead of rebuilding it "
         "(agents in the smolagents style rebuild it on every call); each episode's calls and why each segment "
         "began are in the run's completions.jsonl (calls, cut)"
