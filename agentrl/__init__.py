@@ -69,6 +69,7 @@ from agentrl.model.roles import ModelFolderError, load_for_role, load_tokenizer_
 from agentrl.plugins import PluginManager, load_plugins
 from agentrl.rewards.process import StepRewards, process_advantages, step_ends
 from agentrl.rewards.schemes import RewardContext
+from agentrl.rewards.scoring import Scored
 from agentrl.sampling.chat import ChatTokenizer
 from agentrl.sampling.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids, turn_seed
 from agentrl.sampling.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
@@ -117,6 +118,7 @@ __all__ = [
     "GroupRelativeConfig",
     "group_advantages",
     "StepRewards",
+    "Scored",
     "process_advantages",
     "step_ends",
     "ROLES",

@@ -35,6 +35,7 @@ from agentrl.env.loading import unwrapped_env
 from agentrl.env.tasks import first_tasks, task_key
 from agentrl.errors import AgentRLError, EnvError, RewardError, one_line
 from agentrl.rewards.process import StepRewards, merge_steps
+from agentrl.rewards.scoring import Scored
 from agentrl.trajectory import Trajectory, Turn
 
 RewardFn = Callable[..., list[float | None]]
@@ -275,7 +276,8 @@ def check_env(env_factory_or_env: Env | gymnasium.Env | Callable[[], gymnasium.E
 # -- rewards ---------------------------------------------------------------------------------------
 def check_reward_output(fn: RewardFn, trajectories: list[Trajectory]) -> list[float | None]:
     """Call ``fn(trajectories=...)``; it must return one finite float, :class:`agentrl.StepRewards`
-    (at tokens the model sampled) or None per trajectory."""
+    (at tokens the model sampled) or None per trajectory, each maybe explained (:class:`agentrl.Scored`,
+    returned unwrapped)."""
     name = getattr(fn, "__name__", repr(fn))
     try:
         scores = fn(trajectories=trajectories)
@@ -284,6 +286,7 @@ def check_reward_output(fn: RewardFn, trajectories: list[Trajectory]) -> list[fl
     if not isinstance(scores, list) or len(scores) != len(trajectories):
         got = f"{len(scores)} items" if isinstance(scores, Sequence) else type(scores).__name__
         raise RewardError(f"reward {name!r} must return a list of {len(trajectories)} scores, got {got}")
+    scores = [score.value if isinstance(score, Scored) else score for score in scores]
     for i, score in enumerate(scores):
         if score is None:
             continue

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,23 @@ from agentrl.errors import AgentRLError, RewardError, one_line
 from agentrl.rewards.process import StepRewards, merge_steps
 from agentrl.trajectory import Trajectory
 
-RewardFn = Callable[..., list[float | StepRewards | None]]
+
+@dataclass(frozen=True)
+class Scored:
+    """A reward function's score of one episode with what it was based on: ``value`` is what a
+    plain return gives (a float, :class:`StepRewards` or None), ``details`` JSON-able facts about
+    how it was reached (a judge's ``prompt`` and ``reply``). Scoring keeps them in the episode's
+    ``info["judgements"]``, one ``{"reward": name, **details, "score": component}`` per function
+    that gave details (``score``: the component's value, None when unscored), which the episode
+    store lifts into the episode's line (docs/concepts/run-dir.md)."""
+
+    value: float | StepRewards | None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+RewardFn = Callable[..., list[float | StepRewards | Scored | None]]
+Found = tuple[dict[int, StepRewards], dict[int, dict[str, Any]]]
+"""What a reward function returned beside its values, by batch index: step rewards, details."""
 
 
 def score(
@@ -73,6 +89,7 @@ def score(
     totals = _totals(scores, len(trajectories))
     if any(scores.steps.values()):
         _attach_steps(trajectories, scores.values, scores.weights, scores.steps, totals)
+    _attach_judgements(trajectories, scores)
     return [float(x) for x in totals], scores.values
 
 
@@ -90,6 +107,8 @@ class _Scores:
     """(N,) the samples whose env failed or some reward function failed on."""
     steps: dict[str, dict[int, StepRewards]]
     """Reward function name -> batch index -> the step rewards it returned."""
+    details: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    """Reward function name -> batch index -> the details it returned (:class:`Scored`)."""
 
 
 def _components(
@@ -110,10 +129,11 @@ def _components(
     for name, (fn, weight) in reward_fns.items():
         values = np.full(len(trajectories), np.nan)
         lost = np.zeros(len(trajectories), dtype=bool)
-        scores.steps[name] = {}
+        scores.steps[name], scores.details[name] = {}, {}
+        found = (scores.steps[name], scores.details[name])
         if healthy:
             values[~broken], lost[~broken], scores.nonfinite[name] = _call(
-                name, fn, healthy, np.flatnonzero(~broken), guard, scores.steps[name]
+                name, fn, healthy, np.flatnonzero(~broken), guard, found
             )
         else:
             scores.nonfinite[name] = 0
@@ -180,6 +200,20 @@ def _attach_steps(
         trajectory.step_rewards = None if np.isnan(totals[i]) else merge_steps(trajectory, parts)
 
 
+def _attach_judgements(trajectories: list[Trajectory], scores: _Scores) -> None:
+    """Each trajectory's ``info["judgements"]``: per reward function that returned details for it
+    (:class:`Scored`), ``{"reward": name, **details, "score": its component value or None}``."""
+    for i, trajectory in enumerate(trajectories):
+        out = []
+        for name, found in scores.details.items():
+            if i in found:
+                value = float(scores.values[name][i])
+                kept = {k: v for k, v in found[i].items() if k not in ("reward", "score")}
+                out.append({"reward": name, **kept, "score": None if math.isnan(value) else value})
+        if out:
+            trajectory.info["judgements"] = out
+
+
 def _check_magnitude(name: str, values: np.ndarray, weight: float, trajectories: list[Trajectory]) -> None:
     """RewardError for the first value whose weighted size passes ``MAX_ABS_REWARD`` (NaN: not scored)."""
     with np.errstate(over="ignore", invalid="ignore"):
@@ -203,18 +237,18 @@ def _call(
     trajectories: list[Trajectory],
     indices: np.ndarray,
     guard: CallGuard,
-    steps: dict[int, StepRewards],
+    found: Found,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """``fn``'s values as floats (None -> NaN), which samples it failed on ``(n,)``, and how many
     values were inf, -inf or NaN. ``indices``: the trajectories' positions in the batch;
-    ``steps`` receives the :class:`StepRewards` it returned by position."""
+    ``found`` receives the :class:`StepRewards` and the details it returned by position."""
     try:
         raw = guard.call(fn, trajectories=trajectories)
     except AgentRLError:
         raise
     except Exception as exc:
-        return _isolate(name, fn, trajectories, indices, guard, exc, steps)
-    values, nonfinite = _parse(name, raw, indices, steps)
+        return _isolate(name, fn, trajectories, indices, guard, exc, found)
+    values, nonfinite = _parse(name, raw, indices, found)
     return values, np.zeros(len(trajectories), dtype=bool), nonfinite
 
 
@@ -225,7 +259,7 @@ def _isolate(
     indices: np.ndarray,
     guard: CallGuard,
     exc: Exception,
-    steps: dict[int, StepRewards],
+    found: Found,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """After a batch call failed with ``exc``: retry one trajectory at a time (not after a timeout),
     then raise (``fail``) or warn once and mark the failed samples (``skip``)."""
@@ -248,7 +282,7 @@ def _isolate(
                 break
             lost[i] = True
             continue
-        one, bad = _parse(name, raw, indices[i : i + 1], steps)
+        one, bad = _parse(name, raw, indices[i : i + 1], found)
         values[i], nonfinite = one[0], nonfinite + bad
     if first is None:  # every sample scored alone: the failure needs the whole batch
         values[:], lost[:], nonfinite, first = np.nan, True, 0, (None, exc)
@@ -273,19 +307,25 @@ def _isolate(
     return values, lost, nonfinite
 
 
-def _parse(name: str, values: Any, indices: np.ndarray, steps: dict[int, StepRewards]) -> tuple[np.ndarray, int]:
+def _parse(name: str, values: Any, indices: np.ndarray, found: Found) -> tuple[np.ndarray, int]:
     """A reward function's output for the samples at ``indices`` as floats (None -> NaN; a
-    :class:`StepRewards`: the sum of its values, NaN without steps, kept in ``steps``) and how many
-    were inf, -inf or NaN; RewardError for the wrong count or a non-number."""
+    :class:`StepRewards`: the sum of its values, NaN without steps, kept in ``found[0]``; a
+    :class:`Scored`: its value, its details kept in ``found[1]``) and how many were inf, -inf or
+    NaN; RewardError for the wrong count or a non-number."""
+    steps, details = found
     n = len(indices)
     if not isinstance(values, (list, tuple)) or len(values) != n:
         got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
         raise RewardError(
-            f"reward function {name!r} must return one float, StepRewards or None per trajectory ({n}), got {got}"
+            f"reward function {name!r} must return one float, StepRewards, Scored or None per trajectory ({n}), "
+            f"got {got}"
         )
     out = np.empty(n, dtype=np.float64)
     nonfinite = 0
     for i, value in enumerate(values):
+        if isinstance(value, Scored):
+            details[int(indices[i])] = dict(value.details)
+            value = value.value
         if value is None:
             out[i] = math.nan
         elif isinstance(value, StepRewards):
@@ -296,6 +336,6 @@ def _parse(name: str, values: Any, indices: np.ndarray, steps: dict[int, StepRew
         else:
             raise RewardError(
                 f"reward function {name!r} returned {value!r} for sample {int(indices[i])}: "
-                "expected float, StepRewards or None"
+                "expected float, StepRewards, Scored or None"
             )
     return out, nonfinite

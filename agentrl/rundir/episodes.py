@@ -28,6 +28,8 @@ TRAIN_FILE = "completions.jsonl"
 """The training episodes (``step``, ``advantage``)."""
 EVAL_FILE = "eval_completions.jsonl"
 """The evaluation episodes (``when``: ``before``, ``step N``, ``after``)."""
+LIFTED = ("calls", "judgements")
+"""Keys of ``Trajectory.info`` that become fields of the episode's line (:func:`lifted_fields`)."""
 SOURCES = ("prompt", "sampled", "env", "tool")
 """Where a message came from: the prompt (demonstrations included), a model turn, the env, a tool."""
 
@@ -94,6 +96,7 @@ def episode_record(
         record["policy_version"] = min(drawn, default=None)
     if trajectory.segments:
         record["segments"] = len(trajectory.segments)
+    record.update(lifted_fields(info))
     record["info"] = info
     late = len(turns) - len(sampled_at)  # turns without a message of their own (a rollout that kept none) come first
     record["turns"] = [
@@ -159,6 +162,13 @@ def with_trainer_values(records: list[dict[str, Any]], rows: list[dict[str, list
                     round(x, 4) if k == "s" else None for x, k in zip(numbers, segment["kind"], strict=True)
                 ]
         at += len(segments) if segments else int(record.get("segments") or 0) + 1
+
+
+def lifted_fields(info: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`LIFTED` keys popped from ``info`` (a copy of the trajectory's), as the line's own
+    fields: ``calls`` (a rollout's model calls, e.g. an agent program's endpoint calls) and
+    ``judgements`` (reward functions' details, :class:`agentrl.Scored`); absent keys stay absent."""
+    return {key: info.pop(key) for key in LIFTED if key in info}
 
 
 def _turn(turn: Any, message: int | None, versions: list[int] | None) -> dict[str, Any]:

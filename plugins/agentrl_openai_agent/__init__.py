@@ -42,7 +42,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl import hookimpl
+from agentrl import Trajectory, hookimpl
+from agentrl_openai_agent.calls import step_metrics
 from agentrl_openai_agent.config import SECTION, OpenAIAgentConfig
 from agentrl_openai_agent.rollout import OpenAIAgentRollout
 
@@ -57,3 +58,9 @@ def agentrl_register_rollouts(register: Any) -> None:
 def agentrl_register_settings(register: Any) -> None:
     """Register the ``plugins.openai_agent`` section (the agent function and its endpoint's options)."""
     register(SECTION, OpenAIAgentConfig)
+
+
+@hookimpl
+def agentrl_on_rollout_end(trajectories: list[Trajectory], step: int, metrics: dict[str, float]) -> None:
+    """Log ``agent/calls_mean`` and ``agent/segments_mean`` over the step's agent episodes."""
+    metrics.update(step_metrics([t.info for t in trajectories]))

@@ -5,8 +5,8 @@ The calls themselves are batched by :func:`agentrl.request_queue` (the rollout's
 
 from __future__ import annotations
 
+import hashlib
 import json
-import uuid
 from typing import Any
 
 from agentrl import ChatTokenizer, ToolCallFormat, one_line, type_arguments
@@ -85,8 +85,9 @@ def with_tool_prompt(messages: list[Message], description: str) -> list[Message]
 
 def assistant_message(text: str, parser: Any, tools: list[dict[str, Any]] | None, raw_texts: dict[str, str]) -> Message:
     """The OpenAI assistant message for the sampled ``text``: well-formed calls the run's parser
-    reads become ``tool_calls`` (their ids remembered in ``raw_texts``), the text before the first
-    call the ``content``; malformed calls stay in the content. ``tools=None``: no call is parsed."""
+    reads become ``tool_calls`` (their ids remembered in ``raw_texts``; each id new to the episode and
+    derived from what it has seen, so a resumed run issues the ids a straight run does), the text
+    before the first call the ``content``; malformed calls stay in the content. ``tools=None``: no call is parsed."""
     calls = [c for c in (parser(text) if tools else []) if c.error is None and c.arguments is not None]
     if not calls:
         return {"role": "assistant", "content": text}
@@ -96,7 +97,7 @@ def assistant_message(text: str, parser: Any, tools: list[dict[str, Any]] | None
         arguments = call.arguments or {}
         if call.text_values and call.name in schemas:
             arguments = type_arguments(arguments, schemas[call.name].get("parameters", {}))
-        call_id = f"call_{uuid.uuid4().hex[:24]}"
+        call_id = f"call_{hashlib.sha256(f'{len(raw_texts)}:{text}'.encode()).hexdigest()[:24]}"
         raw_texts[call_id] = text
         tool_calls.append(
             {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": json.dumps(arguments)}}

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl import ChatTokenizer, Turn
+from agentrl_openai_agent.calls import CallLog
 
 Message = dict[str, Any]
 REFUSALS = ("bad_requests", "refused_calls", "server_errors")
@@ -60,6 +61,8 @@ class EpisodeRecord:
     last segments are the others' own segments and then the chosen one merged."""
     refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSALS, 0))
     """Requests to this episode's URL the endpoint refused, by kind (:data:`REFUSALS`)."""
+    log: CallLog = field(default_factory=CallLog)
+    """Each call as the episode store keeps it (the episode's ``calls``: :mod:`agentrl_openai_agent.calls`)."""
 
     def count_refused(self, status: int) -> None:
         """Count a request answered with HTTP ``status`` (4xx or 5xx)."""

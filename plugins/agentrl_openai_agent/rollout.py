@@ -30,6 +30,7 @@ from agentrl import (
     sample_label,
     turn_seed,
 )
+from agentrl_openai_agent.calls import CallLog, rebuilt
 from agentrl_openai_agent.config import DEFAULT_WORKERS, SECTION, OpenAIAgentConfig, check_agent, load_agent
 from agentrl_openai_agent.messages import (
     assistant_message,
@@ -42,7 +43,7 @@ from agentrl_openai_agent.messages import (
 )
 from agentrl_openai_agent.record import EpisodeRecord, count_calls
 from agentrl_openai_agent.remote import RemoteAgentWorkers, WorkerLost
-from agentrl_openai_agent.scoring import score_with_env, with_final_answer
+from agentrl_openai_agent.scoring import score_with_env, with_final_answer, with_final_messages
 from agentrl_openai_agent.server import (
     RequestError,
     caller_episode,
@@ -146,7 +147,23 @@ class OpenAIAgentRollout:
         trajectories = [self._trajectory(step.records[i], tasks[i], groups[i], *outcomes[i]) for i in range(len(tasks))]
         if self.options.env_scores:
             self._score_with_envs(envs, outcomes, trajectories)
+        self._warn_rebuilt([record.log for record in step.records])
         return trajectories
+
+    def _warn_rebuilt(self, logs: list[CallLog]) -> None:
+        """Warn once per run when the agent rebuilds its history (:func:`agentrl_openai_agent.calls.rebuilt`)."""
+        found = rebuilt(logs)
+        if found is not None:
+            mean, cuts, later = found
+            self.guard.warn_once(
+                f"agent-rebuilt:{self.options.agent}",
+                f"agent {self.options.agent} rewrites its message history: {cuts} of its {later} calls after an "
+                f"episode's first began a new segment on a changed history ({mean:.1f} segments per episode); "
+                "each segment re-encodes its whole prompt and trains as a row of its own (slower, more memory). "
+                "Append each reply and tool result to the message list the agent sends instead of rebuilding it "
+                "(agents in the smolagents style rebuild it on every call); each episode's calls and why each "
+                "segment began are in the run's completions.jsonl (calls, cut)",
+            )
 
     def _plan_call(self, envs: list[Any], tasks: list[dict[str, Any]]) -> None:
         """At the first step, decide how the agent is called from its signature and the tasks'
@@ -282,10 +299,12 @@ class OpenAIAgentRollout:
             ]
             counts = [count_calls(text, self.parser, tools) for _, _, _, text, _ in replies]
             record.add_call(prompt, extends, sampled, rendered_tools, counts, generations)
+            tokens = (len(context), sum(len(reply[0]) for reply in replies))
+            record.log.add(options["messages"], options["tools"], extends, [r[4] for r in replies], tokens)
         choices = [
             (message, "tool_calls" if message.get("tool_calls") else reason) for _, _, reason, _, message in replies
         ]
-        return completion_body(options["model"], choices, len(context), sum(len(reply[0]) for reply in replies))
+        return completion_body(options["model"], choices, *tokens)
 
     def _render(
         self, options: dict[str, Any], record: EpisodeRecord
@@ -387,8 +406,9 @@ class OpenAIAgentRollout:
             rows = [Trajectory(ids, [0] * len(ids), [0.0] * len(ids), [], list(PLACEHOLDER), task, group, info=info)]
         last = rows[-1]
         last.segments = rows[:-1]
+        last.info["calls"] = record.log.calls
         if isinstance(result, list):  # the agent's final messages (dicts from its worker): what is scored
-            last.messages = [dict(m) for m in result]
+            last.messages = with_final_messages(last.messages, [dict(m) for m in result])
         elif isinstance(result, str):  # its final answer: scored as the last assistant message
             last.messages = with_final_answer(last.messages, result)
         elif isinstance(result, (int, float)) and last.turns:

@@ -55,6 +55,20 @@ def with_final_answer(messages: list[dict[str, Any]], answer: str) -> list[dict[
     return [*messages, final]
 
 
+def with_final_messages(messages: list[dict[str, Any]], returned: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation to score when an agent returned the messages ``returned``: them, when they
+    hold the conversation (a ``system``, ``developer`` or ``user`` message); else they are its end
+    (an agent framework's final output, e.g. ``[{"role": "assistant", "content": answer}]``): they
+    replace the last assistant message of ``messages`` (the last call's conversation and reply, as
+    recorded) and what follows it, so the episode keeps its system prompt, question and tool calls."""
+    if any(m.get("role") in ("system", "developer", "user") for m in returned):
+        return returned
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "assistant":
+            return [*messages[:index], *returned]
+    return [*messages, *returned]
+
+
 def score_with_env(envs: list[Any], trajectories: list[Trajectory], guard: CallGuard, workers: int) -> int:
     """Give each trajectory in ``trajectories`` (those to score: the agent returned messages or
     None, no error, the model was called) its env's score of the final answer; returns how many

@@ -51,6 +51,7 @@ from agentrl import (
     RewardContext,
     RewardError,
     SamplingParams,
+    Scored,
     Trajectory,
     import_extra,
     load_for_role,
@@ -129,14 +130,17 @@ class Judge:
         """Calls in a row in which no reply parsed after which the judge stops the run (0: never); set
         when the judge is the run's only reward, where such a call leaves every episode unscored."""
         self.cache: dict[str, float | None] = {}
+        self.replies: dict[str, str] = {}
+        """Judge prompt -> the judge's raw reply (beside its score in ``cache``)."""
         self.counts = dict.fromkeys(("judged", "cache_hits", "parse_failures", "unformatted", "errors"), 0)
         self.warned = False
         self.unparsed: list[str] = []
         """The replies of the calls in a row so far in which no reply parsed."""
         self.unparsed_calls = 0
 
-    def __call__(self, trajectories: list[Trajectory]) -> list[float | None]:
-        """One score in [0, 1] (None: parse failure or failed request) per episode."""
+    def __call__(self, trajectories: list[Trajectory]) -> list[Scored]:
+        """One score in [0, 1] (None: parse failure or failed request) per episode, with the judge's
+        prompt and raw reply (None: the request failed) as its details (the episode's ``judgements``)."""
         prompts = [render(self.template, t) for t in trajectories]
         todo = [p for p in dict.fromkeys(prompts) if p not in self.cache]
         failed: set[str] = set()
@@ -147,6 +151,7 @@ class Judge:
                 failed.add(prompt)
             else:
                 replies.append(reply)
+                self.replies[prompt] = reply
                 self.cache[prompt] = parse_score(reply, self.options.max_score)
                 self.counts["unformatted"] += self.cache[prompt] is not None and not SCORE.search(reply)
         self._watch_parsing(replies, [self.cache[p] for p in todo if p not in failed])
@@ -155,7 +160,10 @@ class Judge:
         scores = [None if p in failed else self.cache[p] for p in prompts]
         self.counts["parse_failures"] += sum(s is None and p not in failed for s, p in zip(scores, prompts))
         self.counts["errors"] += sum(p in failed for p in prompts)
-        return scores
+        return [
+            Scored(score, {"prompt": p, "reply": None if p in failed else self.replies[p]})
+            for score, p in zip(scores, prompts)
+        ]
 
     def _failed(self, index: int, error: Exception) -> None:
         what = f"judge {self.name!r} failed on request {index} of the batch: {one_line(error)}"

@@ -57,6 +57,11 @@ def episode(question: str, reply: str, answer: str = "4") -> object:
     )
 
 
+def values(scored: list) -> list:
+    """The scores of a judge's :class:`agentrl.Scored` returns."""
+    return [s.value for s in scored]
+
+
 def test_render_fills_prompt_completion_reference_and_task_columns():
     text = render("Q={prompt} A={completion} R={reference} q={question}", episode("2+2?", "\\boxed{4}"))
     assert text == "Q=2+2? A=\\boxed{4} R=4 q=2+2?"
@@ -125,7 +130,7 @@ def test_the_policy_engine_judges_a_batch_in_one_generate_and_caches(policy_engi
     ctx.engine, ctx.tokenizer = policy_engine, tokenizer  # filled in once the run has built them
     batch = [episode("2+2?", "4"), episode("3+3?", "6"), episode("2+2?", "4"), episode("5+5?", "9")]
     before = policy_engine.calls, policy_engine.prompts
-    scores = judge(batch)
+    scores = values(judge(batch))
     assert (policy_engine.calls - before[0], policy_engine.prompts - before[1]) == (1, 3)  # one generate, 3 unique
     assert scores[0] == scores[2] and all(s is None or 0 <= s <= 1 for s in scores)
     counts = judge.pop_metrics()
@@ -136,7 +141,7 @@ def test_the_policy_engine_judges_a_batch_in_one_generate_and_caches(policy_engi
         "unformatted": float(len({b.messages[1]["content"] for b, s in zip(batch, scores) if s is not None})),
         "errors": 0.0,
     }  # a random model never writes "Score:": every score it gives is its last number
-    assert judge(batch[:2]) == scores[:2] and policy_engine.calls == before[0] + 1  # cached: no engine call
+    assert values(judge(batch[:2])) == scores[:2] and policy_engine.calls == before[0] + 1  # cached: no engine call
     assert judge.pop_metrics()["cache_hits"] == 2.0
 
 
@@ -154,7 +159,7 @@ def test_the_reply_prefix_is_written_for_the_judge_and_read_with_its_reply(polic
     ctx = context(max_new_tokens=4, reply_prefix="Score: 7\n")
     judge = judge_scheme("policy", ctx)
     ctx.engine, ctx.tokenizer = Recording(), tokenizer
-    assert judge(batch) == [pytest.approx(0.7)] * 3
+    assert values(judge(batch)) == [pytest.approx(0.7)] * 3
     assert all(tokenizer.decode(ids).endswith("Score: 7\n") for ids in recorded)
     assert judge.pop_metrics() == {
         "judged": 3.0,
@@ -164,14 +169,14 @@ def test_the_reply_prefix_is_written_for_the_judge_and_read_with_its_reply(polic
         "errors": 0.0,
     }
     local = judge_scheme(str(tiny_model_dir), context(max_new_tokens=4, batch_size=2, reply_prefix="Score: 7\n"))
-    assert local(batch) == [pytest.approx(0.7)] * 3
+    assert values(local(batch)) == [pytest.approx(0.7)] * 3
 
 
 def test_a_judge_reply_that_gives_no_score_is_a_counted_parse_failure(policy_engine, tokenizer):
     ctx = context(max_new_tokens=4, max_score=0.001)  # a random model's digits almost never land in [0, 0.001]
     judge = judge_scheme("policy", ctx)
     ctx.engine, ctx.tokenizer = policy_engine, tokenizer
-    scores = judge([episode(f"{i}+1?", str(i + 1)) for i in range(4)])
+    scores = values(judge([episode(f"{i}+1?", str(i + 1)) for i in range(4)]))
     failures = judge.pop_metrics()["parse_failures"]
     assert failures == sum(s is None for s in scores) and failures >= 3
 
@@ -244,7 +249,7 @@ def test_an_openai_endpoint_judges_with_the_rubric_file(server, tmp_path, monkey
     monkeypatch.setenv("JUDGE_KEY", "secret")
     judge = judge_scheme("openai", endpoint(server, rubric=str(tmp_path / "rubric.txt"), api_key_env="JUDGE_KEY"))
     server.received.clear()
-    assert judge([episode("2+2?", "\\boxed{4}"), episode("OUT 3+3?", "6")]) == [pytest.approx(0.7), None]
+    assert values(judge([episode("2+2?", "\\boxed{4}"), episode("OUT 3+3?", "6")])) == [pytest.approx(0.7), None]
     assert sorted(b["messages"][0]["content"] for b in server.received) == [
         "Question: 2+2?\nGold: 4\nReply: \\boxed{4}\nScore it.",
         "Question: OUT 3+3?\nGold: 4\nReply: 6\nScore it.",
@@ -264,7 +269,7 @@ def test_an_endpoint_timeout_with_skip_leaves_the_episode_unscored_and_counts_it
     with pytest.warns(
         RuntimeWarning, match="judge 'judge:openai' failed on request 1 of the batch: .*on_call_error=skip"
     ):
-        scores = judge([episode("2+2?", "4"), episode("SLOW 3+3?", "6")])
+        scores = values(judge([episode("2+2?", "4"), episode("SLOW 3+3?", "6")]))
     assert scores == [pytest.approx(0.7), None]
     assert judge.pop_metrics() == {
         "judged": 2.0,
@@ -273,7 +278,7 @@ def test_an_endpoint_timeout_with_skip_leaves_the_episode_unscored_and_counts_it
         "unformatted": 0.0,
         "errors": 1.0,
     }
-    assert judge([episode("2+2?", "4")]) == [pytest.approx(0.7)]  # cached; the failure is not
+    assert values(judge([episode("2+2?", "4")])) == [pytest.approx(0.7)]  # cached; the failure is not
 
 
 def test_an_endpoint_timeout_with_fail_stops_naming_the_judge(server):
@@ -294,7 +299,7 @@ def test_resolve_rewards_builds_the_judge_with_the_runs_settings(server):
     )
     resolved = resolve_rewards(config, load_plugins().registry, MathEnv())
     assert list(resolved) == ["judge", "accuracy"] and resolved["judge"][1] == 0.5
-    assert resolved["judge"][0]([episode("2+2?", "4")]) == [pytest.approx(0.7)]
+    assert values(resolved["judge"][0]([episode("2+2?", "4")])) == [pytest.approx(0.7)]
     assert "{prompt}" in DEFAULT_RUBRIC and "{completion}" in DEFAULT_RUBRIC
 
 
@@ -302,8 +307,8 @@ def test_a_local_model_folder_judges_greedily(tiny_model_dir):
     batch = [episode(f"{i}+1?", str(i + 1)) for i in range(3)]
     first = judge_scheme(str(tiny_model_dir), context(max_new_tokens=4, batch_size=2))
     second = judge_scheme(str(tiny_model_dir), context(max_new_tokens=4, batch_size=2))
-    scores = first(batch)
-    assert second(batch) == scores and all(s is None or 0 <= s <= 1 for s in scores)  # greedy: the same replies
+    scores = values(first(batch))
+    assert values(second(batch)) == scores and all(s is None or 0 <= s <= 1 for s in scores)  # greedy: the same replies
     assert first.pop_metrics() == {
         "judged": 3.0,
         "cache_hits": 0.0,
@@ -340,6 +345,8 @@ def test_cli_trains_with_the_policy_as_its_own_judge(tiny_model_dir, tmp_path):
         "format",
         "--set",
         "plugins.judge.max_new_tokens=4",
+        "--set",
+        'plugins.judge.reply_prefix="Score: 7 "',  # a score on every reply, whatever the model writes after it
         "--max-steps",
         "2",
         "--num-generations",
@@ -362,6 +369,20 @@ def test_cli_trains_with_the_policy_as_its_own_judge(tiny_model_dir, tmp_path):
     for line in train:  # the held-out episodes the judge scored before step 1 are not counted in it
         assert line["judge/judged"] + line["judge/cache_hits"] == 4.0
         assert 0 <= line["judge/parse_failures"] <= 4.0 and line["judge/errors"] == 0.0
+    # Every episode keeps the judge's prompt and raw reply, scored as its reward component.
+    for store, count in (("completions.jsonl", 8), ("eval_completions.jsonl", 6)):
+        episodes = [json.loads(line) for line in (out / store).read_text().splitlines()]
+        assert len(episodes) == count
+        for episode in episodes:
+            [judgement] = episode["judgements"]
+            user = [m for m in episode["messages"] if m["role"] == "user"][-1]["content"]
+            reply = [m for m in episode["messages"] if m["source"] == "sampled"][-1]["content"]
+            answer = episode["task"].get("answer", "")
+            assert judgement["reward"] == "judge" and judgement["prompt"] == DEFAULT_RUBRIC.format(
+                prompt=user, completion=reply, reference=answer
+            )
+            assert judgement["reply"].startswith("Score: 7 ") and judgement["score"] == parse_score(judgement["reply"])
+            assert judgement["score"] == episode["rewards"]["judge"] == 0.7
 
 
 class StallingServer:
@@ -418,7 +439,7 @@ def test_a_stalling_endpoint_is_cut_at_the_deadline_whatever_it_sends(stalling):
     judge = judge_scheme("openai", context(base_url=stalling.url, model="grader", timeout_s=2.0, on_call_error="skip"))
     start = time.monotonic()
     with pytest.warns(RuntimeWarning, match=r"no complete reply from .* within plugins.judge.timeout_s=2 s"):
-        scores = judge([episode("2+2?", "4"), episode("3+3?", "6")])
+        scores = values(judge([episode("2+2?", "4"), episode("3+3?", "6")]))
     elapsed = time.monotonic() - start
     assert scores == [None, None] and 1.9 < elapsed < 6.0, elapsed
     assert judge.pop_metrics()["errors"] == 2.0
@@ -527,7 +548,7 @@ def test_a_judge_whose_replies_never_parse_says_so_and_stops_a_run_it_alone_scor
     only = TrainConfig(rewards={"judge:openai": 1.0}, env_reward_weight=0.0, max_nonfinite_steps=2)
     judge = judge_scheme("openai", RewardContext(config=only, settings={"judge": JudgeConfig(**settings)}))
     with pytest.warns(RuntimeWarning, match=re.escape("judge:openai: 0 of 4 replies parsed (first: 'I cannot grade")):
-        assert judge(batch) == [None] * 4
+        assert values(judge(batch)) == [None] * 4
     with pytest.raises(
         RewardError,
         match=re.escape(
@@ -541,7 +562,7 @@ def test_a_judge_whose_replies_never_parse_says_so_and_stops_a_run_it_alone_scor
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for start in range(0, 12, 4):
-            assert judge([episode(f"{i}*3?", str(i * 3)) for i in range(start, start + 4)]) == [None] * 4
+            assert values(judge([episode(f"{i}*3?", str(i * 3)) for i in range(start, start + 4)])) == [None] * 4
     said = [str(w.message)[:40] for w in caught if not issubclass(w.category, ResourceWarning)]  # GC of others' sockets
     assert said == ["judge:openai: 0 of 4 replies parsed (fir"]  # once per streak
     assert judge.pop_metrics()["parse_failures"] == 12.0

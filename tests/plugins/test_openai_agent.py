@@ -303,7 +303,12 @@ def test_grpo_trains_the_agent_through_the_cli(tiny_model_dir, tmp_path):
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "loss/total" in line] == [1, 2, 3]
     lines = [line for line in lines if "loss/total" in line]
-    assert all(line["rollout/turns_mean"] == 1.0 for line in lines)  # the last segment: one call
+    assert all(line["rollout/turns_mean"] == 3.0 for line in lines)  # every segment's: three calls
+    assert all(line["agent/calls_mean"] == 3.0 and line["agent/segments_mean"] == 2.0 for line in lines)
+    episodes = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert [[c["cut"] for c in e["calls"]] for e in episodes] == [
+        ["first call", None, "history rewritten: message 0 differs from the previous call's"]
+    ] * 12
     assert all(line["probe/rows"] == 8 and line["probe/groups"] == 2 for line in lines)  # 4 episodes x 2 segments
     assert any(line["train/grad_norm"] > 0 for line in lines)  # the agent's rewards moved the policy
     # The trainer's logprobs of the recorded tokens match the sampler's: the rows are what was sampled.
