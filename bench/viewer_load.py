@@ -92,7 +92,8 @@ def synthetic_episode(rng: random.Random, step: int, group: int, index: int, rew
         record["segments"] = 1
         record["token_view"] = _token_view(rng, messages, segments=2)
         record["calls"] = [
-            {"segment": k, "messages": messages[:1], "reply": {"role": "assistant", "content": _text(rng, 10)}}
+            {"segment": k, "prefix_messages": 0, "messages": messages[:1]}
+            | {"reply": {"role": "assistant", "content": _text(rng, 10)}}
             | {"prompt_tokens": 61, "sampled_tokens": 10, "cut": "history rewritten" if k else None}
             for k in range(2)
         ]

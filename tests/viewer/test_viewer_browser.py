@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from conftest import HOSTILE, lines
 
+from agentrl_openai_agent.calls import sent_messages
+
 MESSAGES = "#ep-detail .episode > .conversation > .msg"
 
 
@@ -216,7 +218,11 @@ def test_an_agent_episode_shows_its_segments_calls_and_judgements(runs, syntheti
     for index, episode in enumerate(lines(runs["agent"] / "completions.jsonl")):
         _open(page, index)
         assert page.inner_text('#ep-detail [data-fact="earlier segments"]') == "1"  # the agent rewrote its history
-        assert page.locator("#ep-detail .call").count() == len(episode.get("calls") or [])
+        assert page.locator("#ep-detail .call").count() == len(episode["calls"]) == 2
+        shown = page.eval_on_selector_all(
+            "#ep-detail .call", "cs => cs.map(c => [...c.querySelectorAll('details .msg')].length)"
+        )
+        assert shown == [len(sent) for sent in sent_messages(episode["calls"])]  # each call's whole request
     _episodes_tab(page, run=1)
     episodes = lines(synthetic / "completions.jsonl")
     index = next(i for i, e in enumerate(episodes) if e.get("calls") and e.get("judgements"))

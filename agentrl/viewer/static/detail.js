@@ -95,10 +95,19 @@ AV.renderTokens = function (view) {
   return AV.el("section", { class: "token-view" }, AV.el("h4", {}, "Tokens "), AV.el("div", { class: "row" }, "colour by ", select, " ", key, " ", legend), holder);
 };
 
+/* The whole conversation each call sent: a call stores the messages after the first
+   `prefix_messages` of the previous call's (its own `messages`, all of them when the prefix is 0). */
+AV.sentMessages = function (calls) {
+  const out = [];
+  calls.forEach((call) => out.push((out.length ? out[out.length - 1] : []).slice(0, call.prefix_messages || 0).concat(call.messages || [])));
+  return out;
+};
+
 AV.renderCalls = function (calls) {
+  const sent = AV.sentMessages(calls);
   return AV.el("section", { class: "calls" }, AV.el("h4", {}, `Endpoint calls (${calls.length})`), calls.map((call, i) => AV.el("div", { class: "call", "data-segment": call.segment, "data-call": i },
     AV.el("div", { class: "call-head" }, `call ${i + 1} \u00b7 segment ${call.segment + 1} \u00b7 ${call.prompt_tokens} prompt + ${call.sampled_tokens} sampled tokens`, call.cut ? AV.el("span", { class: "cut" }, ` \u00b7 new segment: ${call.cut}`) : ""),
-    AV.el("details", {}, AV.el("summary", {}, `request: ${(call.messages || []).length} messages`), AV.renderConversation(call.messages)),
+    AV.el("details", {}, AV.el("summary", {}, `request: ${sent[i].length} messages (${(call.messages || []).length} new)`), AV.renderConversation(sent[i])),
     call.reply ? AV.renderMessage(Object.assign({ source: "sampled" }, call.reply), -1, []) : null)));
 };
 
