@@ -252,24 +252,16 @@ def test_fsdp_two_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
 
 
 def test_groups_must_split_evenly_over_the_processes(tiny_model_dir: Path, tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agentrl",
-            "train",
-            "--model",
-            str(tiny_model_dir),
-            "--prompts-per-step",
-            "3",
-            "--num-processes",
-            "2",
-            "--output-dir",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = agentrl_in_process(  # refused before anything is launched: no process needed
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--prompts-per-step",
+        "3",
+        "--num-processes",
+        "2",
+        "--output-dir",
+        str(tmp_path / "run"),
     )
     assert result.returncode == 2
     assert "prompts_per_step=3 does not split over 2 processes" in result.stderr

@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from cli_in_process import agentrl_in_process
 from safetensors.torch import load_file
 
 from agentrl.config.train import TrainConfig
@@ -304,16 +305,12 @@ def test_run_stopped_before_its_first_checkpoint_starts_over_with_resume(tiny_mo
     first = _lines(run)
     assert len(first) >= 2 and not complete_checkpoints(run) and (run / "run.lock").exists()
 
-    again = subprocess.run(
-        [*AGENTRL, "train", *args, "--max-steps", "3", "--output-dir", str(run)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # The fresh start and the resume run in this process: what they do is no process's test.
+    again = agentrl_in_process("train", *args, "--max-steps", "3", "--output-dir", str(run))
     assert again.returncode == 2 and f"continue it with `agentrl train --resume {run}`" in again.stderr
     assert f"took over the stale lock {run / 'run.lock'} of pid {proc.pid}" in again.stdout  # the killed one's
 
-    resumed = subprocess.run([*AGENTRL, "train", "--resume", str(run)], capture_output=True, text=True, timeout=600)
+    resumed = agentrl_in_process("train", "--resume", str(run))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "starting it over from step 0" in resumed.stdout
     (kept,) = run.glob("unfinished-*")
@@ -450,9 +447,7 @@ def test_kill_9_of_the_top_of_a_two_process_run_ends_every_process_and_the_lock_
     while _lock_held(run):  # a process's threads may still be exiting when its main one is a zombie
         assert time.monotonic() - killed < 10, "the lock stayed held after every process of the run ended"
         time.sleep(0.02)
-    resumed = subprocess.run(
-        [*AGENTRL, "train", "--resume", str(run), "--max-steps", "1"], capture_output=True, text=True, timeout=600
-    )
+    resumed = agentrl_in_process("train", "--resume", str(run), "--max-steps", "1")  # no process's test
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"took over the stale lock {run / LOCK_FILE} of pid {top.pid}" in resumed.stdout, log.read_text()[-3000:]
     assert "starting it over from step 0" in resumed.stdout

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from cli_in_process import agentrl_in_process
 
 from agentrl import ConfigError, TrainBatch, Trajectory, Turn, collate
 from agentrl.config.train import TrainConfig
@@ -369,9 +370,6 @@ def test_kl_in_the_reward_is_k1_of_old_vs_reference(tiny_model_dir, tmp_path):
 def test_two_steps_through_the_cli_save_the_critic(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     command = [
-        sys.executable,
-        "-m",
-        "agentrl.cli.app",
         "train",
         "--env",
         "guess",
@@ -396,7 +394,7 @@ def test_two_steps_through_the_cli_save_the_critic(tiny_model_dir, tmp_path):
         "--set",
         "algorithm.mini_batches=2",
     ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = agentrl_in_process(*command)  # the CLI's run, no process's test: in this process
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 2]
@@ -407,23 +405,13 @@ def test_two_steps_through_the_cli_save_the_critic(tiny_model_dir, tmp_path):
 
 
 def test_print_config_lists_every_ppo_option():
-    command = [
-        sys.executable,
-        "-m",
-        "agentrl.cli.app",
-        "train",
-        "--algo",
-        "ppo",
-        "--print-config",
-        "--set",
-        "algorithm.credit=turn",
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    command = ["train", "--algo", "ppo", "--print-config", "--set", "algorithm.credit=turn"]
+    result = agentrl_in_process(*command)
     assert result.returncode == 0, result.stderr
     for field in dataclasses.fields(PPOConfig):
         assert f"  {field.name}:" in result.stdout, field.name
     assert "credit: turn" in result.stdout
-    bad = subprocess.run(command[:-2] + ["--set", "algorithm.gama=0.9"], capture_output=True, text=True)
+    bad = agentrl_in_process(*command[:-2], "--set", "algorithm.gama=0.9")
     assert bad.returncode == 2 and "unknown key(s) 'gama' in algorithm; PPOConfig accepts:" in " ".join(
         bad.stderr.split()
     )

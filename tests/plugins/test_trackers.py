@@ -1,14 +1,18 @@
 """The trackers plugin: a real 2-step tiny-model run logged to W&B (offline), MLflow (local file
-store) and trackio (local store); the completions table of each holds the episodes of the logged
-steps; a missing library is one line at start-up; a tracker that fails mid-run is turned off with
-one warning while the run goes on."""
+store) and trackio (local store) at once (one run shared by the three tests that read each
+tracker's records); the completions table of each holds the episodes of the logged steps; a
+resumed run continues each tracker's run; a missing library is one line at start-up; a tracker
+that fails mid-run is turned off with one warning while the run goes on."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import struct
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,6 +70,34 @@ def _table_rows(run_dir: Path, step: int) -> list[list]:
     ]
 
 
+@pytest.fixture(scope="module")
+def reported(tiny_model_dir, tmp_path_factory) -> Iterator[Path]:
+    """One 2-step run reporting to every installed tracker of the three (a completions table each
+    step); its run dir. Each tracker test reads its own tracker's records of it: a tracker logs
+    what the run gives it whichever others run beside it."""
+    names = [name for name in ("wandb", "mlflow", "trackio") if importlib.util.find_spec(name)]
+    if not names:
+        pytest.skip("no tracker library is installed")
+    root = tmp_path_factory.mktemp("trackers")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "offline")
+        patch.setenv("WANDB_SILENT", "true")
+        if "trackio" not in sys.modules:  # trackio reads its store folder when first imported
+            patch.setenv("TRACKIO_DIR", str(root / "trackio"))
+        run_dir = root / f"run-{uuid.uuid4().hex[:12]}"  # the trackio run's name: unique in a shared store
+        _train(
+            tiny_model_dir,
+            run_dir,
+            "--set",
+            f"plugins.trackers.report_to=[{','.join(names)}]",
+            "--set",
+            "plugins.trackers.project=agentrl-tests",
+            "--set",
+            "log_completions_every=1",
+        )
+        yield run_dir
+
+
 # -- W&B --------------------------------------------------------------------------------------------
 
 
@@ -118,12 +150,9 @@ def _wandb_log(run: Path) -> tuple[list[dict], dict]:
     return history, config
 
 
-def test_wandb_offline_logs_each_step_the_completions_table_and_the_config(tiny_model_dir, tmp_path, monkeypatch):
+def test_wandb_offline_logs_each_step_the_completions_table_and_the_config(reported):
     pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    run_dir = tmp_path / "run"
-    _train(tiny_model_dir, run_dir, "--set", "plugins.trackers.report_to=[wandb]", "--set", "log_completions_every=1")
+    run_dir = reported
     (run,) = (run_dir / "wandb").glob("offline-run-*")
     history, config = _wandb_log(run)
     assert [row["_step"] for row in history] == [1, 2]
@@ -163,10 +192,9 @@ def _mlflow_run(run_dir: Path) -> Path:
     return meta.parent
 
 
-def test_mlflow_file_store_holds_each_metric_per_step_the_table_and_the_params(tiny_model_dir, tmp_path):
+def test_mlflow_file_store_holds_each_metric_per_step_the_table_and_the_params(reported):
     pytest.importorskip("mlflow")
-    run_dir = tmp_path / "run"
-    _train(tiny_model_dir, run_dir, "--set", "plugins.trackers.report_to=[mlflow]", "--set", "log_completions_every=1")
+    run_dir = reported
     run = _mlflow_run(run_dir)
     logged = _metrics(run_dir)
     for key in logged[0].keys() - {"step"}:  # one file per metric: "timestamp value step" lines
@@ -240,23 +268,11 @@ def test_a_tracker_that_cannot_start_stops_the_run_in_one_line(tiny_model_dir, t
 # -- trackio ----------------------------------------------------------------------------------------
 
 
-def test_trackio_logs_each_step_the_completions_table_and_the_config(tiny_model_dir, tmp_path, monkeypatch):
-    if "trackio" not in sys.modules:  # trackio reads its store folder when first imported
-        monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+def test_trackio_logs_each_step_the_completions_table_and_the_config(reported):
     pytest.importorskip("trackio")
     from trackio.sqlite_storage import SQLiteStorage
 
-    run_dir = tmp_path / f"run-{tmp_path.name}"  # the trackio run's name: unique in a shared store
-    _train(
-        tiny_model_dir,
-        run_dir,
-        "--set",
-        "plugins.trackers.report_to=[trackio]",
-        "--set",
-        "plugins.trackers.project=agentrl-tests",
-        "--set",
-        "log_completions_every=1",
-    )
+    run_dir = reported
     logs = SQLiteStorage.get_logs("agentrl-tests", run_dir.name)
     assert [row["step"] for row in logs] == [1, 2]
     for row, logged in zip(logs, _metrics(run_dir)):

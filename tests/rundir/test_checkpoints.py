@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cli_in_process import agentrl_in_process
 from safetensors.torch import load_file
 
 from agentrl.config.train import TrainConfig
@@ -196,12 +197,7 @@ def test_no_intact_checkpoint_is_one_line_naming_each(run):
     )
     with pytest.raises(CheckpointError, match=message):
         resume_config(run, max_steps=4)
-    cli = subprocess.run(
-        [sys.executable, "-m", "agentrl", "train", "--resume", str(run), "--max-steps", "4"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    cli = agentrl_in_process("train", "--resume", str(run), "--max-steps", "4")  # a refusal: no process's test
     assert cli.returncode == 2 and cli.stderr.startswith("error: ") and "Traceback" not in cli.stderr
     assert re.search(message, " ".join(cli.stderr.split()))
 

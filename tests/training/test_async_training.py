@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_in_process import agentrl_in_process
 from faulty_plugin import unclipped_run_config
 from safetensors.torch import load_file
 
@@ -297,9 +298,6 @@ def test_sigkill_with_episodes_in_flight_then_resume_equals_straight(tiny_model_
         *LOCKSTEP_ARGS,
     ]
     straight, killed, ready = tmp_path / "straight", tmp_path / "killed", tmp_path / "ready"
-    first = subprocess.Popen(
-        [*cli, *common, "--output-dir", str(straight)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
     proc = subprocess.Popen(
         [*cli, *common, "--output-dir", str(killed)],
         stdout=subprocess.PIPE,
@@ -307,6 +305,9 @@ def test_sigkill_with_episodes_in_flight_then_resume_equals_straight(tiny_model_
         text=True,
         env={**os.environ, "AGENTRL_TEST_SLOW_ROLLOUT": str(ready)},
     )
+    # The straight run, meanwhile, in this process (the slow rollout is off here): it is no process's test.
+    first = agentrl_in_process("train", *common, "--output-dir", str(straight))
+    assert first.returncode == 0, first.stderr[-3000:]
     deadline = time.monotonic() + 300
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -314,10 +315,7 @@ def test_sigkill_with_episodes_in_flight_then_resume_equals_straight(tiny_model_
     time.sleep(1.0)  # the learner goes on meanwhile: steps 3 and 4 train on what was collected ahead
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert first.wait(timeout=300) == 0, first.stderr.read()
-    done = subprocess.run(
-        [*cli, "--resume", str(killed), "--plugin", str(plugin)], capture_output=True, text=True, timeout=300
-    )
+    done = agentrl_in_process("train", "--resume", str(killed), "--plugin", str(plugin))
     assert done.returncode == 0, done.stderr
     assert "step-000002" in done.stdout  # the checkpoint of step 4 waits for step 5's episodes: never written
     _assert_same_run(straight, killed)

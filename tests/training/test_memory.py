@@ -28,12 +28,19 @@ def test_rss_follows_a_buffer_allocated_and_freed() -> None:
     assert during - after > 0.25, (during, after)
 
 
+# Measured in a child forked by the probe: Linux carries the peak of the process an exec replaced
+# over to the new program (an exec'd interpreter starts with the test worker's peak, GBs once a real
+# model was loaded, and the buffer beyond it took ~30 s to fault in), while a forked child starts
+# with a peak of its own (the probe's few MB).
 PEAK_PROBE = """
-import importlib.util, json, sys
+import importlib.util, json, os, sys
 spec = importlib.util.spec_from_file_location("agentrl_memory", sys.argv[1])
 memory = importlib.util.module_from_spec(spec)
 sys.modules["agentrl_memory"] = memory
 spec.loader.exec_module(memory)
+pid = os.fork()
+if pid:
+    sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 buffer = b"\\x01" * int(memory.peak_rss_gb() * 1e9 + 200e6)  # beyond every earlier peak
 current = memory.rss_gb()
 del buffer
@@ -42,8 +49,8 @@ print(json.dumps({"current": current, "peak": memory.peak_rss_gb(), "after": mem
 
 
 def test_peak_rss_is_at_least_current_and_remembers_a_freed_buffer() -> None:
-    """In a fresh interpreter: a test worker's own peak can be GBs (a real model loaded by an earlier
-    test), and a buffer beyond it took ~30 s to fault in."""
+    """In a fresh process (PEAK_PROBE): a test worker's own peak can be GBs (a real model loaded by
+    an earlier test), and a buffer beyond it took ~30 s to fault in."""
     out = subprocess.run(
         [sys.executable, "-c", PEAK_PROBE, str(Path(memory.__file__))],
         capture_output=True,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_in_process import agentrl_in_process
 from safetensors.torch import load_file
 
 from agentrl.config.train import TrainConfig
@@ -318,7 +319,6 @@ def test_sigkill_mid_checkpoint_then_resume_equals_straight(tiny_model_dir, tmp_
         *LOCKSTEP_ARGS,
     ]
     straight, killed, ready = tmp_path / "straight", tmp_path / "killed", tmp_path / "ready"
-    first = _train_cli(*common, "--output-dir", str(straight))
     proc = subprocess.Popen(
         [*AGENTRL, "train", *common, "--output-dir", str(killed)],
         stdout=subprocess.PIPE,
@@ -326,6 +326,9 @@ def test_sigkill_mid_checkpoint_then_resume_equals_straight(tiny_model_dir, tmp_
         text=True,
         env={**os.environ, "AGENTRL_TEST_SLOW_SAVE": str(ready)},
     )
+    # The straight run, meanwhile, in this process (the slow save is off here): it is no process's test.
+    first = agentrl_in_process("train", *common, "--output-dir", str(straight))
+    assert first.returncode == 0, first.stderr[-3000:]
     deadline = time.monotonic() + 300
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -337,13 +340,7 @@ def test_sigkill_mid_checkpoint_then_resume_equals_straight(tiny_model_dir, tmp_
     assert [r["step"] for r in _lines(killed)] == [1, 2, 3]  # step 3's line came before its checkpoint
     with (killed / "metrics.jsonl").open("a") as f:  # and a torn line, as a kill inside write() leaves
         f.write('{"step": 4, "reward/total_')
-    assert first.wait(timeout=300) == 0, first.stderr.read()
-    done = subprocess.run(
-        [*AGENTRL, "train", "--resume", str(killed), "--plugin", str(plugin)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = agentrl_in_process("train", "--resume", str(killed), "--plugin", str(plugin))
     assert done.returncode == 0, done.stderr
     assert "resuming" in done.stdout and "step-000002" in done.stdout
     assert _lines(killed) == _lines(straight)
@@ -384,9 +381,7 @@ def test_ctrl_c_on_the_cli_saves_and_exits_130_and_flags_conflict_with_resume(ti
     assert [r["step"] for r in _lines(out)] == list(range(1, len(_lines(out)) + 1))
     step = len(_lines(out))
     assert complete_checkpoints(out)[-1].name == f"step-{step:06d}"  # saved although checkpoint_every=0
-    bad = subprocess.run([*AGENTRL, "train", "--resume", str(out), "--seed", "3"], capture_output=True, text=True)
+    bad = agentrl_in_process("train", "--resume", str(out), "--seed", "3")  # refusals: no process of their own
     assert bad.returncode == 2 and "drop --seed" in bad.stderr
-    again = subprocess.run(
-        [*AGENTRL, "train", "--output-dir", str(out), "--model", str(tiny_model_dir)], capture_output=True, text=True
-    )
+    again = agentrl_in_process("train", "--output-dir", str(out), "--model", str(tiny_model_dir))
     assert again.returncode == 2 and "already holds a run" in again.stderr
