@@ -42,7 +42,16 @@ def rss_gb() -> float:
 
 
 def peak_rss_gb() -> float:
-    """This process's peak resident memory so far in GB (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    """This process's peak resident memory so far in GB: on Linux the kernel's high-water mark of
+    this program (``VmHWM``; ``ru_maxrss`` would carry over the peak of the process an exec
+    replaced, e.g. a big notebook that started the run), elsewhere ``ru_maxrss`` (bytes on macOS)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 1e9  # KiB
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
 

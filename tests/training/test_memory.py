@@ -63,6 +63,29 @@ def test_peak_rss_is_at_least_current_and_remembers_a_freed_buffer() -> None:
     assert seen["peak"] - seen["after"] > 0.15, f"the freed buffer is no longer resident but stays in the peak: {seen}"
 
 
+# A program started by a process that peaked high: its own peak is its own (an exec'd interpreter
+# of a few tens of MB), not the parent's 400 MB+.
+EXEC_PROBE = """
+import subprocess, sys
+buffer = b"\\x01" * 400_000_000
+del buffer
+code = (
+    "import importlib.util, sys; spec = importlib.util.spec_from_file_location('m', sys.argv[1]); "
+    "m = sys.modules['m'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); print(m.peak_rss_gb())"
+)
+print(subprocess.run([sys.executable, "-c", code, sys.argv[1]], capture_output=True, text=True, check=True).stdout)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux carries ru_maxrss over an exec")
+def test_a_program_started_by_a_process_that_peaked_high_reports_its_own_peak() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", EXEC_PROBE, str(Path(memory.__file__))], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 0 < float(out.stdout.strip()) < 0.2, out.stdout
+
+
 @glibc_only
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc")
 def test_release_free_memory_returns_fragmented_heap_to_the_os() -> None:
