@@ -5,7 +5,7 @@ checkpoint size.
 
 Each variant trains ``agentrl train --env math --algo grpo`` (the default config, ``--steps``
 steps, no evaluation, a checkpoint at the last step) in its own subprocess, so its peak resident
-memory (``ru_maxrss``, as ``perf/peak_rss_gb`` logs it after each step) is its own. Prints one row
+memory (``VmHWM``, as ``perf/peak_rss_gb`` logs it after each step) is its own. Prints one row
 per variant: median and per-step seconds, the peak RSS after each step, trainable parameters,
 and the size of the last checkpoint (weights or adapter, optimizer state, RNG states).
 """
