@@ -131,6 +131,7 @@ class OpenAIAgentRollout:
             lambda key, options: self.complete(step, key, options),
             step.refused,
             self.secret,
+            str(getattr(self.config, "model", "agentrl")),
         )
         server = open_endpoint(app, self.options, self.workers, self.guard.warn_once, not self.reached)
         self.reached = True

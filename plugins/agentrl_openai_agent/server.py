@@ -223,11 +223,13 @@ def make_app(
     answer: Callable[[str, dict[str, Any]], dict[str, Any]],
     on_error: Callable[[str, RequestError], None] | None = None,
     secret: str | None = None,
+    model: str = "agentrl",
 ) -> Any:
     """The FastAPI app: ``answer(episode_key, options)`` gives the response body or raises
     RequestError (``options``: :func:`agentrl_openai_agent.request.request_options` and the
     request's ``api_key``); ``on_error(episode_key, error)`` hears of every error answered.
-    ``secret``: the run's (a fresh one when None; ``app.state.secret``), the first part of every path."""
+    ``secret``: the run's (a fresh one when None; ``app.state.secret``), the first part of every path;
+    ``model``: the name ``GET /v1/models`` lists (the run's model; any name is answered by the policy)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.exceptions import HTTPException
@@ -256,6 +258,16 @@ def make_app(
     @app.get("/{run}/health")
     async def health(run: str, request: Request) -> Any:
         return JSONResponse({"status": "ok"}) if ours(run) else not_found(request)
+
+    listed = {"id": model, "object": "model", "created": 0, "owned_by": "agentrl"}
+
+    @app.get("/{run}/{episode}/v1/models")
+    async def models(run: str, episode: str, request: Request) -> Any:
+        return JSONResponse({"object": "list", "data": [listed]}) if ours(run) else not_found(request)
+
+    @app.get("/{run}/{episode}/v1/models/{name:path}")
+    async def one_model(run: str, episode: str, name: str, request: Request) -> Any:
+        return JSONResponse({**listed, "id": name}) if ours(run) else not_found(request)
 
     @app.post("/{run}/{episode}/v1/chat/completions")
     async def chat_completions(run: str, episode: str, request: Request) -> Any:

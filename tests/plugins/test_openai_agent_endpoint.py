@@ -135,11 +135,25 @@ def test_not_json_huge_bodies_and_other_paths_answer_in_openai_shape(never_answe
         (httpx.post(url, content=b"[" * 100_000 + b"]" * 100_000), 400, "not JSON"),
         (httpx.post(url, content=b" " * (endpoint.MAX_BODY_BYTES + 1)), 413, "over 16777216 bytes"),
         (httpx.get(url), 405, "serves POST <the base_url the agent was given>/chat/completions"),
-        (httpx.get(server.base_url("x") + "/models"), 404, "serves POST <the base_url the agent was given>/chat/"),
+        (httpx.post(server.base_url("x") + "/embeddings"), 404, "serves POST <the base_url the agent was given>/chat/"),
     ]
     for response, status, says in cases:
         assert response.status_code == status and says in response.json()["error"]["message"], response.text
     assert not answered
+
+
+def test_the_models_an_agent_lists_are_the_run_s_model_and_other_runs_get_a_404():
+    import openai
+
+    server = BackgroundServer(make_app(lambda key, options: {}, model="smollm2-135m"))
+    try:
+        client = openai.OpenAI(base_url=server.base_url("episode-0-x"), api_key="unused")
+        assert [m.id for m in client.models.list()] == ["smollm2-135m"]
+        assert client.models.retrieve("gpt-4o-mini").id == "gpt-4o-mini"  # any name reaches the policy
+        stranger = server.base_url("episode-0-x").replace(server.app.state.secret, "not-the-run")
+        assert httpx.get(stranger + "/models").status_code == 404
+    finally:
+        server.close()
 
 
 def test_an_unexpected_error_is_a_500_in_openai_shape_said_once_and_no_traceback(capfd):
