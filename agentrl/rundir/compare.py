@@ -13,7 +13,6 @@ import difflib
 import fnmatch
 import json
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import zip_longest
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import ConfigError, TrainingError
+from agentrl.rundir.links import replace_file
 from agentrl.rundir.metrics import read_rows
 
 if TYPE_CHECKING:
@@ -333,12 +333,9 @@ def write_compare_png(runs: list[RunRecord], metrics: list[str], out: str | Path
 
     fig = compare_figure(runs, metrics)
     out = Path(out)
-    tmp = out.with_name(f".{out.name}-{os.getpid()}.png")
     try:
-        fig.savefig(tmp, dpi=90)
-        os.replace(tmp, out)
+        replace_file(out, lambda f: fig.savefig(f, dpi=90, format="png"))
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise ConfigError(f"could not write --png {str(out)!r}: {exc.strerror or exc}") from None
     finally:
         plt.close(fig)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, BinaryIO
 
 from agentrl.errors import ConfigError
 
@@ -56,18 +57,25 @@ def open_nofollow(path: Path, mode: str) -> IO[str] | IO[bytes]:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file renamed over it: a link at ``path`` is
-    replaced by the file, never written through (and a kill leaves the old file or the new one)."""
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file renamed over it (:func:`replace_file`)."""
+    replace_file(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def replace_file(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Let ``write`` fill a fresh temporary file beside ``path`` (opened for binary writing), then
+    rename it over ``path``: a link at ``path`` is replaced by the file, never written through (a
+    link as its folder is a ConfigError), and a kill leaves the old file or the new one; the
+    temporary file is gone on failure, whose error is raised."""
     if path.parent.is_symlink():
         raise ConfigError(_link_message(path.parent))
     tmp = path.with_name(f".{path.name}-{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import ConfigError
+from agentrl.rundir.links import replace_file
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -200,16 +200,9 @@ def plot_run(run_dir: str | Path) -> Path:
 
     fig = run_figure(run_dir)
     out = Path(run_dir) / "training.png"
-    tmp = out.with_name(f".{out.name}-{os.getpid()}.png")
     try:
-        if out.parent.is_symlink():
-            raise ConfigError(
-                f"could not write {out}: {str(out.parent)!r} is a symbolic link; agentrl never writes through one"
-            )
-        fig.savefig(tmp, dpi=90)
-        os.replace(tmp, out)
+        replace_file(out, lambda f: fig.savefig(f, dpi=90, format="png"))
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise ConfigError(f"could not write {out}: {exc}") from None
     finally:
         plt.close(fig)

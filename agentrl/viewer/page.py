@@ -4,14 +4,13 @@ from ``agentrl/viewer/static/`` inlined too), written to a file or served on loc
 from __future__ import annotations
 
 import html
-import os
-import tempfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
+from agentrl.rundir.links import write_text
 from agentrl.viewer.payload import page_json
 
 STYLES = ("uPlot.min.css", "viewer.css")
@@ -50,11 +49,7 @@ def write_page(text: str, out: Path) -> Path:
     if not out.parent.is_dir():
         raise ConfigError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".view-", suffix=".html", dir=out.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
+        write_text(out, text)
     except OSError as exc:
         raise ConfigError(
             f"could not write {str(out)!r}: {exc.strerror or exc}; pass --out FILE.html elsewhere"
