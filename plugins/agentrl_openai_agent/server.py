@@ -255,19 +255,7 @@ def make_app(
     async def other_paths(request: Request, exc: HTTPException) -> Any:
         return not_found(request, exc.status_code)
 
-    @app.get("/{run}/health")
-    async def health(run: str, request: Request) -> Any:
-        return JSONResponse({"status": "ok"}) if ours(run) else not_found(request)
-
-    listed = {"id": model, "object": "model", "created": 0, "owned_by": "agentrl"}
-
-    @app.get("/{run}/{episode}/v1/models")
-    async def models(run: str, episode: str, request: Request) -> Any:
-        return JSONResponse({"object": "list", "data": [listed]}) if ours(run) else not_found(request)
-
-    @app.get("/{run}/{episode}/v1/models/{name:path}")
-    async def one_model(run: str, episode: str, name: str, request: Request) -> Any:
-        return JSONResponse({**listed, "id": name}) if ours(run) else not_found(request)
+    _info_routes(app, ours, model)
 
     @app.post("/{run}/{episode}/v1/chat/completions")
     async def chat_completions(run: str, episode: str, request: Request) -> Any:
@@ -289,6 +277,27 @@ def make_app(
         return StreamingResponse(iter(events), media_type="text/event-stream")
 
     return app
+
+
+def _info_routes(app: Any, ours: Callable[[str], bool], model: str) -> None:
+    """``GET <run>/health``, ``.../v1/models`` (the run's ``model``) and ``.../v1/models/NAME`` (any
+    name: the policy answers whatever model a request names) on ``app``, for the run ``ours`` accepts."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    @app.get("/{run}/health")
+    async def health(run: str, request: Request) -> Any:
+        return JSONResponse({"status": "ok"}) if ours(run) else not_found(request)
+
+    listed = {"id": model, "object": "model", "created": 0, "owned_by": "agentrl"}
+
+    @app.get("/{run}/{episode}/v1/models")
+    async def models(run: str, episode: str, request: Request) -> Any:
+        return JSONResponse({"object": "list", "data": [listed]}) if ours(run) else not_found(request)
+
+    @app.get("/{run}/{episode}/v1/models/{name:path}")
+    async def one_model(run: str, episode: str, name: str, request: Request) -> Any:
+        return JSONResponse({**listed, "id": name}) if ours(run) else not_found(request)
 
 
 class OneLineFilter(logging.Filter):
