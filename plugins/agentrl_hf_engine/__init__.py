@@ -208,6 +208,10 @@ class HFEngine(Engine):
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(getattr(config, "seed", 0)))
+        budget = int(self.options.prefix_cache_mb * 2**20)
+        keeps = budget > 0 and only_full_attention(model.config)
+        self.prefix_cache: PrefixCache | None = PrefixCache(budget) if keeps else None
+        self._counts = {"prefix_hit_tokens": 0, "prefilled_tokens": 0}
         self.dtype = sampling_dtype(self.options.dtype, getattr(config, "precision", "auto"), self.device)
         if self.dtype == "float32":
             self.model = model
@@ -219,14 +223,11 @@ class HFEngine(Engine):
         self._keep_logits = "logits_to_keep" in parameters
         # transformers >= 5.24 renamed the forward's ``past_key_values`` to ``cache`` (and warns at the old name)
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
-        budget = int(self.options.prefix_cache_mb * 2**20)
-        keeps = budget > 0 and only_full_attention(self.model.config)
-        self.prefix_cache: PrefixCache | None = PrefixCache(budget) if keeps else None
-        self._counts = {"prefix_hit_tokens": 0, "prefilled_tokens": 0}
 
-    def pop_metrics(self) -> dict[str, float]:
+    def counts(self) -> dict[str, float]:
         """Tokens taken from the prefix cache and tokens prefilled since the last call, as
-        ``engine/prefix_hit_tokens`` and ``engine/prefilled_tokens``."""
+        ``engine/prefix_hit_tokens`` and ``engine/prefilled_tokens`` (the run adds them to the next
+        step's metrics, summed over processes); nothing while the cache is off."""
         if self.prefix_cache is None:
             return {}  # off: the run's metrics are as they were
         counts = {f"engine/{key}": float(value) for key, value in self._counts.items()}
