@@ -45,6 +45,10 @@ partial rollouts sets ``before_decode_step``, and when it reports a new version 
 sequences so far are prefilled again with the new weights (the old KV cache is dropped, not
 extended), so every later token is sampled from, and has the logprob of, the new version alone;
 ``Generation.token_versions`` records each token's. The recompute costs one prefill per change.
+
+With ``engine_args.prefix_cache_mb`` > 0, finished sequences' KV is kept across calls
+(:mod:`agentrl_hf_engine.prefix_cache`) and a prompt prefills only what follows its longest cached
+prefix; the cache is cleared on ``sync_weights`` and on a version change (docs/guides/engines.md).
 """
 
 from __future__ import annotations
