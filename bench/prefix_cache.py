@@ -86,7 +86,7 @@ def run_workload(name: str, engine: Any, tokenizer: Any, episodes: int, agent: s
     config = TrainConfig(env=name, max_new_tokens=tokens)
     rollout = plugins.registry.get("rollout", "multi_turn").factory(engine=engine, tokenizer=tokenizer, config=config)
     envs = [make_env(plugins, config) for _ in range(episodes)]
-    tasks = [dict(t) for t in list(envs[0].train_tasks())[:episodes]]
+    tasks = [dict(envs[0].train_tasks()[i]) for i in range(episodes)]  # indexed: the split is lazy
     return rollout.run(envs, tasks, seeds, SamplingParams(max_new_tokens=tokens, seed=0), seeds=seeds)
 
 

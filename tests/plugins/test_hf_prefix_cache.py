@@ -138,27 +138,37 @@ def test_a_new_version_before_a_decode_step_clears_the_cache() -> None:
     assert metrics["engine/prefix_hit_tokens"] == 0.0
 
 
-def test_multi_turn_env_rollouts_are_the_uncached_ones(tokenizer) -> None:
-    """``guess`` runs several turns; ``calculator`` (one turn for a model that calls no tool) shares its
-    instructions and worked examples across tasks. Each rollout runs twice on unchanged weights,
-    as two steps whose update left the policy alone: the second hits what the first left."""
-    plain, cached = engines(tokenizer)
+def env_rollouts(engine, tokenizer, env_name: str, indices: list[int]) -> list:
+    """``multi_turn`` rollouts of training tasks ``indices`` of ``env_name`` on ``engine``, one env each
+    (indexed: the training split is lazy, a million tasks long)."""
     plugins = load_plugins()
-    for env_name in ("guess", "calculator"):
-        config = TrainConfig(env=env_name, max_new_tokens=8)
-        runs = []
-        for engine in (plain, cached, plain, cached):
-            rollout = plugins.registry.get("rollout", "multi_turn").factory(
-                engine=engine, tokenizer=tokenizer, config=config
-            )
-            envs = [make_env(plugins, config) for _ in range(2)]
-            tasks = [dict(t) for t in list(envs[0].train_tasks())[:2]]
-            runs.append(rollout.run(envs, tasks, [0, 1], SamplingParams(max_new_tokens=8, seed=4)))
-        same_trajectories(runs[1], runs[0])
-        same_trajectories(runs[3], runs[2])
-        if env_name == "guess":
-            assert min(len(t.turns) for t in runs[1]) >= 2
-        assert cached.counts()["engine/prefix_hit_tokens"] > 0, env_name
+    config = TrainConfig(env=env_name, max_new_tokens=8)
+    rollout = plugins.registry.get("rollout", "multi_turn").factory(engine=engine, tokenizer=tokenizer, config=config)
+    envs = [make_env(plugins, config) for _ in indices]
+    tasks = [dict(envs[0].train_tasks()[i]) for i in indices]
+    return rollout.run(envs, tasks, list(range(len(indices))), SamplingParams(max_new_tokens=8, seed=4))
+
+
+def test_multi_turn_env_rollouts_are_the_uncached_ones(tokenizer) -> None:
+    """``guess`` runs several turns, twice on unchanged weights (two steps whose update left the
+    policy alone: the second hits what the first left); ``calculator`` (one turn for a model that
+    calls no tool) runs one task, then another that shares its instructions and worked examples."""
+    plain, cached = engines(tokenizer)
+    for _ in range(2):
+        guesses = [env_rollouts(engine, tokenizer, "guess", [0, 1]) for engine in (cached, plain)]
+        same_trajectories(*guesses)
+        assert min(len(t.turns) for t in guesses[0]) >= 2
+    assert cached.counts()["engine/prefix_hit_tokens"] > 0
+    for index in (0, 1):
+        cached.counts()  # the hits of this call alone (the first shares the chat template's opening)
+        calc = [env_rollouts(engine, tokenizer, "calculator", [index]) for engine in (cached, plain)]
+        same_trajectories(*calc)
+        if index == 0:
+            earlier = calc[0][0].token_ids
+    later = calc[0][0].token_ids
+    shared = next(i for i, (x, y) in enumerate(zip(earlier, later)) if x != y)  # up to the second question
+    assert shared > len(later) // 2  # the instructions and worked examples, then a question of its own
+    assert cached.counts()["engine/prefix_hit_tokens"] == float(shared)
 
 
 def test_an_agent_programs_calls_are_the_uncached_ones(tokenizer, tmp_path) -> None:
