@@ -45,6 +45,10 @@ partial rollouts sets ``before_decode_step``, and when it reports a new version 
 sequences so far are prefilled again with the new weights (the old KV cache is dropped, not
 extended), so every later token is sampled from, and has the logprob of, the new version alone;
 ``Generation.token_versions`` records each token's. The recompute costs one prefill per change.
+
+With ``engine_args.prefix_cache_mb`` > 0, finished sequences' KV is kept across calls
+(:mod:`agentrl_hf_engine.prefix_cache`) and a prompt prefills only what follows its longest cached
+prefix; the cache is cleared on ``sync_weights`` and on a version change (docs/guides/engines.md).
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ from agentrl import (
     stop_token_ids,
     token_ids,
 )
+from agentrl_hf_engine.prefix_cache import KV, PrefixCache, batch_cache, only_full_attention, row_kv
 
 ROUNDED = "bfloat16_weights"
 """fp32 compute on the trainer's weights rounded to bf16 (see :class:`HFEngineConfig`)."""
@@ -98,6 +103,11 @@ class HFEngineConfig:
     logprob parity)."""
     batch_size: Annotated[int, Field(ge=1), Allowed("an integer >= 1")] = 64
     """Most prompts decoded together; larger requests are split."""
+    prefix_cache_mb: Annotated[float, Field(ge=0), Allowed("a number of MiB >= 0")] = 0
+    """MiB for the prefix cache (0: off): finished sequences' KV kept across calls, so a later prompt
+    that starts with one (the next turn, an agent's next call, a group's prompt again) prefills only
+    the tokens after it; least recently used evicted first, cleared on every weight sync. Tokens
+    match the uncached engine's, logprobs to float rounding (not bit for bit), so it is opt-in."""
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
@@ -202,6 +212,10 @@ class HFEngine(Engine):
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(getattr(config, "seed", 0)))
+        budget = int(self.options.prefix_cache_mb * 2**20)
+        keeps = budget > 0 and only_full_attention(model.config)
+        self.prefix_cache: PrefixCache | None = PrefixCache(budget) if keeps else None
+        self._counts = {"prefix_hit_tokens": 0, "prefilled_tokens": 0}
         self.dtype = sampling_dtype(self.options.dtype, getattr(config, "precision", "auto"), self.device)
         if self.dtype == "float32":
             self.model = model
@@ -213,6 +227,16 @@ class HFEngine(Engine):
         self._keep_logits = "logits_to_keep" in parameters
         # transformers >= 5.24 renamed the forward's ``past_key_values`` to ``cache`` (and warns at the old name)
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
+
+    def counts(self) -> dict[str, float]:
+        """Tokens taken from the prefix cache and tokens prefilled since the last call, as
+        ``engine/prefix_hit_tokens`` and ``engine/prefilled_tokens`` (the run adds them to the next
+        step's metrics, summed over processes); nothing while the cache is off."""
+        if self.prefix_cache is None:
+            return {}  # off: the run's metrics are as they were
+        counts = {f"engine/{key}": float(value) for key, value in self._counts.items()}
+        self._counts = dict.fromkeys(self._counts, 0)
+        return counts
 
     @property
     def keeps_synced_model(self) -> bool:
@@ -229,7 +253,10 @@ class HFEngine(Engine):
         """Copy ``model``'s parameters and buffers into the sampling copy, in place (no reallocation).
 
         Parameters tied in the copy (SmolLM2's LM head and embedding) must be tied in ``model`` too.
+        The prefix cache is cleared: its KV is the old weights'.
         """
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
         if self.dtype == "float32":
             self.model = model  # sampling uses the trainer's object itself
             return
@@ -306,6 +333,8 @@ class HFEngine(Engine):
         cache, so a token after the change is the new version's sample, logprob and all."""
         refresh = self.before_decode_step
         version = refresh() if refresh is not None else None
+        if self.prefix_cache is not None:
+            self.prefix_cache.use_version(version)
         logits, cache, mask, ids = self._start(prompts)  # (B, V), its cache, (B, P), (B, P)
         position = mask.sum(-1) - 1  # (B,) of each row's last token
         tracked = refresh is not None and version is not None  # None: the run's thread has stopped
@@ -319,8 +348,10 @@ class HFEngine(Engine):
             stopped = torch.isin(sampled, stop)  # (A,)
             outputs.record(active, sampled, full, picked, stopped, version)
             if step == sampling.max_new_tokens - 1 or bool(stopped.all()):
+                self._remember(cache, mask, range(len(active)), active, prompts, outputs)
                 break
             if bool(stopped.any()):  # drop finished rows from the batch and the cache
+                self._remember(cache, mask, stopped.nonzero().squeeze(-1).tolist(), active, prompts, outputs)
                 keep = (~stopped).nonzero().squeeze(-1)  # (A',)
                 cache.batch_select_indices(keep)
                 mask, position, sampled = mask[keep], position[keep], sampled[keep]
@@ -333,10 +364,25 @@ class HFEngine(Engine):
                 now = refresh()
                 if now is not None and now != version:  # new weights: the cache is the old version's
                     version = now
+                    if self.prefix_cache is not None:
+                        self.prefix_cache.clear(version)
+                    self._counts["prefilled_tokens"] += int(mask.sum())
                     logits, cache = self._prefill(history, mask)
                     continue
             logits = self._extend(sampled, mask, position, cache)  # (A, V)
         return outputs.generations(tracked)
+
+    def _remember(
+        self, cache: Any, mask: torch.Tensor, rows: Any, active: list[int], prompts: list[list[int]], outputs: _Outputs
+    ) -> None:
+        """Store the KV of the batch rows ``rows`` (their sequences: ``active``) in the prefix
+        cache: each sequence's prompt and every sampled token but the last (never fed)."""
+        if self.prefix_cache is None:
+            return
+        for row in rows:
+            seq = active[row]
+            ids = prompts[seq] + outputs.tokens[seq][:-1]
+            self.prefix_cache.store(ids, row_kv(cache, row, mask[row].bool()))
 
     def _extend(self, sampled: torch.Tensor, mask: torch.Tensor, position: torch.Tensor, cache: Any) -> torch.Tensor:
         """One decode step: the live rows' sampled tokens (A,) appended to ``cache`` at ``position``
@@ -356,23 +402,34 @@ class HFEngine(Engine):
         the left-padded ids (B, P)."""
         distinct: dict[tuple[int, ...], int] = {}
         rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        width = max(len(p) for p in distinct)
-        pads = [width - len(p) for p in distinct]
-        ids = torch.tensor([[self.pad_id] * n + list(p) for n, p in zip(pads, distinct)], device=self.device)  # (U, P)
-        mask = torch.tensor([[0] * n + [1] * (width - n) for n in pads], device=self.device)  # (U, P)
-        logits, cache = self._prefill(ids, mask)  # (U, V)
+        hits: list[tuple[int, KV | None]] = [(0, None)] * len(distinct)
+        if self.prefix_cache is not None:
+            hits = [self.prefix_cache.lookup(list(p)) for p in distinct]
+        cached = max(length for length, _ in hits)  # the widest hit: each row's is padded to it
+        self._counts["prefix_hit_tokens"] += sum(length for length, _ in hits)
+        self._counts["prefilled_tokens"] += sum(len(p) - length for p, (length, _) in zip(distinct, hits))
+        width = max(len(p) - length for p, (length, _) in zip(distinct, hits))  # the widest suffix
+        layout = []  # per row: (id or None for padding) over cached + width columns
+        for p, (length, _) in zip(distinct, hits):
+            suffix = list(p[length:])
+            hit = [None] * (cached - length) + list(p[:length])
+            layout.append(hit + [None] * (width - len(suffix)) + suffix)
+        ids = torch.tensor([[self.pad_id if t is None else t for t in r] for r in layout], device=self.device)  # (U, P)
+        mask = torch.tensor([[int(t is not None) for t in r] for r in layout], device=self.device)  # (U, P)
+        past = batch_cache(self.model.config, hits, cached) if cached else None
+        logits, cache = self._prefill(ids[:, cached:], mask, past)  # (U, V)
         expand = torch.tensor(rows, device=self.device)  # (B,) prompt row of each sequence
         if len(distinct) < len(prompts):
             cache.batch_select_indices(expand)
         return logits[expand], cache, mask[expand], ids[expand]
 
-    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """A fresh KV cache over left-padded ``ids`` (R, W) with ``mask`` (R, W), and the logits
-        (R, V) of each row's next token."""
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, past: Any = None) -> tuple[torch.Tensor, Any]:
+        """The KV cache over left-padded ``ids`` (R, W) and the logits (R, V) of each row's next
+        token: a fresh cache, or ``past`` (R rows of C positions) extended; ``mask`` (R, C + W)."""
         from transformers import DynamicCache  # here, not at the top: loading the plugin stays light
 
-        cache = DynamicCache(config=self.model.config)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, W)
+        cache = past if past is not None else DynamicCache(config=self.model.config)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]  # (R, W)
         # An index tensor, not the int 1: the int slices a non-contiguous (R, 1, H) view, for which
         # torch's CPU linear expands the LM head weight per row (bf16: 2 s instead of 5 ms).
         last = ids.shape[1] - 1
