@@ -5,6 +5,7 @@ The page is built by :mod:`agentrl.viewer`; this module parses, prints and serve
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
@@ -29,6 +30,9 @@ def view(
     server = run_guarded(lambda: _build(runs, out, serve, port))
     if server is None:
         return
+    # Ctrl-C stops it even when whatever started this process ignored SIGINT (Python then installs
+    # no handler of its own): a test runner's worker, a launcher script.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     host, bound = server.server_address[:2]
     console.print(f"serving http://{host}:{bound}/ (Ctrl-C stops)", highlight=False)
     try:

@@ -5,6 +5,7 @@ data, and bad input as one line."""
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -131,7 +132,10 @@ def test_a_half_written_last_line_is_left_out(tmp_path):
 def test_serve_answers_with_the_page_until_ctrl_c(runs):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins"), str(ROOT / "envs")])}
     command = [sys.executable, "-m", "agentrl.cli.app", "view", str(runs["ppo"]), "--serve", "--port", "0"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    ignore = functools.partial(signal.signal, signal.SIGINT, signal.SIG_IGN)  # as some launchers start it
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=ignore
+    )
     try:
         line = process.stdout.readline()
         found = re.fullmatch(r"serving (http://127\.0\.0\.1:\d+/) \(Ctrl-C stops\)\n", line)
