@@ -109,8 +109,9 @@ class TrainConfig:
     micro_batch_size: Positive = 8
     """Sequences per forward/backward at most; a step accumulates over all its micro-batches."""
     micro_batch_tokens: Positive = 4096
-    """Padded tokens per forward/backward at most (rows x longest row), bounding activation memory
-    (~1.8 MB a token, default model, bf16 autocast); a longer row goes alone."""
+    """Tokens per forward/backward at most, bounding activation memory (~1.8 MB a token, default
+    model, bf16 autocast): padded rows count rows x longest row; a packed forward
+    (``pack_sequences``) counts its distinct tokens, a shared prefix once. A longer row goes alone."""
     gradient_checkpointing: bool = False
     """Recompute each decoder block in the backward pass instead of keeping its activations, for the
     policy and modules an algorithm trains (:mod:`agentrl.model.activation_checkpointing`); same gradients."""
@@ -122,7 +123,8 @@ class TrainConfig:
     pack_sequences: bool = True
     """Run each training micro-batch as one prefix-tree sequence (:mod:`agentrl.model.packing`): tokens
     that rows share (a group's prompt, common openings) are computed once and padding never, with
-    micro-batches planned group by group. Same logprobs to float rounding (checked at start-up;
+    micro-batches planned so that rows sharing a prefix (a group's episodes, an agent episode's
+    segments) run together. Same logprobs to float rounding (checked at start-up;
     off with a warning where the model's attention takes no custom mask). False: padded rows."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: train only on groups whose rewards differ (zero group-relative advantage

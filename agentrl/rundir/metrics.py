@@ -79,11 +79,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Lengths, turns, tool use and truncation over a batch of trajectories (turns and tool calls
-    over every segment of an episode); ``errors/env``: how many episodes an env failure ended
-    (``info["error"]``, set by the rollout)."""
-    sampled = np.array([t.num_sampled_tokens for t in trajectories], dtype=np.float64)
+    """Lengths, turns, tool use and truncation over a batch of trajectories (sampled tokens, turns and
+    tool calls over every segment of an episode); ``errors/env``: how many episodes an env failure
+    ended (``info["error"]``, set by the rollout)."""
     rows = [[*t.segments, t] for t in trajectories]
+    sampled = np.array([sum(r.num_sampled_tokens for r in episode) for episode in rows], dtype=np.float64)
     turns = np.array([sum(len(r.turns) for r in episode) for episode in rows], dtype=np.float64)
     calls = np.array([sum(r.num_tool_calls for r in episode) for episode in rows], dtype=np.float64)
     ran = np.array([sum(r.num_tool_calls_ok for r in episode) for episode in rows], dtype=np.float64)

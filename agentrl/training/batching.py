@@ -36,18 +36,11 @@ def split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
     return groups
 
 
-def plan_micro_batches(
-    lengths: list[int], max_rows: int, max_tokens: int, groups: list[int] | None = None
-) -> list[list[int]]:
-    """Split row indices into micro-batches, longest first, each with at most ``max_rows`` rows and
-    ``rows x longest <= max_tokens`` padded tokens (a row longer than ``max_tokens`` alone).
-
-    With ``groups`` (the rows' GRPO group ids, for packed forwards) rows of a group stay together:
-    group by group, longest first within each, so a micro-batch shares its prompt."""
-    if groups is None:
-        order = sorted(range(len(lengths)), key=lambda r: -lengths[r])
-    else:
-        order = sorted(range(len(lengths)), key=lambda r: (groups[r], -lengths[r]))
+def plan_micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Split row indices into micro-batches for the padded forward, longest first, each with at most
+    ``max_rows`` rows and ``rows x longest <= max_tokens`` padded tokens (a row longer than
+    ``max_tokens`` alone)."""
+    order = sorted(range(len(lengths)), key=lambda r: -lengths[r])
     plan: list[list[int]] = []
     longest = 0
     for row in order:
@@ -61,12 +54,50 @@ def plan_micro_batches(
     return plan
 
 
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def plan_packed_micro_batches(rows: list[list[int]], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Split rows (their unpadded token ids) into micro-batches for the prefix-tree forward: at most
+    ``max_rows`` rows, and at most ``max_tokens`` distinct tokens (the packed positions, each shared
+    prefix counted once; a row longer than ``max_tokens`` goes alone).
+
+    Rows are taken in lexicographic order of their tokens, so rows sharing a prefix sit together: a
+    group's episodes (their prompt), an agent episode's segments (their conversation up to where the
+    agent rewrote it), tasks with one system prompt. In that order a row's longest common prefix with
+    any row before it is its common prefix with the row just before, so each row adds
+    ``len(row) - shared`` positions to its micro-batch's tree."""
+    order = sorted(range(len(rows)), key=lambda r: rows[r])
+    plan: list[list[int]] = []
+    size = 0
+    for row in order:
+        current = plan[-1] if plan else None
+        grown = size + len(rows[row]) - (shared_prefix(rows[current[-1]], rows[row]) if current else 0)
+        if current and len(current) < max_rows and grown <= max_tokens:
+            current.append(row)
+            size = grown
+        else:
+            plan.append([row])
+            size = len(rows[row])
+    return plan
+
+
 def micro_batch_rows(batch: TrainBatch, config: TrainConfig, packed: bool, sharded: bool) -> list[list[int]]:
-    """``batch``'s row groups, longest rows first, within ``micro_batch_size`` and
-    ``micro_batch_tokens`` (``packed``: a micro-batch per group, :func:`plan_micro_batches`); with
-    ``sharded`` weights as many groups on every process (each forward gathers the shards: a collective)."""
-    groups = batch.groups.tolist() if packed else None
-    plan = plan_micro_batches(batch.lengths.tolist(), config.micro_batch_size, config.micro_batch_tokens, groups)
+    """``batch``'s row groups within ``micro_batch_size`` and ``micro_batch_tokens``: padded rows
+    longest first (:func:`plan_micro_batches`), or for a ``packed`` forward rows sharing prefixes
+    together and tokens counted once (:func:`plan_packed_micro_batches`); with ``sharded`` weights as
+    many groups on every process (each forward gathers the shards: a collective)."""
+    if packed:
+        ids = [row[:length] for row, length in zip(batch.input_ids.tolist(), batch.lengths.tolist())]
+        plan = plan_packed_micro_batches(ids, config.micro_batch_size, config.micro_batch_tokens)
+    else:
+        plan = plan_micro_batches(batch.lengths.tolist(), config.micro_batch_size, config.micro_batch_tokens)
     if not sharded:
         return plan
     return split_to_count(plan, max(distributed.gather_objects(len(plan))))

@@ -13,7 +13,7 @@ from agentrl.model.packing import pack_prefix_tree
 from agentrl.model.policy import TokenLogprobs
 from agentrl.plugins import load_plugins
 from agentrl.testing import GradientRecorder
-from agentrl.training.batching import plan_micro_batches
+from agentrl.training.batching import plan_micro_batches, plan_packed_micro_batches
 from agentrl.training.trainer import Trainer
 
 
@@ -100,15 +100,46 @@ def test_packing_error_is_small_and_unsupported_attention_is_refused(tiny):
         tiny.config._attn_implementation = original
 
 
-def test_micro_batch_plan_keeps_groups_together():
-    lengths = [30, 100, 10, 60, 60, 50, 20, 5]
-    groups = [0, 1, 0, 1, 0, 1, 0, 1]
-    plan = plan_micro_batches(lengths, max_rows=4, max_tokens=10**6, groups=groups)
-    assert plan == [[4, 0, 6, 2], [1, 3, 5, 7]]  # group by group, longest first
-    plan = plan_micro_batches(lengths, max_rows=4, max_tokens=200, groups=groups)
-    assert plan == [[4, 0, 6], [2, 1], [3, 5, 7]]
-    for rows in plan:
-        assert len(rows) * max(lengths[r] for r in rows) <= 200 or len(rows) == 1
+def _tree_size(rows: list[list[int]]) -> int:
+    """Distinct prefixes of ``rows``: the packed positions, counted independently of the planner."""
+    return len({tuple(row[: t + 1]) for row in rows for t in range(len(row))})
+
+
+def test_packed_plan_puts_rows_sharing_prefixes_together_and_counts_distinct_tokens():
+    system = list(range(100, 160))  # 60 tokens every row opens with
+    episodes = []  # 3 agent-like episodes of 3 segments: a rewritten history after the first reply
+    for e in range(3):
+        reply = [1000 + e] * 10
+        episodes.append([system + reply + [2000 + e * 10 + s] * (5 + 5 * s) for s in range(3)])
+    rows = [episodes[e][s] for s in range(3) for e in range(3)]  # interleaved, as a batch comes
+    plan = plan_packed_micro_batches(rows, max_rows=8, max_tokens=10**6)
+    assert len(plan) == 2 and sorted(r for mb in plan for r in mb) == list(range(9))  # only the row cap cuts
+    one_episode = 10 + 5 + 10 + 15  # its distinct tokens after the system prompt
+    assert _tree_size(rows) == 60 + 3 * one_episode
+    assert len(plan_packed_micro_batches(rows, max_rows=9, max_tokens=60 + 3 * one_episode)) == 1
+    assert len(plan_packed_micro_batches(rows, max_rows=9, max_tokens=60 + 3 * one_episode - 1)) == 2
+    plan = plan_packed_micro_batches(rows, max_rows=8, max_tokens=60 + one_episode)
+    assert [sorted(mb) for mb in plan] == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]  # an episode's segments together
+    for mb in plan:
+        assert _tree_size([rows[r] for r in mb]) <= 60 + one_episode
+    padded_plan = plan_micro_batches([len(r) for r in rows], max_rows=8, max_tokens=60 + one_episode)
+    assert len(padded_plan) == 9  # padded, no two rows fit the same budget
+
+
+def test_packed_plan_keeps_both_limits_on_random_rows():
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 5, (int(n),), generator=generator).tolist() for n in (3, 8, 8)]
+    rows = [
+        prompts[i % 3]
+        + torch.randint(0, 3, (int(torch.randint(0, 12, (), generator=generator)),), generator=generator).tolist()
+        for i in range(40)
+    ]
+    for max_rows, max_tokens in [(4, 30), (8, 50), (40, 10**6), (3, 1)]:
+        plan = plan_packed_micro_batches(rows, max_rows, max_tokens)
+        assert sorted(r for mb in plan for r in mb) == list(range(len(rows)))
+        for mb in plan:
+            assert len(mb) <= max_rows
+            assert _tree_size([rows[r] for r in mb]) <= max_tokens or len(mb) == 1
 
 
 def test_a_training_step_packed_equals_padded(tiny_model_dir, tmp_path):
