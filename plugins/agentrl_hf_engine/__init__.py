@@ -281,13 +281,18 @@ class HFEngine(Engine):
                     copied[id(tensor)] = source[name]
 
     def state_dict(self) -> dict[str, Any]:
-        """The generator used for batches without a seed."""
-        return {"generator": self.generator.get_state()}
+        """The generator used for batches without a seed and the token counts not yet reported.
+        Saving also empties the prefix cache: its KV is not saved, so the run goes on from here
+        exactly as a run resumed from this save does."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+        return {"generator": self.generator.get_state(), "counts": dict(self._counts)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the generator (a checkpoint without one leaves it as seeded)."""
+        """Restore the generator and the counts (a checkpoint without them leaves them as built)."""
         if "generator" in state:
             self.generator.set_state(state["generator"])
+        self._counts.update(state.get("counts", {}))
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
         """Sample one completion per prompt, ``batch_size`` prompts at a time (shortest first)."""

@@ -107,9 +107,19 @@ def _assert_same_weights(a: Path, b: Path) -> None:
         assert torch.equal(wa[key], wb[key]), key
 
 
-@pytest.mark.parametrize(("algo", "where"), [("grpo", "update"), ("grpo", "rollout"), ("ppo", "update")])
-def test_interrupted_then_resumed_equals_straight_bit_for_bit(tiny_model_dir, tmp_path, monkeypatch, algo, where):
+@pytest.mark.parametrize(
+    ("algo", "where", "cache_mb"),
+    [("grpo", "update", 0), ("grpo", "rollout", 0), ("ppo", "update", 0), ("grpo", "rollout", 64)],
+)
+def test_interrupted_then_resumed_equals_straight_bit_for_bit(
+    tiny_model_dir, tmp_path, monkeypatch, algo, where, cache_mb
+):
+    """``cache_mb``: with the hf engine's prefix cache, whose entries are not saved: the straight run's
+    evaluation at step 2 (just before the checkpoint a resume starts from) fills it, and step 3's
+    prompts start with the same chat template."""
     extra = {"algorithm": {"mini_batches": 2, "ppo_epochs": 2}} if algo == "ppo" else {}
+    if cache_mb:
+        extra["engine_args"] = {"prefix_cache_mb": cache_mb}
     straight = tmp_path / "straight"
     Trainer(_config(tiny_model_dir, straight, algo=algo, **extra), _manager(tmp_path / "a")).train()
 
