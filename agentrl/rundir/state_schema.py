@@ -178,6 +178,10 @@ def _kind(value: Any) -> str:
     return f"a list of {len(value)}" if isinstance(value, (list, tuple)) else f"a {type(value).__name__}"
 
 
+OPTIMIZER_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+"""Param-group settings that choose how an optimizer computes, not what: not compared on resume."""
+
+
 def optimizer_problem(saved: Any, optimizer: torch.optim.Optimizer, where: str, shapes: bool = True) -> str | None:
     """What keeps optimizer state ``saved`` from fitting ``optimizer``: its param groups (count,
     parameters, settings) and each parameter's state (``step`` a number, moments of the
@@ -193,7 +197,7 @@ def optimizer_problem(saved: Any, optimizer: torch.optim.Optimizer, where: str, 
         kinds = (int,) if shapes else (int, str)  # a sharded run's whole state names its parameters
         if not isinstance(ids, list) or len(ids) != len(own["params"]) or not all(type(n) in kinds for n in ids):
             return f"{where}.param_groups.{i}.params: not the ids of the group's {len(own['params'])} parameters"
-        settings = {k: v for k, v in own.items() if k != "params"}
+        settings = {k: v for k, v in own.items() if k != "params" and k not in OPTIMIZER_IMPLEMENTATION_KEYS}
         if problem := structure_problem(group, settings, f"{where}.param_groups.{i}"):
             return problem
         params.update(zip(ids, own["params"]))

@@ -42,6 +42,7 @@ from agentrl.testing import check_env_startup
 from agentrl.tools.calls import resolve_tool_parser
 from agentrl.training.batching import micro_batch_rows
 from agentrl.training.memory import limit_kernel_caches
+from agentrl.training.optimizers import adamw
 from agentrl.training.schedules import build_scheduler
 
 
@@ -285,8 +286,9 @@ def _train_policy(run: Run) -> None:
         )
     policy = TokenLogprobs(run.model, temperature=config.temperature, pack=config.pack_sequences)
     run.policy_pack = check_packing(policy, config.pack_sequences)
-    optimizer = torch.optim.AdamW(
+    optimizer = adamw(
         [p for p in run.model.parameters() if p.requires_grad],
+        sharded=run.replica is not None,
         lr=config.learning_rate,
         betas=config.adam_betas,
         weight_decay=config.weight_decay,
@@ -312,7 +314,9 @@ def _train_owned(run: Run, modules: dict[str, TrainableModule]) -> None:
         if run.config.gradient_checkpointing:  # a module without blocks (a small head) runs as it is
             checkpoint_blocks(spec.module)
         params = [p for p in spec.module.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, betas=spec.betas, weight_decay=spec.weight_decay)
+        optimizer = adamw(
+            params, run.replica is not None, lr=spec.learning_rate, betas=spec.betas, weight_decay=spec.weight_decay
+        )
         spec.module, optimizer = run.accelerator.prepare(spec.module, optimizer)
         scheduler = build_scheduler(optimizer, spec.lr_scheduler, spec.warmup_steps, _optimizer_steps(run))
         run.trained[name] = Trained(spec.module, spec.module, optimizer, scheduler, spec.max_grad_norm, spec)

@@ -27,6 +27,7 @@ from agentrl.rundir.state_files import save_json, save_tensors
 from agentrl.rundir.state_schema import module_problem, optimizer_problem, structure_problem
 from agentrl.training.async_rollouts import Collected
 from agentrl.training.build import Run, Trained
+from agentrl.training.optimizers import load_optimizer_state
 from agentrl.training.rng import rng_states, set_rng_states
 from agentrl.training.schedules import reapply_schedule
 
@@ -65,7 +66,7 @@ class WholeWeights:
     @staticmethod
     def _load_optimizer(trained: Trained, state: dict[str, Any] | None) -> None:
         if state is not None:  # None: a finished run's slimmed checkpoint (the moments restart from zero)
-            trained.optimizer.load_state_dict(state)
+            load_optimizer_state(trained.optimizer, state)
 
 
 class ShardedWeights:
