@@ -19,10 +19,12 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.rundir.links import open_nofollow
-from agentrl.trajectory import TrainBatch, Trajectory
+
+if TYPE_CHECKING:  # only in annotations: `agentrl view` reads episodes without torch
+    from agentrl.trajectory import TrainBatch, Trajectory
 
 TRAIN_FILE = "completions.jsonl"
 """The training episodes (``step``, ``advantage``)."""

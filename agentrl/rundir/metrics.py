@@ -7,13 +7,15 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from agentrl.errors import EnvError, TrainingError
 from agentrl.rundir.links import open_nofollow
-from agentrl.trajectory import Trajectory
+
+if TYPE_CHECKING:  # only in annotations: `agentrl view` and `compare` read metrics without torch
+    from agentrl.trajectory import Trajectory
 
 
 class MetricsWriter:
