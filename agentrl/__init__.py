@@ -74,6 +74,7 @@ from agentrl.tools.tool import (
     render_tools_system_prompt,
     tool,
 )
+from agentrl.trajectory import TrainBatch, Trajectory, Turn, collate
 
 _TORCH = {
     "agentrl.algorithms.base": (
@@ -99,7 +100,6 @@ _TORCH = {
     ),
     "agentrl.model.distributed": ("all_sum",),
     "agentrl.model.precision": ("Precision", "resolve_precision"),
-    "agentrl.trajectory": ("TrainBatch", "Trajectory", "Turn", "collate"),
     "agentrl.api.trainer": ("train", "Trainer"),
     "agentrl.training.trainer": ("TrainResult",),
 }
@@ -135,7 +135,6 @@ if TYPE_CHECKING:
     from agentrl.model.distributed import all_sum
     from agentrl.model.precision import Precision, resolve_precision
     from agentrl.training.trainer import TrainResult
-    from agentrl.trajectory import TrainBatch, Trajectory, Turn, collate
 
 
 def __getattr__(name: str) -> object:

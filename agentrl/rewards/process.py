@@ -32,11 +32,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import RewardError
+from agentrl.trajectory import Trajectory
 
 if TYPE_CHECKING:  # torch loads with the first function that computes on tensors, not with agentrl
     import torch
-
-    from agentrl.trajectory import Trajectory
 
 
 @dataclass(frozen=True)

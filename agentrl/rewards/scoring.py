@@ -28,16 +28,14 @@ import numbers
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from agentrl.env import MAX_ABS_REWARD, CallGuard, CallTimeout, sample_label
 from agentrl.errors import AgentRLError, RewardError, one_line
 from agentrl.rewards.process import StepRewards, merge_steps
-
-if TYPE_CHECKING:  # only in annotations: scoring's API loads without torch
-    from agentrl.trajectory import Trajectory
+from agentrl.trajectory import Trajectory
 
 
 @dataclass(frozen=True)

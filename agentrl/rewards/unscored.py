@@ -20,12 +20,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentrl.env import sample_label
-
-if TYPE_CHECKING:  # only in annotations: the CLI reports unscored episodes without loading torch
-    from agentrl.trajectory import Trajectory
+from agentrl.trajectory import Trajectory
 
 CAUSES = ("raised", "timed_out", "nonfinite_return", "no_reward")
 """The causes an unscored episode is counted under, as :class:`Unscored` names its fields."""

@@ -19,12 +19,10 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentrl.rundir.links import open_nofollow
-
-if TYPE_CHECKING:  # only in annotations: `agentrl view` reads episodes without torch
-    from agentrl.trajectory import TrainBatch, Trajectory
+from agentrl.trajectory import TrainBatch, Trajectory
 
 TRAIN_FILE = "completions.jsonl"
 """The training episodes (``step``, ``advantage``)."""

@@ -7,15 +7,13 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from agentrl.errors import EnvError, TrainingError
 from agentrl.rundir.links import open_nofollow
-
-if TYPE_CHECKING:  # only in annotations: `agentrl view` and `compare` read metrics without torch
-    from agentrl.trajectory import Trajectory
+from agentrl.trajectory import Trajectory
 
 
 class MetricsWriter:

@@ -8,14 +8,12 @@ rollout drives an agent program instead.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from agentrl.env.base import Env
 from agentrl.env.tasks import Task
 from agentrl.sampling.engine import SamplingParams
-
-if TYPE_CHECKING:  # only in annotations: the contract loads without torch
-    from agentrl.trajectory import Trajectory
+from agentrl.trajectory import Trajectory
 
 
 @runtime_checkable

@@ -29,7 +29,7 @@ def test_loading_agentrl_and_its_plugins_imports_no_run_only_library() -> None:
 
 TORCH_PROBE = """
 import json, sys
-import agentrl
+import agentrl, agentrl.testing
 from agentrl.cli.app import app
 for args in (["--help"], ["view", "/no-such-run"], ["compare", "/no-such-run", "/no-such-run-2"]):
     try:
@@ -41,9 +41,10 @@ print(json.dumps(sorted(name for name in ("torch", "transformers") if name in sy
 
 
 def test_import_agentrl_agentrl_help_view_and_compare_load_no_torch() -> None:
-    """torch takes ~3 s to import: ``import agentrl``, ``agentrl --help`` and every command that
-    needs no model (``view``, ``compare``) answer without it; ``agentrl.Trajectory`` and the other
-    names that need it import it on first use (tests/repo/test_public_api.py resolves each)."""
+    """torch takes ~3 s to import: ``import agentrl``, ``agentrl --help``, the commands that need
+    no model (``view``, ``compare``) and an env package's checks (``agentrl.testing``) do without
+    it; ``agentrl.Algorithm`` and the other names that need it import it on first use
+    (tests/repo/test_public_api.py resolves each)."""
     result = subprocess.run([sys.executable, "-c", TORCH_PROBE], capture_output=True, text=True, check=True)
     assert "Commands" in result.stdout and "'/no-such-run' is not a run dir" in result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [], result.stdout[-2000:]
