@@ -104,8 +104,8 @@ _TORCH = {
     "agentrl.training.trainer": ("TrainResult",),
 }
 """The names that need torch (or the whole training stack), by module: imported on first use, so
-``import agentrl`` and the CLI's start-up (``--help``, ``view``, ``new``, a bad flag) do not pay
-for torch."""
+``import agentrl`` and the commands that load no plugin (``--help``, ``view``, ``compare``, a bad
+``--set`` key) do not pay for torch."""
 
 _LAZY = {name: module for module, names in _TORCH.items() for name in names}
 
