@@ -5,20 +5,10 @@ submodules listed in :data:`PUBLIC_MODULES` (tests/repo/test_public_api.py holds
 and env to that).
 """
 
-from agentrl.algorithms.base import Algorithm, LossContext, LossOutput, SetupContext, StepTotals, TrainableModule
-from agentrl.algorithms.clipped_policy import ClippedPolicy, ClippedPolicyConfig
-from agentrl.algorithms.group_relative import GroupRelative, GroupRelativeConfig, group_advantages
-from agentrl.algorithms.objectives import (
-    AGGREGATIONS,
-    IMPORTANCE_LEVELS,
-    KL_ESTIMATORS,
-    clipped_surrogate,
-    importance_log_weights,
-    masked,
-    masked_mean,
-    policy_loss,
-    step_totals,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from agentrl.config.checks import ConfigCheck, build_plugin_config
 from agentrl.config.cluster import RayConfig, ray_options
 from agentrl.config.rules import Allowed, Complaint, OneOf, check_declared
@@ -63,8 +53,6 @@ from agentrl.errors import (
 from agentrl.faults import PluginExit
 from agentrl.hookspecs import hookimpl
 from agentrl.imports import import_extra
-from agentrl.model.distributed import all_sum
-from agentrl.model.precision import Precision, resolve_precision
 from agentrl.model.roles import ModelFolderError, load_for_role, load_tokenizer_for_role
 from agentrl.plugins import PluginManager, load_plugins
 from agentrl.rewards.process import StepRewards, process_advantages, step_ends
@@ -88,17 +76,81 @@ from agentrl.tools.tool import (
 )
 from agentrl.trajectory import TrainBatch, Trajectory, Turn, collate
 
-_LAZY = {"train": "agentrl.api.trainer", "Trainer": "agentrl.api.trainer", "TrainResult": "agentrl.training.trainer"}
-"""The Python API's entry points, imported on first use (they load the training stack)."""
+_TORCH = {
+    "agentrl.algorithms.base": (
+        "Algorithm",
+        "LossContext",
+        "LossOutput",
+        "SetupContext",
+        "StepTotals",
+        "TrainableModule",
+    ),
+    "agentrl.algorithms.clipped_policy": ("ClippedPolicy", "ClippedPolicyConfig"),
+    "agentrl.algorithms.group_relative": ("GroupRelative", "GroupRelativeConfig", "group_advantages"),
+    "agentrl.algorithms.objectives": (
+        "AGGREGATIONS",
+        "IMPORTANCE_LEVELS",
+        "KL_ESTIMATORS",
+        "clipped_surrogate",
+        "importance_log_weights",
+        "masked",
+        "masked_mean",
+        "policy_loss",
+        "step_totals",
+    ),
+    "agentrl.model.distributed": ("all_sum",),
+    "agentrl.model.precision": ("Precision", "resolve_precision"),
+    "agentrl.api.trainer": ("train", "Trainer"),
+    "agentrl.training.trainer": ("TrainResult",),
+}
+"""The names that need torch (or the whole training stack), by module: imported on first use, so
+``import agentrl`` and the commands that load no plugin (``--help``, ``view``, ``compare``, a bad
+``--set`` key) do not pay for torch."""
+
+_LAZY = {name: module for module, names in _TORCH.items() for name in names}
+
+if TYPE_CHECKING:
+    from agentrl.algorithms.base import (
+        Algorithm,
+        LossContext,
+        LossOutput,
+        SetupContext,
+        StepTotals,
+        TrainableModule,
+    )
+    from agentrl.algorithms.clipped_policy import ClippedPolicy, ClippedPolicyConfig
+    from agentrl.algorithms.group_relative import GroupRelative, GroupRelativeConfig, group_advantages
+    from agentrl.algorithms.objectives import (
+        AGGREGATIONS,
+        IMPORTANCE_LEVELS,
+        KL_ESTIMATORS,
+        clipped_surrogate,
+        importance_log_weights,
+        masked,
+        masked_mean,
+        policy_loss,
+        step_totals,
+    )
+    from agentrl.api.trainer import Trainer, train
+    from agentrl.model.distributed import all_sum
+    from agentrl.model.precision import Precision, resolve_precision
+    from agentrl.training.trainer import TrainResult
 
 
 def __getattr__(name: str) -> object:
-    """``agentrl.train``, ``agentrl.Trainer`` and ``agentrl.TrainResult``, imported when first used."""
+    """The names of :data:`_TORCH`, imported when first used and kept (later lookups are plain)."""
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """Every public name, the lazily imported ones included."""
+    return sorted(set(globals()) | set(_LAZY))
 
 
 PUBLIC_MODULES = ("agentrl", "agentrl.answers")

@@ -15,11 +15,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import EnvError
+
+if TYPE_CHECKING:  # the tensors' functions import torch: Trajectory and Turn load without it
+    import torch
 
 
 @dataclass
@@ -174,6 +175,8 @@ class TrainBatch:
 
         ``collate`` builds CPU tensors; the trainer moves them to the policy's device.
         """
+        import torch
+
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, torch.Tensor):
@@ -183,6 +186,8 @@ class TrainBatch:
 
     def select(self, rows: torch.Tensor | list[int]) -> TrainBatch:
         """Rows ``rows`` of every tensor, trimmed to the longest selected row (a micro-batch)."""
+        import torch
+
         index = torch.as_tensor(rows, dtype=torch.long)
         width = int(self.lengths[index].max().item()) if len(index) else 0
 
@@ -241,6 +246,8 @@ def collate(
     statistics of the algorithms already leave NaN rewards out. When a trajectory has
     ``step_rewards``, ``extras`` holds ``step_rewards`` and ``step_ends`` ``(N, T)`` (:mod:`agentrl.rewards.process`);
     when an episode is several rows (``shares`` from :func:`with_segments`), ``episode_shares`` ``(N,)``."""
+    import torch
+
     if len(rewards) != len(trajectories):
         raise ValueError(f"{len(rewards)} rewards for {len(trajectories)} trajectories")
     n = len(trajectories)
@@ -290,6 +297,8 @@ def _step_tensors(
     """``(step_rewards, step_ends)``, both ``(N, width)`` float32: each row's weighted step rewards
     at their positions and 1 where a step ends. A row without ``step_rewards`` (an agent episode's
     earlier segment) has its total as one step at its last sampled token; an unscored row none."""
+    import torch
+
     values = torch.zeros((len(trajectories), width), dtype=torch.float32)
     ends = torch.zeros_like(values)
     for i, (trajectory, total) in enumerate(zip(trajectories, rewards, strict=True)):

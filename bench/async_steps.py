@@ -15,8 +15,8 @@ whole rollout when synchronous, only what the background collection did not hide
 update's mean seconds, the mean staleness of the trained tokens, and the speed-up over the
 synchronous run at the same L (figures: README, "Asynchronous training"). ``--partial``: each
 ``async_steps`` > 0 also with ``partial_rollouts`` (turns in flight take each new version: lower
-staleness). ``--tiny``: a random 2-layer model, 3 steps, L = 0 and 0.05, async 0 and 1, and 1 with
-partial rollouts (proves the script runs; the figures mean nothing).
+staleness). ``--tiny``: a random 2-layer model, 3 steps of 2 prompts x 2 episodes of 8-token turns, L = 0 and
+0.05, async 0 and 1, and 1 with partial rollouts (proves the script runs; the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -77,7 +77,6 @@ def train(
         env=SLOW_CHAT,
         env_args={"latency": latency, "turns": turns},
         max_steps=steps,
-        max_new_tokens=24,
         rewards={"agentrl.testing:parity_reward": 1.0},
         eval_tasks=0,
         checkpoint_every=0,
@@ -86,7 +85,7 @@ def train(
         async_steps=async_steps,
         partial_rollouts=partial,
         output_dir=str(out / f"L{latency}-async{async_steps}{partial}"),
-        **extra,
+        **{"max_new_tokens": 24, **extra},
     )
     clock = StepClock()
     Trainer(config, load_plugins()).train(progress=clock)
@@ -111,7 +110,7 @@ def main() -> None:
         build_tiny_model(len(tokenizer)).save_pretrained(work / "tiny")
         tokenizer.save_pretrained(work / "tiny")
         args.model = str(work / "tiny")
-        extra = {"prompts_per_step": 2, "num_generations": 4}
+        extra = {"prompts_per_step": 2, "num_generations": 2, "max_new_tokens": 8}
     skip = 2 if args.steps > 3 else 1
     table = Table(title=f"{args.model}, {args.turns} turns an episode, steps {skip + 1}-{args.steps} timed")
     for column in (

@@ -29,13 +29,13 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import RewardError
-from agentrl.model.distributed import all_sum
 from agentrl.trajectory import Trajectory
+
+if TYPE_CHECKING:  # torch loads with the first function that computes on tensors, not with agentrl
+    import torch
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,8 @@ def merge_steps(trajectory: Trajectory, parts: Sequence[tuple[str, StepRewards |
 def outcome_steps(rewards: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(step_rewards, step_ends)`` ``(N, T)`` of outcome rewards ``(N,)``: one step per scored row
     at its last loss-mask token (a batch no reward function gave step rewards)."""
+    import torch
+
     has_token = loss_mask.sum(dim=1) > 0  # (N,)
     positions = torch.arange(loss_mask.shape[1], device=loss_mask.device)  # (T,)
     last = torch.where(loss_mask > 0, positions, -1).max(dim=1).values.clamp(min=0)  # (N,)
@@ -159,6 +161,10 @@ def process_advantages(
     ``(N, T)`` at ``step_mask == 1``; ``scale``: ``"group"`` (pooled group std), ``"batch"``
     (pooled std of every step of the batch, over all processes) or ``"none"``. Stats:
     ``frac_zero_std_groups``, ``abs_mean`` (over the scored steps), ``steps_per_episode``."""
+    import torch
+
+    from agentrl.model.distributed import all_sum
+
     values, is_step = step_rewards.detach().double(), step_mask.detach() > 0  # (N, T)
     _, group_index = torch.unique(groups, return_inverse=True)  # (N,)
     num_groups = int(group_index.max().item()) + 1 if groups.numel() else 0

@@ -9,11 +9,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import EngineError
+
+if TYPE_CHECKING:  # only in annotations: importing the engine API does not load torch
+    import torch
 
 
 @dataclass(frozen=True)

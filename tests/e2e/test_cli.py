@@ -1,4 +1,6 @@
-"""The ``agentrl`` command end to end (a real subprocess through the installed entry point)."""
+"""The ``agentrl`` command end to end: runs, evaluation and start-up warnings in a real subprocess
+through the installed entry point; what is refused or printed before a run starts through the
+in-process runner (:mod:`cli_in_process`: the same command, without ~5 s of imports a process)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,21 @@ import subprocess
 import sys
 
 import pytest
+from cli_in_process import CliResult, agentrl_in_process
 
 AGENTRL = [sys.executable, "-m", "agentrl.cli.app"]
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     result = subprocess.run([*AGENTRL, *args], capture_output=True, text=True, timeout=600)
+    if check and result.returncode != 0:
+        raise AssertionError(f"agentrl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def in_process(*args: str, check: bool = True) -> CliResult:
+    """:func:`run`, through the in-process runner: for what the command decides before a run starts."""
+    result = agentrl_in_process(*args)
     if check and result.returncode != 0:
         raise AssertionError(f"agentrl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
     return result
@@ -58,7 +69,7 @@ def test_train_two_steps_on_tiny_model_writes_the_run(tiny_model_dir, tmp_path):
 
 
 def test_plugins_lists_builtins_with_what_they_register():
-    rows = json.loads(run("plugins", "--json").stdout)
+    rows = json.loads(in_process("plugins", "--json").stdout)
     registered = {row["name"]: row["registers"] for row in rows}
     assert registered["grpo"] == {"algorithm": ["grpo"]}
     assert registered["ppo"] == {"algorithm": ["ppo"]}
@@ -69,10 +80,12 @@ def test_plugins_lists_builtins_with_what_they_register():
 def test_print_config_shows_resolved_values(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("learning_rate: 3.0e-6\nalgorithm:\n  loss_type: grpo\n")
-    result = run("train", "--config", str(config), "--max-steps", "7", "--set", "algorithm.beta=0.02", "--print-config")
+    result = in_process(
+        "train", "--config", str(config), "--max-steps", "7", "--set", "algorithm.beta=0.02", "--print-config"
+    )
     assert "max_steps: 7" in result.stdout and "learning_rate: 3.0e-06" in result.stdout
     assert "loss_type: grpo" in result.stdout and "beta: 0.02" in result.stdout
-    result = run("train", "--algo", "gspo", "--set", "plugins.sampler_correction.mode=tis", "--print-config")
+    result = in_process("train", "--algo", "gspo", "--set", "plugins.sampler_correction.mode=tis", "--print-config")
     assert "importance_sampling_level: sequence" in result.stdout and "epsilon_high: 0.0004" in result.stdout
     assert "sampler_correction:\n    mode: tis\n    level: token\n    cap: 2.0" in result.stdout
     assert "engine_args:\n  dtype: auto\n  batch_size: 64" in result.stdout  # the engine's options
@@ -95,7 +108,7 @@ def test_print_config_shows_resolved_values(tmp_path):
     ],
 )
 def test_bad_input_is_one_clear_line(args, message, tmp_path):
-    result = run("train", "--output-dir", str(tmp_path / "r"), "--set", "eval_tasks=0", *args, check=False)
+    result = in_process("train", "--output-dir", str(tmp_path / "r"), "--set", "eval_tasks=0", *args, check=False)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in " ".join(result.stderr.split())
     assert "Traceback" not in result.stdout + result.stderr
@@ -106,7 +119,7 @@ def test_bad_input_is_one_clear_line(args, message, tmp_path):
 )
 def test_a_bad_name_fails_before_the_run_starts(args, tmp_path):
     """Checked against what is installed before the run's banner, the trainer's imports or a model."""
-    result = run("train", "--output-dir", str(tmp_path / "r"), *args, check=False)
+    result = in_process("train", "--output-dir", str(tmp_path / "r"), *args, check=False)
     assert result.returncode == 2 and "error:" in result.stderr, result.stdout + result.stderr
     assert "agentrl grpo on" not in result.stdout, result.stdout  # the banner _fit prints once the names hold
     assert not (tmp_path / "r" / "config.yaml").exists()
@@ -120,8 +133,8 @@ def test_a_bad_name_fails_before_the_run_starts(args, tmp_path):
     ],
 )
 def test_print_config_refuses_a_reward_as_train_does(reward, message, tiny_model_dir, tmp_path):
-    printed = run("train", "--reward", reward, "--print-config", check=False)
-    trained = run(
+    printed = in_process("train", "--reward", reward, "--print-config", check=False)
+    trained = in_process(
         "train",
         "--reward",
         reward,

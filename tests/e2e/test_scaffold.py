@@ -16,13 +16,6 @@ from typer.testing import CliRunner
 
 from agentrl.cli.app import app
 
-AGENTRL = [sys.executable, "-m", "agentrl.cli.app"]
-
-
-def agentrl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """``agentrl ARGS`` in a subprocess, as a user runs it."""
-    return subprocess.run([*AGENTRL, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
-
 
 def clean_env() -> dict[str, str]:
     """This environment without PYTHONPATH: the generated package must import on its own."""
@@ -55,7 +48,7 @@ def generated_tests_pass(*args: str, cwd: Path) -> str:
 def test_new_package_is_complete_and_its_test_passes_as_generated(command, module, tests, tmp_path):
     kind, name = command[:2]
     folder = tmp_path / f"pkg-{name}"
-    result = agentrl("new", *command, "--dir", str(folder), cwd=tmp_path)
+    result = agentrl_in_process("new", *command, "--dir", str(folder), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"wrote {folder}/ ({kind} {name!r}, module {module}):" in result.stdout
     assert f"pip install -e {folder}" in result.stdout and f"pytest {folder / 'tests'}" in result.stdout
@@ -67,7 +60,7 @@ def test_new_package_is_complete_and_its_test_passes_as_generated(command, modul
 
 
 def test_printed_pytest_command_works_from_the_parent_directory(tmp_path):
-    result = agentrl("new", "reward", "brevity", cwd=tmp_path)
+    result = agentrl_in_process("new", "reward", "brevity", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "pytest agentrl-reward-brevity/tests" in result.stdout  # the default directory
     assert "3 passed" in generated_tests_pass("agentrl-reward-brevity/tests", cwd=tmp_path)
@@ -150,7 +143,7 @@ def test_installed_env_package_is_listed_trains_and_is_gone_after_uninstall(tmp_
     tests running beside this one do not see): listed, trained by name, gone after uninstall."""
     name = f"scaffold_{uuid.uuid4().hex[:8]}"
     dist, folder = f"agentrl-env-{name}", tmp_path / "package"
-    assert agentrl("new", "env", name, "--dir", str(folder)).returncode == 0
+    assert agentrl_in_process("new", "env", name, "--dir", str(folder)).returncode == 0
     train = [
         "train",
         "--env",
