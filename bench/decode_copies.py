@@ -1,20 +1,20 @@
-"""The ``hf`` engine's decode with and without its KV copies, in one run: generate tokens/s and a
-torch.profiler table of each.
+"""The ``hf`` engine's decode with its KV cache growing by ``torch.cat`` and in place, in one run:
+generate tokens/s and a torch.profiler table of each.
 
-    OMP_NUM_THREADS=1 python bench/decode_copies.py [--prompts 16] [--max-new-tokens 128] [--rounds 3]
+    OMP_NUM_THREADS=1 python bench/decode_copies.py [--prompts 16] [--max-new-tokens 96] [--rounds 3]
 
-``copying``: the engine as it was, transformers' ``DynamicCache`` (grows by ``torch.cat`` every
-step) and the model's ``sdpa`` attention (``repeat_kv`` of the grouped KV heads, every layer every
-step, because the padded batch passes a mask). ``in place``: the engine now, its
-:class:`agentrl_hf_engine.kv_cache.GrowingCache` and grouped-head attention. Both sample the
-default model in float32 with the same seeds, so they must sample the same tokens (checked).
-Rounds alternate between the two and the best of each is reported (the machine is shared).
+``copying``: the engine as it was, transformers' ``DynamicCache`` (every step copies the whole
+cache into new memory). ``in place``: the engine now, its
+:class:`agentrl_hf_engine.kv_cache.GrowingCache`. Both sample the default model in float32 with the
+same seeds, so they must sample the same tokens (checked). ``--no-stop`` (the default) ignores the
+stop ids so every row decodes ``--max-new-tokens`` (a fixed decode length; ``--stop`` keeps them:
+rows leave as they finish). Rounds alternate between the two and the best of each is reported (the
+machine is shared).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from typing import Any
 
@@ -30,10 +30,7 @@ from agentrl_hf_engine import HFEngine
 
 
 class CopyingEngine(HFEngine):
-    """The engine with transformers' ``DynamicCache`` and the model's own attention."""
-
-    def _attention(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    """The engine with transformers' ``DynamicCache``."""
 
     def _new_cache(self, reserve: int) -> Any:
         from transformers import DynamicCache
@@ -51,10 +48,11 @@ def timed(engine: HFEngine, prompts: list[list[int]], sampling: SamplingParams) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--no-profile", action="store_true", help="skip the profiler tables")
+    parser.add_argument("--stop", action="store_true", help="rows stop at a stop id (default: all decode to the cap)")
     options = parser.parse_args()
     tokenizer, model = load_tokenizer(options.model), load_model(options.model)
     prompts = chat_prompts(ChatTokenizer(tokenizer), options.prompts)
@@ -68,6 +66,8 @@ def main() -> None:
     speeds: dict[str, list[float]] = {name: [] for name in engines}
     tokens: dict[str, list[list[int]]] = {}
     for engine in engines.values():
+        if not options.stop:
+            engine.stop_ids = {-1}  # no id is -1: every row decodes max_new_tokens
         engine.generate(prompts[:2], SamplingParams(max_new_tokens=4, seed=1))  # warm-up
     for _ in range(options.rounds):
         for name, engine in engines.items():
@@ -78,7 +78,8 @@ def main() -> None:
     width = max(len(p) for p in prompts)
     print(
         f"{options.model}, {torch.get_num_threads()} threads, {options.prompts} prompts (<= {width} tokens) "
-        f"x <= {options.max_new_tokens} new tokens ({sum(map(len, tokens['copying']))} sampled), float32"
+        f"x <= {options.max_new_tokens} new tokens ({sum(map(len, tokens['copying']))} sampled), float32, "
+        f"{'rows stop at a stop id' if options.stop else 'no stop ids'}"
     )
     for name in engines:
         print(f"{name:9s} best {max(speeds[name]):7.1f} tok/s  rounds {' '.join(f'{s:.1f}' for s in speeds[name])}")

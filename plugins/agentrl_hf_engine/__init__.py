@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -311,7 +310,7 @@ class HFEngine(Engine):
         modes = [(module, module.training) for module in self.model.modules()]
         self.model.eval()  # dropout off (docs/concepts/guards.md#dropout)
         try:
-            with torch.no_grad(), torch.autocast(self.device.type, enabled=False), self._attention():
+            with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
                 for start in range(0, len(order), self.options.batch_size):
                     chunk = order[start : start + self.options.batch_size]
                     streams = [generators[i] for i in chunk] if generators is not None else None
@@ -398,13 +397,6 @@ class HFEngine(Engine):
             **{self._cache_arg: cache},
         )
         return out.logits[:, -1]  # (A, V)
-
-    def _attention(self) -> AbstractContextManager[None]:
-        """The attention the engine's forwards run with: grouped KV heads without ``repeat_kv``
-        (:func:`agentrl_hf_engine.kv_cache.grouped_heads`), the model's own restored after."""
-        from agentrl_hf_engine.kv_cache import grouped_heads
-
-        return grouped_heads(self.model)
 
     def _new_cache(self, reserve: int) -> Any:
         """An empty KV cache with room for ``reserve`` positions past its first write, written in

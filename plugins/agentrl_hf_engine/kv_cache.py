@@ -1,36 +1,26 @@
-"""The ``hf`` engine's decode without KV copies: a cache that grows in place and attention over
-grouped KV heads.
+"""The ``hf`` engine's KV cache that grows in place instead of by concatenation.
 
-transformers' ``DynamicCache`` grows by ``torch.cat`` on every step, so step t copies the whole
-cache of t - 1 positions (every layer); and its ``sdpa`` attention repeats the KV heads of a
-grouped-query model (``repeat_kv``, SmolLM2: 3 KV heads for 9 query heads) whenever a mask is
-passed, which the engine's left-padded batches always do. Both copies grow with the sequence.
+transformers' ``DynamicCache`` grows by ``torch.cat`` on every step: step t copies the whole cache
+of t - 1 positions, every layer, into freshly allocated memory. :class:`GrowingCache` keeps each
+layer's keys and values in a buffer with room for ``reserve`` more positions than its first write
+(the engine reserves ``max_new_tokens``, so a decode never grows it); a step writes its position in
+place and the layer exposes views of the filled part (``layer.keys``/``layer.values``, as
+``DynamicLayer`` does). A write past the room doubles the buffer; dropping rows
+(``batch_select_indices``) copies only the kept rows' filled part.
 
-* :class:`GrowingCache`: each layer's keys and values live in a buffer with room for
-  ``reserve`` more positions than its first write (the engine reserves ``max_new_tokens``); a
-  step writes its position in place and the layer exposes views of the filled part
-  (``layer.keys``/``layer.values``, as ``DynamicLayer``). A write past the room doubles the buffer;
-  dropping rows (``batch_select_indices``) copies only the kept rows' filled part.
-* :func:`grouped_attention`: ``torch.nn.functional.scaled_dot_product_attention`` with
-  ``enable_gqa=True`` and the mask, which torch's CPU flash kernel computes on the grouped heads
-  directly; registered as the attention implementation ``agentrl_gqa_sdpa`` (with sdpa's mask).
-  :func:`grouped_heads` switches a model from ``sdpa`` to it for the duration of a ``generate``
-  call and restores it after: in float32 the engine samples with the trainer's own model object,
-  whose training forward keeps ``sdpa``. Only on the CPU (a CUDA kernel takes no mask with GQA).
+The other per-step copy of a grouped-query model (sdpa's ``repeat_kv`` of the KV heads whenever a
+mask is passed) is left alone: on the CPU, ``scaled_dot_product_attention(..., enable_gqa=True)``
+with the mask avoided it but its kernel was slower by about as much as the copy cost
+(``bench/decode_copies.py``, docs/guides/engines.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
-
-GROUPED = "agentrl_gqa_sdpa"
-"""The attention implementation registered by :func:`register_grouped_attention`."""
 
 
 class GrowingLayer(DynamicLayer):
@@ -143,56 +133,3 @@ def new_cache(config: Any, reserve: int, grows: bool) -> Any:
     """An empty KV cache for a model with ``config``: a :class:`GrowingCache` reserving ``reserve``
     positions when ``grows`` (every layer full attention), else transformers' ``DynamicCache``."""
     return GrowingCache(config, reserve) if grows else DynamicCache(config=config)
-
-
-def grouped_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    is_causal: bool | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention without ``repeat_kv``: query (B, Hq, Q, D) over key/value
-    (B, Hkv, K, D) with ``enable_gqa``; the output (B, Q, Hq, D)."""
-    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=attention_mask,
-        dropout_p=dropout,
-        scale=scaling,
-        is_causal=query.shape[2] > 1 and attention_mask is None and causal,
-        enable_gqa=query.shape[1] != key.shape[1],
-    )
-    return out.transpose(1, 2).contiguous(), None
-
-
-def register_grouped_attention() -> None:
-    """Register :func:`grouped_attention` as ``agentrl_gqa_sdpa``, with sdpa's mask (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(GROUPED, grouped_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED, sdpa_mask)
-
-
-@contextmanager
-def grouped_heads(model: torch.nn.Module) -> Iterator[None]:
-    """Run ``model`` with :func:`grouped_attention` inside the block when it uses ``sdpa`` on the
-    CPU; its attention implementation is restored on leaving, whatever happens."""
-    config = model.config
-    device = next(model.parameters()).device
-    if config._attn_implementation != "sdpa" or device.type != "cpu":
-        yield
-        return
-    register_grouped_attention()
-    config._attn_implementation = GROUPED
-    try:
-        yield
-    finally:
-        config._attn_implementation = "sdpa"

@@ -1,11 +1,9 @@
-"""The ``hf`` engine's copy-free decode: its growing KV cache holds what ``DynamicCache`` holds through
-writes, growth, dropped rows and repeats; the engine samples ``DynamicCache`` + ``sdpa``'s tokens and
-logprobs (fresh prompts, rows stopping mid-decode, prefix-cache hits, a weight version change); the
-grouped-head attention is used during ``generate`` alone and the model's own is restored after."""
+"""The ``hf`` engine's KV cache that grows in place: it holds what ``DynamicCache`` holds through
+writes, growth, dropped rows and repeats, and the engine on it samples ``DynamicCache``'s tokens and
+logprobs (fresh prompts, rows stopping mid-decode, prefix-cache hits, a weight version change)."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import pytest
@@ -14,16 +12,13 @@ from test_hf_engine import PROMPTS, make_engine, tiny_model
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agentrl import EngineError, SamplingParams
+from agentrl import SamplingParams
 from agentrl_hf_engine import HFEngine
-from agentrl_hf_engine.kv_cache import GROUPED, GrowingCache, GrowingLayer, grouped_heads
+from agentrl_hf_engine.kv_cache import GrowingCache, GrowingLayer
 
 
 class CopyingEngine(HFEngine):
-    """The engine as it was: transformers' ``DynamicCache`` and the model's own ``sdpa``."""
-
-    def _attention(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    """The engine as it was: transformers' ``DynamicCache``, grown by ``torch.cat``."""
 
     def _new_cache(self, reserve: int) -> Any:
         return DynamicCache(config=self.model.config)
@@ -131,29 +126,3 @@ def test_a_version_change_mid_decode_recomputes_on_a_fresh_growing_cache() -> No
         results.append(engine.generate(PROMPTS, sampling))
     same(*results)
     assert {v for g in results[0] for v in g.token_versions} == {0, 1, 2}
-
-
-def test_generate_uses_grouped_heads_and_restores_the_trainers_attention() -> None:
-    model = tiny_model()
-    model.config._attn_implementation = "sdpa"
-    seen: list[str] = []
-    hook = model.model.layers[0].self_attn.register_forward_hook(
-        lambda *_: seen.append(model.config._attn_implementation)
-    )
-    engine = make_engine(model)  # float32: the trainer's own model object
-    engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=3, seed=0))
-    assert set(seen) == {GROUPED} and model.config._attn_implementation == "sdpa"
-
-    def fail() -> int:
-        raise EngineError("stopped")
-
-    engine.before_decode_step = fail
-    with pytest.raises(EngineError):
-        engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=3, seed=0))
-    assert model.config._attn_implementation == "sdpa"
-    model.config._attn_implementation = "eager"  # another implementation is left alone
-    seen.clear()
-    with grouped_heads(model):
-        model(input_ids=torch.tensor([[1, 5]]))
-    assert seen == ["eager"] and model.config._attn_implementation == "eager"
-    hook.remove()
