@@ -46,6 +46,11 @@ sequences so far are prefilled again with the new weights (the old KV cache is d
 extended), so every later token is sampled from, and has the logprob of, the new version alone;
 ``Generation.token_versions`` records each token's. The recompute costs one prefill per change.
 
+The KV cache grows in place (:mod:`agentrl_hf_engine.kv_cache`): each layer's buffer has room for
+the prompt and ``max_new_tokens`` (at most :data:`RESERVE`, doubled when full), so a step writes its
+position instead of copying the whole cache as transformers' ``DynamicCache`` does (models with
+sliding-window or recurrent layers keep ``DynamicCache``).
+
 With ``engine_args.prefix_cache_mb`` > 0, finished sequences' KV is kept across calls
 (:mod:`agentrl_hf_engine.prefix_cache`) and a prompt prefills only what follows its longest cached
 prefix; the cache is cleared on ``sync_weights`` and on a version change (docs/guides/engines.md).
@@ -88,6 +93,9 @@ SAMPLES_WITH = {
 }
 """What each ``engine_args.dtype`` samples with, in words (the banner's ``sampler:`` line)."""
 _NO_IDS = torch.empty(0, 0, dtype=torch.long)  # the warpers' unused input_ids
+RESERVE = 256
+"""Most positions a new KV cache reserves past the prompt: a decode of up to this many tokens never
+grows it; a longer one doubles it when full, so rows that stop early never held ``max_new_tokens``."""
 
 
 @dataclass(frozen=True)
@@ -213,9 +221,8 @@ class HFEngine(Engine):
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(getattr(config, "seed", 0)))
         budget = int(self.options.prefix_cache_mb * 2**20)
-        keeps = budget > 0 and only_full_attention(model.config)
-        self.prefix_cache: PrefixCache | None = PrefixCache(budget) if keeps else None
         self._grows = only_full_attention(model.config)  # a cache growing in place fits its layers
+        self.prefix_cache: PrefixCache | None = PrefixCache(budget) if budget > 0 and self._grows else None
         self._counts = {"prefix_hit_tokens": 0, "prefilled_tokens": 0}
         self.dtype = sampling_dtype(self.options.dtype, getattr(config, "precision", "auto"), self.device)
         if self.dtype == "float32":
@@ -336,7 +343,7 @@ class HFEngine(Engine):
         version = refresh() if refresh is not None else None
         if self.prefix_cache is not None:
             self.prefix_cache.use_version(version)
-        reserve = sampling.max_new_tokens  # the positions the decode may add to the prompts'
+        reserve = min(sampling.max_new_tokens, RESERVE)  # room past the prompts (grown when needed)
         logits, cache, mask, ids = self._start(prompts, reserve)  # (B, V), its cache, (B, P), (B, P)
         position = mask.sum(-1) - 1  # (B,) of each row's last token
         tracked = refresh is not None and version is not None  # None: the run's thread has stopped
@@ -369,7 +376,8 @@ class HFEngine(Engine):
                     if self.prefix_cache is not None:
                         self.prefix_cache.clear(version)
                     self._counts["prefilled_tokens"] += int(mask.sum())
-                    logits, cache = self._prefill(history, mask, reserve=reserve - step)
+                    room = min(sampling.max_new_tokens - step, RESERVE)
+                    logits, cache = self._prefill(history, mask, reserve=room)
                     continue
             logits = self._extend(sampled, mask, position, cache)  # (A, V)
         return outputs.generations(tracked)

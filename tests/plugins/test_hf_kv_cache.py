@@ -12,6 +12,7 @@ from test_hf_engine import PROMPTS, make_engine, tiny_model
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+import agentrl_hf_engine
 from agentrl import SamplingParams
 from agentrl_hf_engine import HFEngine
 from agentrl_hf_engine.kv_cache import GrowingCache, GrowingLayer
@@ -87,21 +88,33 @@ def test_a_model_forward_on_the_growing_cache_matches_dynamic_cache_past_its_roo
 
 
 @pytest.mark.parametrize(
-    "sampling",
+    ("sampling", "reserve"),
     [
-        SamplingParams(max_new_tokens=30, temperature=1.0, seed=3),
-        SamplingParams(max_new_tokens=6, temperature=5.0, seed=0),
+        (SamplingParams(max_new_tokens=30, temperature=1.0, seed=3), 256),
+        (SamplingParams(max_new_tokens=30, temperature=1.0, seed=3), 4),  # grows 3 times mid-decode
+        (SamplingParams(max_new_tokens=6, temperature=5.0, seed=0), 256),
     ],
-    ids=["ragged", "rows-stop-mid-decode"],
+    ids=["ragged", "grown-mid-decode", "rows-stop-mid-decode"],
 )
-def test_the_engine_samples_dynamic_cache_and_sdpas_tokens_and_logprobs(sampling: SamplingParams) -> None:
+def test_the_engine_samples_dynamic_caches_tokens_and_logprobs(
+    sampling: SamplingParams, reserve: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agentrl_hf_engine, "RESERVE", reserve)
     model = tiny_model()
     prompts = PROMPTS if sampling.max_new_tokens == 30 else [[1, i] for i in range(3, 60)]
-    ours, theirs = make_engine(model).generate(prompts, sampling), copying_engine(model).generate(prompts, sampling)
-    same(ours, theirs)
+    ours, theirs = make_engine(model), copying_engine(model)
+    caches: list[Any] = []
+    new_cache = ours._new_cache
+    ours._new_cache = lambda room: caches.append(new_cache(room)) or caches[-1]  # kept to look at after
+    same(ours.generate(prompts, sampling), theirs.generate(prompts, sampling))
+    layer = caches[0].layers[0]
+    assert isinstance(layer, GrowingLayer)
+    if reserve == 4:  # 10 prompt + 4 reserved positions, doubled to 28 and 56 for 10 + 29 fed
+        assert layer.capacity == 56
     if sampling.max_new_tokens == 6:  # rows left the batch at different steps
-        lengths = {len(g.token_ids) for g in ours if g.finish_reason == "stop"}
-        assert len(lengths) > 1 and any(g.finish_reason == "length" for g in ours)
+        generations = ours.generate(prompts, sampling)
+        lengths = {len(g.token_ids) for g in generations if g.finish_reason == "stop"}
+        assert len(lengths) > 1 and any(g.finish_reason == "length" for g in generations)
 
 
 def test_prefix_cache_hits_sample_what_dynamic_cache_samples() -> None:
