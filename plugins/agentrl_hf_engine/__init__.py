@@ -46,6 +46,11 @@ sequences so far are prefilled again with the new weights (the old KV cache is d
 extended), so every later token is sampled from, and has the logprob of, the new version alone;
 ``Generation.token_versions`` records each token's. The recompute costs one prefill per change.
 
+The KV cache grows in place (:mod:`agentrl_hf_engine.kv_cache`): each layer's buffer has room for
+the prompt and ``max_new_tokens`` (at most :data:`RESERVE`, doubled when full), so a step writes its
+position instead of copying the whole cache as transformers' ``DynamicCache`` does (models with
+sliding-window or recurrent layers keep ``DynamicCache``).
+
 With ``engine_args.prefix_cache_mb`` > 0, finished sequences' KV is kept across calls
 (:mod:`agentrl_hf_engine.prefix_cache`) and a prompt prefills only what follows its longest cached
 prefix; the cache is cleared on ``sync_weights`` and on a version change (docs/guides/engines.md).
@@ -88,6 +93,9 @@ SAMPLES_WITH = {
 }
 """What each ``engine_args.dtype`` samples with, in words (the banner's ``sampler:`` line)."""
 _NO_IDS = torch.empty(0, 0, dtype=torch.long)  # the warpers' unused input_ids
+RESERVE = 256
+"""Most positions a new KV cache reserves past the prompt: a decode of up to this many tokens never
+grows it; a longer one doubles it when full, so rows that stop early never held ``max_new_tokens``."""
 
 
 @dataclass(frozen=True)
@@ -213,8 +221,8 @@ class HFEngine(Engine):
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(getattr(config, "seed", 0)))
         budget = int(self.options.prefix_cache_mb * 2**20)
-        keeps = budget > 0 and only_full_attention(model.config)
-        self.prefix_cache: PrefixCache | None = PrefixCache(budget) if keeps else None
+        self._grows = only_full_attention(model.config)  # a cache growing in place fits its layers
+        self.prefix_cache: PrefixCache | None = PrefixCache(budget) if budget > 0 and self._grows else None
         self._counts = {"prefix_hit_tokens": 0, "prefilled_tokens": 0}
         self.dtype = sampling_dtype(self.options.dtype, getattr(config, "precision", "auto"), self.device)
         if self.dtype == "float32":
@@ -340,7 +348,8 @@ class HFEngine(Engine):
         version = refresh() if refresh is not None else None
         if self.prefix_cache is not None:
             self.prefix_cache.use_version(version)
-        logits, cache, mask, ids = self._start(prompts)  # (B, V), its cache, (B, P), (B, P)
+        reserve = min(sampling.max_new_tokens, RESERVE)  # room past the prompts (grown when needed)
+        logits, cache, mask, ids = self._start(prompts, reserve)  # (B, V), its cache, (B, P), (B, P)
         position = mask.sum(-1) - 1  # (B,) of each row's last token
         tracked = refresh is not None and version is not None  # None: the run's thread has stopped
         history = ids if tracked else None  # the ids so far, which a recompute needs
@@ -372,7 +381,8 @@ class HFEngine(Engine):
                     if self.prefix_cache is not None:
                         self.prefix_cache.clear(version)
                     self._counts["prefilled_tokens"] += int(mask.sum())
-                    logits, cache = self._prefill(history, mask)
+                    room = min(sampling.max_new_tokens - step, RESERVE)
+                    logits, cache = self._prefill(history, mask, reserve=room)
                     continue
             logits = self._extend(sampled, mask, position, cache)  # (A, V)
         return outputs.generations(tracked)
@@ -401,10 +411,17 @@ class HFEngine(Engine):
         )
         return out.logits[:, -1]  # (A, V)
 
-    def _start(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+    def _new_cache(self, reserve: int) -> Any:
+        """An empty KV cache with room for ``reserve`` positions past its first write, written in
+        place (:class:`agentrl_hf_engine.kv_cache.GrowingCache`) where every layer is full attention."""
+        from agentrl_hf_engine.kv_cache import new_cache
+
+        return new_cache(self.model.config, reserve, self._grows)
+
+    def _start(self, prompts: list[list[int]], reserve: int) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
         """Each distinct prompt prefilled once (a GRPO group shares its prompt), then expanded to one
-        row per prompt: the next-token logits (B, V), the KV cache, the attention mask (B, P) and
-        the left-padded ids (B, P)."""
+        row per prompt: the next-token logits (B, V), the KV cache (room for ``reserve`` more
+        positions), the attention mask (B, P) and the left-padded ids (B, P)."""
         distinct: dict[tuple[int, ...], int] = {}
         rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         hits: list[tuple[int, KV | None]] = [(0, None)] * len(distinct)
@@ -421,19 +438,20 @@ class HFEngine(Engine):
             layout.append(hit + [None] * (width - len(suffix)) + suffix)
         ids = torch.tensor([[self.pad_id if t is None else t for t in r] for r in layout], device=self.device)  # (U, P)
         mask = torch.tensor([[int(t is not None) for t in r] for r in layout], device=self.device)  # (U, P)
-        past = batch_cache(self.model.config, hits, cached) if cached else None
-        logits, cache = self._prefill(ids[:, cached:], mask, past)  # (U, V)
+        past = batch_cache(self._new_cache(width + reserve), hits, cached) if cached else None
+        logits, cache = self._prefill(ids[:, cached:], mask, past, reserve)  # (U, V)
         expand = torch.tensor(rows, device=self.device)  # (B,) prompt row of each sequence
         if len(distinct) < len(prompts):
             cache.batch_select_indices(expand)
         return logits[expand], cache, mask[expand], ids[expand]
 
-    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, past: Any = None) -> tuple[torch.Tensor, Any]:
+    def _prefill(
+        self, ids: torch.Tensor, mask: torch.Tensor, past: Any = None, reserve: int = 0
+    ) -> tuple[torch.Tensor, Any]:
         """The KV cache over left-padded ``ids`` (R, W) and the logits (R, V) of each row's next
-        token: a fresh cache, or ``past`` (R rows of C positions) extended; ``mask`` (R, C + W)."""
-        from transformers import DynamicCache  # here, not at the top: loading the plugin stays light
-
-        cache = past if past is not None else DynamicCache(config=self.model.config)
+        token: a fresh cache with room for ``reserve`` more positions, or ``past`` (R rows of C
+        positions) extended; ``mask`` (R, C + W)."""
+        cache = past if past is not None else self._new_cache(reserve)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]  # (R, W)
         # An index tensor, not the int 1: the int slices a non-contiguous (R, 1, H) view, for which
         # torch's CPU linear expands the LM head weight per row (bf16: 2 s instead of 5 ms).

@@ -101,12 +101,10 @@ class PrefixCache:
         self.nbytes -= self.entries.pop(name).nbytes
 
 
-def batch_cache(config: Any, hits: list[tuple[int, KV | None]], width: int) -> Any:
-    """A DynamicCache of ``width`` positions per row holding each row's hit right-aligned (zeros,
-    masked out, to its left): the past of a prefill that feeds only the uncached suffixes."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=config)
+def batch_cache(cache: Any, hits: list[tuple[int, KV | None]], width: int) -> Any:
+    """``cache`` (empty) filled with ``width`` positions per row holding each row's hit
+    right-aligned (zeros, masked out, to its left): the past of a prefill that feeds only the
+    uncached suffixes."""
     template = next(kv for _, kv in hits if kv is not None)
     for layer, (k0, v0) in enumerate(template):
         keys = k0.new_zeros((len(hits), k0.shape[0], width, k0.shape[2]))  # (U, H, width, D)
