@@ -3,7 +3,7 @@
 transformers' ``DynamicCache`` grows by ``torch.cat`` on every step: step t copies the whole cache
 of t - 1 positions, every layer, into freshly allocated memory. :class:`GrowingCache` keeps each
 layer's keys and values in a buffer with room for ``reserve`` more positions than its first write
-(the engine reserves ``max_new_tokens``, so a decode never grows it); a step writes its position in
+(the engine reserves ``max_new_tokens``, at most 256, so a short decode never grows it); a step writes its position in
 place and the layer exposes views of the filled part (``layer.keys``/``layer.values``, as
 ``DynamicLayer`` does). A write past the room doubles the buffer; dropping rows
 (``batch_select_indices``) copies only the kept rows' filled part.
