@@ -43,14 +43,15 @@ Identical in both:
 What differs (TRL keeps its own defaults here; each can bias the comparison):
   * TRL defaults ``gradient_checkpointing=True`` (recomputes the forward during backward) and
     ``bf16=True`` (even with ``use_cpu=True``: fp32 weights under bf16 autocast for training *and*
-    generation). agentrl: bf16 autocast for training, sampling from a bf16 copy of the weights.
+    generation; on a CPU without native bf16 pass ``--trl-arg bf16=false``, the precision agentrl's
+    ``auto`` picks there, or TRL's step takes many minutes). agentrl: bf16 autocast for training, sampling from a bf16 copy of the weights.
   * Generation: TRL calls ``model.generate`` on 32 left-padded rows (each prompt repeated 8 times,
     prefilled 8 times); agentrl's engine prefills each distinct prompt once and drops finished rows.
   * TRL computes per-token entropies in its loss pass and logs many metrics (``logging_steps=1``
     here, set so its logs prove one optimizer step per 32 completions); agentrl writes
     metrics.jsonl/TensorBoard once per step (outside ``perf/step_seconds``, inside "wall").
-  * TRL's optimizer is ``adamw_torch_fused`` (its default), agentrl's is ``torch.optim.AdamW``
-    (foreach). TRL's advantages use the unbiased std + eps, agentrl's the population std.
+  * Both optimizers are fused AdamW (TRL's default ``adamw_torch_fused``; agentrl's on whole
+    weights). TRL's advantages use the unbiased std + eps, agentrl's the population std.
   * Sampling is random: the two draw different completions, so the sampled token counts differ
     (shown per system; decode time scales with the longest completion of the batch).
   * ``use_cpu=True`` and ``report_to="none"`` for TRL.
