@@ -21,19 +21,15 @@ call's per sampled token. Timings: one process, the variants alternated, best of
 from __future__ import annotations
 
 import argparse
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from prefix_cache import SYSTEM, cpu_name  # the bench folder is not a package
 
 import agentrl
 
-SYSTEM = " ".join(
-    f"Rule {i}: answer the question asked, show the arithmetic step by step, and keep the final answer short."
-    for i in range(40)
-)
 AGENTS = """
 SYSTEM = __SYSTEM__
 CALLS = __CALLS__
@@ -88,9 +84,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    cpu_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
-    print(f"default model, {torch.get_num_threads()} threads, {cpu_name}")
+    print(f"default model, {torch.get_num_threads()} threads, {cpu_name()}")
     print(f"{args.tasks} tasks x {args.generations} episodes, {args.calls} calls x {args.tokens} tokens")
     variants = {
         "rewriting, cache off, padded": ("rewriting", {"engine_args": {"prefix_cache_mb": 0}, "pack_sequences": False}),

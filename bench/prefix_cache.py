@@ -51,6 +51,12 @@ def solve(task, client):
 """
 
 
+def cpu_name() -> str:
+    """The CPU's model name as ``lscpu`` gives it (``?`` when it does not)."""
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    return next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
+
+
 class PeakRss:
     """The highest RSS above the starting one, sampled every 10 ms while the block runs."""
 
@@ -129,9 +135,7 @@ def main() -> None:
         )
         for mb in (0, 1024)
     }
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    cpu_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
-    print(f"{DEFAULT_MODEL}, dtype {args.dtype}, {torch.get_num_threads()} threads, {cpu_name}")
+    print(f"{DEFAULT_MODEL}, dtype {args.dtype}, {torch.get_num_threads()} threads, {cpu_name()}")
     print(f"agent system prompt: {len(tokenizer(SYSTEM)['input_ids'])} tokens")
     header = f"{'workload':<11}{'cache':<6}{'seconds':>8}{'prefilled':>10}{'hit':>8}{'sampled':>8}{'peak MiB':>9}"
     print(header + f"{'cache MiB':>10}")

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from prefix_cache import cpu_name  # the bench folder is not a package
 from torch.profiler import ProfilerActivity, profile
 
 import agentrl
@@ -37,8 +37,6 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
     args = parser.parse_args()
     options = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.set)}
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    cpu_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
     with tempfile.TemporaryDirectory() as tmp:
         config = dict(env="math", algo="grpo", max_steps=args.warmup + 1, eval_tasks=0, save_model=False)
         config.update(log_completions_every=1)  # the step's prompts, sampled again by profile_engine
@@ -49,7 +47,7 @@ def main() -> None:
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 metrics = trainer.train_step()
             engine_table, engine_seconds = profile_engine(trainer, args)
-    print(f"{cpu_name}, {torch.get_num_threads()} threads, options {options or 'default'}")
+    print(f"{cpu_name()}, {torch.get_num_threads()} threads, options {options or 'default'}")
     print(
         f"step {metrics['perf/step_seconds']:.1f} s: rollout {metrics['perf/rollout_seconds']:.1f} s, "
         f"update {metrics['perf/update_seconds']:.1f} s; {metrics['rollout/sampled_tokens_mean']:.0f} sampled tokens "

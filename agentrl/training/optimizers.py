@@ -2,7 +2,8 @@
 
 Fused AdamW updates each parameter in one pass over its weights, gradient and moments; the default
 ``foreach`` implementation makes about ten passes (one per elementwise op), which on a CPU is most of
-the optimizer step's time (measured: ~4x faster on a 135M-parameter model, `bench/profile_step.py`).
+the optimizer step's time (measured: 0.8-1.0 s instead of 3.5-5.8 s a step for 147M fp32
+parameters on a 2-core AMD EPYC).
 The arithmetic is AdamW's either way; only the float rounding differs. Sharded weights (FSDP / ZeRO-3)
 keep the default implementation. Which implementation runs is not state: a checkpoint written with
 one loads into the other (:func:`load_optimizer_state`).
