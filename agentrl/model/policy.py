@@ -55,16 +55,16 @@ class TokenLogprobs(nn.Module):
             hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (N, T, H)
             states, where = hidden[rows, cols], torch.arange(len(rows), device=input_ids.device)  # (K, H), (K,)
         head = self.model.get_output_embeddings()
-        logits = head(states).float() / self.temperature  # (U, V), fp32 (docs/concepts/guards.md#logprob-parity)
+        logits = head(states).float()  # (U, V), fp32 (docs/concepts/guards.md#logprob-parity)
+        if self.temperature != 1.0:  # x / 1.0 is x: skip a (U, V) pass and its backward
+            logits = logits / self.temperature
         log_probs = torch.log_softmax(logits, dim=-1)  # (U, V)
         picked = log_probs[where, token_ids]  # (K,)
         logprobs = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         logprobs = logprobs.index_put((rows, cols + 1), picked)  # (N, T)
         entropy = torch.zeros_like(logprobs)
         if with_entropy:
-            with torch.no_grad():
-                per_node = -(log_probs.exp() * log_probs).sum(-1)  # (U,)
-                entropy[rows, cols + 1] = per_node[where]
+            entropy[rows, cols + 1] = row_entropy(log_probs.detach())[where]
         if rows.numel() == 0:  # keep the graph connected for a fully masked micro-batch
             logprobs = logprobs + 0.0 * hidden.sum()
         return logprobs, entropy
@@ -101,6 +101,17 @@ class TokenLogprobs(nn.Module):
         finally:
             self.pack = True
         return float((packed - padded).abs().max())
+
+
+@torch.no_grad()
+def row_entropy(log_probs: torch.Tensor, rows_per_chunk: int = 32) -> torch.Tensor:
+    """``-sum(p * log p)`` of each row of ``log_probs`` (U, V) -> (U,), a few rows at a time: the
+    (rows, V) temporaries stay small and in cache instead of two fresh (U, V) tensors."""
+    out = torch.empty(log_probs.shape[0], dtype=log_probs.dtype, device=log_probs.device)
+    for start in range(0, log_probs.shape[0], rows_per_chunk):
+        chunk = log_probs[start : start + rows_per_chunk]  # (c, V)
+        out[start : start + rows_per_chunk] = -(chunk.exp() * chunk).sum(-1)
+    return out
 
 
 def check_packing(policy: TokenLogprobs, asked: bool) -> bool:

@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (
 
 from agentrl import ConfigError, EngineError, Generation, SamplingParams
 from agentrl.config.train import TrainConfig
-from agentrl_hf_engine import HFEngine, HFEngineConfig, agentrl_register_engines, inverse_cdf_sample
+from agentrl_hf_engine import HFEngine, HFEngineConfig, agentrl_register_engines, head_matches, inverse_cdf_sample
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 3, 4, 5, 6, 7, 8, 9, 10, 11], [1], [1, 40, 41], [1, 60, 61, 62, 63, 64]]
 
@@ -219,6 +219,47 @@ def test_inverse_cdf_sampling_draws_the_distribution_and_never_an_impossible_tok
     torch.testing.assert_close(frequencies, probs[0], atol=0.015, rtol=0)  # ~4.5 standard errors
 
 
+@pytest.mark.parametrize("block", [1, 3, 16, 256])
+def test_inverse_cdf_blocks_pick_what_one_float64_cumsum_picks(block: int) -> None:
+    """The two-level search (blocks of ``block`` tokens, padded where the vocabulary is not a
+    multiple) against the plain definition: the first index whose float64 cumulative probability
+    exceeds u x total, on rows with masked (-inf) tokens and draws at 0 and just below 1."""
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(64, 1000, generator=generator) * 3
+    logits[::3, torch.randperm(1000, generator=generator)[:700]] = float("-inf")  # top-k/top-p-like masks
+    logits[5, :-1] = float("-inf")  # all the mass on the last token
+    log_probs = logits.log_softmax(-1)  # (64, 1000) float32, as the engine draws from
+    uniforms = torch.rand(64, generator=generator, dtype=torch.float64)
+    uniforms[:2] = torch.tensor([0.0, 1 - 2**-53], dtype=torch.float64)
+    cdf = log_probs.exp().double().cumsum(-1)  # the reference: one float64 cumsum per row
+    expected = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(-1).clamp(max=999)
+    drawn = inverse_cdf_sample(log_probs, uniforms, block=block)
+    assert drawn.tolist() == expected.tolist()
+    assert bool((log_probs.gather(-1, drawn[:, None]) > float("-inf")).all())
+
+
+def test_the_engine_applies_the_head_itself_only_where_the_model_logits_are_the_head() -> None:
+    """A Llama's logits are its head on the last hidden state (the engine then runs the decoder and
+    the head itself); a model that caps its logits keeps its own forward, and its sampler logprobs
+    are its own logits'."""
+    assert head_matches(tiny_model()) and make_engine(tiny_model())._own_head
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, final_logit_softcapping=0.5, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )  # fmt: skip
+    capped = Gemma2ForCausalLM(config).eval()
+    assert not head_matches(capped)
+    engine = make_engine(capped)
+    assert not engine._own_head
+    sampling = SamplingParams(max_new_tokens=4, seed=0)
+    (generation,) = engine.generate([PROMPTS[0]], sampling)
+    expected = recompute(capped, PROMPTS[0], generation.token_ids, sampling)
+    torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0)
+
+
 def test_duplicate_prompts_are_sampled_independently() -> None:
     model = tiny_model()
     engine = make_engine(model)
@@ -235,7 +276,7 @@ def test_duplicate_prompts_are_sampled_independently() -> None:
 def test_large_requests_are_split_into_batches() -> None:
     model = tiny_model()
     sizes: list[int] = []
-    handle = model.register_forward_pre_hook(
+    handle = model.get_decoder().register_forward_pre_hook(  # every forward runs the decoder
         lambda _, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
     )
     prompts = [[1, i, i + 1] for i in range(3, 11)]

@@ -109,7 +109,7 @@ def test_a_version_published_mid_turn_is_loaded_at_the_next_decode_step(versions
             if len(forwards) == 3:
                 producer.publish(1, versions[1])
 
-        hook = producer.copy.register_forward_hook(publish_on_third)
+        hook = producer.copy.get_decoder().register_forward_hook(publish_on_third)  # every forward runs it
         try:
             return versioned.generate([PROMPTS[0]], SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))
         finally:
