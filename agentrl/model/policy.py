@@ -20,6 +20,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -32,11 +33,14 @@ PACKING_MIN_SAVING = 0.1  # pack only when it drops at least this share of the p
 class TokenLogprobs(nn.Module):
     """``forward(input_ids, attention_mask, loss_mask) -> (logprobs, entropy)``, both ``(N, T)``."""
 
-    def __init__(self, model: PreTrainedModel, temperature: float = 1.0, pack: bool = False) -> None:
+    def __init__(
+        self, model: PreTrainedModel, temperature: float = 1.0, pack: bool = False, sparse_embedding: bool = False
+    ) -> None:
         super().__init__()
         self.model = model
         self.temperature = temperature
         self.pack = pack and getattr(model.config, "_attn_implementation", None) in PACKING_ATTENTION
+        self.sparse_embedding = sparse_embedding and tied_embedding(model) is not None
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, with_entropy: bool = True
@@ -52,7 +56,7 @@ class TokenLogprobs(nn.Module):
             states = hidden[nodes]  # (U, H): a node shared by rows is computed once
         else:
             decoder = self.model.get_decoder()
-            hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (N, T, H)
+            hidden = decoder(**self._inputs(input_ids), attention_mask=attention_mask).last_hidden_state  # (N, T, H)
             states, where = hidden[rows, cols], torch.arange(len(rows), device=input_ids.device)  # (K, H), (K,)
         head = self.model.get_output_embeddings()
         logits = head(states).float()  # (U, V), fp32 (docs/concepts/guards.md#logprob-parity)
@@ -75,8 +79,19 @@ class TokenLogprobs(nn.Module):
         if self.model.config._attn_implementation != "sdpa":  # eager adds the mask: 0 or the most negative
             mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
         decoder = self.model.get_decoder()
-        out = decoder(input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids)
+        out = decoder(**self._inputs(packed.input_ids), attention_mask=mask, position_ids=packed.position_ids)
         return out.last_hidden_state[0]
+
+    def _inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The decoder's input: the ids, or with :attr:`sparse_embedding` their embeddings looked up
+        here with a sparse gradient. A tied embedding's dense gradient is a fresh (vocab x hidden)
+        tensor of zeros with a few rows filled, added to the head's gradient into another fresh
+        one, every micro-batch (~1 s a step on the default model on a 2-core CPU); the sparse rows
+        are added into the head's gradient in place, which is dense again before ``.grad``."""
+        if not self.sparse_embedding:
+            return {"input_ids": input_ids}
+        embedding = self.model.get_input_embeddings()
+        return {"inputs_embeds": F.embedding(input_ids, embedding.weight, embedding.padding_idx, sparse=True)}
 
     @torch.no_grad()
     def packing_error(self) -> float:
@@ -101,6 +116,20 @@ class TokenLogprobs(nn.Module):
         finally:
             self.pack = True
         return float((packed - padded).abs().max())
+
+
+def tied_embedding(model: PreTrainedModel) -> nn.Embedding | None:
+    """The model's input embedding where its gradient can be taken sparse (see
+    ``TokenLogprobs._inputs``): a plain ``nn.Embedding`` (no ``max_norm``, no frequency scaling, not
+    a subclass that scales its output) whose trained weight is the output head's too, so the summed
+    gradient reaching ``.grad`` is dense as the optimizer expects."""
+    embedding = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    if type(embedding) is not nn.Embedding or head is None or embedding.weight is not head.weight:
+        return None
+    if not embedding.weight.requires_grad or embedding.max_norm is not None or embedding.scale_grad_by_freq:
+        return None
+    return embedding
 
 
 @torch.no_grad()

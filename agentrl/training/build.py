@@ -284,7 +284,10 @@ def _train_policy(run: Run) -> None:
             "checkpoint (no transformers GradientCheckpointingLayer, no nn.ModuleList of blocks); "
             "set gradient_checkpointing false"
         )
-    policy = TokenLogprobs(run.model, temperature=config.temperature, pack=config.pack_sequences)
+    # A sparse embedding gradient only where the weights are whole (a shard's flat parameter would not take it)
+    policy = TokenLogprobs(
+        run.model, config.temperature, pack=config.pack_sequences, sparse_embedding=run.replica is None
+    )
     run.policy_pack = check_packing(policy, config.pack_sequences)
     optimizer = adamw(
         [p for p in run.model.parameters() if p.requires_grad],

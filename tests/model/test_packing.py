@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl.config.train import TrainConfig
 from agentrl.model.loading import load_model
@@ -88,6 +89,32 @@ def test_packed_logprobs_entropy_and_gradients_equal_padded(tiny):
     assert len(results[True][2]) == len(results[False][2])
     for packed, padded in zip(results[True][2], results[False][2]):
         torch.testing.assert_close(packed, padded, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_sparse_embedding_gradient_equals_the_dense_one_and_grad_stays_dense(tiny, pack):
+    """The tied embedding's gradient taken sparse (the looked-up rows, added into the head's
+    gradient): the same ``.grad`` as the dense lookup's, still dense, over two accumulated
+    micro-batches; an untied model keeps the dense lookup."""
+    assert tiny.get_input_embeddings().weight is tiny.get_output_embeddings().weight
+    grads = {}
+    for sparse in (False, True):
+        tiny.zero_grad()
+        policy = TokenLogprobs(tiny, pack=pack, sparse_embedding=sparse)
+        assert policy.sparse_embedding is sparse
+        for seed in (0, 1):  # two micro-batches accumulate into .grad
+            ids, mask, loss_mask = _group(tiny.config.vocab_size, seed)
+            logprobs, _ = policy(ids, mask, loss_mask)
+            weights = torch.linspace(-1, 1, logprobs.numel()).reshape(logprobs.shape)
+            (logprobs * weights * loss_mask).sum().backward()
+        grads[sparse] = {name: p.grad.clone() for name, p in tiny.named_parameters() if p.grad is not None}
+    assert grads[True].keys() == grads[False].keys() and len(grads[True]) == len(list(tiny.parameters()))
+    assert not any(g.is_sparse for g in grads[True].values())
+    for name, dense in grads[False].items():
+        torch.testing.assert_close(grads[True][name], dense, rtol=1e-5, atol=1e-7)
+    untied = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, tie_word_embeddings=False))  # fmt: skip
+    assert TokenLogprobs(untied, sparse_embedding=True).sparse_embedding is False
 
 
 def test_packing_error_is_small_and_unsupported_attention_is_refused(tiny):
