@@ -24,6 +24,7 @@ import pytest
 import torch
 from cli_in_process import agentrl_in_process
 from safetensors.torch import load_file
+from same_episodes import assert_same_completions
 
 REWARD = '''
 def vowels(completions, **kwargs):
@@ -113,7 +114,7 @@ def metric_rows(run_dir: Path) -> list[dict[str, float]]:
 def assert_same_run(
     one: Path, two: Path, parts: tuple[str, ...] = ("model",), tolerance: float = WEIGHT_TOLERANCE
 ) -> None:
-    """Weights within ``tolerance``, every metric equal up to float rounding, same completions."""
+    """Weights within ``tolerance``, every metric and completion equal up to float rounding."""
     for part in parts:
         a, b = weights(one, part), weights(two, part)
         assert a.keys() == b.keys()
@@ -125,7 +126,7 @@ def assert_same_run(
         assert row_one.keys() == row_two.keys()
         for key in row_one:
             assert row_two[key] == pytest.approx(row_one[key], rel=1e-5, abs=1e-6), (row_one["step"], key)
-    assert (one / "completions.jsonl").read_text() == (two / "completions.jsonl").read_text()
+    assert_same_completions(one, two)
 
 
 @pytest.mark.timeout(900)

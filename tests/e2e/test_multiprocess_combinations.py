@@ -13,6 +13,7 @@ import pytest
 import torch
 from cli_in_process import agentrl_in_process
 from safetensors.torch import load_file
+from same_episodes import assert_same_completions
 
 pytest.importorskip("peft")
 
@@ -103,4 +104,4 @@ def test_gspo_with_lora_and_an_agent_in_two_processes_equals_one(tiny_model_dir:
     assert rows_two[0]["train/grad_norm"] > 0 and "clip/region" in rows_two[0]  # step 1 moved the adapter
     assert all(row["rollout/turns_mean"] == 1.0 for row in rows_two)  # the agent's one call
     # so step 2 was sampled from the merged weights after step 1, in each process as in one
-    assert (one / "completions.jsonl").read_text() == (two / "completions.jsonl").read_text()
+    assert_same_completions(one, two)
