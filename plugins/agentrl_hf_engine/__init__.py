@@ -58,8 +58,10 @@ prefix; the cache is cleared on ``sync_weights`` and on a version change (docs/g
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -322,19 +324,14 @@ class HFEngine(Engine):
             generators = [torch.Generator(device=self.device).manual_seed(seed) for seed in seeds]
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding per chunk
         results: list[Generation | None] = [None] * len(prompts)
-        modes = [(module, module.training) for module in self.model.modules()]
-        self.model.eval()  # dropout off (docs/concepts/guards.md#dropout)
-        try:
-            with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
-                for start in range(0, len(order), self.options.batch_size):
-                    chunk = order[start : start + self.options.batch_size]
-                    streams = [generators[i] for i in chunk] if generators is not None else None
-                    generations = self._decode([prompts[i] for i in chunk], sampling, streams)
-                    for i, generation in zip(chunk, generations):
-                        results[i] = generation
-        finally:
-            for module, training in modes:
-                module.training = training
+        # dropout off (docs/concepts/guards.md#dropout)
+        with eval_mode(self.model), torch.no_grad(), torch.autocast(self.device.type, enabled=False):
+            for start in range(0, len(order), self.options.batch_size):
+                chunk = order[start : start + self.options.batch_size]
+                streams = [generators[i] for i in chunk] if generators is not None else None
+                generations = self._decode([prompts[i] for i in chunk], sampling, streams)
+                for i, generation in zip(chunk, generations):
+                    results[i] = generation
         return [r for r in results if r is not None]  # every slot is filled
 
     def _decode(
@@ -412,7 +409,7 @@ class HFEngine(Engine):
 
         On a CPU in fp32 (where :func:`head_matches` held at start-up) the decoder runs alone and the
         output embedding is applied here as ``W @ h^T``: MKL computes that ~2x faster than the
-        ``h @ W^T`` of ``nn.Linear`` for the few rows of a decode step (bench/decode_copies.py)."""
+        ``h @ W^T`` of ``nn.Linear`` for the few rows of a decode step (bench/decode_step.py)."""
         if self._own_head:
             out = self.model.get_decoder()(
                 input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{self._cache_arg: cache}
@@ -538,15 +535,22 @@ def head_matches(model: torch.nn.Module) -> bool:
     if not isinstance(head, torch.nn.Linear) or not hasattr(model, "get_decoder"):
         return False
     ids = torch.tensor([[1, 2, 3, 4]], device=head.weight.device) % head.weight.shape[0]
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()  # dropout off for the comparison
     try:
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             hidden = model.get_decoder()(input_ids=ids).last_hidden_state[:, -1]
             own = model(input_ids=ids).logits[:, -1]
-        return bool((head_logits(head, hidden) - own).abs().max() <= 1e-4)
     except Exception:  # a decoder that needs more than input ids: keep the model's forward
         return False
+    return bool((head_logits(head, hidden) - own).abs().max() <= 1e-4)
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode (dropout off) for the block; every module's own mode restored after."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
     finally:
         for module, training in modes:
             module.training = training
