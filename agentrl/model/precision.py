@@ -11,6 +11,7 @@ banner with its reason; ``bf16`` and ``fp32`` are honoured as given.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,15 @@ class Precision:
         """The context forward passes on ``device`` run in: bf16 autocast when the run computes in
         bf16 (fp32 master weights), else a disabled one (nothing changes)."""
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    def casts_kept(self, device: torch.device) -> contextlib.AbstractContextManager[object]:
+        """A context in which the bf16 copies autocast makes of the weights are kept until it exits:
+        the forwards of several micro-batches inside it cast each weight once instead of once each
+        (autocast drops its cache only on leaving its outermost context; this one computes nothing
+        in bf16 itself). For unsharded weights only: sharded ones are gathered anew by every forward."""
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=False)
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:

@@ -239,35 +239,57 @@ class Learner:
         )
         models = [t.module for t in run.trained.values()]
         step_loss = 0.0
-        for i, mb in enumerate(micro):
-            with contextlib.ExitStack() as stack:
-                if i < len(micro) - 1:  # gradients are all-reduced once, after the last micro-batch
-                    for model in models:
-                        stack.enter_context(accelerator.no_sync(model))
-                with self.autocast(), torch.set_grad_enabled(train_policy):
-                    logprobs, entropy = run.policy(mb.input_ids, mb.attention_mask, mb.loss_mask)
-                out = run.algorithm.loss(
-                    LossContext(
-                        batch=mb,
-                        logprobs=logprobs,
-                        old_logprobs=mb.extras.get("old_logprobs", logprobs.detach()),
-                        ref_logprobs=mb.extras.get("ref_logprobs"),
-                        totals=totals,
-                        hook=run.hook,
-                        config=run.config,
-                        metrics=metrics,
-                        step=step,
-                        train_policy=train_policy,
-                        autocast=self.autocast,
-                        settings=run.settings,
-                    )
+        with contextlib.ExitStack() as step_stack:
+            if not sharding.is_fsdp(accelerator):  # the weights stay as they are until the optimizer step
+                step_stack.enter_context(run.precision.casts_kept(accelerator.device))
+            for i, mb in enumerate(micro):
+                step_loss += self._backward_one(
+                    mb, i == len(micro) - 1, models, step, train_policy, totals, stats, metrics
                 )
-                if out.loss.requires_grad:
-                    # Denominators are global, so undo DDP's gradient averaging (x num_processes).
-                    accelerator.backward(out.loss * accelerator.num_processes)
-            step_loss += float(out.loss.detach())
-            _record(stats, out, entropy, logprobs, mb)
         return step_loss
+
+    def _backward_one(
+        self,
+        mb: TrainBatch,
+        last: bool,
+        models: list[torch.nn.Module],
+        step: int,
+        train_policy: bool,
+        totals: Any,
+        stats: StepStats,
+        metrics: dict[str, float],
+    ) -> float:
+        """One micro-batch's forward, loss and backward (gradients all-reduced only with ``last``);
+        its loss."""
+        run = self.run
+        accelerator = run.accelerator
+        with contextlib.ExitStack() as stack:
+            if not last:  # gradients are all-reduced once, after the last micro-batch
+                for model in models:
+                    stack.enter_context(accelerator.no_sync(model))
+            with self.autocast(), torch.set_grad_enabled(train_policy):
+                logprobs, entropy = run.policy(mb.input_ids, mb.attention_mask, mb.loss_mask)
+            out = run.algorithm.loss(
+                LossContext(
+                    batch=mb,
+                    logprobs=logprobs,
+                    old_logprobs=mb.extras.get("old_logprobs", logprobs.detach()),
+                    ref_logprobs=mb.extras.get("ref_logprobs"),
+                    totals=totals,
+                    hook=run.hook,
+                    config=run.config,
+                    metrics=metrics,
+                    step=step,
+                    train_policy=train_policy,
+                    autocast=self.autocast,
+                    settings=run.settings,
+                )
+            )
+            if out.loss.requires_grad:
+                # Denominators are global, so undo DDP's gradient averaging (x num_processes).
+                accelerator.backward(out.loss * accelerator.num_processes)
+        _record(stats, out, entropy, logprobs, mb)
+        return float(out.loss.detach())
 
 
 def _record(stats: StepStats, out: Any, entropy: torch.Tensor, logprobs: torch.Tensor, mb: TrainBatch) -> None:

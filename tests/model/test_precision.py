@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+import torch
 
 from agentrl.config.train import TrainConfig
 from agentrl.errors import ConfigError
-from agentrl.model.precision import cpu_flags, decide_cpu, resolve_precision
+from agentrl.model.precision import Precision, cpu_flags, decide_cpu, resolve_precision
 from agentrl_hf_engine import sampling_dtype
 
 # Flags as /proc/cpuinfo lists them, cut to the relevant ones.
@@ -65,3 +68,38 @@ def test_auto_is_the_default_and_the_hf_engine_follows_it():
     assert sampling_dtype("auto", "auto", "cpu") == ("bfloat16" if native else "bfloat16_weights")
     with pytest.raises(ConfigError, match="precision must be one of"):
         TrainConfig(precision="half")
+
+
+def _weight_casts(prof, weight: torch.Tensor) -> int:
+    """How many dtype casts of a tensor shaped like ``weight`` the profiler saw."""
+    return sum(
+        1
+        for e in prof.events()
+        if e.name == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] == list(weight.shape)
+    )
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_casts_kept_casts_each_weight_once_per_step_and_changes_no_gradient(kept: bool) -> None:
+    """Two micro-batches' forwards under bf16 autocast: inside ``casts_kept`` the weight is cast to
+    bf16 once (autocast's cache survives the inner contexts), outside once per micro-batch; the
+    gradients are the same to the bit."""
+    from torch.profiler import ProfilerActivity, profile
+
+    precision = Precision("bf16", "test")
+    gradients = []
+    for keep in (False, kept):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(16, 24)
+        batches = [torch.randn(5, 16), torch.randn(7, 16)]
+        outer = precision.casts_kept(torch.device("cpu")) if keep else contextlib.nullcontext()
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, outer:
+            for x in batches:
+                with precision.autocast(torch.device("cpu")):
+                    y = layer(x)
+                y.float().square().sum().backward()
+        # forward: fp32 -> bf16 once (kept) or once per micro-batch; backward: each bf16 gradient back to fp32
+        assert _weight_casts(prof, layer.weight) == (1 if keep else len(batches)) + len(batches)
+        gradients.append((layer.weight.grad.clone(), layer.bias.grad.clone()))
+    assert all(torch.equal(a, b) for a, b in zip(*gradients))
+    assert isinstance(Precision("fp32", "test").casts_kept(torch.device("cpu")), contextlib.nullcontext)
