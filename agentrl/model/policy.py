@@ -25,6 +25,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from agentrl.model.packing import PackedRows, pack_prefix_tree
+from agentrl.model.selected_logprobs import selected_logprobs
 
 PACKING_ATTENTION = ("sdpa", "eager")  # implementations that take a custom 4D mask
 PACKING_MIN_SAVING = 0.1  # pack only when it drops at least this share of the padded positions
@@ -58,17 +59,13 @@ class TokenLogprobs(nn.Module):
             decoder = self.model.get_decoder()
             hidden = decoder(**self._inputs(input_ids), attention_mask=attention_mask).last_hidden_state  # (N, T, H)
             states, where = hidden[rows, cols], torch.arange(len(rows), device=input_ids.device)  # (K, H), (K,)
-        head = self.model.get_output_embeddings()
-        logits = head(states).float()  # (U, V), fp32 (docs/concepts/guards.md#logprob-parity)
-        if self.temperature != 1.0:  # x / 1.0 is x: skip a (U, V) pass and its backward
-            logits = logits / self.temperature
-        log_probs = torch.log_softmax(logits, dim=-1)  # (U, V)
-        picked = log_probs[where, token_ids]  # (K,)
+        logits = self.model.get_output_embeddings()(states)  # (U, V), softmax taken in fp32 (guards.md#logprob-parity)
+        picked, node_entropy = selected_logprobs(logits, where, token_ids, self.temperature, with_entropy)  # (K,), (U,)
         logprobs = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-        logprobs = logprobs.index_put((rows, cols + 1), picked)  # (N, T)
+        logprobs = logprobs.index_put((rows, cols + 1), picked.float())  # (N, T); a float64 model's too
         entropy = torch.zeros_like(logprobs)
-        if with_entropy:
-            entropy[rows, cols + 1] = row_entropy(log_probs.detach())[where]
+        if node_entropy is not None:
+            entropy[rows, cols + 1] = node_entropy[where].float()
         if rows.numel() == 0:  # keep the graph connected for a fully masked micro-batch
             logprobs = logprobs + 0.0 * hidden.sum()
         return logprobs, entropy
@@ -130,17 +127,6 @@ def tied_embedding(model: PreTrainedModel) -> nn.Embedding | None:
     if not embedding.weight.requires_grad or embedding.max_norm is not None or embedding.scale_grad_by_freq:
         return None
     return embedding
-
-
-@torch.no_grad()
-def row_entropy(log_probs: torch.Tensor, rows_per_chunk: int = 32) -> torch.Tensor:
-    """``-sum(p * log p)`` of each row of ``log_probs`` (U, V) -> (U,), a few rows at a time: the
-    (rows, V) temporaries stay small and in cache instead of two fresh (U, V) tensors."""
-    out = torch.empty(log_probs.shape[0], dtype=log_probs.dtype, device=log_probs.device)
-    for start in range(0, log_probs.shape[0], rows_per_chunk):
-        chunk = log_probs[start : start + rows_per_chunk]  # (c, V)
-        out[start : start + rows_per_chunk] = -(chunk.exp() * chunk).sum(-1)
-    return out
 
 
 def check_packing(policy: TokenLogprobs, asked: bool) -> bool:

@@ -9,9 +9,8 @@ place and the layer exposes views of the filled part (``layer.keys``/``layer.val
 (``batch_select_indices``) copies only the kept rows' filled part.
 
 The other per-step copy of a grouped-query model (sdpa's ``repeat_kv`` of the KV heads whenever a
-mask is passed) is left alone: on the CPU, ``scaled_dot_product_attention(..., enable_gqa=True)``
-with the mask avoided it but its kernel was slower by about as much as the copy cost
-(``bench/decode_copies.py``, docs/guides/engines.md).
+mask is passed) is avoided by the engine's decode attention
+(:mod:`agentrl_hf_engine.decode_attention`), which reads these views as they are.
 """
 
 from __future__ import annotations
