@@ -49,8 +49,8 @@ extended), so every later token is sampled from, and has the logprob of, the new
 The KV cache grows in place (:mod:`agentrl_hf_engine.kv_cache`): each layer's buffer has room for
 the prompt and ``max_new_tokens`` (at most :data:`RESERVE`, doubled when full), so a step writes its
 position instead of copying the whole cache as transformers' ``DynamicCache`` does (models with
-sliding-window or recurrent layers keep ``DynamicCache``). In those models the engine's own copy of
-the weights (every ``dtype`` but ``float32``) attends a decode step's one new position by two
+sliding-window or recurrent layers keep ``DynamicCache``). In those models on a CPU the engine's own
+copy of the weights (every ``dtype`` but ``float32``) attends a decode step's one new position by two
 float32 matmuls over the grouped KV heads instead of ``sdpa``
 (:mod:`agentrl_hf_engine.decode_attention`).
 
@@ -239,8 +239,8 @@ class HFEngine(Engine):
             self.model = _low_precision_copy(model, DTYPES[self.dtype])
             if self.dtype == ROUNDED:
                 self.sync_weights(model)  # the copy's fp32 weights, rounded
-            if self._grows:  # the copy's decode steps attend by matmul (the trainer's model keeps sdpa)
-                use_decode_attention(self.model)
+            if self._grows and self.device.type == "cpu":  # decode steps attend by matmul (measured on CPUs)
+                use_decode_attention(self.model)  # the copy only: the trainer's model keeps sdpa
         parameters = inspect.signature(model.forward).parameters
         self._keep_logits = "logits_to_keep" in parameters
         # transformers >= 5.24 renamed the forward's ``past_key_values`` to ``cache`` (and warns at the old name)

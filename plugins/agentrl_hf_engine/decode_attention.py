@@ -14,7 +14,7 @@ product).
 :func:`use_decode_attention` switches a model to it: the name :data:`NAME` is registered with
 transformers' ``AttentionInterface`` (masks built as for ``sdpa``) and every call that is not a
 plain one-position decode (a prefill, dropout, soft-capping, attention sinks, a position bias)
-goes to ``sdpa`` unchanged. The engine applies it only to its own sampling copy of the weights,
+goes to ``sdpa`` unchanged. The engine applies it on a CPU, only to its own sampling copy of the weights,
 never to the trainer's model.
 """
 
