@@ -1,7 +1,7 @@
 """Seconds per GRPO step: agentrl's ``Trainer`` against TRL's ``GRPOTrainer``, same config, one process.
 
     python bench/trl_vs_agentrl.py [--steps 5] [--skip-first 1] [--only agentrl|trl] [--trl-first]
-                                   [--threads N] [--trl-arg KEY=VALUE ...] [--out PATH]
+                                   [--interleave] [--threads N] [--trl-arg KEY=VALUE ...] [--out PATH]
 
 Both train the default model (SmolLM2-135M-Instruct, the local HF folder of
 ``agentrl.model.loading.resolve_model("smollm2-135m")``) on the ``math`` env's training tasks for ``--steps``
@@ -58,6 +58,13 @@ What differs (TRL keeps its own defaults here; each can bias the comparison):
     (shown per system; decode time scales with the longest completion of the batch).
   * ``use_cpu=True`` and ``report_to="none"`` for TRL.
 
+``--interleave`` builds both trainers (one after the other), then alternates their optimizer steps
+in two threads of this process (agentrl's step 1, TRL's step 1, agentrl's step 2, ...): on a machine
+whose speed drifts (a virtual machine whose neighbours come and go) both systems then meet the same
+minutes, where one after the other they can meet a fast and a slow period. Step, rollout and update
+seconds are as without it; the "wall" and "CPU s" figures then mix both systems' steps. TRL reseeds
+torch's global generator when it starts training, so agentrl samples other tokens than it does alone.
+
 A shared machine: the script measures how many cores other processes kept busy while each system
 trained (``/proc/stat`` minus its own CPU time) and flags a contended run. With every core taken by
 torch threads, a second CPU-heavy process slows a step down by far more than 2x (threads wait on
@@ -75,6 +82,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -188,8 +196,45 @@ def load_average() -> list[float] | None:
         return None
 
 
+class Turns:
+    """Two systems training in one process one step at a time (``--interleave``): each builds its
+    trainer in turn, meets the other at :meth:`start`, then waits for its turn before every step and hands
+    over after it, so both see the machine in the same minutes. A system that ends or fails stops
+    taking turns and the other goes on alone."""
+
+    def __init__(self, order: list[str], timeout: float = 3600.0) -> None:
+        self.order, self.timeout = order, timeout
+        self.current = order[0]
+        self.done: set[str] = set()
+        self.built = {name: threading.Event() for name in order}  # set by each system once built
+        self.all_built = threading.Event()  # set by the main thread: the first turn may begin
+        self.changed = threading.Condition()
+
+    def start(self, name: str) -> None:
+        """``name``'s trainer is built: wait until the other's is too, then for this system's first turn."""
+        self.built[name].set()
+        if not self.all_built.wait(self.timeout):
+            raise TimeoutError(f"{name} waited {self.timeout:.0f} s for the other trainer to be built")
+        self.wait(name)
+
+    def wait(self, name: str) -> None:
+        """Block until it is ``name``'s turn (or the other system has ended)."""
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.current == name, self.timeout):
+                raise TimeoutError(f"{name} waited {self.timeout:.0f} s for its turn")
+
+    def hand_over(self, name: str, finished: bool = False) -> None:
+        """``name`` finished a step (or its run): the other system's turn, unless it has ended."""
+        with self.changed:
+            if finished:
+                self.done.add(name)
+            others = [n for n in self.order if n != name and n not in self.done]
+            self.current = others[0] if others else name
+            self.changed.notify_all()
+
+
 # -- agentrl ------------------------------------------------------------------------------------------
-def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
+def run_agentrl(steps: int, skip: int, work: Path, turns: Turns | None = None) -> dict[str, Any]:
     """Train ``steps`` steps through agentrl's library API; returns per-step figures."""
     from agentrl.config.train import TrainConfig
     from agentrl.model.precision import resolve_precision
@@ -233,10 +278,19 @@ def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
             f"{metrics['perf/rollout_seconds']:.2f}, update {metrics['perf/update_seconds']:.2f})",
             flush=True,
         )
+        if turns is not None and step < steps:  # the other system's step, then this one's next
+            turns.hand_over("agentrl")
+            turns.wait("agentrl")
 
-    with OtherLoad() as other:
-        start, cpu_start = time.perf_counter(), time.process_time()
-        result = trainer.train(progress=progress)
+    if turns is not None:
+        turns.start("agentrl")
+    try:
+        with OtherLoad() as other:
+            start, cpu_start = time.perf_counter(), time.process_time()
+            result = trainer.train(progress=progress)
+    finally:
+        if turns is not None:
+            turns.hand_over("agentrl", finished=True)
     history = result.history
     del trainer, result
     wall = [b - a for a, b in zip([start, *ends[:-1]], ends)]
@@ -267,7 +321,9 @@ def run_agentrl(steps: int, skip: int, work: Path) -> dict[str, Any]:
 
 
 # -- TRL ------------------------------------------------------------------------------------------------
-def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_trl(
+    steps: int, skip: int, work: Path, overrides: dict[str, Any] | None = None, turns: Turns | None = None
+) -> dict[str, Any]:
     """Train ``steps`` optimizer steps with TRL's GRPOTrainer on the same prompts and reward.
 
     ``overrides`` are extra GRPOConfig keyword arguments (``--trl-arg``), applied last.
@@ -338,6 +394,8 @@ def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None 
             self.start = time.perf_counter()
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if turns is not None:
+                turns.wait("trl")
             self.cpu_begin = time.process_time()
             self.begin.append(time.perf_counter())
 
@@ -345,6 +403,8 @@ def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None 
             self.end.append(time.perf_counter())
             self.cpu.append(time.process_time() - self.cpu_begin)
             print(f"trl step {state.global_step}: {self.end[-1] - self.begin[-1]:.2f} s", flush=True)
+            if turns is not None:
+                turns.hand_over("trl")
 
     timer = StepTimer()
     load_before = load_average()
@@ -396,8 +456,14 @@ def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None 
         "report_to": args.report_to,
         "logging_steps": args.logging_steps,
     }
-    with OtherLoad() as other:
-        trainer.train()
+    if turns is not None:
+        turns.start("trl")
+    try:
+        with OtherLoad() as other:
+            trainer.train()
+    finally:
+        if turns is not None:
+            turns.hand_over("trl", finished=True)
     logs = [entry for entry in trainer.state.log_history if "loss" in entry or "reward" in entry]
     global_step = trainer.state.global_step
     del trainer, inner, timed_generate
@@ -434,6 +500,34 @@ def run_trl(steps: int, skip: int, work: Path, overrides: dict[str, Any] | None 
         "settings": effective,
         "log_history": logs,
     }
+
+
+def run_interleaved(runners: dict[str, Any], order: list[str], steps: int, skip: int, work: Path) -> dict[str, Any]:
+    """Both systems in their own threads of this process, one step each in turn (see :class:`Turns`)."""
+    print(f"--- {' and '.join(order)} interleaved: {steps} steps each", flush=True)
+    turns = Turns(order)
+    results: dict[str, Any] = {}
+    errors: dict[str, BaseException] = {}
+
+    def run(name: str) -> None:
+        try:
+            results[name] = runners[name](steps, skip, work, turns=turns)
+        except BaseException as error:  # reported below, after both threads ended
+            errors[name] = error
+            turns.hand_over(name, finished=True)
+
+    threads = [threading.Thread(target=run, args=(name,), name=name) for name in order]
+    for thread, name in zip(threads, order):  # built one after the other (imports are not thread-safe)
+        thread.start()
+        while not turns.built[name].wait(0.5) and thread.is_alive():
+            pass
+    turns.all_built.set()
+    for thread in threads:
+        thread.join()
+    if errors:
+        name, error = next(iter(errors.items()))
+        raise RuntimeError(f"{name} failed in the interleaved run: {error!r}") from error
+    return results
 
 
 # -- report -----------------------------------------------------------------------------------------------
@@ -543,6 +637,12 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="extra GRPOConfig argument for TRL, YAML value (e.g. gradient_checkpointing=false); repeatable",
     )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="build both trainers, then alternate their steps (agentrl first unless --trl-first): "
+        "both meet the machine in the same minutes; per-step figures only (wall and CPU columns mix both)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
     parser.add_argument(
         "--threads",
@@ -573,10 +673,15 @@ def main() -> None:
     order = ["trl", "agentrl"] if args.trl_first else ["agentrl", "trl"]
     if args.only:
         order = [args.only]
-    runners = {"agentrl": run_agentrl, "trl": lambda steps, skip, work: run_trl(steps, skip, work, trl_overrides)}
+    runners = {
+        "agentrl": run_agentrl,
+        "trl": lambda steps, skip, work, turns=None: run_trl(steps, skip, work, trl_overrides, turns),
+    }
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="trl_vs_agentrl-") as tmp:
-        for name in order:
+        if args.interleave and len(order) == 2:
+            results = run_interleaved(runners, order, args.steps, args.skip_first, Path(tmp))
+        for name in [n for n in order if n not in results]:
             print(f"--- {name}: {args.steps} steps", flush=True)
             results[name] = runners[name](args.steps, args.skip_first, Path(tmp))
             gc.collect()  # the trainer was deleted inside the runner; free it before the next system
@@ -592,6 +697,7 @@ def main() -> None:
         "steps": args.steps,
         "skip_first": args.skip_first,
         "order": order,
+        "interleaved": bool(args.interleave and len(order) == 2),
         "trl_overrides": trl_overrides,
         "config": {
             "prompts_per_step": PROMPTS_PER_STEP,
