@@ -10,8 +10,10 @@ synchronous step each:
   at every call (as smolagents replays its memory), so no request extends the previous one and every
   call is a training segment of its own carrying the whole prompt.
 
-Rows: ``rewriting`` with packing off (padded segments), then with the defaults (a packed forward
-whose micro-batches keep an episode's segments together, shared prefixes computed once), then with
+Rows: ``rewriting`` with packing off (padded segments), then with the engine prefilling each
+call's shared prompt start per row (``engine_args.share_prefix_min_tokens=0``), then with the
+defaults (a packed forward whose micro-batches keep an episode's segments together, shared prefixes
+computed once; each call's shared start prefilled once), then with
 the hf engine's prefix cache on too (``engine_args.prefix_cache_mb``: a call prefills only what
 follows the conversation's cached prefix); the one-call agent with the defaults. Per row
 the rollout, update and step seconds, sampled and prefilled tokens, and the step's ratio to the one
@@ -88,6 +90,7 @@ def main() -> None:
     print(f"{args.tasks} tasks x {args.generations} episodes, {args.calls} calls x {args.tokens} tokens")
     variants = {
         "rewriting, cache off, padded": ("rewriting", {"engine_args": {"prefix_cache_mb": 0}, "pack_sequences": False}),
+        "rewriting, no shared start": ("rewriting", {"engine_args": {"share_prefix_min_tokens": 0}}),
         "rewriting, defaults": ("rewriting", {}),
         "rewriting, prefix cache": ("rewriting", {"engine_args": {"prefix_cache_mb": 1024}}),
         "one call, defaults": ("one_call", {}),

@@ -1,15 +1,19 @@
 """The ``hf`` engine's prefix cache off vs on, in one run: rollout seconds, prefilled tokens, hit
 tokens and peak memory on three multi-call workloads.
 
-    OMP_NUM_THREADS=2 python bench/prefix_cache.py [--episodes 8] [--dtype float32]
+    OMP_NUM_THREADS=2 python bench/prefix_cache.py [--episodes 8] [--dtype float32] [--rounds 2]
+                                                   [--workloads guess,calculator,agent]
 
 1. ``guess``: multi-turn env episodes through the registered ``multi_turn`` rollout (16 tokens a turn);
 2. ``calculator``: the tool env, the same rollout (48 tokens a turn);
 3. ``agent``: an OpenAI-client agent program with a ~800-token system prompt making 5 calls
    (the ``openai_agent`` rollout), every episode a different question.
 
-Both engines sample the default model with the same seeds, so they sample the same tokens (fp32);
-each workload runs off, then on, then off and on again, and the faster round of each is reported.
+Four engines sample the default model with the same seeds, so they sample the same tokens (fp32):
+``off`` (each row prefilled whole), ``shared`` (a call's distinct prompts prefill their common start
+once, ``engine_args.share_prefix_min_tokens``, on by default), ``cache`` (the prefix cache alone) and
+``both``; each workload runs every engine in turn, ``--rounds`` times, and the fastest round of each
+is reported.
 Peak memory: the highest RSS a 10 ms sampler saw during the rollout, above the RSS before it;
 ``cache MiB``: what the cache holds at the end (its budget is ``engine_args.prefix_cache_mb``).
 """
@@ -37,6 +41,8 @@ SYSTEM = " ".join(
     f"Rule {i}: answer the question asked, show the arithmetic step by step, and keep the final answer short."
     for i in range(40)
 )
+VARIANTS = {"off": (0, 0), "shared": (0, 64), "cache": (1024, 0), "both": (1024, 64)}
+"""Engine variants: (``prefix_cache_mb``, ``share_prefix_min_tokens``)."""
 AGENT = f"""
 SYSTEM = {SYSTEM!r}
 
@@ -124,40 +130,48 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--workloads", default="guess,calculator,agent")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="engines to compare, the first the baseline")
     args = parser.parse_args()
     tokenizer, model = load_tokenizer(DEFAULT_MODEL), load_model(DEFAULT_MODEL)
     factory = load_plugins().registry.get("engine", "hf").factory
     engines = {
-        mb: factory(
+        name: factory(
             model=model,
             tokenizer=tokenizer,
-            config=TrainConfig(engine_args={"dtype": args.dtype, "prefix_cache_mb": mb}, max_total_tokens=2048),
+            config=TrainConfig(
+                engine_args={"dtype": args.dtype, "prefix_cache_mb": mb, "share_prefix_min_tokens": least},
+                max_total_tokens=2048,
+            ),
         )
-        for mb in (0, 1024)
+        for name, (mb, least) in VARIANTS.items()
+        if name in args.variants.split(",")
     }
     print(f"{DEFAULT_MODEL}, dtype {args.dtype}, {torch.get_num_threads()} threads, {cpu_name()}")
     print(f"agent system prompt: {len(tokenizer(SYSTEM)['input_ids'])} tokens")
-    header = f"{'workload':<11}{'cache':<6}{'seconds':>8}{'prefilled':>10}{'hit':>8}{'sampled':>8}{'peak MiB':>9}"
-    print(header + f"{'cache MiB':>10}")
+    header = f"{'workload':<11}{'engine':<7}{'seconds':>8}{'prefilled':>10}{'hit':>8}{'sampled':>8}{'peak MiB':>9}"
+    print(header + f"{'cache MiB':>10}{'vs first':>10}")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "long_prompt_agent.py"
         path.write_text(AGENT)
         agent = f"{path}:solve"
         for name in args.workloads.split(","):
-            best: dict[int, dict[str, Any]] = {}
-            for _ in range(2):
-                for mb, engine in engines.items():
+            best: dict[str, dict[str, Any]] = {}
+            for _ in range(args.rounds):
+                for variant, engine in engines.items():
                     row = measure(name, engine, tokenizer, args.episodes, agent)
-                    if mb not in best or row["seconds"] < best[mb]["seconds"]:
-                        best[mb] = row
-            same = best[0]["ids"] == best[1024]["ids"]
-            for mb, row in best.items():
+                    if variant not in best or row["seconds"] < best[variant]["seconds"]:
+                        best[variant] = row
+            base = next(iter(best.values()))["ids"]  # the first variant's token ids
+            for variant, row in best.items():
                 print(
-                    f"{name:<11}{'on' if mb else 'off':<6}{row['seconds']:>8.2f}{row['prefilled']:>10}{row['hits']:>8}"
+                    f"{name:<11}{variant:<7}{row['seconds']:>8.2f}{row['prefilled']:>10}{row['hits']:>8}"
                     f"{row['sampled']:>8}{row['peak_mib']:>9.0f}{row['cache_mib']:>10.1f}"
+                    f"{next(iter(best.values()))['seconds'] / row['seconds']:>9.2f}x"
                 )
-            speedup = best[0]["seconds"] / best[1024]["seconds"]
-            print(f"{name:<11}speed-up {speedup:.2f}x, same token ids off and on: {same}")
+            for variant, row in list(best.items())[1:]:
+                same = sum(a == b for a, b in zip(row["ids"], base))
+                print(f"{name:<11}{variant}: the same token ids as {next(iter(best))} in {same}/{len(base)} episodes")
 
 
 if __name__ == "__main__":

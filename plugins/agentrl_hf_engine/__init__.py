@@ -57,6 +57,8 @@ float32 matmuls over the grouped KV heads instead of ``sdpa``
 With ``engine_args.prefix_cache_mb`` > 0, finished sequences' KV is kept across calls
 (:mod:`agentrl_hf_engine.prefix_cache`) and a prompt prefills only what follows its longest cached
 prefix; the cache is cleared on ``sync_weights`` and on a version change (docs/guides/engines.md).
+Within a call, the ids every distinct prompt begins with (``engine_args.share_prefix_min_tokens``
+or more: a system prompt) are prefilled once as one row whose KV each row's prefill starts from.
 """
 
 from __future__ import annotations
@@ -86,7 +88,14 @@ from agentrl import (
     token_ids,
 )
 from agentrl_hf_engine.decode_attention import use_decode_attention
-from agentrl_hf_engine.prefix_cache import KV, PrefixCache, batch_cache, only_full_attention, row_kv
+from agentrl_hf_engine.prefix_cache import (
+    KV,
+    PrefixCache,
+    batch_cache,
+    only_full_attention,
+    row_kv,
+    shared_start,
+)
 
 ROUNDED = "bfloat16_weights"
 """fp32 compute on the trainer's weights rounded to bf16 (see :class:`HFEngineConfig`)."""
@@ -124,6 +133,11 @@ class HFEngineConfig:
     that starts with one (the next turn, an agent's next call, a group's prompt again) prefills only
     the tokens after it; least recently used evicted first, cleared on every weight sync. Tokens
     match the uncached engine's, logprobs to float rounding (not bit for bit), so it is opt-in."""
+    share_prefix_min_tokens: Annotated[int, Field(ge=0), Allowed("an integer >= 0")] = 64
+    """A call's distinct prompts that all begin with the same ids, at least this many (a system
+    prompt, an agent's instructions), prefill them once as one row whose KV every row starts from,
+    instead of once per row (0: off). Tokens match, logprobs to float rounding; below the default
+    the saving does not pay for the extra forward call."""
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
@@ -451,8 +465,9 @@ class HFEngine(Engine):
         hits: list[tuple[int, KV | None]] = [(0, None)] * len(distinct)
         if self.prefix_cache is not None:
             hits = [self.prefix_cache.lookup(list(p)) for p in distinct]
-        cached = max(length for length, _ in hits)  # the widest hit: each row's is padded to it
         self._counts["prefix_hit_tokens"] += sum(length for length, _ in hits)
+        hits = self._share_prefix(list(distinct), hits)
+        cached = max(length for length, _ in hits)  # the widest hit: each row's is padded to it
         self._counts["prefilled_tokens"] += sum(len(p) - length for p, (length, _) in zip(distinct, hits))
         width = max(len(p) - length for p, (length, _) in zip(distinct, hits))  # the widest suffix
         layout = []  # per row: (id or None for padding) over cached + width columns
@@ -468,6 +483,24 @@ class HFEngine(Engine):
         if len(distinct) < len(prompts):
             cache.batch_select_indices(expand)
         return logits[expand], cache, mask[expand], ids[expand]
+
+    def _share_prefix(
+        self, prompts: list[tuple[int, ...]], hits: list[tuple[int, KV | None]]
+    ) -> list[tuple[int, KV | None]]:
+        """``hits`` (each prompt's cached length and KV) with the prompts' common start, when it
+        is at least ``share_prefix_min_tokens`` ids, prefilled here once as a single row, as the hit
+        of every row. (A prefix cache entry that gives one row that much gives it to every row.)"""
+        least = self.options.share_prefix_min_tokens
+        shared = min(len(shared_start(prompts)), min(map(len, prompts)) - 1)  # each row's last id is prefilled
+        if not least or len(prompts) < 2 or not self._grows or shared < least:
+            return hits
+        if all(length >= shared for length, _ in hits):
+            return hits
+        ids = torch.tensor([prompts[0][:shared]], device=self.device)  # (1, S)
+        _, cache = self._prefill(ids, torch.ones_like(ids))
+        kv = row_kv(cache, 0, torch.ones(shared, dtype=torch.bool, device=self.device))
+        self._counts["prefilled_tokens"] += shared
+        return [(length, cached) if length >= shared else (shared, kv) for length, cached in hits]
 
     def _prefill(
         self, ids: torch.Tensor, mask: torch.Tensor, past: Any = None, reserve: int = 0

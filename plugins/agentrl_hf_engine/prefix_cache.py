@@ -41,6 +41,14 @@ def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(differs[0, 0]) if len(differs) else n
 
 
+def shared_start(prompts: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The ids every one of ``prompts`` begins with (the lexicographically least and greatest
+    prompts share exactly what all of them share)."""
+    first, last = min(prompts), max(prompts)
+    n = next((i for i, (a, b) in enumerate(zip(first, last)) if a != b), min(len(first), len(last)))
+    return first[:n]
+
+
 class PrefixCache:
     """Finished sequences' KV keyed by their token ids, least recently used evicted past ``budget``
     bytes; every entry computed with the weights of policy ``version`` (None: unknown)."""
