@@ -99,6 +99,7 @@ _TORCH = {
         "step_totals",
     ),
     "agentrl.model.distributed": ("all_sum",),
+    "agentrl.model.output_head": ("eval_mode", "head_matches"),
     "agentrl.model.precision": ("Precision", "resolve_precision"),
     "agentrl.api.trainer": ("train", "Trainer"),
     "agentrl.training.trainer": ("TrainResult",),
@@ -133,6 +134,7 @@ if TYPE_CHECKING:
     )
     from agentrl.api.trainer import Trainer, train
     from agentrl.model.distributed import all_sum
+    from agentrl.model.output_head import eval_mode, head_matches
     from agentrl.model.precision import Precision, resolve_precision
     from agentrl.training.trainer import TrainResult
 
@@ -159,6 +161,8 @@ extraction and checking, kept apart because it loads math-verify)."""
 
 __all__ = [
     "train",
+    "eval_mode",
+    "head_matches",
     "Trainer",
     "TrainResult",
     "RayConfig",

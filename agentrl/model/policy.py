@@ -17,6 +17,7 @@ computed from the hidden state at ``t - 1``; entries off the mask are 0.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import torch
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
+from agentrl.model.output_head import head_matches
 from agentrl.model.packing import PackedRows, pack_prefix_tree
 from agentrl.model.selected_logprobs import selected_logprobs
 
@@ -42,6 +44,8 @@ class TokenLogprobs(nn.Module):
         self.temperature = temperature
         self.pack = pack and getattr(model.config, "_attn_implementation", None) in PACKING_ATTENTION
         self.sparse_embedding = sparse_embedding and tied_embedding(model) is not None
+        # checked here, before any wrapper: a model that caps or scales its logits keeps its own forward
+        self.head_is_logits = head_matches(model)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, with_entropy: bool = True
@@ -52,14 +56,10 @@ class TokenLogprobs(nn.Module):
         token_ids = input_ids[rows, cols + 1]  # (K,)
         packed = pack_prefix_tree(input_ids, attention_mask) if self.pack else None
         if packed is not None and 0 < packed.length <= (1 - PACKING_MIN_SAVING) * int(attention_mask.sum()):
-            hidden = self._packed_hidden(packed)  # (L, H)
             nodes, where = packed.node_index[rows, cols].unique(return_inverse=True)  # (U,), (K,)
-            states = hidden[nodes]  # (U, H): a node shared by rows is computed once
+            logits = self._packed_logits(packed, nodes)  # (U, V): a node shared by rows is computed once
         else:
-            decoder = self.model.get_decoder()
-            hidden = decoder(**self._inputs(input_ids), attention_mask=attention_mask).last_hidden_state  # (N, T, H)
-            states, where = hidden[rows, cols], torch.arange(len(rows), device=input_ids.device)  # (K, H), (K,)
-        logits = self.model.get_output_embeddings()(states)  # (U, V), softmax taken in fp32 (guards.md#logprob-parity)
+            logits, where = self._padded_logits(input_ids, attention_mask, rows, cols)  # (K, V), (K,)
         picked, node_entropy = selected_logprobs(logits, where, token_ids, self.temperature, with_entropy)  # (K,), (U,)
         logprobs = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         logprobs = logprobs.index_put((rows, cols + 1), picked.float())  # (N, T); a float64 model's too
@@ -67,17 +67,34 @@ class TokenLogprobs(nn.Module):
         if node_entropy is not None:
             entropy[rows, cols + 1] = node_entropy[where].float()
         if rows.numel() == 0:  # keep the graph connected for a fully masked micro-batch
-            logprobs = logprobs + 0.0 * hidden.sum()
+            logprobs = logprobs + 0.0 * logits.sum()
         return logprobs, entropy
 
-    def _packed_hidden(self, packed: PackedRows) -> torch.Tensor:
-        """Last hidden states ``(L, H)`` of the packed sequence."""
+    def _padded_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``(K, V)`` at the selected positions of the padded rows and each one's index."""
+        where = torch.arange(len(rows), device=input_ids.device)  # (K,)
+        if not self.head_is_logits:  # capped or scaled logits: the model's own forward
+            logits = self.model(**self._inputs(input_ids), attention_mask=attention_mask).logits  # (N, T, V)
+            return logits[rows, cols], where
+        decoder = self.model.get_decoder()
+        hidden = decoder(**self._inputs(input_ids), attention_mask=attention_mask).last_hidden_state  # (N, T, H)
+        # softmax taken in fp32 by selected_logprobs (guards.md#logprob-parity)
+        return self.model.get_output_embeddings()(hidden[rows, cols]), where
+
+    def _packed_logits(self, packed: PackedRows, nodes: torch.Tensor) -> torch.Tensor:
+        """Logits ``(U, V)`` at the packed sequence's positions ``nodes``."""
         mask = packed.attend
         if self.model.config._attn_implementation != "sdpa":  # eager adds the mask: 0 or the most negative
             mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
-        decoder = self.model.get_decoder()
-        out = decoder(**self._inputs(packed.input_ids), attention_mask=mask, position_ids=packed.position_ids)
-        return out.last_hidden_state[0]
+        inputs = dict(self._inputs(packed.input_ids), attention_mask=mask, position_ids=packed.position_ids)
+        if not self.head_is_logits:  # capped or scaled logits: the model's own forward
+            if "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
+                return self.model(**inputs).logits[0, nodes]
+            return self.model(**inputs, logits_to_keep=nodes).logits[0]  # at those positions only
+        hidden = self.model.get_decoder()(**inputs).last_hidden_state[0]  # (L, H)
+        return self.model.get_output_embeddings()(hidden[nodes])
 
     def _inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The decoder's input: the ids, or with :attr:`sparse_embedding` their embeddings looked up

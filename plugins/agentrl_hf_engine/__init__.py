@@ -63,10 +63,8 @@ or more: a system prompt) are prefilled once as one row whose KV each row's pref
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -82,6 +80,8 @@ from agentrl import (
     SamplingParams,
     build_plugin_config,
     check_declared,
+    eval_mode,
+    head_matches,
     hookimpl,
     resolve_precision,
     stop_token_ids,
@@ -564,35 +564,6 @@ def inverse_cdf_sample(log_probs: torch.Tensor, uniforms: torch.Tensor, block: i
     offset = torch.searchsorted(within, (target - before).clamp(min=0)[:, None], right=True).squeeze(-1)  # (A,)
     last_token = block - 1 - (inside > 0).flip(-1).to(torch.int8).argmax(-1)  # (A,)
     return chosen * block + torch.where(offset < block, offset, last_token)
-
-
-def head_matches(model: torch.nn.Module) -> bool:
-    """Whether the model's logits are its output embedding (a bias-free or biased ``nn.Linear``)
-    applied to the decoder's last hidden state: checked on a few tokens (max |difference| <= 1e-4),
-    so a model that scales or caps its logits keeps its own forward."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if not isinstance(head, torch.nn.Linear) or not hasattr(model, "get_decoder"):
-        return False
-    ids = torch.tensor([[1, 2, 3, 4]], device=head.weight.device) % head.weight.shape[0]
-    try:
-        with eval_mode(model), torch.no_grad():
-            hidden = model.get_decoder()(input_ids=ids).last_hidden_state[:, -1]
-            own = model(input_ids=ids).logits[:, -1]
-    except Exception:  # a decoder that needs more than input ids: keep the model's forward
-        return False
-    return bool((head_logits(head, hidden) - own).abs().max() <= 1e-4)
-
-
-@contextlib.contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """``model`` in eval mode (dropout off) for the block; every module's own mode restored after."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes:
-            module.training = training
 
 
 def head_logits(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:

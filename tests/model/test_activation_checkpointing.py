@@ -89,6 +89,7 @@ def test_checkpointed_blocks_give_the_plain_gradients_and_save_a_fraction(pack: 
 def test_blocks_run_again_in_the_backward_pass_only_when_autograd_records() -> None:
     model = _llama()
     checkpoint_blocks(model)
+    policy = TokenLogprobs(model)  # built first: it checks the head with a forward of its own
     calls = []
 
     def counted(forward):  # a forward hook does not fire in checkpoint's recompute; the forward itself runs
@@ -97,7 +98,6 @@ def test_blocks_run_again_in_the_backward_pass_only_when_autograd_records() -> N
     for layer in model.model.layers:
         layer.mlp.forward = counted(layer.mlp.forward)
     ids, attention, loss_mask, weights = _batch()
-    policy = TokenLogprobs(model)
     with torch.no_grad():
         policy(ids, attention, loss_mask)
     assert len(calls) == LAYERS  # no recompute without a backward pass
