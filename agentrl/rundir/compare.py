@@ -294,14 +294,12 @@ def _episode_difference(x: dict[str, Any], y: dict[str, Any], number: int, other
 
 def compare_figure(runs: list[RunRecord], metrics: list[str]) -> Figure:
     """One panel per metric, each run a line in its colour (3 panels a row, 5 by 4 inches each)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global figure registry, no backend switch
 
     columns = min(3, len(metrics))
     rows = math.ceil(len(metrics) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 4 * rows), squeeze=False)
+    fig = Figure(figsize=(5 * columns, 4 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False)
     for ax in axes.flat[len(metrics) :]:
         fig.delaxes(ax)
     for ax, metric in zip(axes.flat, metrics):
@@ -329,14 +327,10 @@ def _excerpt(message: Any) -> str:
 def write_compare_png(runs: list[RunRecord], metrics: list[str], out: str | Path) -> Path:
     """Write :func:`compare_figure` to ``out``, beside it first and renamed over it; a ConfigError
     naming it when it cannot be written."""
-    import matplotlib.pyplot as plt
-
     fig = compare_figure(runs, metrics)
     out = Path(out)
     try:
         replace_file(out, lambda f: fig.savefig(f, dpi=90, format="png"))
     except OSError as exc:
         raise ConfigError(f"could not write --png {str(out)!r}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
     return out

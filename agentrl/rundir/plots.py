@@ -128,10 +128,7 @@ def run_figure(run_dir: str | Path) -> Figure:
     """The figure of ``training.png``: one panel per entry of ``PANELS`` (an optional one only when
     the run logged its metrics), then one for the env's own ``env/`` figures if it logged any; two
     rows of panels, 5 inches a column."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global figure registry, no backend switch
 
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
@@ -148,7 +145,8 @@ def run_figure(run_dir: str | Path) -> Figure:
     if env_keys:
         panels.append(Panel("env figures", env_keys))
     columns = max(3, math.ceil(len(panels) / 2))
-    fig, axes = plt.subplots(2, columns, figsize=(5 * columns, 8))
+    fig = Figure(figsize=(5 * columns, 8))
+    axes = fig.subplots(2, columns)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for ax, panel in zip(axes.flat, panels):
@@ -196,14 +194,10 @@ def _draw(ax: Any, rows: list[dict[str, Any]], keys: tuple[str, ...], first_colo
 def plot_run(run_dir: str | Path) -> Path:
     """Write ``<run_dir>/training.png`` (:func:`run_figure`) and return its path. It is written
     beside and renamed over the old one: a symbolic link there is replaced, never written through."""
-    import matplotlib.pyplot as plt
-
     fig = run_figure(run_dir)
     out = Path(run_dir) / "training.png"
     try:
         replace_file(out, lambda f: fig.savefig(f, dpi=90, format="png"))
     except OSError as exc:
         raise ConfigError(f"could not write {out}: {exc}") from None
-    finally:
-        plt.close(fig)
     return out
