@@ -46,6 +46,7 @@ class TokenLogprobs(nn.Module):
         self.sparse_embedding = sparse_embedding and tied_embedding(model) is not None
         # checked here, before any wrapper: a model that caps or scales its logits keeps its own forward
         self.head_is_logits = head_matches(model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, with_entropy: bool = True
@@ -90,7 +91,7 @@ class TokenLogprobs(nn.Module):
             mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
         inputs = dict(self._inputs(packed.input_ids), attention_mask=mask, position_ids=packed.position_ids)
         if not self.head_is_logits:  # capped or scaled logits: the model's own forward
-            if "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
+            if not self._keeps_logits:
                 return self.model(**inputs).logits[0, nodes]
             return self.model(**inputs, logits_to_keep=nodes).logits[0]  # at those positions only
         hidden = self.model.get_decoder()(**inputs).last_hidden_state[0]  # (L, H)

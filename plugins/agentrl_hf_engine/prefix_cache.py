@@ -45,8 +45,7 @@ def shared_start(prompts: list[tuple[int, ...]]) -> tuple[int, ...]:
     """The ids every one of ``prompts`` begins with (the lexicographically least and greatest
     prompts share exactly what all of them share)."""
     first, last = min(prompts), max(prompts)
-    n = next((i for i, (a, b) in enumerate(zip(first, last)) if a != b), min(len(first), len(last)))
-    return first[:n]
+    return first[: common_prefix(torch.tensor(first, dtype=torch.long), torch.tensor(last, dtype=torch.long))]
 
 
 class PrefixCache:
