@@ -60,7 +60,7 @@ from agentrl.rewards.schemes import RewardContext
 from agentrl.rewards.scoring import Scored
 from agentrl.sampling.chat import ChatTokenizer
 from agentrl.sampling.engine import Engine, Generation, SamplingParams, stop_token_ids, token_ids, turn_seed
-from agentrl.sampling.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue
+from agentrl.sampling.request_queue import BatchingQueue, GenerationRequest, RequestQueue, request_queue, sample_here
 from agentrl.sampling.rollout import Rollout
 from agentrl.tools.formats import HARMONY, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolCallFormat, type_arguments
 from agentrl.tools.sandbox import run_python
@@ -199,6 +199,7 @@ __all__ = [
     "GenerationRequest",
     "RequestQueue",
     "request_queue",
+    "sample_here",
     "seeded_rng",
     "AGGREGATIONS",
     "KL_ESTIMATORS",

@@ -59,11 +59,13 @@ What differs (TRL keeps its own defaults here; each can bias the comparison):
   * ``use_cpu=True`` and ``report_to="none"`` for TRL.
 
 ``--interleave`` builds both trainers (one after the other), then alternates their optimizer steps
-in two threads of this process (agentrl's step 1, TRL's step 1, agentrl's step 2, ...): on a machine
-whose speed drifts (a virtual machine whose neighbours come and go) both systems then meet the same
-minutes, where one after the other they can meet a fast and a slow period. Step, rollout and update
-seconds are as without it; the "wall" and "CPU s" figures then mix both systems' steps. TRL reseeds
-torch's global generator when it starts training, so agentrl samples other tokens than it does alone.
+(agentrl's step 1, TRL's step 1, agentrl's step 2, ...), each system in the main thread of a process
+of its own: on a machine whose speed drifts (a virtual machine whose neighbours come and go) both
+systems then meet the same minutes, where one after the other they can meet a fast and a slow
+period. Step, rollout, update and CPU seconds are as without it; the "wall" figure then includes the
+other system's steps. (Before 2026-12-03 the two ran in two threads of one process; torch's OpenMP
+runtime slows small operators there for both, see ``run_interleaved``, so those ratios are not
+comparable with later ones.)
 
 A shared machine: the script measures how many cores other processes kept busy while each system
 trained (``/proc/stat`` minus its own CPU time) and flags a contended run. With every core taken by
@@ -82,7 +84,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -175,14 +176,25 @@ def busy_cpu_seconds() -> float | None:
 
 
 class OtherLoad:
-    """CPU time other processes used while a block ran: machine busy time minus this process's."""
+    """CPU time other processes used while a block ran: machine busy time minus this process's,
+    leaving out the time spent waiting for the other system's turn (``turns``: its steps are not
+    another load on this one's)."""
+
+    def __init__(self, turns: Turns | None = None) -> None:
+        self.turns = turns
+
+    def _now(self) -> tuple[float | None, float, float]:
+        busy, wall = busy_cpu_seconds(), time.perf_counter()
+        if self.turns is not None and busy is not None:
+            busy, wall = busy - self.turns.waited_busy, wall - self.turns.waited_wall
+        return busy, time.process_time(), wall
 
     def __enter__(self) -> OtherLoad:
-        self.busy, self.own, self.wall = busy_cpu_seconds(), time.process_time(), time.perf_counter()
+        self.busy, self.own, self.wall = self._now()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        busy, own, wall = busy_cpu_seconds(), time.process_time(), time.perf_counter()
+        busy, own, wall = self._now()
         self.seconds = self.cores = None
         if busy is not None and self.busy is not None:
             self.seconds = max(0.0, (busy - self.busy) - (own - self.own))
@@ -197,18 +209,20 @@ def load_average() -> list[float] | None:
 
 
 class Turns:
-    """Two systems training in one process one step at a time (``--interleave``): each builds its
-    trainer in turn, meets the other at :meth:`start`, then waits for its turn before every step and hands
-    over after it, so both see the machine in the same minutes. A system that ends or fails stops
-    taking turns and the other goes on alone."""
+    """Two systems, each training in a process of its own, one step at a time (``--interleave``): each
+    builds its trainer in turn, meets the other at :meth:`start`, then waits for its turn before every
+    step and hands over after it, so both see the machine in the same minutes. A system that ends or
+    fails stops taking turns and the other goes on alone. Built on ``multiprocessing`` primitives of
+    ``context`` (spawn), so it travels to both processes."""
 
-    def __init__(self, order: list[str], timeout: float = 3600.0) -> None:
+    def __init__(self, order: list[str], context: Any, timeout: float = 3600.0) -> None:
         self.order, self.timeout = order, timeout
-        self.current = order[0]
-        self.done: set[str] = set()
-        self.built = {name: threading.Event() for name in order}  # set by each system once built
-        self.all_built = threading.Event()  # set by the main thread: the first turn may begin
-        self.changed = threading.Condition()
+        self.built = {name: context.Event() for name in order}  # set by each system once built
+        self.all_built = context.Event()  # set by the parent: the first turn may begin
+        self.changed = context.Condition()
+        self._current = context.Value("i", 0, lock=False)  # index in ``order``; guarded by ``changed``
+        self._done = context.Array("b", len(order), lock=False)
+        self.waited_busy = self.waited_wall = 0.0  # this process's waits for its turn: machine busy s, wall s
 
     def start(self, name: str) -> None:
         """``name``'s trainer is built: wait until the other's is too, then for this system's first turn."""
@@ -219,17 +233,22 @@ class Turns:
 
     def wait(self, name: str) -> None:
         """Block until it is ``name``'s turn (or the other system has ended)."""
+        mine = self.order.index(name)
+        busy, wall = busy_cpu_seconds() or 0.0, time.perf_counter()
         with self.changed:
-            if not self.changed.wait_for(lambda: self.current == name, self.timeout):
+            if not self.changed.wait_for(lambda: self._current.value == mine, self.timeout):
                 raise TimeoutError(f"{name} waited {self.timeout:.0f} s for its turn")
+        self.waited_busy += (busy_cpu_seconds() or 0.0) - busy
+        self.waited_wall += time.perf_counter() - wall
 
     def hand_over(self, name: str, finished: bool = False) -> None:
         """``name`` finished a step (or its run): the other system's turn, unless it has ended."""
+        mine = self.order.index(name)
         with self.changed:
             if finished:
-                self.done.add(name)
-            others = [n for n in self.order if n != name and n not in self.done]
-            self.current = others[0] if others else name
+                self._done[mine] = 1
+            others = [i for i in range(len(self.order)) if i != mine and not self._done[i]]
+            self._current.value = others[0] if others else mine
             self.changed.notify_all()
 
 
@@ -285,7 +304,7 @@ def run_agentrl(steps: int, skip: int, work: Path, turns: Turns | None = None) -
     if turns is not None:
         turns.start("agentrl")
     try:
-        with OtherLoad() as other:
+        with OtherLoad(turns) as other:
             start, cpu_start = time.perf_counter(), time.process_time()
             result = trainer.train(progress=progress)
     finally:
@@ -459,7 +478,7 @@ def run_trl(
     if turns is not None:
         turns.start("trl")
     try:
-        with OtherLoad() as other:
+        with OtherLoad(turns) as other:
             trainer.train()
     finally:
         if turns is not None:
@@ -502,31 +521,58 @@ def run_trl(
     }
 
 
-def run_interleaved(runners: dict[str, Any], order: list[str], steps: int, skip: int, work: Path) -> dict[str, Any]:
-    """Both systems in their own threads of this process, one step each in turn (see :class:`Turns`)."""
-    print(f"--- {' and '.join(order)} interleaved: {steps} steps each", flush=True)
-    turns = Turns(order)
+def run_system(name: str, steps: int, skip: int, work: Path, trl_overrides: dict[str, Any], turns=None) -> dict:
+    """Train ``name`` (``agentrl`` or ``trl``) for ``steps`` steps; its per-step figures."""
+    if name == "agentrl":
+        return run_agentrl(steps, skip, work, turns)
+    return run_trl(steps, skip, work, trl_overrides, turns)
+
+
+def _interleaved_child(name: str, args: tuple, threads: int | None, turns: Turns, out: Any) -> None:
+    """One system of an interleaved run, in the main thread of its own process: its figures (or
+    its failure, as text) go to ``out``."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        out.put((name, run_system(name, *args, turns=turns), None))
+    except BaseException as error:  # reported by the parent
+        turns.hand_over(name, finished=True)
+        out.put((name, None, f"{type(error).__name__}: {error}"))
+
+
+def run_interleaved(
+    order: list[str], steps: int, skip: int, work: Path, trl_overrides: dict[str, Any], threads: int | None
+) -> dict[str, Any]:
+    """Both systems in processes of their own, one step each in turn (see :class:`Turns`). Each
+    trains in its process's main thread, as a run does: two trainers in threads of one process
+    would share torch's OpenMP runtime, whose worker pools then outnumber the cores and sleep
+    between operators (slower small operators for both)."""
+    import multiprocessing
+
+    print(f"--- {' and '.join(order)} interleaved: {steps} steps each, one process each", flush=True)
+    context = multiprocessing.get_context("spawn")
+    turns, out = Turns(order, context), context.Queue()
     results: dict[str, Any] = {}
-    errors: dict[str, BaseException] = {}
-
-    def run(name: str) -> None:
-        try:
-            results[name] = runners[name](steps, skip, work, turns=turns)
-        except BaseException as error:  # reported below, after both threads ended
-            errors[name] = error
-            turns.hand_over(name, finished=True)
-
-    threads = [threading.Thread(target=run, args=(name,), name=name) for name in order]
-    for thread, name in zip(threads, order):  # built one after the other (imports are not thread-safe)
-        thread.start()
-        while not turns.built[name].wait(0.5) and thread.is_alive():
+    errors: dict[str, str] = {}
+    processes = {}
+    for name in order:  # built one after the other, as they would be alone
+        args = (steps, skip, work, trl_overrides)
+        processes[name] = context.Process(target=_interleaved_child, args=(name, args, threads, turns, out), name=name)
+        processes[name].start()
+        while not turns.built[name].wait(0.5) and processes[name].is_alive():
             pass
     turns.all_built.set()
-    for thread in threads:
-        thread.join()
+    for _ in order:
+        name, result, error = out.get()
+        if error is None:
+            results[name] = result
+        else:
+            errors[name] = error
+    for process in processes.values():
+        process.join()
     if errors:
         name, error = next(iter(errors.items()))
-        raise RuntimeError(f"{name} failed in the interleaved run: {error!r}") from error
+        raise RuntimeError(f"{name} failed in the interleaved run: {error}")
     return results
 
 
@@ -641,7 +687,8 @@ def main() -> None:
         "--interleave",
         action="store_true",
         help="build both trainers, then alternate their steps (agentrl first unless --trl-first): "
-        "both meet the machine in the same minutes; per-step figures only (wall and CPU columns mix both)",
+        "both meet the machine in the same minutes; each in a process of its own (the wall column includes "
+        "the other's steps)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
     parser.add_argument(
@@ -673,17 +720,13 @@ def main() -> None:
     order = ["trl", "agentrl"] if args.trl_first else ["agentrl", "trl"]
     if args.only:
         order = [args.only]
-    runners = {
-        "agentrl": run_agentrl,
-        "trl": lambda steps, skip, work, turns=None: run_trl(steps, skip, work, trl_overrides, turns),
-    }
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="trl_vs_agentrl-") as tmp:
         if args.interleave and len(order) == 2:
-            results = run_interleaved(runners, order, args.steps, args.skip_first, Path(tmp))
+            results = run_interleaved(order, args.steps, args.skip_first, Path(tmp), trl_overrides, args.threads)
         for name in [n for n in order if n not in results]:
             print(f"--- {name}: {args.steps} steps", flush=True)
-            results[name] = runners[name](args.steps, args.skip_first, Path(tmp))
+            results[name] = run_system(name, args.steps, args.skip_first, Path(tmp), trl_overrides)
             gc.collect()  # the trainer was deleted inside the runner; free it before the next system
     ratio = print_report(results, args.skip_first, args.steps)
 

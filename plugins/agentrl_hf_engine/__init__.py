@@ -88,6 +88,7 @@ from agentrl import (
     token_ids,
 )
 from agentrl_hf_engine.decode_attention import use_decode_attention
+from agentrl_hf_engine.packed_linear import can_pack, pack_linears, repack
 from agentrl_hf_engine.prefix_cache import (
     KV,
     PrefixCache,
@@ -138,6 +139,11 @@ class HFEngineConfig:
     prompt, an agent's instructions), prefill them once as one row whose KV every row starts from,
     instead of once per row (0: off). Tokens match, logprobs to float rounding; below the default
     the saving does not pay for the extra forward call."""
+    packed_weights: bool = True
+    """On a CPU in ``bfloat16``, keep the sampling copy's linear weights in oneDNN's blocked layout,
+    reordered once per weight sync instead of on every call (:mod:`agentrl_hf_engine.packed_linear`):
+    the same tokens and logprobs bit for bit, decode steps ~1.25x faster, the weights' memory once
+    more; false: off."""
 
     def __post_init__(self) -> None:
         """Raise ConfigError naming the key, the bad value and what is allowed."""
@@ -255,6 +261,8 @@ class HFEngine(Engine):
                 self.sync_weights(model)  # the copy's fp32 weights, rounded
             if self._grows and self.device.type == "cpu":  # decode steps attend by matmul (measured on CPUs)
                 use_decode_attention(self.model)  # the copy only: the trainer's model keeps sdpa
+            if self.options.packed_weights and can_pack(self.model):
+                pack_linears(self.model)  # the copy only, again
         parameters = inspect.signature(model.forward).parameters
         self._keep_logits = "logits_to_keep" in parameters
         # transformers >= 5.24 renamed the forward's ``past_key_values`` to ``cache`` (and warns at the old name)
@@ -312,6 +320,7 @@ class HFEngine(Engine):
                         continue
                     tensor.copy_(source[name].to(torch.bfloat16) if rounded else source[name])
                     copied[id(tensor)] = source[name]
+        repack(self.model)
 
     def state_dict(self) -> dict[str, Any]:
         """The generator used for batches without a seed and the token counts not yet reported.

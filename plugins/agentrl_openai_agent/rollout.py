@@ -27,6 +27,7 @@ from agentrl import (
     one_line,
     ray_options,
     render_tools_system_prompt,
+    sample_here,
     sample_label,
     turn_seed,
 )
@@ -135,13 +136,19 @@ class OpenAIAgentRollout:
         )
         server = open_endpoint(app, self.options, self.workers, self.guard.warn_once, not self.reached)
         self.reached = True
+
+        def agents() -> list[Any]:
+            try:
+                with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentrl-agent") as pool:
+                    items = list(step.keys.items())  # (URL key, episode), taken before any episode runs again
+                    return list(pool.map(lambda item: self._episode(step, server.base_url, *item), items))
+            finally:
+                server.close()
+                step.batcher.close()
+
         try:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentrl-agent") as pool:
-                items = list(step.keys.items())  # (URL key, episode), taken before any episode runs again
-                outcomes = list(pool.map(lambda item: self._episode(step, server.base_url, *item), items))
+            outcomes = sample_here(step.batcher, agents)  # the engine in this (the trainer's) thread
         finally:
-            server.close()
-            step.batcher.close()
             self.batches = list(step.batcher.batches)
         if step.engine_errors:
             self._raise_engine_failure(step.engine_errors[0])

@@ -69,10 +69,11 @@ def open_step(
 ) -> Step:
     """The step's shared state, its request queue open: a batch waits for the agents running now
     or about to (at most ``workers``), each episode keyed by fresh credentials (its base URL's
-    key, its client's api key)."""
+    key, its client's api key). The queue samples in the thread that serves it
+    (:func:`agentrl.sample_here`)."""
     finished: list[int] = []
     keys, api_keys = episode_credentials(len(tasks))
-    batcher = request_queue(engine, batch_wait_s, lambda: min(workers, len(tasks) - len(finished)))
+    batcher = request_queue(engine, batch_wait_s, lambda: min(workers, len(tasks) - len(finished)), worker_thread=False)
     return Step(
         list(tasks),
         list(seeds),

@@ -84,6 +84,7 @@ from agentrl import (
     hookimpl,
     one_line,
     request_queue,
+    sample_here,
     sample_label,
 )
 from agentrl_rollouts.episodes import (
@@ -154,13 +155,28 @@ class MultiTurnRollout:
     def _advance(
         self, episodes: list[Episode], sampling: SamplingParams, seeds: list[int] | None, max_sampled: int
     ) -> None:
-        """Every episode to its end, each turn as soon as its own env has answered (module docstring)."""
+        """Every episode to its end, each turn as soon as its own env has answered (module docstring).
+        The engine samples in this thread (the trainer's: :func:`agentrl.sample_here`), the episodes
+        advance in a helper thread."""
         turns: dict[int, int] = {}  # id(an episode's token ids) -> its turn, 1-based: names a failing batch
         queue = request_queue(
             NamedEngine(self.engine, self._engine_name(), turns),
             self.options.batch_wait_s,
             lambda: sum(not e.done for e in episodes),
+            worker_thread=False,
         )
+        sample_here(queue, lambda: self._episodes(queue, episodes, sampling, seeds, max_sampled, turns))
+
+    def _episodes(
+        self,
+        queue: RequestQueue,
+        episodes: list[Episode],
+        sampling: SamplingParams,
+        seeds: list[int] | None,
+        max_sampled: int,
+        turns: dict[int, int],
+    ) -> None:
+        """The episodes' loop: env calls and model turns submitted as each is due, until all end."""
         pending: dict[Future, tuple[Episode, Reply | None]] = {}  # a generation (no reply yet) or an env step
         failed: list[tuple[tuple[int, int], BaseException]] = []  # stop once the running calls answered
         tools = [self._tools(episode.env) for episode in episodes]

@@ -134,6 +134,24 @@ def test_instant_envs_give_the_lockstep_batches(tiny):
     assert rollout.engine.seeds == [(None,) * 8, (None,) * 5, (None,) * 2]
 
 
+def test_the_engine_samples_in_the_thread_that_runs_the_rollout(tiny):
+    """The trainer's thread, so torch's thread pool is the update's (agentrl.sample_here)."""
+    rollout = _rollout(tiny)
+    real, threads = rollout.engine.generate, []
+
+    def generate(prompts, sampling):
+        threads.append(threading.current_thread())
+        return real(prompts, sampling)
+
+    rollout.engine.generate = generate
+    results = {}
+    caller = threading.Thread(target=lambda: results.update(done=_run(rollout, [Talk() for _ in TASKS])))
+    caller.start()
+    caller.join(60)
+    assert len(results["done"]) == len(TASKS) and threads and set(threads) == {caller}
+    assert not _queue_threads()
+
+
 @pytest.mark.parametrize("env_class", [Talk, AsyncTalk])
 def test_tokens_do_not_depend_on_env_latency(tiny, env_class):
     instant = _run(_rollout(tiny, plugins=lockstep_plugins()), [Talk() for _ in TASKS])
@@ -249,7 +267,8 @@ class InterruptsHere(Interrupts):
 
 
 def _queue_threads():
-    return [t for t in threading.enumerate() if t.name == "agentrl-batching-queue" and t.is_alive()]
+    names = ("agentrl-batching-queue", "agentrl-requesters")
+    return [t for t in threading.enumerate() if t.name in names and t.is_alive()]
 
 
 @pytest.mark.parametrize("env_class", [Interrupts, InterruptsHere])
@@ -263,7 +282,7 @@ def test_an_interrupt_stops_the_rollout_and_its_queue(tiny, env_class):
 
 
 def test_a_keyboard_interrupt_raised_by_engine_code_reaches_the_rollout_as_it_was(tiny):
-    """The engine runs in the request queue's thread: what it raises that is not an Exception is
+    """The engine runs in the rollout's thread: what it raises that is not an Exception is
     raised by the rollout (the trainer names it as the plugin's failure), never a hang."""
     rollout = _rollout(tiny)
     real = rollout.engine.generate

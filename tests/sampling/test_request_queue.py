@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from agentrl import EngineError, SamplingParams
 from agentrl.config.train import TrainConfig
 from agentrl.plugins import load_plugins
-from agentrl.sampling.request_queue import BatchingQueue, GenerationRequest, request_queue
+from agentrl.sampling.request_queue import BatchingQueue, GenerationRequest, request_queue, sample_here
 from agentrl.testing import build_tiny_model
 
 
@@ -100,3 +102,52 @@ def test_an_engine_may_supply_its_own_queue(tokenizer):
     with request_queue(engine, 0.25, lambda: 3) as queue:
         assert engine.asked == (0.25, 3) and isinstance(queue, BatchingQueue)
     assert not queue._thread.is_alive()  # leaving the block closed it
+
+
+class ThreadRecording(Recording):
+    """The real hf engine, keeping the thread each generate call ran in."""
+
+    def generate(self, prompts, sampling):
+        self.threads = [*getattr(self, "threads", []), threading.current_thread()]
+        return super().generate(prompts, sampling)
+
+
+def test_sample_here_samples_in_the_calling_thread_while_the_requesters_run_in_another(tokenizer):
+    engine = ThreadRecording(tokenizer)
+    queue = request_queue(engine, 30.0, lambda: len(PROMPTS), worker_thread=False)
+    assert not queue.serves_itself
+
+    def requesters() -> list[list[int]]:
+        futures = [
+            queue.submit(GenerationRequest(p, SamplingParams(max_new_tokens=4), seed=i, order=i))
+            for i, p in enumerate(PROMPTS)
+        ]
+        results = [f.result(timeout=60).token_ids for f in futures]
+        queue.close()
+        return [threading.current_thread().name, *results]
+
+    helper, *results = sample_here(queue, requesters)
+    assert engine.threads == [threading.current_thread()] and helper == "agentrl-requesters"
+    direct = engine.inner.generate(PROMPTS, SamplingParams(max_new_tokens=4, prompt_seeds=(0, 1, 2, 3)))
+    assert results == [g.token_ids for g in direct]  # as a worker thread samples them
+
+
+def test_sample_here_raises_what_the_requesters_raised_and_ends_serving(tokenizer):
+    queue = request_queue(Recording(tokenizer), 30.0, lambda: 1, worker_thread=False)
+
+    def requesters() -> None:
+        queue.submit(GenerationRequest(PROMPTS[0], SamplingParams(max_new_tokens=2))).result(timeout=60)
+        raise KeyError("env lost")  # without closing the queue: sample_here closes it
+
+    with pytest.raises(KeyError, match="env lost"):
+        sample_here(queue, requesters)
+    with pytest.raises(EngineError, match="closed"):
+        queue.submit(GenerationRequest(PROMPTS[0], SamplingParams()))
+    failing = request_queue(Failing(), 30.0, lambda: 1, worker_thread=False)
+    with pytest.raises(RuntimeError, match="device lost"):  # an engine failure reaches the requester
+        sample_here(failing, lambda: failing.submit(GenerationRequest(PROMPTS[0], SamplingParams())).result(60))
+    threaded = request_queue(Recording(tokenizer), 30.0, lambda: 1)  # samples on its own: no serving here
+    with pytest.raises(EngineError, match="own worker thread"):
+        threaded.serve()
+    assert sample_here(threaded, lambda: 7) == 7
+    threaded.close()
