@@ -7,8 +7,8 @@ config; ``--set`` changes a key), runs ``--warmup`` steps, then profiles one mor
 the step's rollout / update seconds and the ``--rows`` operators that took the most time (self CPU
 time by default), so a change to the engine or the update shows up as a change in this table. The
 profiler's own overhead (a few percent) is in every row; compare two tables from one machine.
-The rollout runs in the engine's batching thread, which the profiler does not see, so the step's
-table is the update's; a second table profiles the engine in this thread sampling the step's
+The engine samples in the trainer's thread (``agentrl.sample_here``), so the step's table holds the
+rollout's sampling and the update; a second table profiles the engine alone sampling the step's
 prompts again (``--engine-rows``; same sampling parameters, seed and engine as the step).
 """
 

@@ -34,10 +34,20 @@ def selected_logprobs(
     return picked, row_entropy if entropy else None
 
 
-def _scaled(block: torch.Tensor, compute: torch.dtype, scale: float) -> torch.Tensor:
-    """``block x scale`` in ``compute`` (the logits themselves when nothing changes: never written to)."""
-    block = block.to(compute)
-    return block * scale if scale != 1.0 else block
+def _scaled(block: torch.Tensor, compute: torch.dtype, scale: float, into: torch.Tensor | None) -> torch.Tensor:
+    """``block x scale`` in ``compute``: written into ``into`` (a reused buffer of at least as many
+    rows) when given, else the logits themselves when nothing changes (never written to)."""
+    if into is None:
+        return block * scale if scale != 1.0 else block
+    out = into[: block.shape[0]].copy_(block)
+    return out.mul_(scale) if scale != 1.0 else out
+
+
+def _buffer(logits: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
+    """One block's worth of ``compute`` memory, reused for every block of a call: a fresh
+    allocation per block (6 MiB on the default model) is returned to the system and faulted in
+    again page by page each time, which cost more than the cast itself (bench/selected_logprobs.py)."""
+    return torch.empty(min(ROWS_PER_BLOCK, logits.shape[0]), logits.shape[1], dtype=compute, device=logits.device)
 
 
 def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
@@ -56,11 +66,13 @@ class _SelectedLogprobs(torch.autograd.Function):
         rows, compute = logits.shape[0], _compute_dtype(logits)
         lse = torch.empty(rows, dtype=compute, device=logits.device)  # (U,)
         row_entropy = torch.zeros(rows if entropy else 0, dtype=compute, device=logits.device)  # (U,)
+        scaled = None if logits.dtype == compute and scale == 1.0 else _buffer(logits, compute)
+        spare = _buffer(logits, compute)
         for start in range(0, rows, ROWS_PER_BLOCK):
             span = slice(start, start + ROWS_PER_BLOCK)
-            block = _scaled(logits[span], compute, scale)  # (b, V)
+            block = _scaled(logits[span], compute, scale, scaled)  # (b, V)
             top = block.amax(dim=-1, keepdim=True)  # (b, 1)
-            weights = (block - top).exp_()  # (b, V) unnormalised probabilities
+            weights = torch.sub(block, top, out=spare[: block.shape[0]]).exp_()  # (b, V) unnormalised probabilities
             total = weights.sum(dim=-1)  # (b,)
             lse[span] = top.squeeze(-1) + total.log()
             if entropy:  # H = lse - sum(p * x), p = weights / total
@@ -80,9 +92,12 @@ class _SelectedLogprobs(torch.autograd.Function):
         rows, compute = logits.shape[0], _compute_dtype(logits)
         per_row = torch.zeros(rows, dtype=compute, device=logits.device).index_add_(0, where, grad_picked.to(compute))
         grad = torch.empty_like(logits)  # (U, V)
+        scaled = None if logits.dtype == compute and scale == 1.0 else _buffer(logits, compute)
+        spare = _buffer(logits, compute)
         for start in range(0, rows, ROWS_PER_BLOCK):
             stop = min(start + ROWS_PER_BLOCK, rows)
-            probs = torch.softmax(_scaled(logits[start:stop], compute, scale), dim=-1)  # (b, V)
+            block = _scaled(logits[start:stop], compute, scale, scaled)
+            probs = torch.ops.aten._softmax.out(block, -1, False, out=spare[: stop - start])  # (b, V)
             block = probs.mul_(-scale * per_row[start:stop, None])  # (b, V)
             inside = (where >= start) & (where < stop)  # chosen tokens of this block's rows
             block.index_put_(

@@ -52,7 +52,10 @@ position instead of copying the whole cache as transformers' ``DynamicCache`` do
 sliding-window or recurrent layers keep ``DynamicCache``). In those models on a CPU the engine's own
 copy of the weights (every ``dtype`` but ``float32``) attends a decode step's one new position by two
 float32 matmuls over the grouped KV heads instead of ``sdpa``
-(:mod:`agentrl_hf_engine.decode_attention`).
+(:mod:`agentrl_hf_engine.decode_attention`). A bf16 copy on a CPU also keeps its linear layers' weights
+in oneDNN's blocked layout, packed again at every weight sync, so that a decode step's small
+matmuls do not reorder them on every call (``engine_args.packed_weights``,
+:mod:`agentrl_hf_engine.packed_linear`; bit for bit the same outputs).
 
 With ``engine_args.prefix_cache_mb`` > 0, finished sequences' KV is kept across calls
 (:mod:`agentrl_hf_engine.prefix_cache`) and a prompt prefills only what follows its longest cached

@@ -87,7 +87,7 @@ class Reply:
 
 class EngineExit(Exception):
     """Carries what engine code raised that is not an ``Exception`` (a KeyboardInterrupt or
-    SystemExit it raised itself, in the request queue's thread) to the rollout, which raises it
+    SystemExit it raised itself, in the thread serving the request queue) to the rollout, which raises it
     as it was (the run then names it as a plugin's failure)."""
 
     def __init__(self, exc: BaseException) -> None:
@@ -125,5 +125,5 @@ class NamedEngine:
                 f"{min(lengths, default=0)}-{max(lengths, default=0)} tokens (max_new_tokens="
                 f"{sampling.max_new_tokens}, temperature={sampling.temperature}): {detail}"
             ) from exc
-        except BaseException as exc:  # the queue's thread hands only Exceptions to the requests' futures
+        except BaseException as exc:  # the serving thread hands only Exceptions to the requests' futures
             raise EngineExit(exc) from None
