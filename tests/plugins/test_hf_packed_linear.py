@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl import SamplingParams
 from agentrl.config.train import TrainConfig
+from agentrl.testing import build_tiny_model
 from agentrl_hf_engine import HFEngine
 from agentrl_hf_engine.packed_linear import PackedLinear, can_pack, pack_linears
 
@@ -18,20 +18,9 @@ BF16_ONEDNN = torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is
 needs_bf16_onednn = pytest.mark.skipif(not BF16_ONEDNN, reason="oneDNN computes no bf16 on this CPU (no AVX512)")
 
 
-def tiny(seed: int = 0) -> LlamaForCausalLM:
+def tiny() -> torch.nn.Module:
     """A tiny random Llama with a tied LM head, as SmolLM2's."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(config).eval()
+    return build_tiny_model(97)
 
 
 def engine(model: torch.nn.Module, **engine_args: object) -> HFEngine:
