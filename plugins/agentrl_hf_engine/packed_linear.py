@@ -51,8 +51,8 @@ class PackedLinear(torch.nn.Linear):
 
 def can_pack(model: torch.nn.Module) -> bool:
     """Whether :func:`pack_linears` applies: a CPU model in bf16 and a torch built with oneDNN that
-    computes bf16 (AVX512-BF16 or AMX). In fp32, ``F.linear`` is MKL's, whose sums oneDNN would
-    round otherwise."""
+    computes bf16 (an AVX512 CPU; natively with AVX512-BF16 or AMX). In fp32, ``F.linear`` is
+    MKL's, whose sums oneDNN would round otherwise."""
     parameter = next(model.parameters(), None)
     if parameter is None or parameter.device.type != "cpu" or parameter.dtype != torch.bfloat16:
         return False
