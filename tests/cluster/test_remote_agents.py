@@ -25,6 +25,14 @@ import json, os, signal, time
 import psutil
 
 
+def _first(mark):  # True in the one program that creates mark (atomic: both actors' episodes run at once)
+    try:
+        os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 def solve(task, client):
     log = os.environ.get("AGENT_LOG")
     if log:  # where this agent program runs: its process and the processes above it
@@ -33,8 +41,7 @@ def solve(task, client):
             out.write(json.dumps({"pid": os.getpid(), "ancestors": ancestors}) + "\\n")
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["question"]}])
     mark = os.environ.get("AGENT_KILL_MARK")
-    if mark and not os.path.exists(mark):  # once: the worker actor hosting this program dies mid-episode
-        open(mark, "w").close()
+    if mark and _first(mark):  # once: the worker actor hosting this program dies mid-episode
         os.kill(os.getppid(), signal.SIGKILL)
         time.sleep(60)
     return float(len(reply.choices[0].message.content) % 2)
