@@ -1,7 +1,8 @@
 """Seconds per GRPO step: agentrl's ``Trainer`` against TRL's ``GRPOTrainer``, same config, one process.
 
     python bench/trl_vs_agentrl.py [--steps 5] [--skip-first 1] [--only agentrl|trl] [--trl-first]
-                                   [--interleave] [--threads N] [--trl-arg KEY=VALUE ...] [--out PATH]
+                                   [--interleave] [--threads N] [--precision auto|fp32]
+                                   [--trl-arg KEY=VALUE ...] [--out PATH]
 
 Both train the default model (SmolLM2-135M-Instruct, the local HF folder of
 ``agentrl.model.loading.resolve_model("smollm2-135m")``) on the ``math`` env's training tasks for ``--steps``
@@ -45,8 +46,12 @@ What differs (TRL keeps its own defaults here; each can bias the comparison):
     ``bf16=True`` (even with ``use_cpu=True``: fp32 weights under bf16 autocast for training *and*
     generation). The script sets TRL's ``bf16`` to what agentrl's ``precision: auto`` picks on this
     machine (fp32 on a CPU without native bf16, where TRL's default would take many minutes a step;
-    ``--trl-arg bf16=...`` overrides it), so both compute in the same precision. agentrl in bf16:
-    bf16 autocast for training, sampling from a bf16 copy of the weights; in fp32: fp32 throughout.
+    ``--trl-arg bf16=...`` overrides it), so both compute in the same precision; agentrl follows
+    TRL's ``bf16`` (:func:`agentrl_precision`). agentrl in bf16: bf16 autocast for training, sampling
+    from a bf16 copy of the weights; in fp32: fp32 training, sampling from an fp32 copy rounded to
+    bf16, as ``precision: auto`` runs on a CPU without native bf16. ``--precision fp32`` runs both in
+    fp32 on any CPU: the path an AVX2 machine takes, measured where bf16 is native (its matrix
+    speed is that CPU's, not an AVX2 one's).
   * Generation: TRL calls ``model.generate`` on 32 left-padded rows (each prompt repeated 8 times,
     prefilled 8 times); agentrl's engine prefills each distinct prompt once and drops finished rows.
   * TRL computes per-token entropies in its loss pass and logs many metrics (``logging_steps=1``
@@ -253,14 +258,32 @@ class Turns:
 
 
 # -- agentrl ------------------------------------------------------------------------------------------
-def run_agentrl(steps: int, skip: int, work: Path, turns: Turns | None = None) -> dict[str, Any]:
-    """Train ``steps`` steps through agentrl's library API; returns per-step figures."""
+def agentrl_precision(bf16: bool) -> dict[str, Any]:
+    """agentrl's precision settings for TRL's ``bf16``: ``precision: auto`` where it picks the same;
+    otherwise fp32 as ``auto`` runs it on a CPU without native bf16 (fp32 training, sampling from an
+    fp32 copy of the weights rounded to bf16), or bf16 where TRL was asked for bf16 there."""
+    from agentrl.model.precision import resolve_precision
+
+    if resolve_precision("auto").bf16 == bf16:
+        return {"precision": "auto"}
+    if bf16:
+        return {"precision": "bf16"}
+    return {"precision": "fp32", "engine_args": {"dtype": "bfloat16_weights"}}
+
+
+def run_agentrl(
+    steps: int, skip: int, work: Path, turns: Turns | None = None, bf16: bool | None = None
+) -> dict[str, Any]:
+    """Train ``steps`` steps through agentrl's library API (in the precision TRL's ``bf16`` says;
+    None: ``auto``); returns per-step figures."""
     from agentrl.config.train import TrainConfig
     from agentrl.model.precision import resolve_precision
     from agentrl.plugins import load_plugins
     from agentrl.training.trainer import Trainer
 
+    precision = agentrl_precision(bf16) if bf16 is not None else {"precision": "auto"}
     config = TrainConfig(
+        **precision,
         prompts_per_step=PROMPTS_PER_STEP,
         num_generations=NUM_GENERATIONS,
         max_new_tokens=MAX_NEW_TOKENS,
@@ -329,7 +352,8 @@ def run_agentrl(steps: int, skip: int, work: Path, turns: Turns | None = None) -
         "other_processes_cores": other.cores,
         "settings": {
             "precision": config.precision,
-            "engine_dtype": "bfloat16" if resolve_precision(config.precision).bf16 else "float32",
+            "engine_dtype": config.engine_args.get("dtype")
+            or ("bfloat16" if resolve_precision(config.precision).bf16 else "float32"),
             "gradient_checkpointing": False,
             "optimizer": "torch.optim.AdamW",
             "adam_betas": list(config.adam_betas),
@@ -524,7 +548,7 @@ def run_trl(
 def run_system(name: str, steps: int, skip: int, work: Path, trl_overrides: dict[str, Any], turns=None) -> dict:
     """Train ``name`` (``agentrl`` or ``trl``) for ``steps`` steps; its per-step figures."""
     if name == "agentrl":
-        return run_agentrl(steps, skip, work, turns)
+        return run_agentrl(steps, skip, work, turns, bool(trl_overrides.get("bf16", True)))
     return run_trl(steps, skip, work, trl_overrides, turns)
 
 
@@ -690,6 +714,13 @@ def main() -> None:
         "both meet the machine in the same minutes; each in a process of its own (the wall column includes "
         "the other's steps)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32"),
+        default="auto",
+        help="auto: both in what agentrl's precision: auto picks here; fp32: both in fp32 as auto runs "
+        "them on a CPU without native bf16 (measures that path on any CPU)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
     parser.add_argument(
         "--threads",
@@ -716,7 +747,8 @@ def main() -> None:
 
     from agentrl.model.precision import resolve_precision
 
-    trl_overrides.setdefault("bf16", resolve_precision("auto").bf16)  # both in the precision auto picks
+    # both in one precision: what auto picks here, or fp32 (agentrl follows TRL's bf16, see agentrl_precision)
+    trl_overrides.setdefault("bf16", resolve_precision("auto").bf16 and args.precision == "auto")
     order = ["trl", "agentrl"] if args.trl_first else ["agentrl", "trl"]
     if args.only:
         order = [args.only]

@@ -1,6 +1,7 @@
 """The hf engine's packed linear layers: oneDNN's pre-reordered weights give ``F.linear``'s outputs bit
 for bit, the engine samples the same tokens and logprobs with them as without, a weight sync packs
-again (a stale pack would sample from the old weights), and only the engine's bf16 copy is packed."""
+again (a stale pack would sample from the old weights), and only the engine's own copies are packed;
+the fp32 copy of rounded weights samples the same tokens, its logprobs to float rounding."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from agentrl.testing import build_tiny_model
 from agentrl_hf_engine import HFEngine
 from agentrl_hf_engine.packed_linear import PackedLinear, can_pack, pack_linears
 
-BF16_ONEDNN = torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+ONEDNN = torch.backends.mkldnn.is_available()
+BF16_ONEDNN = ONEDNN and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 needs_bf16_onednn = pytest.mark.skipif(not BF16_ONEDNN, reason="oneDNN computes no bf16 on this CPU (no AVX512)")
 
 
@@ -69,18 +71,20 @@ def test_gradients_and_other_dtypes_take_f_linear() -> None:
             layer(x32)
 
 
-def test_only_plain_linears_of_the_engines_bf16_copy_are_packed() -> None:
+def test_only_plain_linears_of_the_engines_own_copies_are_packed() -> None:
     class Lora(torch.nn.Linear):
         """A subclass with a forward of its own (as LoRA layers have)."""
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), Lora(4, 4)).to(torch.bfloat16)
     if BF16_ONEDNN:
         assert pack_linears(model) == 1 and type(model[1]) is Lora
-    assert not can_pack(torch.nn.Linear(4, 4))  # fp32: MKL's sums, which oneDNN would round otherwise
+    assert not can_pack(torch.nn.Linear(4, 4))  # fp32: MKL's sums, which oneDNN rounds otherwise
+    assert can_pack(torch.nn.Linear(4, 4), float32=True) == ONEDNN  # a copy that need not be bit-equal
     trainer_model = tiny()
-    for dtype in ("float32", "bfloat16_weights"):
-        built = HFEngine(trainer_model, config=TrainConfig(engine_args={"dtype": dtype}))
-        assert not any(isinstance(m, PackedLinear) for m in built.model.modules()), dtype
+    exact = HFEngine(trainer_model, config=TrainConfig(engine_args={"dtype": "float32"}))
+    assert not any(isinstance(m, PackedLinear) for m in exact.model.modules())  # the trainer's own model
+    rounded = HFEngine(trainer_model, config=TrainConfig(engine_args={"dtype": "bfloat16_weights"}))
+    assert any(isinstance(m, PackedLinear) for m in rounded.model.modules()) == ONEDNN
     packed = engine(trainer_model)
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules()) == BF16_ONEDNN
     assert not any(isinstance(m, PackedLinear) for m in engine(trainer_model, packed_weights=False).model.modules())
@@ -119,3 +123,33 @@ def test_a_weight_changed_since_packing_is_never_served_stale() -> None:
     assert clone.packed is None and torch.equal(clone(x), F.linear(x, layer.weight, layer.bias))
     wider = layer.float()  # another dtype: F.linear on the new fp32 weight
     assert torch.equal(wider(x.float()), F.linear(x.float(), wider.weight, wider.bias))
+
+
+def rounded(model: torch.nn.Module, **engine_args: object) -> HFEngine:
+    return HFEngine(model, config=TrainConfig(engine_args={"dtype": "bfloat16_weights", **engine_args}))
+
+
+@pytest.mark.skipif(not ONEDNN, reason="torch built without oneDNN")
+def test_the_rounded_fp32_copy_packed_samples_the_unpacked_tokens_with_logprobs_to_rounding() -> None:
+    model = tiny()
+    packed, plain = rounded(model), rounded(model, packed_weights=False)
+    assert not packed._own_head and plain._own_head  # the packed LM head replaces the W @ h path
+
+    def close(a: list, b: list) -> None:
+        assert [tokens for tokens, _ in a] == [tokens for tokens, _ in b]
+        differences = [abs(x - y) for (_, la), (_, lb) in zip(a, b) for x, y in zip(la, lb)]
+        assert max(differences) <= 1e-4, max(differences)  # oneDNN's sums against MKL's: last bits
+
+    close(samples(packed), samples(plain))
+    with torch.no_grad():  # a training step's change
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    stale = {name: m.packed for name, m in packed.model.named_modules() if isinstance(m, PackedLinear)}
+    packed.sync_weights(model)
+    plain.sync_weights(model)
+    after = samples(packed)
+    close(after, samples(plain))
+    for name, module in packed.model.named_modules():  # what a sync that did not pack again would sample
+        if name in stale:
+            module.packed = stale[name]
+    assert max(abs(x - y) for (_, la), (_, lb) in zip(samples(packed), after) for x, y in zip(la, lb)) > 1e-3
