@@ -91,11 +91,11 @@ def test_only_plain_linears_of_the_engines_own_copies_are_packed() -> None:
     assert not any(isinstance(m, PackedLinear) for m in trainer_model.modules())  # never the trainer's model
 
 
-@needs_bf16_onednn
-def test_engine_samples_as_unpacked_before_and_after_a_weight_sync() -> None:
-    model = tiny()
-    packed, plain = engine(model), engine(model, packed_weights=False)
-    assert samples(packed) == samples(plain)
+def across_a_sync(model: torch.nn.Module, packed: HFEngine, plain: HFEngine, same) -> tuple[list, list]:
+    """``same(packed's samples, plain's)`` before and after a weight change synced to both; then the
+    samples of ``packed`` with its old packs put back (what a sync that did not pack again would
+    sample) and its samples after the sync."""
+    same(samples(packed), samples(plain))
     with torch.no_grad():  # a training step's change, the tied head included
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.05)
@@ -103,11 +103,22 @@ def test_engine_samples_as_unpacked_before_and_after_a_weight_sync() -> None:
     packed.sync_weights(model)
     plain.sync_weights(model)
     after = samples(packed)
-    assert after == samples(plain)
-    for name, module in packed.model.named_modules():  # what a sync that did not pack again would sample
+    same(after, samples(plain))
+    for name, module in packed.model.named_modules():
         if name in stale:
             module.packed = stale[name]
-    assert [lp for _, lp in samples(packed)] != [lp for _, lp in after]
+    return samples(packed), after
+
+
+@needs_bf16_onednn
+def test_engine_samples_as_unpacked_before_and_after_a_weight_sync() -> None:
+    model = tiny()
+
+    def same(a: list, b: list) -> None:
+        assert a == b
+
+    stale, after = across_a_sync(model, engine(model), engine(model, packed_weights=False), same)
+    assert [lp for _, lp in stale] != [lp for _, lp in after]
 
 
 @needs_bf16_onednn
@@ -140,16 +151,5 @@ def test_the_rounded_fp32_copy_packed_samples_the_unpacked_tokens_with_logprobs_
         differences = [abs(x - y) for (_, la), (_, lb) in zip(a, b) for x, y in zip(la, lb)]
         assert max(differences) <= 1e-4, max(differences)  # oneDNN's sums against MKL's: last bits
 
-    close(samples(packed), samples(plain))
-    with torch.no_grad():  # a training step's change
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.05)
-    stale = {name: m.packed for name, m in packed.model.named_modules() if isinstance(m, PackedLinear)}
-    packed.sync_weights(model)
-    plain.sync_weights(model)
-    after = samples(packed)
-    close(after, samples(plain))
-    for name, module in packed.model.named_modules():  # what a sync that did not pack again would sample
-        if name in stale:
-            module.packed = stale[name]
-    assert max(abs(x - y) for (_, la), (_, lb) in zip(samples(packed), after) for x, y in zip(la, lb)) > 1e-3
+    stale, after = across_a_sync(model, packed, plain, close)
+    assert max(abs(x - y) for (_, la), (_, lb) in zip(stale, after) for x, y in zip(la, lb)) > 1e-3
