@@ -43,11 +43,16 @@ def _scaled(block: torch.Tensor, compute: torch.dtype, scale: float, into: torch
     return out.mul_(scale) if scale != 1.0 else out
 
 
-def _buffer(logits: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
-    """One block's worth of ``compute`` memory, reused for every block of a call: a fresh
+def _buffers(logits: torch.Tensor, compute: torch.dtype, scale: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Two blocks' worth of ``compute`` memory, reused for every block of a call: one for the scaled
+    block (None when the logits serve as they are), one for what is computed from it. A fresh
     allocation per block (6 MiB on the default model) is returned to the system and faulted in
     again page by page each time, which cost more than the cast itself (bench/selected_logprobs.py)."""
-    return torch.empty(min(ROWS_PER_BLOCK, logits.shape[0]), logits.shape[1], dtype=compute, device=logits.device)
+
+    def block() -> torch.Tensor:
+        return torch.empty(min(ROWS_PER_BLOCK, logits.shape[0]), logits.shape[1], dtype=compute, device=logits.device)
+
+    return (None if logits.dtype == compute and scale == 1.0 else block()), block()
 
 
 def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
@@ -66,8 +71,7 @@ class _SelectedLogprobs(torch.autograd.Function):
         rows, compute = logits.shape[0], _compute_dtype(logits)
         lse = torch.empty(rows, dtype=compute, device=logits.device)  # (U,)
         row_entropy = torch.zeros(rows if entropy else 0, dtype=compute, device=logits.device)  # (U,)
-        scaled = None if logits.dtype == compute and scale == 1.0 else _buffer(logits, compute)
-        spare = _buffer(logits, compute)
+        scaled, spare = _buffers(logits, compute, scale)
         for start in range(0, rows, ROWS_PER_BLOCK):
             span = slice(start, start + ROWS_PER_BLOCK)
             block = _scaled(logits[span], compute, scale, scaled)  # (b, V)
@@ -92,8 +96,7 @@ class _SelectedLogprobs(torch.autograd.Function):
         rows, compute = logits.shape[0], _compute_dtype(logits)
         per_row = torch.zeros(rows, dtype=compute, device=logits.device).index_add_(0, where, grad_picked.to(compute))
         grad = torch.empty_like(logits)  # (U, V)
-        scaled = None if logits.dtype == compute and scale == 1.0 else _buffer(logits, compute)
-        spare = _buffer(logits, compute)
+        scaled, spare = _buffers(logits, compute, scale)
         for start in range(0, rows, ROWS_PER_BLOCK):
             stop = min(start + ROWS_PER_BLOCK, rows)
             block = _scaled(logits[start:stop], compute, scale, scaled)
