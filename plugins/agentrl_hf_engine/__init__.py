@@ -134,10 +134,12 @@ class HFEngineConfig:
     batch_size: Annotated[int, Field(ge=1), Allowed("an integer >= 1")] = 64
     """Most prompts decoded together; larger requests are split."""
     prefix_cache_mb: Annotated[float, Field(ge=0), Allowed("a number of MiB >= 0")] = 0
-    """MiB for the prefix cache (0: off): finished sequences' KV kept across calls, so a later prompt
-    that starts with one (the next turn, an agent's next call, a group's prompt again) prefills only
-    the tokens after it; least recently used evicted first, cleared on every weight sync. Tokens
-    match the uncached engine's, logprobs to float rounding (not bit for bit), so it is opt-in."""
+    """MiB of KV for the prefix cache (0: off): finished sequences' KV kept across calls in a radix
+    tree over their token ids, so a later prompt that starts with stored ids (the next turn, an
+    agent's next call, a shared system prompt) prefills only the tokens after them; least recently
+    used evicted first, cleared on every weight sync. A hit's logprobs equal the uncached engine's
+    to float rounding, not bit for bit, so what is sampled depends on what the cache held (other
+    processes, replicas or checkpoints, other near-ties): opt-in."""
     share_prefix_min_tokens: Annotated[int, Field(ge=0), Allowed("an integer >= 0")] = 64
     """A call's distinct prompts that all begin with the same ids, at least this many (a system
     prompt, an agent's instructions), prefill them once as one row whose KV every row starts from,

@@ -49,7 +49,7 @@ def engines(tokenizer, **args):
     model = build_tiny_model(len(tokenizer))
     made = [
         factory(model=model, tokenizer=tokenizer, config=TrainConfig(engine_args={"dtype": "float32", **extra}))
-        for extra in ({}, {"prefix_cache_mb": 256, **args})
+        for extra in ({"prefix_cache_mb": 0}, {"prefix_cache_mb": 256, **args})
     ]
     return made[0], made[1]
 
@@ -61,7 +61,7 @@ def next_turns(prompts: list[list[int]], generations, tail: list[int]) -> list[l
 
 def test_later_turns_sample_the_uncached_tokens_and_count_the_first_turn_as_hits() -> None:
     model = tiny_model()
-    cached, plain = make_engine(model, prefix_cache_mb=64), make_engine(model)
+    cached, plain = make_engine(model, prefix_cache_mb=64), make_engine(model, prefix_cache_mb=0)
     sampling = SamplingParams(max_new_tokens=12, temperature=0.9, seed=3)
     first = cached.generate(PROMPTS, sampling)
     same_generations(first, plain.generate(PROMPTS, sampling))
@@ -82,7 +82,7 @@ def test_later_turns_sample_the_uncached_tokens_and_count_the_first_turn_as_hits
 
 def test_a_grpo_group_is_prefilled_once_and_its_next_call_prefills_one_token() -> None:
     model = tiny_model()
-    cached, plain = make_engine(model, prefix_cache_mb=64), make_engine(model)
+    cached, plain = make_engine(model, prefix_cache_mb=64), make_engine(model, prefix_cache_mb=0)
     group = [[1, 3, 4, 5, 6, 7, 8, 9, 10, 11]] * 8
     for seed in (5, 6):  # the second call's prompt is wholly cached but its last token
         sampling = SamplingParams(max_new_tokens=10, temperature=1.0, seed=seed)
@@ -94,7 +94,10 @@ def test_a_grpo_group_is_prefilled_once_and_its_next_call_prefills_one_token() -
 @pytest.mark.parametrize("dtype", ["bfloat16", "bfloat16_weights"])
 def test_low_precision_cached_turns_stay_within_the_parity_tolerance(dtype: str) -> None:
     model = tiny_model()
-    cached, plain = make_engine(model, dtype=dtype, prefix_cache_mb=64), make_engine(model, dtype=dtype)
+    cached, plain = (
+        make_engine(model, dtype=dtype, prefix_cache_mb=64),
+        make_engine(model, dtype=dtype, prefix_cache_mb=0),
+    )
     sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
     first = plain.generate(PROMPTS, sampling)
     cached.generate(PROMPTS, sampling)
@@ -119,7 +122,7 @@ def test_a_weight_sync_between_turns_never_serves_the_old_weights_prefix(dtype: 
     cached.sync_weights(model)
     cached.counts()
     second = next_turns(PROMPTS, first, [7, 8, 9])
-    fresh = make_engine(newer, dtype=dtype)  # an uncached engine with the new weights
+    fresh = make_engine(newer, dtype=dtype, prefix_cache_mb=0)  # an uncached engine with the new weights
     same_generations(cached.generate(second, sampling), fresh.generate(second, sampling))
     assert cached.counts()["engine/prefix_hit_tokens"] == 0.0
 
@@ -131,7 +134,7 @@ def test_a_new_version_before_a_decode_step_clears_the_cache() -> None:
     cached.before_decode_step = lambda: next(versions)
     sampling = SamplingParams(max_new_tokens=6, temperature=0.0)
     first = cached.generate(PROMPTS[:1], sampling)
-    assert cached.prefix_cache.version == 1 and cached.prefix_cache.entries  # stored after the change
+    assert cached.prefix_cache.version == 1 and cached.prefix_cache.sequences()  # stored after the change
     cached.before_decode_step = lambda: 2  # another version: the entries are stale
     cached.generate(next_turns(PROMPTS[:1], first, [7]), sampling)
     metrics = cached.counts()
@@ -189,19 +192,47 @@ def test_an_agent_programs_calls_are_the_uncached_ones(tokenizer, tmp_path) -> N
     assert metrics["engine/prefix_hit_tokens"] > metrics["engine/prefilled_tokens"]  # the system prompt, again
 
 
-def test_the_budget_evicts_least_recently_used_and_an_extension_replaces_its_prefix() -> None:
-    kv = [(torch.zeros(2, 4, 8), torch.zeros(2, 4, 8))]  # 4 tokens: 512 bytes
-    cache = PrefixCache(budget=1100)
-    cache.store([1, 2, 3, 4], kv)
-    cache.store([5, 6, 7, 8], kv)
+def kv_of(ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One layer's keys and values (2 heads, 8 dims, keys and values: 128 bytes a token) that say which id they hold."""
+    keys = torch.tensor(ids, dtype=torch.float32)[None, :, None].expand(2, len(ids), 8)
+    return [(keys, -keys)]
+
+
+def test_a_shared_prefix_is_held_once_and_a_hit_returns_its_own_kv() -> None:
+    cache = PrefixCache(budget=10_000)
+    cache.store([1, 2, 3, 4], kv_of([1, 2, 3, 4]))
+    cache.store([1, 2, 3, 4, 5, 6], kv_of([1, 2, 3, 4, 5, 6]))  # extends: only 5, 6 are added
+    cache.store([1, 2, 7], kv_of([1, 2, 7]))  # splits the path after 1, 2
+    cache.store([1, 2], kv_of([1, 2]))  # already held: nothing added
+    assert cache.nbytes == 7 * 128  # ids 1 2 3 4 5 6 7, once each
+    assert sorted(cache.sequences()) == [(1, 2, 3, 4, 5, 6), (1, 2, 7)]
+    for prompt, held in [([1, 2, 3, 4, 5, 6, 9], 6), ([1, 2, 7, 8], 3), ([1, 2, 3, 9], 3), ([1, 2, 3], 2), ([5], 0)]:
+        length, kv = cache.lookup(prompt)
+        assert length == held  # the last prompt id is always left to prefill
+        if held:
+            keys, values = kv[0]
+            assert keys.shape == (2, held, 8)
+            assert torch.equal(keys[0, :, 0], torch.tensor(prompt[:held], dtype=torch.float32))
+            assert torch.equal(values, -keys)
+        else:
+            assert kv is None
+
+
+def test_the_budget_evicts_least_recently_used_leaves() -> None:
+    cache = PrefixCache(budget=10 * 128)
+    cache.store([1, 2, 3, 4], kv_of([1, 2, 3, 4]))
+    cache.store([5, 6, 7, 8], kv_of([5, 6, 7, 8]))
     assert cache.lookup([1, 2, 3, 4, 9])[0] == 4  # touched: [5..8] is now the oldest
-    cache.store([9, 9, 9, 9], kv)
-    assert cache.nbytes == 1024 and cache.lookup([5, 6, 7, 8, 1])[0] == 0
-    cache.store([1, 2, 3, 4, 5, 6], [(torch.zeros(2, 6, 8), torch.zeros(2, 6, 8))])  # extends [1..4]
-    assert [e.ids.tolist() for e in cache.entries.values()] == [[1, 2, 3, 4, 5, 6]]  # and [9]*4 evicted
-    assert cache.lookup([1, 2, 3, 4, 5, 6])[0] == 5  # the last prompt token is always prefilled
-    cache.store([1, 2, 3], kv[:0])  # already covered: nothing added
-    assert len(cache.entries) == 1
+    cache.store([9, 9, 9], kv_of([9, 9, 9]))  # 11 tokens held: [5..8] goes
+    assert cache.nbytes == 7 * 128 and cache.lookup([5, 6, 7, 8, 1])[0] == 0
+    cache.store([1, 2, 3, 4, 5, 6, 7], kv_of([1, 2, 3, 4, 5, 6, 7]))  # extends [1..4]: 10 held
+    assert cache.nbytes == 10 * 128 and len(cache.sequences()) == 2
+    cache.store([1, 2, 8], kv_of([1, 2, 8]))  # a new leaf under the split: [9, 9, 9] is the oldest
+    assert sorted(cache.sequences()) == [(1, 2, 3, 4, 5, 6, 7), (1, 2, 8)]
+    cache.store(list(range(20, 31)), kv_of(list(range(20, 31))))  # more than the budget: not kept
+    assert cache.nbytes == 8 * 128 and cache.lookup([20, 21, 22])[0] == 0
+    cache.clear(version=3)
+    assert cache.nbytes == 0 and cache.sequences() == [] and cache.version == 3
 
 
 def test_a_bad_budget_is_one_line() -> None:
