@@ -207,6 +207,15 @@ class Algorithm(abc.ABC):
     def loss(self, context: LossContext) -> LossOutput:
         """This micro-batch's share of the optimizer step's loss (see :class:`LossContext`)."""
 
+    def inert_rows(self, batch: TrainBatch) -> torch.Tensor | None:
+        """Which rows of ``batch`` (a micro-batch with its ``extras["advantages"]``) add exactly
+        nothing to the gradient whatever the weights, as a bool ``(N,)`` tensor: a GRPO group whose
+        rewards are all equal has advantage 0 on every token, and a loss that is advantage times a
+        function of the weights has a zero gradient there. The learner runs a micro-batch made
+        only of such rows without a backward (the trained weights are the same bit for bit; its
+        statistics are still logged). None (the default): every row may carry gradient."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """State kept across steps other than trainable modules (e.g. an adaptive KL
         coefficient), saved in checkpoints as JSON values and tensors (no other objects); modules

@@ -185,6 +185,15 @@ class GroupRelative(ClippedPolicy):
         metrics.update({f"advantage/{name}": value for name, value in stats.items()})
         return advantages.to(device=mask.device, dtype=mask.dtype)[:, None] * mask  # (N, T)
 
+    def inert_rows(self, batch: TrainBatch) -> torch.Tensor | None:
+        """Rows whose advantage is 0 on every loss token (a group whose rewards are all equal),
+        when the loss has no KL term: the clipped surrogate and the per-token factors multiply the
+        advantage, so such a row's gradient is exactly 0. None with ``beta > 0`` (the KL term
+        pulls every row toward the reference)."""
+        if self.kl_in_loss() is not None:
+            return None
+        return ((batch.extras["advantages"] == 0) | (batch.loss_mask == 0)).all(dim=1)  # (N,)
+
     def loss(self, context: LossContext) -> LossOutput:
         """Clipped surrogate (+ ``beta`` x KL) aggregated by ``loss_type``; token stats
         ``clip/low``, ``clip/high``, ``clip/region`` (and ``clip/delta``, ``kl`` when enabled)."""

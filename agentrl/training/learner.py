@@ -242,16 +242,36 @@ class Learner:
         with contextlib.ExitStack() as step_stack:
             if not sharding.is_fsdp(accelerator):  # the weights stay as they are until the optimizer step
                 step_stack.enter_context(run.precision.casts_kept(accelerator.device))
+            inert = self._inert(micro)
             for i, mb in enumerate(micro):
+                backward = train_policy and not inert[i]
                 step_loss += self._backward_one(
-                    mb, i == len(micro) - 1, models, step, train_policy, totals, stats, metrics
+                    mb, i == len(micro) - 1, backward, models, step, train_policy, totals, stats, metrics
                 )
         return step_loss
+
+    def _inert(self, micro: list[TrainBatch]) -> list[bool]:
+        """Per micro-batch, whether its backward can be left out: every row adds nothing to the
+        gradient (:meth:`Algorithm.inert_rows`). The last keeps its backward where it is the one
+        that all-reduces the gradients (several processes) or where no other micro-batch has one
+        (the optimizer then steps on zeros, as it would have); none is left out under sharded
+        weights, where every micro-batch's backward gathers them (a collective)."""
+        run = self.run
+        if run.replica is not None:
+            return [False] * len(micro)
+        inert = []
+        for mb in micro:
+            rows = run.algorithm.inert_rows(mb)
+            inert.append(rows is not None and bool(rows.all()))
+        if inert and (run.accelerator.num_processes > 1 or all(inert)):
+            inert[-1] = False
+        return inert
 
     def _backward_one(
         self,
         mb: TrainBatch,
         last: bool,
+        backward: bool,
         models: list[torch.nn.Module],
         step: int,
         train_policy: bool,
@@ -259,15 +279,15 @@ class Learner:
         stats: StepStats,
         metrics: dict[str, float],
     ) -> float:
-        """One micro-batch's forward, loss and backward (gradients all-reduced only with ``last``);
-        its loss."""
+        """One micro-batch's forward, loss and, with ``backward``, backward (gradients all-reduced
+        only with ``last``); its loss."""
         run = self.run
         accelerator = run.accelerator
         with contextlib.ExitStack() as stack:
             if not last:  # gradients are all-reduced once, after the last micro-batch
                 for model in models:
                     stack.enter_context(accelerator.no_sync(model))
-            with self.autocast(), torch.set_grad_enabled(train_policy):
+            with self.autocast(), torch.set_grad_enabled(backward):
                 logprobs, entropy = run.policy(mb.input_ids, mb.attention_mask, mb.loss_mask)
             out = run.algorithm.loss(
                 LossContext(

@@ -116,6 +116,15 @@ def test_algorithm_properties_and_registration() -> None:
     assert component.factory is GRPO and component.factory.config_class is GRPOConfig
 
 
+def test_rows_are_inert_where_the_advantage_is_zero_and_only_without_a_kl_term() -> None:
+    batch = SimpleNamespace(
+        extras={"advantages": torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.5, 0.0], [0.0, 0.0, 0.0]])},
+        loss_mask=torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
+    )
+    assert GRPO(GRPOConfig()).inert_rows(batch).tolist() == [True, False, True]
+    assert GRPO(GRPOConfig(beta=0.04)).inert_rows(batch) is None  # the KL term has a gradient on every row
+
+
 # ---------------------------------------------------------------------------------------------
 # Group advantages
 

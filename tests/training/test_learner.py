@@ -63,3 +63,46 @@ def test_the_micro_batch_plan_follows_the_config_and_the_sampling_weights_are_th
 def test_forward_passes_run_in_the_run_s_precision(name, dtype):
     with Precision(name, "a test").autocast(torch.device("cpu")):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == dtype
+
+
+def update_recording_grad_mode(run, batch, metrics) -> list[bool]:
+    """``learner.update`` on ``batch``, returning whether each policy forward ran with grad."""
+    modes: list[bool] = []
+    decoder = run.model.get_decoder()  # the trainer runs the decoder, then its own output head
+    handle = decoder.register_forward_pre_hook(lambda *_: modes.append(torch.is_grad_enabled()))
+    try:
+        Learner(run).update(batch, metrics, step=1)
+    finally:
+        handle.remove()
+    return modes
+
+
+@pytest.mark.parametrize("rewards", [[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]], ids=["one-equal-group", "all-equal"])
+def test_a_micro_batch_of_equal_reward_groups_takes_no_backward_and_trains_the_same_weights(
+    tiny_model_dir, tmp_path, rewards
+):
+    """GRPO: a group whose rewards are all equal has advantage 0, so its gradient is exactly 0; the
+    learner leaves its backward out (unless no micro-batch would have one) and the weights and the
+    step's statistics are bit for bit those of the update that ran it."""
+    outcomes = []
+    for leave_out in (True, False):
+        run = tiny_run(tiny_model_dir, tmp_path / str(leave_out), micro_batch_size=2)  # a micro-batch a group
+        taken = RolloutPhase(run).collect(1)
+        batch = taken.batch
+        order = torch.argsort(batch.groups, stable=True)  # rows of the first group, then the second's
+        batch.rewards[order] = torch.tensor(rewards, dtype=batch.rewards.dtype)
+        if not leave_out:
+            run.algorithm.inert_rows = lambda mb: None  # the update as it was: every micro-batch backpropagated
+        modes = update_recording_grad_mode(run, batch, taken.metrics)
+        outcomes.append((modes, weights(run.model), taken.metrics))
+    (modes, after, metrics), (all_modes, expected, expected_metrics) = outcomes
+    assert [mb.num_rows for mb in Learner(run).micro_batches(batch)] == [2, 2]
+    assert all_modes == [True, True]  # the policy forward of each micro-batch (old logprobs: none needed)
+    assert sorted(modes) == [False, True]  # one micro-batch without a backward
+    if rewards[0] == rewards[1]:
+        assert modes == [False, True]  # every group equal: the last keeps its backward, the step is on zeros
+    assert all(torch.equal(after[name], expected[name]) for name in expected)
+    initial = weights(tiny_run(tiny_model_dir, tmp_path / "initial").model)
+    moved = any(not torch.equal(after[name], initial[name]) for name in initial)
+    assert moved == (rewards[0] != rewards[1])  # the varying group trained; zeros alone move nothing
+    assert metrics == expected_metrics
