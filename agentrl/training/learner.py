@@ -59,6 +59,20 @@ class Learner:
         """Micro-batches of similar lengths (less padding; the loss is invariant to the split)."""
         return [batch.select(rows) for rows in self.micro_batch_rows(batch)]
 
+    def training_micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+        """:meth:`micro_batches` of a mini-batch to backpropagate. Where a planned micro-batch
+        mixes rows that add nothing to the gradient (:meth:`Algorithm.inert_rows`) with others,
+        the two kinds are planned apart (those first), so that whole micro-batches of them can
+        leave their backward out (:meth:`_inert`); the other rows then share micro-batches
+        differently (their gradient to float rounding). Otherwise (a micro-batch a group, the
+        default) the plan is kept as it is."""
+        plan = self.micro_batch_rows(batch)
+        inert = None if self.run.replica is not None else self.run.algorithm.inert_rows(batch)
+        if inert is None or all(len(set(inert[rows].tolist())) == 1 for rows in plan):
+            return [batch.select(rows) for rows in plan]
+        parts = [batch.select(torch.nonzero(rows).flatten()) for rows in (inert, ~inert)]
+        return [mb for part in parts for mb in self.micro_batches(part)]
+
     def sampling_model(self) -> torch.nn.Module:
         """The trained weights as the engine samples them: with LoRA a plain view holding the
         merged weights, under FSDP / ZeRO-3 the full replica gathered from the shards (every
@@ -188,7 +202,7 @@ class Learner:
         counted over its micro-batches first, then accumulate, clip, step; skipped if not finite
         (returns whether it stepped)."""
         run = self.run
-        step_loss = self.accumulate(self.micro_batches(batch), batch, step, train_policy, stats, metrics)
+        step_loss = self.accumulate(self.training_micro_batches(batch), batch, step, train_policy, stats, metrics)
         trained = {name: t for name, t in run.trained.items() if train_policy or name != "policy"}
         norms = {
             name: float(run.accelerator.clip_grad_norm_(t.parameters_of.parameters(), t.max_grad_norm or float("inf")))

@@ -106,3 +106,33 @@ def test_a_micro_batch_of_equal_reward_groups_takes_no_backward_and_trains_the_s
     moved = any(not torch.equal(after[name], initial[name]) for name in initial)
     assert moved == (rewards[0] != rewards[1])  # the varying group trained; zeros alone move nothing
     assert metrics == expected_metrics
+
+
+def test_equal_reward_groups_are_planned_apart_so_their_micro_batch_takes_no_backward(tiny_model_dir, tmp_path):
+    """Four groups of two, two groups to a micro-batch, each planned micro-batch one group with equal
+    rewards and one without: planned apart, the equal groups share a micro-batch of their own
+    (first) that takes no backward, and the weights are those of the update that backpropagated
+    every micro-batch as first planned, to float rounding (the groups with gradient now share a
+    micro-batch: their gradient is summed in another order)."""
+    outcomes = []
+    for leave_out in (True, False):
+        run = tiny_run(tiny_model_dir, tmp_path / str(leave_out), prompts_per_step=4, micro_batch_size=4)
+        taken = RolloutPhase(run).collect(1)
+        batch = taken.batch
+        plan = Learner(run).micro_batch_rows(batch)  # by tokens: the rewards do not move it
+        assert len(plan) == 2
+        for rows in plan:
+            equal, varying = batch.groups[rows].unique().tolist()
+            batch.rewards[batch.groups == equal] = 1.0
+            batch.rewards[batch.groups == varying] = torch.tensor([1.0, 0.0], dtype=batch.rewards.dtype)
+        if not leave_out:
+            run.algorithm.inert_rows = lambda mb: None
+        modes = update_recording_grad_mode(run, batch, taken.metrics)
+        outcomes.append((modes, weights(run.model)))
+    (modes, after), (all_modes, expected) = outcomes
+    assert all_modes == [True, True]  # as first planned: each micro-batch has a group with gradient
+    assert modes == [False, True]  # planned apart: the equal groups first, without a backward
+    initial = weights(tiny_run(tiny_model_dir, tmp_path / "initial").model)
+    for name in expected:
+        torch.testing.assert_close(after[name] - initial[name], expected[name] - initial[name], rtol=1e-4, atol=1e-5)
+    assert any(not torch.equal(expected[name], initial[name]) for name in initial)
