@@ -59,19 +59,30 @@ class Learner:
         """Micro-batches of similar lengths (less padding; the loss is invariant to the split)."""
         return [batch.select(rows) for rows in self.micro_batch_rows(batch)]
 
-    def training_micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
-        """:meth:`micro_batches` of a mini-batch to backpropagate. Where a planned micro-batch
-        mixes rows that add nothing to the gradient (:meth:`Algorithm.inert_rows`) with others,
-        the two kinds are planned apart (those first), so that whole micro-batches of them can
-        leave their backward out (:meth:`_inert`); the other rows then share micro-batches
-        differently (their gradient to float rounding). Otherwise (a micro-batch a group, the
-        default) the plan is kept as it is."""
+    def training_micro_batches(self, batch: TrainBatch) -> tuple[list[TrainBatch], list[bool]]:
+        """:meth:`micro_batches` of a mini-batch to backpropagate, and for each whether its backward
+        can be left out: every row adds nothing to the gradient (:meth:`Algorithm.inert_rows`).
+        Where a planned micro-batch mixes such rows with others, the two kinds are planned apart
+        (those first); the other rows then share micro-batches differently (their gradient to
+        float rounding). Otherwise (a micro-batch a group, the default) the plan is kept as it is.
+        The last keeps its backward where it is the one that all-reduces the gradients (several
+        processes) or where no other micro-batch has one (the optimizer then steps on zeros, as it
+        would have); none is left out under sharded weights, where every micro-batch's backward
+        gathers them (a collective)."""
+        run = self.run
         plan = self.micro_batch_rows(batch)
-        inert = None if self.run.replica is not None else self.run.algorithm.inert_rows(batch)
-        if inert is None or all(len(set(inert[rows].tolist())) == 1 for rows in plan):
-            return [batch.select(rows) for rows in plan]
-        parts = [batch.select(torch.nonzero(rows).flatten()) for rows in (inert, ~inert)]
-        return [mb for part in parts for mb in self.micro_batches(part)]
+        inert = None if run.replica is not None else run.algorithm.inert_rows(batch)
+        if inert is None:
+            return [batch.select(rows) for rows in plan], [False] * len(plan)
+        if any(len(set(inert[rows].tolist())) > 1 for rows in plan):
+            plan = []
+            for kind in (inert, ~inert):
+                index = torch.nonzero(kind).flatten()
+                plan += [index[rows].tolist() for rows in self.micro_batch_rows(batch.select(index))]
+        skip = [bool(inert[rows].all()) for rows in plan]
+        if skip and (run.accelerator.num_processes > 1 or all(skip)):
+            skip[-1] = False
+        return [batch.select(rows) for rows in plan], skip
 
     def sampling_model(self) -> torch.nn.Module:
         """The trained weights as the engine samples them: with LoRA a plain view holding the
@@ -202,7 +213,8 @@ class Learner:
         counted over its micro-batches first, then accumulate, clip, step; skipped if not finite
         (returns whether it stepped)."""
         run = self.run
-        step_loss = self.accumulate(self.training_micro_batches(batch), batch, step, train_policy, stats, metrics)
+        micro, inert = self.training_micro_batches(batch)
+        step_loss = self.accumulate(micro, inert, batch, step, train_policy, stats, metrics)
         trained = {name: t for name, t in run.trained.items() if train_policy or name != "policy"}
         norms = {
             name: float(run.accelerator.clip_grad_norm_(t.parameters_of.parameters(), t.max_grad_norm or float("inf")))
@@ -235,14 +247,15 @@ class Learner:
     def accumulate(
         self,
         micro: list[TrainBatch],
+        inert: list[bool],
         batch: TrainBatch,
         step: int,
         train_policy: bool,
         stats: StepStats,
         metrics: dict[str, float],
     ) -> float:
-        """Backpropagate every micro-batch's loss (gradients all-reduced once, after the last);
-        returns the summed loss of this process."""
+        """Backpropagate every micro-batch's loss but those ``inert`` marks (gradients all-reduced
+        once, after the last); returns the summed loss of this process."""
         run = self.run
         accelerator = run.accelerator
         totals = step_totals(
@@ -256,30 +269,12 @@ class Learner:
         with contextlib.ExitStack() as step_stack:
             if not sharding.is_fsdp(accelerator):  # the weights stay as they are until the optimizer step
                 step_stack.enter_context(run.precision.casts_kept(accelerator.device))
-            inert = self._inert(micro)
             for i, mb in enumerate(micro):
                 backward = train_policy and not inert[i]
                 step_loss += self._backward_one(
                     mb, i == len(micro) - 1, backward, models, step, train_policy, totals, stats, metrics
                 )
         return step_loss
-
-    def _inert(self, micro: list[TrainBatch]) -> list[bool]:
-        """Per micro-batch, whether its backward can be left out: every row adds nothing to the
-        gradient (:meth:`Algorithm.inert_rows`). The last keeps its backward where it is the one
-        that all-reduces the gradients (several processes) or where no other micro-batch has one
-        (the optimizer then steps on zeros, as it would have); none is left out under sharded
-        weights, where every micro-batch's backward gathers them (a collective)."""
-        run = self.run
-        if run.replica is not None:
-            return [False] * len(micro)
-        inert = []
-        for mb in micro:
-            rows = run.algorithm.inert_rows(mb)
-            inert.append(rows is not None and bool(rows.all()))
-        if inert and (run.accelerator.num_processes > 1 or all(inert)):
-            inert[-1] = False
-        return inert
 
     def _backward_one(
         self,

@@ -101,6 +101,9 @@ class PrefixCache:
         length = sum(taken for _, taken in path)
         if not length:
             return 0, None
+        if len(path) == 1:  # one node: views of its KV, no copy (the batch's cache copies them in)
+            node, taken = path[0]
+            return length, [(k[:, :taken], v[:, :taken]) for k, v in node.kv]
         layers = zip(*(node.kv for node, _ in path), strict=True)  # per layer, each node's (k, v)
         kv = [
             (
