@@ -28,6 +28,7 @@ class PackedRows:
     position_ids: torch.Tensor  # (1, L) long: depth of each node
     attend: torch.Tensor  # (1, 1, L, L) bool: query position attends key position (ancestors and itself)
     node_index: torch.Tensor  # (N, T) long: packed position of row n's token t, -1 on padding
+    parents: tuple[int, ...]  # each position's parent position, -1 for a root
 
     @property
     def length(self) -> int:
@@ -70,4 +71,5 @@ def pack_prefix_tree(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> P
         position_ids=torch.tensor([depths], dtype=torch.long, device=device),
         attend=attend[None, None].to(device),
         node_index=node_index.to(device),
+        parents=tuple(parents),
     )

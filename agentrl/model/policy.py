@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 from agentrl.model.output_head import head_matches
 from agentrl.model.packing import PackedRows, pack_prefix_tree
 from agentrl.model.selected_logprobs import selected_logprobs
+from agentrl.model.tree_attention import KEYWORD, TreeBlocks, use_tree_attention
 
 PACKING_ATTENTION = ("sdpa", "eager")  # implementations that take a custom 4D mask
 PACKING_MIN_SAVING = 0.1  # pack only when it drops at least this share of the padded positions
@@ -43,6 +44,8 @@ class TokenLogprobs(nn.Module):
         self.model = model
         self.temperature = temperature
         self.pack = pack and getattr(model.config, "_attn_implementation", None) in PACKING_ATTENTION
+        # a packed sdpa forward attends block by block (agentrl.model.tree_attention), not through a dense mask
+        self.tree_attention = self.pack and use_tree_attention(model)
         self.sparse_embedding = sparse_embedding and tied_embedding(model) is not None
         # checked here, before any wrapper: a model that caps or scales its logits keeps its own forward
         self.head_is_logits = head_matches(model)
@@ -90,6 +93,8 @@ class TokenLogprobs(nn.Module):
         if self.model.config._attn_implementation != "sdpa":  # eager adds the mask: 0 or the most negative
             mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
         inputs = dict(self._inputs(packed.input_ids), attention_mask=mask, position_ids=packed.position_ids)
+        if self.tree_attention:
+            inputs[KEYWORD] = TreeBlocks.from_parents(list(packed.parents), packed.input_ids.device)
         if not self.head_is_logits:  # capped or scaled logits: the model's own forward
             if not self._keeps_logits:
                 return self.model(**inputs).logits[0, nodes]
