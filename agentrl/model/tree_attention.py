@@ -136,6 +136,7 @@ def _wide(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _transformers_sdpa() -> Callable[..., Any]:
+    """transformers' own ``sdpa`` function (before :func:`use_tree_attention` installed this one)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward

@@ -6,21 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_packing import _rows  # the rows of a batch, right-padded (same folder)
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl.model.packing import pack_prefix_tree
 from agentrl.model.policy import TokenLogprobs
 from agentrl.model.tree_attention import TreeBlocks, tree_attention, use_tree_attention
-
-
-def _rows(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, rows))
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    return ids, mask
 
 
 def test_blocks_of_a_tree_by_hand():
