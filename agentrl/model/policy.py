@@ -26,12 +26,10 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from agentrl.model.output_head import head_matches
-from agentrl.model.packing import PackedRows, pack_prefix_tree
+from agentrl.model.packed_forward import can_pack, packed_inputs, packed_rows
+from agentrl.model.packing import PackedRows
 from agentrl.model.selected_logprobs import selected_logprobs
-from agentrl.model.tree_attention import KEYWORD, TreeBlocks, use_tree_attention
-
-PACKING_ATTENTION = ("sdpa", "eager")  # implementations that take a custom 4D mask
-PACKING_MIN_SAVING = 0.1  # pack only when it drops at least this share of the padded positions
+from agentrl.model.tree_attention import use_tree_attention
 
 
 class TokenLogprobs(nn.Module):
@@ -43,7 +41,7 @@ class TokenLogprobs(nn.Module):
         super().__init__()
         self.model = model
         self.temperature = temperature
-        self.pack = pack and getattr(model.config, "_attn_implementation", None) in PACKING_ATTENTION
+        self.pack = pack and can_pack(model)
         # a packed sdpa forward attends block by block (agentrl.model.tree_attention), not through a dense mask
         self.tree_attention = self.pack and use_tree_attention(model)
         self.sparse_embedding = sparse_embedding and tied_embedding(model) is not None
@@ -58,8 +56,8 @@ class TokenLogprobs(nn.Module):
         targets = loss_mask[:, 1:] > 0  # (N, T-1): position t-1 predicts token t
         rows, cols = targets.nonzero(as_tuple=True)  # K selected predictions
         token_ids = input_ids[rows, cols + 1]  # (K,)
-        packed = pack_prefix_tree(input_ids, attention_mask) if self.pack else None
-        if packed is not None and 0 < packed.length <= (1 - PACKING_MIN_SAVING) * int(attention_mask.sum()):
+        packed = packed_rows(input_ids, attention_mask) if self.pack else None
+        if packed is not None:
             nodes, where = packed.node_index[rows, cols].unique(return_inverse=True)  # (U,), (K,)
             logits = self._packed_logits(packed, nodes)  # (U, V): a node shared by rows is computed once
         else:
@@ -89,12 +87,7 @@ class TokenLogprobs(nn.Module):
 
     def _packed_logits(self, packed: PackedRows, nodes: torch.Tensor) -> torch.Tensor:
         """Logits ``(U, V)`` at the packed sequence's positions ``nodes``."""
-        mask = packed.attend
-        if self.model.config._attn_implementation != "sdpa":  # eager adds the mask: 0 or the most negative
-            mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
-        inputs = dict(self._inputs(packed.input_ids), attention_mask=mask, position_ids=packed.position_ids)
-        if self.tree_attention:
-            inputs[KEYWORD] = TreeBlocks.from_parents(list(packed.parents), packed.input_ids.device)
+        inputs = dict(self._inputs(packed.input_ids), **packed_inputs(self.model, packed, self.tree_attention))
         if not self.head_is_logits:  # capped or scaled logits: the model's own forward
             if not self._keeps_logits:
                 return self.model(**inputs).logits[0, nodes]

@@ -66,6 +66,7 @@ from agentrl import (
     all_sum,
     hookimpl,
     masked,
+    selected_hidden_states,
 )
 
 CREDITS = ("episode", "turn")
@@ -234,30 +235,33 @@ def episode_rewards(batch: TrainBatch, credit: str) -> tuple[torch.Tensor, torch
 
 
 class ValueModel(nn.Module):
-    """A critic: a copy of the policy's decoder and a linear value head, zero-initialised."""
+    """A critic: a copy of the policy's decoder and a linear value head, zero-initialised. With
+    ``pack``, rows sharing prefixes run packed as the policy's forward runs them
+    (:func:`agentrl.selected_hidden_states`): a GRPO-style group's prompt is computed once."""
 
-    def __init__(self, decoder: nn.Module, hidden_size: int) -> None:
+    def __init__(self, decoder: nn.Module, hidden_size: int, pack: bool = False) -> None:
         super().__init__()
         self.decoder = decoder
         self.head = nn.Linear(hidden_size, 1)
+        self.pack = pack
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     @classmethod
-    def from_policy(cls, policy: nn.Module) -> ValueModel:
+    def from_policy(cls, policy: nn.Module, pack: bool = False) -> ValueModel:
         """A critic whose decoder starts as a copy of ``policy``'s (trainable, eval mode)."""
         decoder = copy.deepcopy(policy.get_decoder())
         for p in decoder.parameters():
             p.requires_grad_(True)
-        critic = cls(decoder, int(policy.config.hidden_size))
+        critic = cls(decoder, int(policy.config.hidden_size), pack)
         return critic.to(next(policy.parameters()).device).eval()  # dropout off (docs/concepts/guards.md#dropout)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
         """Values ``(N, T)``: entry t is V(state before token t), from the hidden state at t - 1,
         only where ``loss_mask`` is set (0 elsewhere), float32."""
-        hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (N, T, H)
         rows, cols = (loss_mask[:, 1:] > 0).nonzero(as_tuple=True)  # state t-1 -> token t
-        picked = self.head(hidden[rows, cols]).float().squeeze(-1)  # (K,)
+        hidden, where = selected_hidden_states(self.decoder, input_ids, attention_mask, rows, cols, self.pack)
+        picked = self.head(hidden).float().squeeze(-1)[where]  # (K,): a shared state's value once
         values = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         values = values.index_put((rows, cols + 1), picked)  # (N, T)
         if rows.numel() == 0:  # keep the graph connected for a fully masked micro-batch
@@ -304,7 +308,7 @@ class PPO(ClippedPolicy):
         """Build the critic from the policy."""
         self.context = context
         self.critic = TrainableModule(
-            module=ValueModel.from_policy(context.model),
+            module=ValueModel.from_policy(context.model, pack=context.config.pack_sequences),
             learning_rate=self.config.critic_learning_rate,
             warmup_steps=self.config.critic_lr_warmup_steps,
             max_grad_norm=self.config.critic_max_grad_norm,

@@ -464,3 +464,42 @@ def test_ppo_on_the_real_default_model_multi_turn(tmp_path):
     assert lines[1]["critic/values_mean"] != 0.0  # the critic moved after one step
     assert lines[0]["rollout/turns_mean"] > 1.0 and lines[0]["loss/value"] > 0.0
     assert (out / "critic" / "value_head.pt").is_file()
+
+
+def test_the_critic_packed_gives_the_padded_values_and_gradients(tiny_model_dir, monkeypatch):
+    """With ``pack_sequences`` the critic runs a group's rows as one prefix tree (the shared prompt
+    once), as the policy's forward does: the values and gradients of the padded critic."""
+    from agentrl.model.loading import load_model
+    from agentrl_ppo import ValueModel
+
+    policy = load_model(str(tiny_model_dir))
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 100, (12,), generator=g).tolist()
+    rows = [prompt + torch.randint(3, 100, (n,), generator=g).tolist() for n in (6, 3, 8, 5)]
+    width = max(map(len, rows))
+    ids, attention = torch.zeros(len(rows), width, dtype=torch.long), torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], attention[i, : len(row)] = torch.tensor(row), 1
+    loss_mask = attention.float()
+    loss_mask[:, :12] = 0
+    weights = torch.randn(ids.shape, generator=g)
+    results = {}
+    for pack in (False, True):
+        torch.manual_seed(0)
+        critic = ValueModel.from_policy(policy, pack=pack)
+        torch.nn.init.normal_(critic.head.weight)  # zero-initialised values would hide any difference
+        lengths = []
+        forward = critic.decoder.forward
+        monkeypatch.setattr(
+            critic.decoder,
+            "forward",
+            lambda *a, seen=lengths, run=forward, **k: seen.append(k["input_ids"].shape) or run(*a, **k),
+        )
+        values = critic(ids, attention, loss_mask)
+        grads = torch.autograd.grad((values * weights).sum(), list(critic.parameters()))
+        results[pack] = (values.detach(), grads, lengths)
+    assert results[False][2] == [ids.shape] and results[True][2] == [(1, 12 + 6 + 3 + 8 + 5)]
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=1e-5)
+    assert (results[True][0][:, 1:][loss_mask[:, 1:] > 0] != 0).all() and (results[True][0][loss_mask == 0] == 0).all()
+    for packed, padded in zip(results[True][1], results[False][1]):  # the head's weights are N(0, 1): larger gradients
+        torch.testing.assert_close(packed, padded, rtol=1e-4, atol=1e-5)
