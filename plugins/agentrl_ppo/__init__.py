@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,7 +255,16 @@ class ValueModel(nn.Module):
         for p in decoder.parameters():
             p.requires_grad_(True)
         critic = cls(decoder, int(policy.config.hidden_size), pack)
-        return critic.to(next(policy.parameters()).device).eval()  # dropout off (docs/concepts/guards.md#dropout)
+        critic = critic.to(next(policy.parameters()).device).eval()  # dropout off (docs/concepts/guards.md#dropout)
+        if pack and not _packing_agrees(critic.decoder):
+            critic.pack = False
+            warnings.warn(
+                "pack_sequences: the critic's packed forward differs from the padded one on this model; "
+                "the critic runs padded rows",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return critic
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
         """Values ``(N, T)``: entry t is V(state before token t), from the hidden state at t - 1,
@@ -272,6 +282,23 @@ class ValueModel(nn.Module):
         """The decoder as a HF folder (``AutoModel.from_pretrained`` loads it) plus ``value_head.pt``."""
         self.decoder.save_pretrained(folder)
         torch.save(self.head.state_dict(), Path(folder) / "value_head.pt")
+
+
+@torch.no_grad()
+def _packing_agrees(decoder: nn.Module) -> bool:
+    """Whether ``decoder``'s packed hidden states equal its padded ones (largest difference within
+    1e-3 of the largest state) on three rows sharing prefixes: where a model's attention ignores
+    the packed mask, they do not."""
+    vocab = int(decoder.config.vocab_size)
+    device = next(decoder.parameters()).device
+    ids = torch.randint(3, vocab, (3, 12), generator=torch.Generator().manual_seed(0)).to(device)
+    ids[1, :6], ids[2, :9] = ids[0, :6], ids[0, :9]
+    attention = torch.ones_like(ids)
+    attention[2, 10:] = 0
+    rows, cols = attention.nonzero(as_tuple=True)
+    packed, where = selected_hidden_states(decoder, ids, attention, rows, cols, pack=True)
+    padded, _ = selected_hidden_states(decoder, ids, attention, rows, cols, pack=False)
+    return bool((packed[where] - padded).abs().max() <= 1e-3 * padded.abs().max())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -503,3 +503,21 @@ def test_the_critic_packed_gives_the_padded_values_and_gradients(tiny_model_dir,
     assert (results[True][0][:, 1:][loss_mask[:, 1:] > 0] != 0).all() and (results[True][0][loss_mask == 0] == 0).all()
     for packed, padded in zip(results[True][1], results[False][1]):  # the head's weights are N(0, 1): larger gradients
         torch.testing.assert_close(packed, padded, rtol=1e-4, atol=1e-5)
+
+
+def test_a_critic_whose_packed_forward_disagrees_runs_padded(tiny_model_dir, monkeypatch):
+    import agentrl_ppo
+    from agentrl.model.loading import load_model
+
+    policy = load_model(str(tiny_model_dir))
+    assert agentrl_ppo.ValueModel.from_policy(policy, pack=True).pack  # the tiny model packs as it should
+    real = agentrl_ppo.selected_hidden_states
+
+    def off_when_packed(*args, pack=True, **kwargs):  # a model whose attention ignored the packed mask
+        hidden, where = real(*args, pack=pack, **kwargs)
+        return (hidden + 1.0 if pack else hidden), where
+
+    monkeypatch.setattr(agentrl_ppo, "selected_hidden_states", off_when_packed)
+    with pytest.warns(RuntimeWarning, match="the critic runs padded rows"):
+        critic = agentrl_ppo.ValueModel.from_policy(policy, pack=True)
+    assert critic.pack is False
