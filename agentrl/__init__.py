@@ -100,7 +100,7 @@ _TORCH = {
     ),
     "agentrl.model.distributed": ("all_sum",),
     "agentrl.model.output_head": ("eval_mode", "head_matches"),
-    "agentrl.model.packed_forward": ("selected_hidden_states",),
+    "agentrl.model.packed_forward": ("packing_agrees", "selected_hidden_states"),
     "agentrl.model.precision": ("Precision", "resolve_precision"),
     "agentrl.api.trainer": ("train", "Trainer"),
     "agentrl.training.trainer": ("TrainResult",),
@@ -136,7 +136,7 @@ if TYPE_CHECKING:
     from agentrl.api.trainer import Trainer, train
     from agentrl.model.distributed import all_sum
     from agentrl.model.output_head import eval_mode, head_matches
-    from agentrl.model.packed_forward import selected_hidden_states
+    from agentrl.model.packed_forward import packing_agrees, selected_hidden_states
     from agentrl.model.precision import Precision, resolve_precision
     from agentrl.training.trainer import TrainResult
 
@@ -166,6 +166,7 @@ __all__ = [
     "eval_mode",
     "head_matches",
     "selected_hidden_states",
+    "packing_agrees",
     "Trainer",
     "TrainResult",
     "RayConfig",

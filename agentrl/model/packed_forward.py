@@ -65,3 +65,27 @@ def selected_hidden_states(
     nodes, where = packed.node_index[rows, cols].unique(return_inverse=True)  # (U,), (K,)
     hidden = decoder(input_ids=packed.input_ids, **packed_inputs(decoder, packed)).last_hidden_state[0]  # (L, H)
     return hidden[nodes], where
+
+
+def probe_rows(vocab: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids and attention mask ``(3, 12)`` of three rows sharing prefixes (the second the first's 6
+    first ids, the third its 9 first, padded after 10): a batch on which a packed forward must give
+    the padded one's results (seeded, the same every call)."""
+    ids = torch.randint(3, vocab, (3, 12), generator=torch.Generator().manual_seed(0))
+    ids[1, :6] = ids[0, :6]
+    ids[2, :9] = ids[0, :9]
+    attention = torch.ones_like(ids)
+    attention[2, 10:] = 0
+    return ids.to(device), attention.to(device)
+
+
+@torch.no_grad()
+def packing_agrees(decoder: torch.nn.Module, tolerance: float = 1e-3) -> bool:
+    """Whether ``decoder``'s packed hidden states (:func:`selected_hidden_states`) equal its padded
+    ones on :func:`probe_rows`, the largest difference within ``tolerance`` of the largest state:
+    where a model's attention ignores the packed mask they do not, and a caller runs padded rows."""
+    ids, attention = probe_rows(int(decoder.config.vocab_size), next(decoder.parameters()).device)
+    rows, cols = attention.nonzero(as_tuple=True)
+    packed, where = selected_hidden_states(decoder, ids, attention, rows, cols, pack=True)
+    padded, _ = selected_hidden_states(decoder, ids, attention, rows, cols, pack=False)
+    return bool((packed[where] - padded).abs().max() <= tolerance * padded.abs().max())

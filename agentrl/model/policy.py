@@ -26,7 +26,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from agentrl.model.output_head import head_matches
-from agentrl.model.packed_forward import can_pack, packed_inputs, packed_rows
+from agentrl.model.packed_forward import can_pack, packed_inputs, packed_rows, probe_rows
 from agentrl.model.packing import PackedRows
 from agentrl.model.selected_logprobs import selected_logprobs
 from agentrl.model.tree_attention import use_tree_attention
@@ -113,15 +113,9 @@ class TokenLogprobs(nn.Module):
         if not self.pack:
             return 0.0
         vocab = int(self.model.get_output_embeddings().weight.shape[0])
-        ids = torch.randint(3, vocab, (3, 12), generator=torch.Generator().manual_seed(0))
-        ids[1, :6] = ids[0, :6]
-        ids[2, :9] = ids[0, :9]
-        attention = torch.ones_like(ids)
-        attention[2, 10:] = 0
+        ids, attention = probe_rows(vocab, next(self.model.parameters()).device)
         loss_mask = attention.float()
         loss_mask[:, :3] = 0
-        device = next(self.model.parameters()).device
-        ids, attention, loss_mask = ids.to(device), attention.to(device), loss_mask.to(device)
         packed, _ = self(ids, attention, loss_mask, with_entropy=False)
         self.pack = False
         try:

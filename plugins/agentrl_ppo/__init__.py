@@ -67,6 +67,7 @@ from agentrl import (
     all_sum,
     hookimpl,
     masked,
+    packing_agrees,
     selected_hidden_states,
 )
 
@@ -256,7 +257,7 @@ class ValueModel(nn.Module):
             p.requires_grad_(True)
         critic = cls(decoder, int(policy.config.hidden_size), pack)
         critic = critic.to(next(policy.parameters()).device).eval()  # dropout off (docs/concepts/guards.md#dropout)
-        if pack and not _packing_agrees(critic.decoder):
+        if pack and not packing_agrees(critic.decoder):
             critic.pack = False
             warnings.warn(
                 "pack_sequences: the critic's packed forward differs from the padded one on this model; "
@@ -282,23 +283,6 @@ class ValueModel(nn.Module):
         """The decoder as a HF folder (``AutoModel.from_pretrained`` loads it) plus ``value_head.pt``."""
         self.decoder.save_pretrained(folder)
         torch.save(self.head.state_dict(), Path(folder) / "value_head.pt")
-
-
-@torch.no_grad()
-def _packing_agrees(decoder: nn.Module) -> bool:
-    """Whether ``decoder``'s packed hidden states equal its padded ones (largest difference within
-    1e-3 of the largest state) on three rows sharing prefixes: where a model's attention ignores
-    the packed mask, they do not."""
-    vocab = int(decoder.config.vocab_size)
-    device = next(decoder.parameters()).device
-    ids = torch.randint(3, vocab, (3, 12), generator=torch.Generator().manual_seed(0)).to(device)
-    ids[1, :6], ids[2, :9] = ids[0, :6], ids[0, :9]
-    attention = torch.ones_like(ids)
-    attention[2, 10:] = 0
-    rows, cols = attention.nonzero(as_tuple=True)
-    packed, where = selected_hidden_states(decoder, ids, attention, rows, cols, pack=True)
-    padded, _ = selected_hidden_states(decoder, ids, attention, rows, cols, pack=False)
-    return bool((packed[where] - padded).abs().max() <= 1e-3 * padded.abs().max())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -507,17 +507,18 @@ def test_the_critic_packed_gives_the_padded_values_and_gradients(tiny_model_dir,
 
 def test_a_critic_whose_packed_forward_disagrees_runs_padded(tiny_model_dir, monkeypatch):
     import agentrl_ppo
+    from agentrl.model import packed_forward
     from agentrl.model.loading import load_model
 
     policy = load_model(str(tiny_model_dir))
     assert agentrl_ppo.ValueModel.from_policy(policy, pack=True).pack  # the tiny model packs as it should
-    real = agentrl_ppo.selected_hidden_states
+    real = packed_forward.selected_hidden_states
 
     def off_when_packed(*args, pack=True, **kwargs):  # a model whose attention ignored the packed mask
         hidden, where = real(*args, pack=pack, **kwargs)
         return (hidden + 1.0 if pack else hidden), where
 
-    monkeypatch.setattr(agentrl_ppo, "selected_hidden_states", off_when_packed)
+    monkeypatch.setattr(packed_forward, "selected_hidden_states", off_when_packed)  # what the check runs
     with pytest.warns(RuntimeWarning, match="the critic runs padded rows"):
         critic = agentrl_ppo.ValueModel.from_policy(policy, pack=True)
     assert critic.pack is False
