@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,7 @@ from agentrl.model.output_head import head_matches
 from agentrl.model.packed_forward import can_pack, packed_inputs, packed_rows, probe_rows
 from agentrl.model.packing import PackedRows
 from agentrl.model.selected_logprobs import selected_logprobs
+from agentrl.model.tied_embedding import split_tied, tied_embedding
 from agentrl.model.tree_attention import use_tree_attention
 
 
@@ -57,11 +59,12 @@ class TokenLogprobs(nn.Module):
         rows, cols = targets.nonzero(as_tuple=True)  # K selected predictions
         token_ids = input_ids[rows, cols + 1]  # (K,)
         packed = packed_rows(input_ids, attention_mask) if self.pack else None
+        weights = self._weights()
         if packed is not None:
             nodes, where = packed.node_index[rows, cols].unique(return_inverse=True)  # (U,), (K,)
-            logits = self._packed_logits(packed, nodes)  # (U, V): a node shared by rows is computed once
+            logits = self._packed_logits(packed, nodes, weights)  # (U, V): a node shared by rows is computed once
         else:
-            logits, where = self._padded_logits(input_ids, attention_mask, rows, cols)  # (K, V), (K,)
+            logits, where = self._padded_logits(input_ids, attention_mask, rows, cols, weights)  # (K, V), (K,)
         picked, node_entropy = selected_logprobs(logits, where, token_ids, self.temperature, with_entropy)  # (K,), (U,)
         logprobs = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         logprobs = logprobs.index_put((rows, cols + 1), picked.float())  # (N, T); a float64 model's too
@@ -73,38 +76,60 @@ class TokenLogprobs(nn.Module):
         return logprobs, entropy
 
     def _padded_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        weights: tuple[torch.Tensor | None, torch.Tensor | None],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``(K, V)`` at the selected positions of the padded rows and each one's index."""
         where = torch.arange(len(rows), device=input_ids.device)  # (K,)
         if not self.head_is_logits:  # capped or scaled logits: the model's own forward
-            logits = self.model(**self._inputs(input_ids), attention_mask=attention_mask).logits  # (N, T, V)
+            logits = self.model(**self._inputs(input_ids, weights), attention_mask=attention_mask).logits  # (N, T, V)
             return logits[rows, cols], where
         decoder = self.model.get_decoder()
-        hidden = decoder(**self._inputs(input_ids), attention_mask=attention_mask).last_hidden_state  # (N, T, H)
+        hidden = decoder(**self._inputs(input_ids, weights), attention_mask=attention_mask).last_hidden_state
         # softmax taken in fp32 by selected_logprobs (guards.md#logprob-parity)
-        return self.model.get_output_embeddings()(hidden[rows, cols]), where
+        return self._head(hidden[rows, cols], weights), where  # hidden (N, T, H)
 
-    def _packed_logits(self, packed: PackedRows, nodes: torch.Tensor) -> torch.Tensor:
+    def _packed_logits(
+        self, packed: PackedRows, nodes: torch.Tensor, weights: tuple[torch.Tensor | None, torch.Tensor | None]
+    ) -> torch.Tensor:
         """Logits ``(U, V)`` at the packed sequence's positions ``nodes``."""
-        inputs = dict(self._inputs(packed.input_ids), **packed_inputs(self.model, packed, self.tree_attention))
+        inputs = dict(self._inputs(packed.input_ids, weights), **packed_inputs(self.model, packed, self.tree_attention))
         if not self.head_is_logits:  # capped or scaled logits: the model's own forward
             if not self._keeps_logits:
                 return self.model(**inputs).logits[0, nodes]
             return self.model(**inputs, logits_to_keep=nodes).logits[0]  # at those positions only
         hidden = self.model.get_decoder()(**inputs).last_hidden_state[0]  # (L, H)
-        return self.model.get_output_embeddings()(hidden[nodes])
+        return self._head(hidden[nodes], weights)
 
-    def _inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The decoder's input: the ids, or with :attr:`sparse_embedding` their embeddings looked up
-        here with a sparse gradient. A tied embedding's dense gradient is a fresh (vocab x hidden)
-        tensor of zeros with a few rows filled, added to the head's gradient into another fresh
-        one, every micro-batch (~1.1 s a step on the default model on a 2-core CPU); autograd adds
-        the sparse rows to a copy of the head's gradient (~0.6 s), which reaches ``.grad`` dense."""
+    def _weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(the input lookup's weight, the head's weight) where this forward looks the ids up itself
+        (:attr:`sparse_embedding`), else (None, None): the model's own modules. With a head applied
+        here too the tied weight is split (:func:`~agentrl.model.tied_embedding.split_tied`), so its two
+        gradients meet in place."""
         if not self.sparse_embedding:
+            return None, None
+        weight = self.model.get_input_embeddings().weight
+        if not self.head_is_logits or not torch.is_grad_enabled():
+            return weight, None
+        return split_tied(weight)
+
+    def _inputs(self, input_ids: torch.Tensor, weights: tuple[torch.Tensor | None, Any]) -> dict[str, torch.Tensor]:
+        """The decoder's input: the ids, or with :attr:`sparse_embedding` their embeddings looked up
+        here with a sparse gradient (:mod:`agentrl.model.tied_embedding`)."""
+        lookup = weights[0]
+        if lookup is None:
             return {"input_ids": input_ids}
-        embedding = self.model.get_input_embeddings()
-        return {"inputs_embeds": F.embedding(input_ids, embedding.weight, embedding.padding_idx, sparse=True)}
+        padding = self.model.get_input_embeddings().padding_idx
+        return {"inputs_embeds": F.embedding(input_ids, lookup, padding, sparse=True)}
+
+    def _head(self, hidden: torch.Tensor, weights: tuple[Any, torch.Tensor | None]) -> torch.Tensor:
+        """The output head over ``hidden`` (R, H): the module, or ``F.linear`` with the split head weight."""
+        head = self.model.get_output_embeddings()
+        return head(hidden) if weights[1] is None else F.linear(hidden, weights[1], head.bias)
 
     @torch.no_grad()
     def packing_error(self) -> float:
@@ -123,20 +148,6 @@ class TokenLogprobs(nn.Module):
         finally:
             self.pack = True
         return float((packed - padded).abs().max())
-
-
-def tied_embedding(model: PreTrainedModel) -> nn.Embedding | None:
-    """The model's input embedding where its gradient can be taken sparse (see
-    ``TokenLogprobs._inputs``): a plain ``nn.Embedding`` (no ``max_norm``, no frequency scaling, not
-    a subclass that scales its output) whose trained weight is the output head's too, so the summed
-    gradient reaching ``.grad`` is dense as the optimizer expects."""
-    embedding = model.get_input_embeddings()
-    head = model.get_output_embeddings()
-    if type(embedding) is not nn.Embedding or head is None or embedding.weight is not head.weight:
-        return None
-    if not embedding.weight.requires_grad or embedding.max_norm is not None or embedding.scale_grad_by_freq:
-        return None
-    return embedding
 
 
 def check_packing(policy: TokenLogprobs, asked: bool) -> bool:

@@ -41,7 +41,7 @@ from agentrl.sampling.versioned_engine import VersionedEngine
 from agentrl.testing import check_env_startup
 from agentrl.tools.calls import resolve_tool_parser
 from agentrl.training.batching import micro_batch_rows
-from agentrl.training.memory import limit_kernel_caches
+from agentrl.training.memory import keep_large_blocks, limit_kernel_caches
 from agentrl.training.optimizers import adamw
 from agentrl.training.schedules import build_scheduler
 
@@ -134,6 +134,8 @@ def build_run(config: TrainConfig, manager: PluginManager) -> Run:
     """Every part of a run, checked and built in order (see the module docstring)."""
     limit_kernel_caches()  # bounds oneDNN's per-shape caches (the RSS growth of long bf16 runs on a CPU)
     accelerator = sharding.make_accelerator()
+    if accelerator.device.type == "cpu":
+        keep_large_blocks()  # no page faults for the big logits and gradients (agentrl.training.memory)
     precision = resolve_precision(config.precision, accelerator.device)
     set_seed(config.seed + accelerator.process_index)  # process 0 seeds as a one-process run
     check_process_split(config, accelerator.num_processes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -20,9 +21,11 @@ glibc_only = pytest.mark.skipif(memory.malloc_stats() is None, reason="needs gli
 
 def test_rss_follows_a_buffer_allocated_and_freed() -> None:
     before = memory.rss_gb()
-    buffer = b"\x01" * 300_000_000  # written, so resident (a big block: mapped on its own)
+    # mapped by hand: malloc may keep a freed block (a trainer built in this process keeps large ones)
+    buffer = mmap.mmap(-1, 300_000_000)
+    buffer.write(b"\x01" * 300_000_000)  # written, so resident
     during = memory.rss_gb()
-    del buffer
+    buffer.close()
     after = memory.rss_gb()
     assert during - before > 0.25, (before, during)
     assert during - after > 0.25, (during, after)
@@ -162,3 +165,55 @@ def test_limit_kernel_caches_keeps_what_the_environment_says(monkeypatch: pytest
     assert memory.limit_kernel_caches(32) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "32", "LRU_CACHE_CAPACITY": "512"}
     with pytest.raises(ValueError):
         memory.limit_kernel_caches(0)
+
+
+LARGE_BLOCK_PROBE = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("agentrl_memory", sys.argv[1])
+memory = importlib.util.module_from_spec(spec)
+sys.modules["agentrl_memory"] = memory
+spec.loader.exec_module(memory)
+print(memory.keep_large_blocks())
+import torch
+before = memory.malloc_stats().mmapped_gb
+block = torch.ones(64 * 2**20 // 4)  # 64 MiB, above glibc's largest mmap threshold
+mapped = memory.malloc_stats().mmapped_gb - before
+rss = memory.rss_gb()
+del block  # as every micro-batch frees the head's gradient
+print(mapped, rss - memory.rss_gb())
+"""
+
+
+def _large_block(env: dict[str, str]) -> tuple[str, float, float]:
+    """Whether the probe kept large blocks, the GB its 64 MiB tensor mapped on its own and the
+    resident GB freeing it gave back to the OS."""
+    clean = {k: v for k, v in os.environ.items() if k not in (*memory.MALLOC_VARIABLES, memory.KEEP_VARIABLE)}
+    out = subprocess.run(
+        [sys.executable, "-c", LARGE_BLOCK_PROBE, str(Path(memory.__file__))],
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
+        timeout=120,
+        check=True,
+    )
+    kept, numbers = out.stdout.strip().splitlines()[-2:]
+    mapped, released = numbers.split()
+    return kept, float(mapped), float(released)
+
+
+@glibc_only
+def test_keep_large_blocks_serves_a_large_tensor_from_the_heap_and_keeps_it_when_freed() -> None:
+    """glibc's default maps a 64 MiB tensor on its own and unmaps it when freed (the next one is
+    faulted in again page by page); kept, it comes from the heap and stays there for the next."""
+    kept, mapped, released = _large_block({})
+    assert kept == "True" and mapped == 0.0 and released < 0.01, (kept, mapped, released)
+    default, mapped, released = _large_block({memory.KEEP_VARIABLE: "0"})
+    assert default == "False" and mapped > 0.06 and released > 0.06, (default, mapped, released)
+    users, mapped, _ = _large_block({"MALLOC_MMAP_MAX_": "65536"})  # the user's own glibc setting stands
+    assert users == "False" and mapped > 0.06
+
+
+def test_keep_large_blocks_refuses_a_bad_setting_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(memory.KEEP_VARIABLE, "yes")
+    with pytest.raises(ValueError, match=r"AGENTRL_KEEP_LARGE_BLOCKS='yes': allowed are 0 .* and 1"):
+        memory.keep_large_blocks()
