@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.errors import ConfigError
 from agentrl.model.precision import cpu_flags, decide_cpu
 from agentrl.training import memory
 
@@ -215,5 +216,5 @@ def test_keep_large_blocks_serves_a_large_tensor_from_the_heap_and_keeps_it_when
 
 def test_keep_large_blocks_refuses_a_bad_setting_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(memory.KEEP_VARIABLE, "yes")
-    with pytest.raises(ValueError, match=r"AGENTRL_KEEP_LARGE_BLOCKS='yes': allowed are 0 .* and 1"):
+    with pytest.raises(ConfigError, match=r"AGENTRL_KEEP_LARGE_BLOCKS='yes': allowed are 0 .* and 1"):
         memory.keep_large_blocks()
