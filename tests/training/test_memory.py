@@ -32,16 +32,32 @@ def test_rss_follows_a_buffer_allocated_and_freed() -> None:
     assert during - after > 0.25, (during, after)
 
 
-# Measured in a child forked by the probe: Linux carries the peak of the process an exec replaced
-# over to the new program (an exec'd interpreter starts with the test worker's peak, GBs once a real
-# model was loaded, and the buffer beyond it took ~30 s to fault in), while a forked child starts
-# with a peak of its own (the probe's few MB).
-PEAK_PROBE = """
-import importlib.util, json, os, sys
+LOAD_MEMORY = """
+import importlib.util, sys
 spec = importlib.util.spec_from_file_location("agentrl_memory", sys.argv[1])
 memory = importlib.util.module_from_spec(spec)
 sys.modules["agentrl_memory"] = memory
 spec.loader.exec_module(memory)
+"""
+"""The start of a probe run as ``python -c PROBE path/to/memory.py ...``: this module loaded alone,
+in a fresh interpreter, as ``memory``."""
+
+
+def _probe_lines(probe: str, *args: str, env: dict[str, str]) -> list[str]:
+    """The lines a probe printed, run in a fresh interpreter with ``env`` as its environment."""
+    command = [sys.executable, "-c", probe, str(Path(memory.__file__)), *args]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=True)
+    return out.stdout.strip().splitlines()
+
+
+# Measured in a child forked by the probe: Linux carries the peak of the process an exec replaced
+# over to the new program (an exec'd interpreter starts with the test worker's peak, GBs once a real
+# model was loaded, and the buffer beyond it took ~30 s to fault in), while a forked child starts
+# with a peak of its own (the probe's few MB).
+PEAK_PROBE = (
+    LOAD_MEMORY
+    + """
+import json, os
 pid = os.fork()
 if pid:
     sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
@@ -50,6 +66,7 @@ current = memory.rss_gb()
 del buffer
 print(json.dumps({"current": current, "peak": memory.peak_rss_gb(), "after": memory.rss_gb()}))
 """
+)
 
 
 def test_peak_rss_is_at_least_current_and_remembers_a_freed_buffer() -> None:
@@ -115,12 +132,9 @@ def test_release_free_memory_returns_fragmented_heap_to_the_os() -> None:
             libc.free(block)
 
 
-KERNEL_CACHE_PROBE = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("agentrl_memory", sys.argv[1])
-memory = importlib.util.module_from_spec(spec)
-sys.modules["agentrl_memory"] = memory
-spec.loader.exec_module(memory)
+KERNEL_CACHE_PROBE = (
+    LOAD_MEMORY
+    + """
 if sys.argv[2] != "default":
     memory.limit_kernel_caches(int(sys.argv[2]))
 import torch
@@ -131,19 +145,12 @@ for rows in range(16, 16 + 8 * 100, 8):  # 100 shapes, as the varying batch leng
     torch.nn.functional.linear(torch.randn(rows, 576, dtype=torch.bfloat16), weight)
 print(1000 * (memory.malloc_stats().in_use_gb - before))
 """
+)
 
 
 def _live_mb_after_100_shapes(capacity: str) -> float:
     env = {k: v for k, v in os.environ.items() if k not in memory.KERNEL_CACHE_VARIABLES}
-    out = subprocess.run(
-        [sys.executable, "-c", KERNEL_CACHE_PROBE, str(Path(memory.__file__)), capacity],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=True,
-    )
-    return float(out.stdout.strip().splitlines()[-1])
+    return float(_probe_lines(KERNEL_CACHE_PROBE, capacity, env=env)[-1])
 
 
 @glibc_only
@@ -168,12 +175,9 @@ def test_limit_kernel_caches_keeps_what_the_environment_says(monkeypatch: pytest
         memory.limit_kernel_caches(0)
 
 
-LARGE_BLOCK_PROBE = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("agentrl_memory", sys.argv[1])
-memory = importlib.util.module_from_spec(spec)
-sys.modules["agentrl_memory"] = memory
-spec.loader.exec_module(memory)
+LARGE_BLOCK_PROBE = (
+    LOAD_MEMORY
+    + """
 print(memory.keep_large_blocks())
 import torch
 before = memory.malloc_stats().mmapped_gb
@@ -183,21 +187,14 @@ rss = memory.rss_gb()
 del block  # as every micro-batch frees the head's gradient
 print(mapped, rss - memory.rss_gb())
 """
+)
 
 
 def _large_block(env: dict[str, str]) -> tuple[str, float, float]:
     """Whether the probe kept large blocks, the GB its 64 MiB tensor mapped on its own and the
     resident GB freeing it gave back to the OS."""
     clean = {k: v for k, v in os.environ.items() if k not in (*memory.MALLOC_VARIABLES, memory.KEEP_VARIABLE)}
-    out = subprocess.run(
-        [sys.executable, "-c", LARGE_BLOCK_PROBE, str(Path(memory.__file__))],
-        capture_output=True,
-        text=True,
-        env={**clean, **env},
-        timeout=120,
-        check=True,
-    )
-    kept, numbers = out.stdout.strip().splitlines()[-2:]
+    kept, numbers = _probe_lines(LARGE_BLOCK_PROBE, env={**clean, **env})[-2:]
     mapped, released = numbers.split()
     return kept, float(mapped), float(released)
 
